@@ -1,0 +1,152 @@
+"""dtorch-launch: the command line.
+
+    dtorch-launch --nproc-per-node 4 train.py --epochs 3
+    dtorch-launch --nnodes 2 --node-rank 0 --master-port 29500 ... train.py
+    dtorch-launch --runner mpi --nproc-per-node 2 train.py
+    dtorch-launch --runner slurm train.py          # inside sbatch/salloc
+    dtorch-launch --runner ray --nproc-per-node 2 -m mypkg.train
+
+Everything after the script (or `-m module`) goes to the script.
+"""
+
+import argparse
+import sys
+
+from launch import env as renv
+
+RUNNERS = ("local", "mpi", "ray", "slurm")
+BACKENDS = ("auto", "mpi", "tcp", "nccl")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="dtorch-launch",
+        description="Start the ranks of a dtorch job.",
+        epilog="Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, "
+               "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, "
+               "DTORCH_RDZV_TOKEN, DTORCH_RESTART_COUNT, DTORCH_BACKEND "
+               "and OMP/OPENBLAS/MKL_NUM_THREADS.")
+    p.add_argument("--nnodes", type=int, default=1,
+                   help="number of nodes (default 1)")
+    p.add_argument("--node-rank", type=int, default=0,
+                   help="this node's index in [0, nnodes) (default 0)")
+    p.add_argument("--master-addr", default=renv.DEFAULT_ADDR,
+                   help="address of the node running rank 0 "
+                        "(default 127.0.0.1)")
+    p.add_argument("--master-port", type=int, default=None,
+                   help="rendezvous port (default: a free port; required "
+                        "with --nnodes > 1; restart n uses PORT + n)")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="ranks per node (default 1; slurm: what the "
+                        "allocation says)")
+    p.add_argument("--runner", choices=RUNNERS, default="local")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="passed to the ranks as DTORCH_BACKEND")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="restart the whole job up to M times after a "
+                        "failure (default 0)")
+    p.add_argument("--log-dir", default=None,
+                   help="write each rank's output to DIR/rankN.log")
+    p.add_argument("--only-rank0-output", "--quiet-ranks",
+                   dest="only_rank0", action="store_true",
+                   help="show only rank 0's output on the console "
+                        "(all ranks still go to --log-dir)")
+    p.add_argument("--grace-period", type=float, default=5.0,
+                   help="seconds between SIGTERM and SIGKILL when "
+                        "stopping ranks (default 5)")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="the target is a module, run as python -m")
+    p.add_argument("script", help="training script (or module with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER,
+                   help="arguments for the script")
+    return p
+
+
+def _target(args):
+    return (["-m", args.script] if args.module else [args.script]) \
+        + list(args.args)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.max_restarts < 0:
+        sys.exit("dtorch-launch: --max-restarts must be >= 0")
+    try:
+        code = run(args)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        sys.exit(f"dtorch-launch: {err}")
+    sys.exit(code)
+
+
+def run(args):
+    backend = None if args.backend == "auto" else args.backend
+    if args.runner == "local":
+        return _run_local(args, backend)
+    if args.runner == "ray":
+        return _run_ray(args, backend)
+    return _run_external(args, backend)
+
+
+def _run_local(args, backend):
+    from launch.local import LocalRunner
+    cmd = [sys.executable] + _target(args)
+    return LocalRunner(
+        cmd, nproc=args.nproc_per_node or 1, nnodes=args.nnodes,
+        node_rank=args.node_rank, master_addr=args.master_addr,
+        master_port=args.master_port, backend=backend,
+        log_dir=args.log_dir, only_rank0=args.only_rank0,
+        grace=args.grace_period, max_restarts=args.max_restarts).run()
+
+
+def _run_ray(args, backend):
+    from launch import ray as rray
+    world = args.nnodes * (args.nproc_per_node or 1)
+    rray.run(_target(args), world, backend=backend,
+             max_restarts=args.max_restarts, log_dir=args.log_dir,
+             only_rank0=args.only_rank0)
+    return 0
+
+
+def _run_external(args, backend):
+    import os
+    from launch import external as ext
+    base = dict(os.environ)
+    if backend:
+        base["DTORCH_BACKEND"] = backend
+    token_base = base.get("DTORCH_RDZV_TOKEN")
+    k = args.nproc_per_node
+    slurm = ext.in_slurm_allocation(base) or args.runner == "slurm"
+    world = args.nnodes * (k or 1)
+
+    def build(attempt, env):
+        env["DTORCH_RDZV_TOKEN"] = (renv.derive_token(token_base, attempt)
+                                    if token_base else renv.new_token())
+        if args.master_port is not None:
+            env["MASTER_PORT"] = str(args.master_port + attempt)
+        if not slurm or args.master_addr != renv.DEFAULT_ADDR:
+            env["MASTER_ADDR"] = args.master_addr
+        if slurm:
+            # Without --master-addr/--master-port each rank derives them
+            # from SLURM_NODELIST and the job/step id (launch.env).
+            nnodes = args.nnodes if args.nnodes > 1 else None
+            return ext.srun_command(
+                _target(args), nprocs=k and world, nnodes=nnodes,
+                ntasks_per_node=k,
+                mpi="pmix" if args.runner == "mpi" else None,
+                mpi4py=args.runner == "mpi")
+        if args.master_port is None:
+            env["MASTER_PORT"] = str(renv.free_port(args.master_addr))
+        export = ["MASTER_ADDR", "MASTER_PORT", "DTORCH_RDZV_TOKEN",
+                  "DTORCH_RESTART_COUNT", "PYTHONUNBUFFERED"]
+        export += [v for v in ("DTORCH_BACKEND",) + renv.THREAD_VARS
+                   if v in env]
+        return ext.mpiexec_command(_target(args), world, export=export)
+
+    name = "srun" if slurm else "mpiexec"
+    return ext.ExternalRunner(name, build, base_env=base,
+                              grace=args.grace_period,
+                              max_restarts=args.max_restarts).run()
+
+
+if __name__ == "__main__":
+    main()
