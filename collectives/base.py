@@ -1,0 +1,725 @@
+"""The process-group interface every backend implements, and what they share.
+
+A `ProcessGroup` moves NumPy or CuPy arrays between ranks, in place, on
+contiguous buffers. The public methods here do the bookkeeping once for every
+backend (argument checks, sequence numbers, the flight recorder, the debug
+agreement check, timeouts turned into desync reports); a backend supplies
+`_start_<op>` methods that start the transfer and return either None (done) or
+a *finisher* ``fin(deadline)`` that completes it. Sync calls run the finisher
+at once, `async_op=True` hands it to a `Work`.
+
+Why a flight recorder: the commonest distributed failure is a silent hang with
+no culprit. Every rank remembers the collective it is in (or last left); when a
+wait times out, the statuses of all ranks are gathered and the error names
+where each one is.
+"""
+import datetime
+import os
+import pickle
+import sys
+import threading
+import time
+import weakref
+from enum import Enum
+
+import numpy as np
+
+DEFAULT_TIMEOUT = 600.0
+
+
+class ReduceOp(str, Enum):
+    """Reductions; plain strings ('sum', 'avg', ...) are accepted too."""
+    SUM = 'sum'
+    AVG = 'avg'
+    MAX = 'max'
+    MIN = 'min'
+    PRODUCT = 'product'
+
+    def __str__(self):
+        return self.value
+
+
+# str-Enum members hash like their values, so one dict serves both spellings
+_OPS = {op.value: op for op in ReduceOp}
+_OPS.update({op: op for op in ReduceOp})
+
+
+def reduce_op(op):
+    """Normalise 'sum' / ReduceOp.SUM / ... to a ReduceOp, or raise."""
+    try:
+        return _OPS[op]
+    except (KeyError, TypeError):
+        names = ', '.join(repr(o.value) for o in ReduceOp)
+        raise ValueError(f"unknown reduce op {op!r}; expected one of "
+                         f"{names}") from None
+
+
+# --------------------------------------------------------------- errors
+
+class CollectiveError(RuntimeError):
+    """Base of every error a collective raises for a distributed reason."""
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """Peers did not arrive in time. Attributes: op, group, seq, missing
+    (group ranks that did not arrive), statuses (rank -> text)."""
+
+    def __init__(self, msg, op=None, group=None, seq=None, missing=(),
+                 statuses=None):
+        super().__init__(msg)
+        self.op, self.group, self.seq = op, group, seq
+        self.missing = list(missing)
+        self.statuses = statuses or {}
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Ranks called different collectives, shapes or dtypes (debug mode)."""
+
+    def __init__(self, msg, rank=None):
+        super().__init__(msg)
+        self.rank = rank
+
+
+class RankFailureError(CollectiveError):
+    """A peer failed or died (thread raised, socket closed)."""
+
+    def __init__(self, msg, rank=None):
+        super().__init__(msg)
+        self.rank = rank
+
+
+class _Expired(Exception):
+    """Internal: a backend's wait hit its deadline. missing = group ranks
+    known not to have arrived (None when the backend cannot tell)."""
+
+    def __init__(self, missing=None):
+        super().__init__(missing)
+        self.missing = missing
+
+
+# --------------------------------------------------------------- helpers
+
+def as_seconds(timeout, default=None):
+    """Seconds from a float or a datetime.timedelta (torch's spelling)."""
+    if timeout is None:
+        if default is not None:
+            return default
+        env = os.environ.get('DTORCH_COLLECTIVE_TIMEOUT')
+        return float(env) if env else DEFAULT_TIMEOUT
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    t = float(timeout)
+    if not t > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    return t
+
+
+def debug_level():
+    """DTORCH_DISTRIBUTED_DEBUG: OFF (default), INFO or DETAIL."""
+    return os.environ.get('DTORCH_DISTRIBUTED_DEBUG', 'OFF').upper()
+
+
+def get_array_module(arr):
+    """numpy or cupy, whichever owns `arr` (cupy only if already loaded)."""
+    if type(arr) is np.ndarray:
+        return np
+    cp = sys.modules.get('cupy')
+    if cp is not None and isinstance(arr, cp.ndarray):
+        return cp
+    return np
+
+
+def is_cupy(arr):
+    return type(arr) is not np.ndarray and hasattr(
+        arr, '__cuda_array_interface__')
+
+
+def describe(arr):
+    """'[2, 3] float32' for an array; '' for None; first item of a list."""
+    if isinstance(arr, (list, tuple)):
+        if not arr:
+            return '[] (empty list)'
+        return f"{len(arr)} x {describe(arr[0])}"
+    if arr is None or not hasattr(arr, 'shape'):
+        return ''
+    return f"{list(arr.shape)} {arr.dtype}"
+
+
+def check_buffer(arr, what='arr'):
+    """Raise TypeError / ValueError unless arr is a contiguous array."""
+    if not hasattr(arr, 'flags') or not hasattr(arr, 'dtype'):
+        raise TypeError(f"{what} must be a NumPy or CuPy array, "
+                        f"got {type(arr).__name__}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(
+            f"{what} must be C-contiguous (collectives work in place on "
+            f"one buffer); got a non-contiguous {describe(arr)} view with "
+            f"strides {arr.strides}: pass a contiguous copy")
+
+
+def reduce_into(out, vals, op, size):
+    """out <- op(vals[0], vals[1], ...) in list order (so every rank that
+    reduces the same list gets bitwise the same result)."""
+    xp = get_array_module(out)
+    op = reduce_op(op)
+    out[...] = vals[0]
+    f = {ReduceOp.SUM: xp.add, ReduceOp.AVG: xp.add,
+         ReduceOp.MAX: xp.maximum, ReduceOp.MIN: xp.minimum,
+         ReduceOp.PRODUCT: xp.multiply}[op]
+    for v in vals[1:]:
+        f(out, v, out=out)
+    if op is ReduceOp.AVG:
+        divide_avg(out, size)
+
+
+def divide_avg(arr, size):
+    if arr.dtype.kind not in 'fc':
+        raise TypeError(f"reduce op 'avg' needs a floating dtype, got "
+                        f"{arr.dtype}; use 'sum' and divide yourself")
+    arr /= size
+
+
+# --------------------------------------------------------------- work
+
+class Work:
+    """Handle of an async collective: wait(timeout=None), is_completed().
+
+    wait() raises the collective's error (CollectiveTimeoutError after the
+    group timeout, counted from the call, or after `timeout` seconds).
+    """
+
+    def __init__(self, group, rec, fin, deadline, test=None):
+        self._group, self._rec = group, rec
+        self._fin, self._deadline, self._test = fin, deadline, test
+        self._done = fin is None
+        self._exc = None
+        if self._done:
+            group._pending.pop(rec[0], None)
+
+    def wait(self, timeout=None):
+        if self._exc is not None:
+            raise self._exc
+        if self._done:
+            return True
+        deadline = self._deadline
+        if timeout is not None:
+            deadline = min(deadline, time.monotonic() + as_seconds(timeout))
+        try:
+            self._group._finish(self._rec, self._fin, deadline)
+        except BaseException as e:
+            self._exc = e
+            raise
+        self._done = True
+        return True
+
+    def is_completed(self):
+        if not self._done and self._test is not None and self._test():
+            self.wait()
+        return self._done
+
+    def exception(self):
+        return self._exc
+
+
+# --------------------------------------------------------------- group
+
+class ProcessGroup:
+    """Abstract group of `size` ranks; this process is `rank` in it.
+
+    Attributes: rank, size, name, ranks (global ranks of the members, in
+    group-rank order), backend, timeout (seconds). Every op works in place
+    on C-contiguous NumPy/CuPy buffers and takes async_op=False; with True it
+    returns a `Work`. Ranks are group ranks unless a docstring says global.
+    """
+    backend = 'abstract'
+
+    def __init__(self, rank, size, name='world', ranks=None, timeout=None):
+        self.rank, self.size, self.name = rank, size, name
+        self.ranks = list(range(size)) if ranks is None else list(ranks)
+        self.timeout = as_seconds(timeout)
+        self._seq = 0          # collectives entered (flight recorder)
+        self._p2p_seq = 0
+        self._last = None      # (seq, op, arr) of the last op entered
+        self._pending = {}     # seq -> rec of ops entered, not finished
+        self._broken = None    # error that made the group unusable
+        self._inflight = None  # rec of a blocking call in progress (mpi)
+        self._debug = debug_level() == 'DETAIL'
+        self._nsub = 0         # new_group calls, to key sub-groups
+
+    def __repr__(self):
+        return (f"<{type(self).__name__} {self.name!r} rank {self.rank}"
+                f"/{self.size} backend={self.backend}>")
+
+    # ---- the flight recorder
+    def status(self):
+        """(in_flight, seq, op, description) of this rank, for reports."""
+        if self._inflight is not None:
+            rec, busy = self._inflight, True
+        elif self._pending:
+            seq = min(self._pending)
+            rec, busy = self._pending[seq], True
+        elif self._last is not None:
+            rec, busy = self._last, False
+        else:
+            return (False, 0, None, '')
+        return (busy, rec[0], rec[1], describe(rec[2]))
+
+    def _peer_statuses(self, grace):
+        """rank -> status tuple (or None when unknown). Backends that can
+        reach their peers out of band override this."""
+        return {self.rank: self.status()}
+
+    @staticmethod
+    def format_status(rank, st):
+        if st is None:
+            return (f"rank {rank} did not report (busy outside this "
+                    f"group's collectives, hung or dead)")
+        busy, seq, op, desc = st
+        if op is None:
+            return f"rank {rank} has not called any collective"
+        where = f"{op} #{seq}" + (f" {desc}" if desc else '')
+        if busy:
+            return f"rank {rank} is in {where}"
+        return f"rank {rank} is not in a collective (last: {where})"
+
+    def _timeout_error(self, rec, missing=None, waited=None):
+        grace = min(2.0, max(0.3, self.timeout / 4))
+        try:
+            sts = self._peer_statuses(grace)
+        except Exception as e:  # the report must not mask the timeout
+            sts = {self.rank: self.status()}
+            sts['error'] = repr(e)
+        seq, op = rec[0], rec[1]
+        if missing is None:
+            missing = [r for r in range(self.size)
+                       if not (sts.get(r) and sts[r][0]
+                               and sts[r][1] == seq and sts[r][2] == op)]
+        lines = [self.format_status(r, sts.get(r))
+                 for r in range(self.size)]
+        waited = self.timeout if waited is None else waited
+        msg = (f"{op} #{seq} {describe(rec[2])} on group {self.name!r} "
+               f"(backend {self.backend}, global ranks {self.ranks}) timed "
+               f"out after {waited:.1f} s on rank {self.rank}; ranks that "
+               f"did not arrive: {sorted(missing)}. Desync report: "
+               + '; '.join(lines))
+        err = CollectiveTimeoutError(
+            msg, op=op, group=self.name, seq=seq, missing=missing,
+            statuses={r: self.format_status(r, sts.get(r))
+                      for r in range(self.size)})
+        return err
+
+    # ---- the template every op goes through
+    def _check_usable(self):
+        if self._broken is not None:
+            raise CollectiveError(
+                f"group {self.name!r} (rank {self.rank}) is unusable after "
+                f"an earlier error: {self._broken}") from self._broken
+
+    def _run(self, name, arr, sig, start, async_op, p2p=False):
+        if self._broken is not None:
+            self._check_usable()
+        if p2p:
+            self._p2p_seq += 1
+            seq = -self._p2p_seq   # p2p ops do not count as collectives
+        else:
+            self._seq += 1
+            seq = self._seq
+        rec = (seq, name, arr)
+        if self._debug and not p2p:
+            self._debug_check(name, arr, sig)
+        deadline = time.monotonic() + self.timeout
+        if not p2p:
+            self._last = rec
+        self._pending[seq] = rec
+        try:
+            fin = start(deadline)
+        except BaseException as e:
+            self._pending.pop(seq, None)
+            raise self._translate(rec, e) from None
+        if async_op:
+            return Work(self, rec, fin, deadline, self._tester(fin))
+        self._finish(rec, fin, deadline)
+        return None
+
+    def _finish(self, rec, fin, deadline):
+        try:
+            if fin is not None:
+                fin(deadline)
+        except BaseException as e:
+            raise self._translate(rec, e) from None
+        finally:
+            self._pending.pop(rec[0], None)
+
+    def _translate(self, rec, e):
+        if isinstance(e, _Expired):
+            err = self._timeout_error(rec, e.missing)
+            self._broken = err   # streams/slots are mid-op: not reusable
+            return err
+        return e
+
+    def _tester(self, fin):
+        return getattr(fin, 'test', None)
+
+    # ---- debug mode: do all ranks call the same thing?
+    def _debug_check(self, name, arr, sig):
+        mine = (name, describe(arr), sig)
+        allsig = self._gather_objects(mine, time.monotonic() + self.timeout,
+                                      'debug_check')
+        for r, s in enumerate(allsig):
+            if s != allsig[0]:
+                raise CollectiveMismatchError(
+                    f"collective mismatch on group {self.name!r} before "
+                    f"#{self._seq}: rank {r} calls {s[0]} {s[1]} {s[2]} "
+                    f"but rank 0 calls {allsig[0][0]} {allsig[0][1]} "
+                    f"{allsig[0][2]} (DTORCH_DISTRIBUTED_DEBUG=DETAIL)",
+                    rank=r)
+
+    # ---- object transport on top of the byte ops (no recording)
+    def _gather_objects(self, obj, deadline, what):
+        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        n = np.array([data.size], np.int64)
+        sizes = np.zeros((self.size, 1), np.int64)
+        self._complete(self._start_all_gather(sizes, n, deadline), deadline)
+        buf = np.zeros(int(sizes.max()), np.uint8)
+        buf[:data.size] = data
+        out = np.zeros((self.size, buf.size), np.uint8)
+        self._complete(self._start_all_gather(out, buf, deadline), deadline)
+        return [pickle.loads(out[r, :int(sizes[r, 0])].tobytes())
+                for r in range(self.size)]
+
+    @staticmethod
+    def _complete(fin, deadline):
+        if fin is not None:
+            fin(deadline)
+
+    # ---- argument checks
+    def _check_rank(self, r, what):
+        if not isinstance(r, (int, np.integer)) or not 0 <= r < self.size:
+            raise ValueError(f"{what} rank {r!r} out of range for group "
+                             f"{self.name!r} of size {self.size}")
+
+    def _stacked(self, lst, like, what, n=None):
+        """Check a world-dim array or list of `n` arrays shaped like
+        `like`; returns it (list or array)."""
+        n = self.size if n is None else n
+        if isinstance(lst, (list, tuple)):
+            if len(lst) != n:
+                raise ValueError(f"{what} has {len(lst)} entries; group "
+                                 f"{self.name!r} has {n} ranks")
+            for i, a in enumerate(lst):
+                check_buffer(a, f"{what}[{i}]")
+                if a.shape != like.shape or a.dtype != like.dtype:
+                    raise ValueError(
+                        f"{what}[{i}] is {describe(a)}, expected "
+                        f"{describe(like)} (the per-rank buffer)")
+            return lst
+        check_buffer(lst, what)
+        want = (n,) + tuple(like.shape)
+        if lst.shape != want or lst.dtype != like.dtype:
+            raise ValueError(
+                f"{what} is {describe(lst)}, expected {list(want)} "
+                f"{like.dtype} (a leading dim of {n} ranks x the per-rank "
+                f"buffer {describe(like)})")
+        return lst
+
+    # ---- public ops
+    def all_reduce(self, arr, op='sum', async_op=False):
+        """arr <- op over ranks of arr, in place (bitwise equal on all)."""
+        op = reduce_op(op)
+        check_buffer(arr)
+        return self._run('all_reduce', arr, str(op),
+                         lambda d: self._start_all_reduce(arr, op, d),
+                         async_op)
+
+    def broadcast(self, arr, src=0, async_op=False):
+        """arr <- rank src's arr."""
+        check_buffer(arr)
+        self._check_rank(src, 'broadcast src')
+        return self._run('broadcast', arr, f"src={src}",
+                         lambda d: self._start_broadcast(arr, src, d),
+                         async_op)
+
+    def reduce(self, arr, dst=0, op='sum', async_op=False):
+        """Rank dst's arr <- op over ranks; others' arr is left as is."""
+        op = reduce_op(op)
+        check_buffer(arr)
+        self._check_rank(dst, 'reduce dst')
+        return self._run('reduce', arr, f"dst={dst} {op}",
+                         lambda d: self._start_reduce(arr, dst, op, d),
+                         async_op)
+
+    def all_gather(self, out, inp, async_op=False):
+        """out[r] <- rank r's inp; out is [size, *inp.shape] or a list."""
+        check_buffer(inp, 'inp')
+        out = self._stacked(out, inp, 'all_gather out')
+        return self._run('all_gather', inp, '',
+                         lambda d: self._start_all_gather(out, inp, d),
+                         async_op)
+
+    def gather(self, out, inp, dst=0, async_op=False):
+        """On dst: out[r] <- rank r's inp. out is ignored (may be None)
+        elsewhere."""
+        check_buffer(inp, 'inp')
+        self._check_rank(dst, 'gather dst')
+        if self.rank == dst:
+            out = self._stacked(out, inp, 'gather out')
+        return self._run('gather', inp, f"dst={dst}",
+                         lambda d: self._start_gather(out, inp, dst, d),
+                         async_op)
+
+    def scatter(self, out, inp=None, src=0, async_op=False):
+        """out <- rank src's inp[rank]; inp is [size, *out.shape] or a
+        list on src, ignored elsewhere."""
+        check_buffer(out, 'out')
+        self._check_rank(src, 'scatter src')
+        if self.rank == src:
+            inp = self._stacked(inp, out, 'scatter inp')
+        return self._run('scatter', out, f"src={src}",
+                         lambda d: self._start_scatter(out, inp, src, d),
+                         async_op)
+
+    def reduce_scatter(self, out, inp, op='sum', async_op=False):
+        """out <- op over ranks r of r's inp[rank]; inp is
+        [size, *out.shape] or a list."""
+        op = reduce_op(op)
+        check_buffer(out, 'out')
+        inp = self._stacked(inp, out, 'reduce_scatter inp')
+        return self._run('reduce_scatter', out, str(op),
+                         lambda d: self._start_reduce_scatter(
+                             out, inp, op, d), async_op)
+
+    def all_to_all(self, out, inp, async_op=False):
+        """out[r] <- rank r's inp[rank]; both [size, ...] or lists."""
+        if isinstance(inp, (list, tuple)):
+            if not inp:
+                raise ValueError("all_to_all inp is an empty list")
+            like = inp[0]
+        else:
+            check_buffer(inp, 'inp')
+            if inp.ndim == 0 or inp.shape[0] != self.size:
+                raise ValueError(
+                    f"all_to_all inp is {describe(inp)}; its leading dim "
+                    f"must be the group size {self.size}")
+            like = inp[0]
+        inp = self._stacked(inp, like, 'all_to_all inp')
+        out = self._stacked(out, like, 'all_to_all out')
+        return self._run('all_to_all', like, '',
+                         lambda d: self._start_all_to_all(out, inp, d),
+                         async_op)
+
+    def barrier(self, async_op=False):
+        """Return when every rank of the group has called barrier."""
+        return self._run('barrier', None, '', self._start_barrier,
+                         async_op)
+
+    def send(self, arr, dst, tag=0, async_op=False):
+        """Send arr to group rank dst (buffered: may return before dst
+        receives)."""
+        check_buffer(arr)
+        self._check_rank(dst, 'send dst')
+        if dst == self.rank:
+            raise ValueError(f"rank {self.rank} cannot send to itself")
+        return self._run('send', arr, '',
+                         lambda d: self._start_send(arr, dst, tag, d),
+                         async_op, p2p=True)
+
+    def recv(self, arr, src, tag=0, async_op=False):
+        """arr <- the next message from group rank src with this tag."""
+        check_buffer(arr)
+        self._check_rank(src, 'recv src')
+        if src == self.rank:
+            raise ValueError(f"rank {self.rank} cannot recv from itself")
+        return self._run('recv', arr, '',
+                         lambda d: self._start_recv(arr, src, tag, d),
+                         async_op, p2p=True)
+
+    def isend(self, arr, dst, tag=0):
+        return self.send(arr, dst, tag, async_op=True)
+
+    def irecv(self, arr, src, tag=0):
+        return self.recv(arr, src, tag, async_op=True)
+
+    # ---- object variants (pickle; trusted peers of one job only)
+    def broadcast_object(self, obj, src=0):
+        """Return rank src's obj on every rank."""
+        self._check_rank(src, 'broadcast_object src')
+
+        def start(deadline):
+            box = [None]
+            n = np.zeros(1, np.int64)
+            if self.rank == src:
+                data = np.frombuffer(pickle.dumps(obj), np.uint8).copy()
+                n[0] = data.size
+            self._complete(self._start_broadcast(n, src, deadline),
+                           deadline)
+            if self.rank != src:
+                data = np.empty(int(n[0]), np.uint8)
+            self._complete(self._start_broadcast(data, src, deadline),
+                           deadline)
+            box[0] = pickle.loads(data.tobytes())
+            self._obj_result = box[0]
+        self._run('broadcast_object', None, f"src={src}", start, False)
+        res, self._obj_result = self._obj_result, None
+        return res
+
+    def all_gather_object(self, obj):
+        """Return [rank 0's obj, rank 1's obj, ...] on every rank."""
+        def start(deadline):
+            self._obj_result = self._gather_objects(obj, deadline,
+                                                    'all_gather_object')
+        self._run('all_gather_object', None, '', start, False)
+        res, self._obj_result = self._obj_result, None
+        return res
+
+    # ---- sub-groups
+    def new_group(self, ranks, name=None, timeout=None):
+        """A group of the given *global* ranks. Like torch, every member
+        of this group must call it, in the same order; non-members get
+        None."""
+        ranks = [int(r) for r in ranks]
+        if len(set(ranks)) != len(ranks) or not ranks:
+            raise ValueError(f"new_group ranks {ranks} must be a non-empty "
+                             f"list without duplicates")
+        bad = [r for r in ranks if r not in self.ranks]
+        if bad:
+            raise ValueError(f"new_group ranks {bad} are not in group "
+                             f"{self.name!r} (global ranks {self.ranks})")
+        self._nsub += 1
+        name = name or f"{self.name}/{self._nsub}"
+        sub = [self.ranks.index(r) for r in ranks]   # ranks in this group
+        me = sub.index(self.rank) if self.rank in sub else None
+        return self._new_group(sub, ranks, me, name,
+                               as_seconds(timeout, self.timeout))
+
+    def destroy(self):
+        """Release sockets/communicators; the group is unusable after."""
+        self._broken = CollectiveError(f"group {self.name!r} destroyed")
+
+    # ---- what a backend implements
+    def _new_group(self, sub, global_ranks, me, name, timeout):
+        raise NotImplementedError
+
+    def _start_all_reduce(self, arr, op, deadline):
+        raise NotImplementedError
+
+    def _start_broadcast(self, arr, src, deadline):
+        raise NotImplementedError
+
+    def _start_all_gather(self, out, inp, deadline):
+        raise NotImplementedError
+
+    def _start_send(self, arr, dst, tag, deadline):
+        raise NotImplementedError
+
+    def _start_recv(self, arr, src, tag, deadline):
+        raise NotImplementedError
+
+    # Defaults built on the primitives above: a backend overrides what it
+    # can do better.
+    def _start_reduce(self, arr, dst, op, deadline):
+        tmp = arr.copy()
+        fin = self._start_all_reduce(tmp, op, deadline)
+
+        def done(dl):
+            self._complete(fin, dl)
+            if self.rank == dst:
+                arr[...] = tmp
+        return done
+
+    def _start_gather(self, out, inp, dst, deadline):
+        xp = get_array_module(inp)
+        full = xp.empty((self.size,) + inp.shape, inp.dtype)
+        fin = self._start_all_gather(full, inp, deadline)
+
+        def done(dl):
+            self._complete(fin, dl)
+            if self.rank == dst:
+                for r in range(self.size):
+                    out[r][...] = full[r]
+        return done
+
+    def _start_scatter(self, out, inp, src, deadline):
+        xp = get_array_module(out)
+        full = xp.empty((self.size,) + out.shape, out.dtype)
+        if self.rank == src:
+            for r in range(self.size):
+                full[r] = inp[r]
+        fin = self._start_broadcast(full, src, deadline)
+
+        def done(dl):
+            self._complete(fin, dl)
+            out[...] = full[self.rank]
+        return done
+
+    def _start_reduce_scatter(self, out, inp, op, deadline):
+        xp = get_array_module(out)
+        full = xp.empty((self.size,) + out.shape, out.dtype)
+        for r in range(self.size):
+            full[r] = inp[r]
+        fin = self._start_all_reduce(full, op, deadline)
+
+        def done(dl):
+            self._complete(fin, dl)
+            out[...] = full[self.rank]
+        return done
+
+    def _start_all_to_all(self, out, inp, deadline):
+        xp = get_array_module(out[0])
+        like = inp[0]
+        src = xp.empty((self.size,) + like.shape, like.dtype)
+        for r in range(self.size):
+            src[r] = inp[r]
+        full = xp.empty((self.size,) + src.shape, like.dtype)
+        fin = self._start_all_gather(full, src, deadline)
+
+        def done(dl):
+            self._complete(fin, dl)
+            for r in range(self.size):
+                out[r][...] = full[r, self.rank]
+        return done
+
+    def _start_barrier(self, deadline):
+        return self._start_all_reduce(np.zeros(1, np.int32),
+                                      ReduceOp.SUM, deadline)
+
+
+# --------------------------------------------------------------- watchdog
+
+class _Watchdog:
+    """One daemon thread per process that calls `_watchdog_tick()` on the
+    groups registered with it (answering status queries, enforcing
+    timeouts of blocking MPI calls). It wakes every `interval` seconds."""
+
+    def __init__(self):
+        self.groups = weakref.WeakSet()
+        self.lock = threading.Lock()
+        self.thread = None
+        self.interval = 0.05
+
+    def register(self, group):
+        with self.lock:
+            self.groups.add(group)
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._loop, name='dtorch-collectives-watchdog',
+                    daemon=True)
+                self.thread.start()
+
+    def unregister(self, group):
+        with self.lock:
+            self.groups.discard(group)
+
+    def _loop(self):
+        while True:
+            time.sleep(self.interval)
+            with self.lock:
+                groups = list(self.groups)
+            for g in groups:
+                try:
+                    g._watchdog_tick()
+                except Exception as e:  # never let the watchdog die
+                    print(f"dtorch collectives watchdog: {g!r}: {e!r}",
+                          file=sys.stderr)
+
+
+watchdog = _Watchdog()
