@@ -1,0 +1,72 @@
+"""dtorch: PyTorch's API on NumPy (CPU) and CuPy (GPU), built for
+distributed training. ``import dtorch as torch`` runs the covered subset of
+PyTorch scripts."""
+from . import _backend
+from ._backend import (dtype, device, get_default_dtype, set_default_dtype,
+                       promote_types, bool_ as bool, uint8, int8, int16,
+                       int32, int64, float16, bfloat16, float32, float64)
+from .tensor import Tensor, Size
+from .autograd import (no_grad, enable_grad, set_grad_enabled,
+                       inference_mode, is_grad_enabled)
+from ._creation import (tensor, as_tensor, from_numpy, zeros, ones, empty,
+                        full, zeros_like, ones_like, empty_like, full_like,
+                        randn, rand, randint, randperm, randn_like,
+                        rand_like, randint_like, normal, arange, linspace,
+                        logspace, eye, cat, concat, concatenate, stack, where,
+                        nonzero)
+from .random import (manual_seed, seed, initial_seed, get_rng_state,
+                     set_rng_state, Generator, default_generator)
+from . import autograd, cuda, ops, return_types
+
+half, float, double = float16, float32, float64
+long, int, short = int64, int32, int16
+uint8 = uint8
+
+# dtorch.add(x, y), dtorch.exp(x), ...: the Tensor methods as functions
+_METHODS = (
+    "add sub subtract mul multiply div divide true_divide pow matmul mm bmm "
+    "dot neg negative exp log log1p log2 log10 expm1 sqrt rsqrt square abs "
+    "absolute reciprocal sin cos tan tanh sigmoid relu clamp clip clamp_min "
+    "clamp_max maximum minimum lerp addcmul addcdiv sign floor ceil round "
+    "trunc isnan isinf isfinite nan_to_num eq ne lt le gt ge equal allclose "
+    "isclose logical_not logical_and logical_or sum mean var std prod cumsum "
+    "amax amin argmax argmin all any count_nonzero norm logsumexp softmax "
+    "log_softmax reshape flatten unflatten permute transpose swapaxes t "
+    "unsqueeze squeeze broadcast_to narrow split chunk unbind flip roll "
+    "masked_fill numel clone detach"
+).split()
+
+
+def _make_function(name):
+    def fn(input, *args, **kwargs):
+        return getattr(input, name)(*args, **kwargs)
+    fn.__name__ = name
+    fn.__doc__ = f"``dtorch.{name}(input, ...)`` is ``input.{name}(...)``."
+    return fn
+
+
+for _n in _METHODS:
+    globals()[_n] = _make_function(_n)
+
+
+def max(input, dim=None, keepdim=False):
+    return input.max(dim, keepdim)
+
+
+def min(input, dim=None, keepdim=False):
+    return input.min(dim, keepdim)
+
+
+def is_tensor(obj):
+    return isinstance(obj, Tensor)
+
+
+def is_floating_point(t):
+    return t.is_floating_point()
+
+
+def numel(t):
+    return t.numel()
+
+
+__version__ = "0.1.0"

@@ -1,0 +1,314 @@
+"""The one place that maps devices to array modules (NumPy | CuPy) and dtorch
+dtypes to array dtypes.
+
+Op bodies call ``get_array_module(x)`` and nothing else about devices, in the
+manner of chainer's ``backend.get_array_module``. CuPy is imported lazily: a
+machine without it runs everything on the CPU and ``cuda.is_available()`` is
+False.
+"""
+import numpy as np
+
+try:  # bfloat16 on the CPU; NumPy has no native one
+    import ml_dtypes
+    _np_bfloat16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a declared dependency
+    ml_dtypes = None
+    _np_bfloat16 = None
+
+# ---------------------------------------------------------------- CuPy ----
+
+_cupy = None
+_cupy_error = None
+_cupy_tried = False
+
+
+def _load_cupy():
+    global _cupy, _cupy_error, _cupy_tried
+    if not _cupy_tried:
+        _cupy_tried = True
+        try:
+            import cupy
+            cupy.cuda.runtime.getDeviceCount()
+            _cupy = cupy
+        except Exception as e:  # ImportError, or CUDA driver errors
+            _cupy_error = e
+    return _cupy
+
+
+def cupy_available():
+    return _load_cupy() is not None
+
+
+def check_cuda_available():
+    """Return the cupy module or raise with an install hint."""
+    cp = _load_cupy()
+    if cp is None:
+        raise RuntimeError(
+            "CUDA is not available: dtorch needs CuPy and an NVIDIA GPU for "
+            "'cuda' tensors (pip install 'dtorch[cuda12]' or "
+            f"'dtorch[cuda13]'). Import error: {_cupy_error!r}")
+    return cp
+
+
+def is_cupy_array(a):
+    return _cupy is not None and isinstance(a, _cupy.ndarray)
+
+
+def get_array_module(*arrays):
+    """numpy or cupy, whichever owns the arrays (numpy for scalars)."""
+    if _cupy is not None:
+        for a in arrays:
+            if isinstance(a, _cupy.ndarray):
+                return _cupy
+    return np
+
+
+# -------------------------------------------------------------- dtypes ----
+
+class dtype:
+    """A dtorch dtype, e.g. ``dtorch.float32``; maps to a NumPy dtype."""
+    __slots__ = ("name", "np", "is_floating_point", "is_complex",
+                 "itemsize", "_kind", "_rank")
+
+    def __init__(self, name, np_dtype, kind, rank):
+        self.name = name
+        self.np = np_dtype
+        self._kind = kind      # 0 bool, 1 integer, 2 floating
+        self._rank = rank      # order inside the kind, for promotion
+        self.is_floating_point = kind == 2
+        self.is_complex = False
+        self.itemsize = np_dtype.itemsize if np_dtype is not None else 2
+
+    @property
+    def is_signed(self):
+        return self._kind != 0 and self.name != "uint8"
+
+    def to_real(self):
+        return self
+
+    def __repr__(self):
+        return "dtorch." + self.name
+
+    def __reduce__(self):
+        return (_dtype_by_name, (self.name,))
+
+
+bool_ = dtype("bool", np.dtype(np.bool_), 0, 0)
+uint8 = dtype("uint8", np.dtype(np.uint8), 1, 0)
+int8 = dtype("int8", np.dtype(np.int8), 1, 1)
+int16 = dtype("int16", np.dtype(np.int16), 1, 2)
+int32 = dtype("int32", np.dtype(np.int32), 1, 3)
+int64 = dtype("int64", np.dtype(np.int64), 1, 4)
+float16 = dtype("float16", np.dtype(np.float16), 2, 0)
+bfloat16 = dtype("bfloat16", _np_bfloat16, 2, 1)
+float32 = dtype("float32", np.dtype(np.float32), 2, 2)
+float64 = dtype("float64", np.dtype(np.float64), 2, 3)
+
+ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64,
+              float16, bfloat16, float32, float64)
+_BY_NAME = {d.name: d for d in ALL_DTYPES}
+_BY_NP = {d.np: d for d in ALL_DTYPES if d.np is not None}
+
+
+def _dtype_by_name(name):
+    return _BY_NAME[name]
+
+
+_default_dtype = [float32]
+
+
+def get_default_dtype():
+    return _default_dtype[0]
+
+
+def set_default_dtype(d):
+    d = to_dtype(d)
+    if not d.is_floating_point:
+        raise TypeError(f"only floating-point types are supported as the "
+                        f"default type, got {d}")
+    _default_dtype[0] = d
+
+
+def from_np(np_dtype):
+    """dtorch dtype of a NumPy/CuPy array dtype."""
+    try:
+        return _BY_NP[np_dtype]
+    except KeyError:
+        raise TypeError(f"dtorch has no dtype for array dtype {np_dtype}; "
+                        f"supported: {', '.join(_BY_NAME)}") from None
+
+
+def to_dtype(d):
+    """Accept a dtorch dtype, a NumPy dtype/type or a name; return dtorch's."""
+    if d is None or isinstance(d, dtype):
+        return d
+    if isinstance(d, str):
+        name = d[6:] if d.startswith("torch.") else d
+        name = {"float": "float32", "double": "float64", "half": "float16",
+                "long": "int64", "int": "int32", "bool": "bool"}.get(name, name)
+        if name in _BY_NAME:
+            return _BY_NAME[name]
+    if d is float:
+        return _default_dtype[0]
+    if d is int:
+        return int64
+    if d is bool:
+        return bool_
+    try:
+        return from_np(np.dtype(d))
+    except TypeError:
+        raise TypeError(f"unknown dtype {d!r}") from None
+
+
+_FLOAT_BY_RANK = {0: float16, 1: bfloat16, 2: float32, 3: float64}
+
+
+def promote_types(a, b):
+    """PyTorch's promotion of two dtypes (float16 with bfloat16 gives float32)."""
+    if a is b:
+        return a
+    if a._kind != b._kind:
+        return a if a._kind > b._kind else b
+    if a._kind == 2 and {a.name, b.name} == {"float16", "bfloat16"}:
+        return float32
+    if a._kind == 1 and "uint8" in (a.name, b.name):
+        other = b if a.name == "uint8" else a
+        return int16 if other.name == "int8" else other
+    return a if a._rank > b._rank else b
+
+
+_py_kind = {bool: 0, int: 1, float: 2}
+
+
+def result_type(a, b, a_dim=True, b_dim=True):
+    """Result dtype of a binary op between operands of dtypes a and b.
+
+    Following PyTorch, dimensioned tensors take priority over zero-dim tensors
+    and Python scalars of the same kind: ``int32 tensor + 0-dim int64 tensor``
+    is int32, and a higher kind always wins: ``int tensor + 2.5`` is the
+    default float dtype. A Python scalar is passed as its type (int, float or
+    bool) with ``*_dim=False``.
+    """
+    if isinstance(a, type):
+        a_kind, a_dim, a = _py_kind[a], False, None
+    else:
+        a_kind = a._kind
+    if isinstance(b, type):
+        b_kind, b_dim, b = _py_kind[b], False, None
+    else:
+        b_kind = b._kind
+    if a_dim == b_dim or a_kind != b_kind:
+        if a is not None and b is not None:
+            if a_dim == b_dim:
+                return promote_types(a, b)
+            # different priority and kind: the higher kind wins
+            if a_kind > b_kind:
+                return a
+            return b
+        # a Python scalar involved
+        known, known_kind = (a, a_kind) if a is not None else (b, b_kind)
+        other_kind = b_kind if a is not None else a_kind
+        if known is None:  # two Python scalars
+            k = max(a_kind, b_kind)
+            return (bool_, int64, _default_dtype[0])[k]
+        if known_kind >= other_kind:
+            return known
+        return int64 if other_kind == 1 else _default_dtype[0]
+    # same kind, different priority: the dimensioned one wins
+    return a if a_dim else b
+
+
+def numpy_dtype(d):
+    """The array dtype for a dtorch dtype (None stays None)."""
+    if d is None:
+        return None
+    return to_dtype(d).np
+
+
+# ------------------------------------------------------------- devices ----
+
+class device:
+    """``dtorch.device('cpu')``, ``device('cuda')``, ``device('cuda', 1)``.
+
+    Carries ``xp``, the array module of the device, and ``send(array)``, as
+    chainer's ``Device`` does.
+    """
+    __slots__ = ("type", "index")
+
+    def __init__(self, type_or_str, index=None):
+        if isinstance(type_or_str, device):
+            self.type, self.index = type_or_str.type, type_or_str.index
+            return
+        if isinstance(type_or_str, int):
+            type_or_str, index = "cuda", type_or_str
+        s = str(type_or_str)
+        if ":" in s:
+            if index is not None:
+                raise ValueError(f"device string {s!r} already has an index")
+            s, idx = s.split(":", 1)
+            if not idx.isdigit():
+                raise RuntimeError(f"Invalid device string: '{type_or_str}'")
+            index = int(idx)
+        if s not in ("cpu", "cuda"):
+            raise RuntimeError(
+                f"Expected one of cpu, cuda device type at start of device "
+                f"string: {type_or_str}")
+        if s == "cpu":
+            index = None
+        self.type, self.index = s, index
+
+    @property
+    def xp(self):
+        return np if self.type == "cpu" else check_cuda_available()
+
+    def send(self, array):
+        """Move an array to this device (no copy when already there)."""
+        if self.type == "cpu":
+            if is_cupy_array(array):
+                return array.get()
+            return np.asarray(array)
+        cp = check_cuda_available()
+        with cp.cuda.Device(self.index or 0):
+            return cp.asarray(array)
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            other = device(other)
+        if not isinstance(other, device):
+            return NotImplemented
+        if self.type != other.type:
+            return False
+        # 'cuda' with no index means the current device: equal to cuda:0
+        return (self.index or 0) == (other.index or 0)
+
+    def __hash__(self):
+        return hash((self.type, self.index or 0))
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __repr__(self):
+        if self.index is None:
+            return f"device(type='{self.type}')"
+        return f"device(type='{self.type}', index={self.index})"
+
+
+CPU = device("cpu")
+_cuda_devices = {}
+
+
+def device_of(array):
+    """The dtorch device that holds an array."""
+    if type(array) is np.ndarray or not is_cupy_array(array):
+        return CPU
+    i = array.device.id
+    d = _cuda_devices.get(i)
+    if d is None:
+        d = _cuda_devices[i] = device("cuda", i)
+    return d
+
+
+def to_device(d):
+    if d is None or isinstance(d, device):
+        return d
+    return device(d)

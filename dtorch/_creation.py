@@ -1,0 +1,312 @@
+"""Tensor factories (``tensor``, ``zeros``, ``randn``, ...) and the
+``dtorch.*`` functions that take several tensors (``cat``, ``stack``,
+``where``)."""
+import numpy as np
+
+from . import _backend as B
+from . import ops as P
+from .random import _rng
+from .tensor import Tensor, _dims
+
+
+def _finish(data, dtype, device, requires_grad):
+    if device is not None:
+        dev = B.to_device(device)
+        if dev.type != "cpu":
+            data = dev.send(data)
+    t = Tensor._make(data, False, None)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _np_dtype(dtype):
+    return (B.to_dtype(dtype) or B.get_default_dtype()).np
+
+
+def _infer_dtype(a):
+    """PyTorch's dtype of data given as Python numbers / nested lists."""
+    if a.dtype.kind == "f" and a.dtype != np.float64:
+        return a.dtype
+    if a.dtype.kind == "f":
+        return B.get_default_dtype().np
+    if a.dtype.kind in "iu":
+        return np.dtype(np.int64)
+    if a.dtype.kind == "b":
+        return np.dtype(np.bool_)
+    raise TypeError(f"Could not infer dtype of {a.dtype}")
+
+
+def _to_array(data):
+    """Array from data: nested lists may hold 0-d tensors."""
+    if isinstance(data, Tensor):
+        return data._data
+    if isinstance(data, (list, tuple)) and data and any(
+            isinstance(d, (Tensor, list, tuple)) for d in data):
+        parts = [_to_array(d) for d in data]
+        if any(B.is_cupy_array(p) for p in parts):
+            cp = B.check_cuda_available()
+            return cp.stack([cp.asarray(p) for p in parts])
+        return np.array([np.asarray(p) for p in parts])
+    return data
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False,
+           pin_memory=False):
+    """A new tensor (a copy) from data: numbers, nested lists, arrays or
+    tensors. Python floats give the default dtype (float32), ints int64.
+
+    Example::
+
+        x = dtorch.tensor([[1., 2.], [3., 4.]], requires_grad=True)
+    """
+    src = _to_array(data)
+    if B.is_cupy_array(src):
+        a = src.copy()
+    else:
+        py = not isinstance(src, np.ndarray)
+        a = np.array(src)
+        if a.dtype == object:
+            raise TypeError(f"Could not infer dtype of "
+                            f"{type(data).__name__}: ragged or non-numeric "
+                            f"data")
+        if dtype is None and py:
+            a = a.astype(_infer_dtype(a), copy=False)
+    if dtype is not None:
+        a = a.astype(B.to_dtype(dtype).np, copy=False)
+    elif a.dtype not in B._BY_NP:
+        a = a.astype(_infer_dtype(a))
+    if device is None and isinstance(data, Tensor):
+        device = data.device
+    return _finish(a, dtype, device, requires_grad)
+
+
+def as_tensor(data, dtype=None, device=None):
+    """Like ``tensor`` but shares memory when possible (NumPy arrays of a
+    matching dtype, tensors on the right device)."""
+    if isinstance(data, Tensor):
+        t = data
+        if dtype is not None or device is not None:
+            t = t.to(device=device, dtype=dtype)
+        return t
+    if isinstance(data, np.ndarray) and device in (None, "cpu") and (
+            dtype is None or B.to_dtype(dtype).np == data.dtype):
+        return from_numpy(data)
+    return tensor(data, dtype=dtype, device=device)
+
+
+def from_numpy(a):
+    """A tensor that shares memory with the NumPy array ``a``."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"expected np.ndarray (got {type(a).__name__})")
+    B.from_np(a.dtype)   # raises for unsupported dtypes
+    return Tensor._make(a, False, None)
+
+
+def _fill(fill, size, dtype, device, requires_grad):
+    shape = _dims(size)
+    a = np.full(shape, fill, dtype=_np_dtype(dtype)) if device is None or \
+        B.to_device(device).type == "cpu" else \
+        B.to_device(device).xp.full(shape, fill, dtype=_np_dtype(dtype))
+    t = Tensor._make(a, False, None)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False, out=None):
+    return _fill(0, size, dtype, device, requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False):
+    return _fill(1, size, dtype, device, requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad=False,
+          memory_format=None):
+    return _fill(0, size, dtype, device, requires_grad)
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad=False):
+    if dtype is None:
+        dtype = B.result_type(type(fill_value), type(fill_value))
+    return _fill(fill_value, (tuple(size),), dtype, device, requires_grad)
+
+
+def _like(fn, t, dtype, device, requires_grad, *args):
+    return fn(*args, t.shape, dtype=dtype or t.dtype,
+              device=device or t.device, requires_grad=requires_grad)
+
+
+def zeros_like(t, dtype=None, device=None, requires_grad=False,
+               memory_format=None):
+    return _like(zeros, t, dtype, device, requires_grad)
+
+
+def ones_like(t, dtype=None, device=None, requires_grad=False,
+              memory_format=None):
+    return _like(ones, t, dtype, device, requires_grad)
+
+
+def empty_like(t, dtype=None, device=None, requires_grad=False,
+               memory_format=None):
+    return _like(zeros, t, dtype, device, requires_grad)
+
+
+def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
+    return full(t.shape, fill_value, dtype=dtype or t.dtype,
+                device=device or t.device, requires_grad=requires_grad)
+
+
+def _random(sample, size, dtype, device, requires_grad):
+    a = sample(_dims(size)).astype(_np_dtype(dtype), copy=False)
+    return _finish(a, dtype, device, requires_grad)
+
+
+def randn(*size, generator=None, dtype=None, device=None,
+          requires_grad=False):
+    """Standard normal samples from the default (or given) generator."""
+    return _random(_rng(generator).standard_normal, size, dtype, device,
+                   requires_grad)
+
+
+def rand(*size, generator=None, dtype=None, device=None,
+         requires_grad=False):
+    return _random(_rng(generator).random, size, dtype, device,
+                   requires_grad)
+
+
+def randint(low, high=None, size=None, generator=None, dtype=None,
+            device=None, requires_grad=False):
+    if high is None:
+        low, high = 0, low
+    if size is None:
+        raise TypeError("randint() missing required argument 'size'")
+    a = _rng(generator).integers(low, high, tuple(size))
+    return _finish(a.astype((B.to_dtype(dtype) or B.int64).np), dtype,
+                   device, False)
+
+
+def randperm(n, generator=None, dtype=None, device=None):
+    a = _rng(generator).permutation(n)
+    return _finish(a.astype((B.to_dtype(dtype) or B.int64).np), dtype,
+                   device, False)
+
+
+def randn_like(t, dtype=None, device=None, requires_grad=False):
+    return randn(t.shape, dtype=dtype or t.dtype, device=device or t.device,
+                 requires_grad=requires_grad)
+
+
+def rand_like(t, dtype=None, device=None, requires_grad=False):
+    return rand(t.shape, dtype=dtype or t.dtype, device=device or t.device,
+                requires_grad=requires_grad)
+
+
+def randint_like(t, low, high=None, dtype=None, device=None):
+    return randint(low, high, t.shape, dtype=dtype or t.dtype,
+                   device=device or t.device)
+
+
+def normal(mean, std, size=None, generator=None, dtype=None, device=None):
+    if isinstance(mean, Tensor) or isinstance(std, Tensor):
+        shape = np.broadcast_shapes(np.shape(getattr(mean, "_data", mean)),
+                                    np.shape(getattr(std, "_data", std)))
+        return randn(shape, generator=generator) * std + mean
+    return randn(size, generator=generator, dtype=dtype,
+                 device=device) * std + mean
+
+
+def arange(start, end=None, step=1, dtype=None, device=None,
+           requires_grad=False):
+    if end is None:
+        start, end = 0, start
+    vals = [start, end, step]
+    vals = [v.item() if isinstance(v, Tensor) else v for v in vals]
+    if dtype is None:
+        dtype = B.get_default_dtype() if any(
+            isinstance(v, float) for v in vals) else B.int64
+    if vals[2] == 0:
+        raise RuntimeError("step must be nonzero")
+    a = np.arange(*vals).astype(B.to_dtype(dtype).np)
+    return _finish(a, dtype, device, requires_grad)
+
+
+def linspace(start, end, steps, dtype=None, device=None,
+             requires_grad=False):
+    a = np.linspace(start, end, steps).astype(_np_dtype(dtype))
+    return _finish(a, dtype, device, requires_grad)
+
+
+def logspace(start, end, steps, base=10.0, dtype=None, device=None):
+    a = np.logspace(start, end, steps, base=base).astype(_np_dtype(dtype))
+    return _finish(a, dtype, device, False)
+
+
+def eye(n, m=None, dtype=None, device=None, requires_grad=False):
+    a = np.eye(n, m, dtype=_np_dtype(dtype))
+    return _finish(a, dtype, device, requires_grad)
+
+
+# ------------------------------------------------- multi-tensor functions --
+
+def _tensors(seq, op):
+    seq = list(seq)
+    if not seq:
+        raise RuntimeError(f"{op}(): expected a non-empty list of Tensors")
+    for i, t in enumerate(seq):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}(): argument 'tensors' must be a sequence "
+                            f"of Tensors, but element {i} is "
+                            f"{type(t).__name__}")
+    return seq
+
+
+def cat(tensors, dim=0, out=None):
+    """Concatenate tensors along an existing dimension."""
+    ts = _tensors(tensors, "cat")
+    # PyTorch skips legacy empty 1-D tensors in cat
+    ts = [t for t in ts if not (t.ndim == 1 and t.numel() == 0)] or ts[:1]
+    if len(ts) == 1:
+        return ts[0] * 1 if ts[0].requires_grad else ts[0].clone()
+    return P.Cat.apply(*ts, dim=dim)
+
+
+concat = concatenate = cat
+
+
+def stack(tensors, dim=0, out=None):
+    """Stack equally shaped tensors along a new dimension."""
+    ts = _tensors(tensors, "stack")
+    return P.Stack.apply(*ts, dim=dim)
+
+
+def where(condition, input=None, other=None):
+    """Elementwise ``input if condition else other``; with only a condition,
+    the indices of its non-zero elements (as ``nonzero(as_tuple=True)``)."""
+    cond = condition._data if isinstance(condition, Tensor) else condition
+    if input is None and other is None:
+        xp = B.get_array_module(cond)
+        return tuple(Tensor._wrap(i.astype(np.int64)) for i in
+                     xp.nonzero(cond))
+    if cond.dtype != np.bool_:
+        raise RuntimeError(f"where expected condition to be a boolean "
+                           f"tensor, but got a tensor with dtype "
+                           f"{B.from_np(cond.dtype)}")
+    if isinstance(input, Tensor) or not isinstance(other, Tensor):
+        ref = input
+    else:
+        ref = other
+    from .tensor import _operand
+    if not isinstance(ref, Tensor):
+        ref = Tensor._wrap(B.get_array_module(cond).asarray(ref))
+    return P.Where.apply(cond, _operand(input, ref), _operand(other, ref))
+
+
+def nonzero(t, as_tuple=False):
+    xp = t._xp()
+    idx = xp.nonzero(t._data)
+    if as_tuple:
+        return tuple(Tensor._wrap(i.astype(np.int64)) for i in idx)
+    return Tensor._wrap(xp.stack(idx, axis=1).astype(np.int64)
+                        if idx else xp.zeros((0, 0), np.int64))

@@ -1,0 +1,182 @@
+"""The backward engine.
+
+One iterative pass, no recursion: count each node's consumers, then run nodes
+whose consumers have all delivered their gradient, latest-created first (the
+order PyTorch uses), so a leaf's gradient is final, and its post-accumulate
+hooks fire, as early as possible. DDP's bucketed all-reduce relies on that.
+"""
+import heapq
+
+from . import function as _fn
+from .function import AccumulateGrad, _FREED_MSG
+from .grad_mode import _state
+
+
+def _describe(t):
+    return f"[dtorch.{t.dtype.name} {list(t.shape)}]"
+
+
+def _check_versions(node):
+    for vc, v, t, what in node._versions:
+        if vc[0] != v:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has "
+                f"been modified by an inplace operation: {_describe(t)}, "
+                f"which is {what} of {node.name()}, is at version {vc[0]}; "
+                f"expected version {v} instead. Hint: replace the in-place "
+                "operation with an out-of-place one (e.g. x = x + y instead "
+                "of x += y), or clone() the tensor before modifying it.")
+
+
+def _call_hooks(hooks, g):
+    T = _fn._Tensor
+    for h in hooks:
+        r = h(T._wrap(g))
+        if r is not None:
+            g = r._data if isinstance(r, T) else r
+    return g
+
+
+def run_backward(roots, grads, retain_graph=False, inputs=None,
+                 accumulate=True):
+    """Propagate ``grads`` (arrays) from ``roots`` (tensors) to the leaves.
+
+    With ``inputs`` (a list of tensors), return their gradients instead of,
+    or (``accumulate=True``) besides, accumulating into leaves' ``.grad``.
+    """
+    # ---- the graph: consumer counts of every node reachable from the roots
+    root_edges = [_fn._edge(t) for t in roots]
+    deps = {}
+    stack = []
+    for node, _ in root_edges:
+        if node not in deps:
+            deps[node] = 0
+            stack.append(node)
+    while stack:
+        node = stack.pop()
+        for e in node.next_edges:
+            if e is not None:
+                c = e[0]
+                if c in deps:
+                    deps[c] += 1
+                else:
+                    deps[c] = 1
+                    stack.append(c)
+
+    # ---- where autograd.grad wants its answers
+    capture = None
+    results = None
+    if inputs is not None:
+        capture = {}
+        for i, t in enumerate(inputs):
+            capture.setdefault(_fn._edge(t), []).append(i)
+        results = [None] * len(inputs)
+
+    buffers = {}
+    for (node, nr), g in zip(root_edges, grads):
+        buf = buffers.get(node)
+        if buf is None:
+            buf = buffers[node] = {}
+        buf[nr] = g if nr not in buf else buf[nr] + g
+
+    ready = []
+    for node in {id(n): n for n, _ in root_edges}.values():
+        if deps[node] == 0:
+            heapq.heappush(ready, (-node._seq, id(node), node))
+
+    prev_mode = _state.enabled
+    _state.enabled = False  # no graph is recorded while differentiating
+    try:
+        while ready:
+            node = heapq.heappop(ready)[2]
+            buf = buffers.pop(node, None)
+            if node._freed:
+                raise RuntimeError(_FREED_MSG)
+            if type(node) is AccumulateGrad:
+                _accumulate(node, buf, capture, results, accumulate)
+                continue
+            n_out = 1 if not buf else max(buf) + 1
+            out_grads = [None] * n_out
+            if buf:
+                for nr, g in buf.items():
+                    out_grads[nr] = g
+            if node._hooks:
+                for nr, hooks in node._hooks.items():
+                    if nr < n_out and out_grads[nr] is not None:
+                        out_grads[nr] = _call_hooks(hooks, out_grads[nr])
+            if capture is not None:
+                for nr, g in enumerate(out_grads):
+                    for i in capture.get((node, nr), ()):
+                        results[i] = g
+            if node._versions:
+                _check_versions(node)
+            if buf:
+                in_grads = node._run_backward(out_grads)
+            else:
+                in_grads = ()
+            if not retain_graph:
+                node.__dict__.clear()
+                node._freed = True
+            seen = None
+            for e, g in zip(node.next_edges, in_grads):
+                if e is None or g is None:
+                    continue
+                # the same array sent to two places must not become two
+                # .grad tensors that alias each other
+                if seen is None:
+                    seen = set()
+                if id(g) in seen:
+                    g = g.copy()
+                seen.add(id(g))
+                c, nr = e
+                cb = buffers.get(c)
+                if cb is None:
+                    buffers[c] = {nr: g}
+                elif nr in cb:
+                    cb[nr] = cb[nr] + g
+                else:
+                    cb[nr] = g
+            for e in node.next_edges:
+                if e is None:
+                    continue
+                c = e[0]
+                d = deps[c] - 1
+                deps[c] = d
+                if d == 0:
+                    heapq.heappush(ready, (-c._seq, id(c), c))
+    finally:
+        _state.enabled = prev_mode
+    return results
+
+
+def _accumulate(node, buf, capture, results, accumulate):
+    if not buf:
+        return
+    g = buf[0]
+    t = node.variable
+    if g.shape != t._data.shape:
+        raise RuntimeError(
+            f"Function AccumulateGrad returned an invalid gradient: got "
+            f"shape {list(g.shape)} for a tensor of shape {list(t.shape)}")
+    if t._hooks:
+        g = _call_hooks(t._hooks, g)
+    if capture is not None:
+        for i in capture.get((node, 0), ()):
+            results[i] = g
+        if not accumulate:
+            return
+    if g.dtype != t._data.dtype:
+        g = g.astype(t._data.dtype)
+    T = _fn._Tensor
+    if t._grad is None:
+        t._grad = T._wrap(g)
+    else:
+        gd = t._grad._data
+        if gd.shape == g.shape and gd.dtype == g.dtype:
+            gd += g        # in place: .grad may be a view into a DDP bucket
+            t._grad._vc[0] += 1
+        else:
+            t._grad = T._wrap(gd + g)
+    if t._post_hooks:
+        for h in t._post_hooks:
+            h(t)

@@ -1,0 +1,280 @@
+"""``Function``: the unit of the autograd graph.
+
+A Function instance is both the ``ctx`` that ``forward`` and ``backward`` share
+and the graph node that the engine walks (``grad_fn`` of its outputs). Users
+write custom ops exactly as in PyTorch::
+
+    class Exp(dtorch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x.exp()
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            y, = ctx.saved_tensors
+            return grad * y
+
+dtorch's own primitives (``dtorch/ops``) set ``_array_api = True``: their
+forward and backward take and return raw NumPy/CuPy arrays, which keeps the
+per-op overhead to a few microseconds.
+"""
+import itertools
+
+from .grad_mode import _state
+
+_Tensor = None           # dtorch.tensor.Tensor, set when that module loads
+_seq = itertools.count()
+
+_FREED_MSG = (
+    "Trying to backward through the graph a second time (or directly access "
+    "saved tensors after they have already been freed). Saved intermediate "
+    "values of the graph are freed when you call .backward() or "
+    "autograd.grad(). Specify retain_graph=True if you need to backward "
+    "through the graph a second time or if you need to access saved tensors "
+    "after calling backward.")
+
+
+class Function:
+    """Base class of differentiable operations (``dtorch.autograd.Function``)."""
+    # Engine bookkeeping lives in slots so that freeing a node's saved state
+    # is one ``__dict__.clear()``, whatever attributes forward stored on ctx.
+    __slots__ = ("next_edges", "needs_input_grad", "_seq", "_versions",
+                 "_hooks", "_freed", "_out_meta", "_dirty", "_non_diff",
+                 "_materialize", "__dict__", "__weakref__")
+    _array_api = False
+    _is_view = False
+
+    # ------------------------------------------------------------ ctx API --
+    def save_for_backward(self, *tensors):
+        self.to_save = tensors
+
+    @property
+    def saved_tensors(self):
+        if self._freed:
+            raise RuntimeError(_FREED_MSG)
+        return self.__dict__.get("to_save", ())
+
+    def mark_dirty(self, *tensors):
+        self._dirty = tensors
+
+    def mark_non_differentiable(self, *tensors):
+        self._non_diff = tensors
+
+    def set_materialize_grads(self, value):
+        self._materialize = bool(value)
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError(
+            "You must implement the forward function for custom "
+            "autograd.Function.")
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        raise NotImplementedError(
+            "You must implement either the backward or vjp method for your "
+            "custom autograd.Function to use it with backward mode AD.")
+
+    def name(self):
+        n = type(self).__name__
+        return n if n.endswith("Backward") else n + "Backward"
+
+    def __repr__(self):
+        return f"<{self.name()} object at {id(self):#x}>"
+
+    @property
+    def next_functions(self):
+        return tuple(e if e is not None else (None, 0)
+                     for e in self.next_edges)
+
+    # -------------------------------------------------------------- apply --
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        if cls._array_api:
+            return _apply_array(cls, args, kwargs)
+        return _apply_tensor(cls, args, kwargs)
+
+    # called by the engine; returns one gradient array (or None) per input
+    def _run_backward(self, grads):
+        if self._array_api:
+            out = type(self).backward(self, *grads)
+            return out if type(out) is tuple else (out,)
+        T = _Tensor
+        tgrads = []
+        for g, meta in zip(grads, self._out_meta):
+            if g is None and self._materialize and meta is not None:
+                xp, shape, dt = meta
+                g = xp.zeros(shape, dt)
+            tgrads.append(None if g is None else T._wrap(g))
+        prev = _state.enabled
+        _state.enabled = False
+        try:
+            out = type(self).backward(self, *tgrads)
+        finally:
+            _state.enabled = prev
+        if type(out) is not tuple:
+            out = (out,)
+        res = []
+        for g in out:
+            if isinstance(g, T):
+                g = g._data
+            res.append(g)
+        n = len(self.next_edges)
+        if len(res) < n:
+            res.extend([None] * (n - len(res)))
+        elif len(res) > n and any(g is not None for g in res[n:]):
+            raise RuntimeError(
+                f"function {self.name()} returned an incorrect number of "
+                f"gradients (expected {n}, got {len(res)})")
+        return res
+
+
+def _edge(t):
+    """The graph edge that a gradient for tensor t flows along."""
+    fn = t.grad_fn
+    if fn is not None:
+        return (fn, t._output_nr)
+    acc = t._accum
+    if acc is None:
+        acc = t._accum = AccumulateGrad(t)
+    return (acc, 0)
+
+
+def _apply_array(cls, args, kwargs):
+    """Fast path for dtorch's primitives: arrays in, arrays out."""
+    T = _Tensor
+    ctx = cls.__new__(cls)
+    arrays = []
+    req = False
+    for a in args:
+        if isinstance(a, T):
+            arrays.append(a._data)
+            if a.requires_grad:
+                req = True
+        else:
+            arrays.append(a)
+    if req and _state.enabled:
+        ctx.needs_input_grad = tuple(
+            isinstance(a, T) and a.requires_grad for a in args)
+        out = cls.forward(ctx, *arrays, **kwargs)
+        ctx.next_edges = tuple(
+            _edge(a) if (isinstance(a, T) and a.requires_grad) else None
+            for a in args)
+        ctx._seq = next(_seq)
+        ctx._freed = False
+        ctx._hooks = None
+        res = T._make(out, True, ctx)
+        if cls._is_view:
+            src = args[0]
+            res._vc = src._vc
+            res._base = src if src._base is None else src._base
+        saved = ctx.__dict__.get("to_save")
+        if saved:
+            _record_versions(ctx, saved, args, res)
+        else:
+            ctx._versions = None
+        return res
+    out = cls.forward(ctx, *arrays, **kwargs)
+    res = T._make(out, False, None)
+    if cls._is_view:
+        src = args[0]
+        res._vc = src._vc
+        res._base = src if src._base is None else src._base
+    return res
+
+
+def _record_versions(ctx, saved, args, out):
+    # Saved arrays are matched to the tensors that own them, so that an
+    # in-place change to any of them after forward is caught at backward.
+    T = _Tensor
+    vers = []
+    for s in saved:
+        if s is out._data:
+            vers.append((out._vc, out._vc[0], out, "output"))
+            continue
+        for a in args:
+            if isinstance(a, T) and a._data is s:
+                vers.append((a._vc, a._vc[0], a, "input"))
+                break
+    ctx._versions = vers or None
+
+
+def _apply_tensor(cls, args, kwargs):
+    """Custom (user) Functions: Tensors in, Tensors out, as in PyTorch."""
+    T = _Tensor
+    ctx = cls()
+    ctx._freed = False
+    ctx._materialize = True
+    tensors = [a for a in args if isinstance(a, T)]
+    req = _state.enabled and any(t.requires_grad for t in tensors)
+    ctx.needs_input_grad = tuple(
+        isinstance(a, T) and a.requires_grad for a in args)
+    prev = _state.enabled
+    _state.enabled = False
+    try:
+        out = cls.forward(ctx, *args, **kwargs)
+    finally:
+        _state.enabled = prev
+    single = not isinstance(out, tuple)
+    outs = (out,) if single else out
+    if not req:
+        return out
+    ctx.next_edges = tuple(_edge(a) if (isinstance(a, T) and a.requires_grad)
+                           else None for a in args)
+    ctx._seq = next(_seq)
+    ctx._hooks = None
+    dirty = getattr_slot(ctx, "_dirty")
+    non_diff = getattr_slot(ctx, "_non_diff") or ()
+    wrapped, meta = [], []
+    for i, o in enumerate(outs):
+        if not isinstance(o, T):
+            wrapped.append(o)
+            meta.append(None)
+            continue
+        if dirty and any(o is d for d in dirty):
+            o._vc[0] += 1
+        elif any(o is a for a in tensors):
+            o = o._alias()     # returning an input: a new tensor, same data
+        diff = (o.dtype.is_floating_point
+                and not any(o is n for n in non_diff))
+        if diff:
+            o.requires_grad = True
+            o.grad_fn = ctx
+            o._output_nr = i
+        meta.append((o._xp(), o._data.shape, o._data.dtype))
+        wrapped.append(o)
+    ctx._out_meta = meta
+    saved = ctx.__dict__.get("to_save")
+    vers = []
+    for s in saved or ():
+        if isinstance(s, T):
+            vers.append((s._vc, s._vc[0], s, "saved tensor"))
+    ctx._versions = vers or None
+    return wrapped[0] if single else tuple(wrapped)
+
+
+def getattr_slot(obj, name):
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        return None
+
+
+class AccumulateGrad(Function):
+    """Graph sink of a leaf tensor: adds the incoming gradient to ``.grad``."""
+    _array_api = True
+
+    def __init__(self, tensor):
+        self.variable = tensor
+        self.next_edges = ()
+        # leaves run as soon as they are ready, before any other node,
+        # which is when DDP wants to hear about them
+        self._seq = float("inf")
+        self._freed = False
+        self._hooks = None
+        self._versions = None
+
+    def name(self):
+        return "AccumulateGrad"

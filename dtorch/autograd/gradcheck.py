@@ -1,0 +1,96 @@
+"""``gradcheck``: analytical gradients against central finite differences.
+
+Use float64 inputs; the full Jacobian is compared (torch.autograd.gradcheck's
+default), which is cheap for the small shapes tests use.
+"""
+import numpy as np
+
+from . import function as _fn
+from .grad_mode import no_grad
+
+
+class GradcheckError(RuntimeError):
+    pass
+
+
+def _outputs(fn, inputs):
+    out = fn(*inputs)
+    if isinstance(out, (list, tuple)):
+        return [o for o in out if isinstance(o, _fn._Tensor)]
+    return [out]
+
+
+def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
+              raise_exception=True, nondet_tol=0.0):
+    """True when ``func``'s backward matches finite differences for every
+    input that requires grad; otherwise raise (or return False).
+
+    Example::
+
+        x = dtorch.randn(3, 4, dtype=dtorch.float64, requires_grad=True)
+        assert dtorch.autograd.gradcheck(lambda t: (t * t).sum(1), (x,))
+    """
+    from . import grad as _grad
+    T = _fn._Tensor
+    if isinstance(inputs, T):
+        inputs = (inputs,)
+    inputs = tuple(inputs)
+    diff = [i for i, t in enumerate(inputs)
+            if isinstance(t, T) and t.requires_grad]
+    if not diff:
+        raise ValueError("gradcheck expects at least one input tensor to "
+                         "require gradient")
+    for i in diff:
+        if inputs[i].dtype.name != "float64":
+            import warnings
+            warnings.warn(f"gradcheck: input {i} is {inputs[i].dtype}, not "
+                          f"float64; the check may fail from rounding")
+    outs = _outputs(func, inputs)
+    for k, out in enumerate(outs):
+        if not out.requires_grad:
+            continue
+        n_out = out.numel()
+        # analytical Jacobian, one backward per output element
+        analytical = {i: np.zeros((inputs[i].numel(), n_out))
+                      for i in diff}
+        for j in range(n_out):
+            outs_j = _outputs(func, inputs)[k]
+            g = np.zeros(n_out)
+            g[j] = 1.0
+            g = T._wrap(outs_j._xp().asarray(g.reshape(outs_j.shape)
+                                             .astype(outs_j._data.dtype)))
+            grads = _grad([outs_j], [inputs[i] for i in diff], [g],
+                          allow_unused=True)
+            for i, gi in zip(diff, grads):
+                if gi is not None:
+                    analytical[i][:, j] = np.asarray(
+                        gi.detach().cpu()._data).reshape(-1)
+        # numerical Jacobian, central differences
+        for i in diff:
+            x = inputs[i]
+            flat = x._data.reshape(-1)
+            numerical = np.zeros_like(analytical[i])
+            with no_grad():
+                for e in range(flat.size):
+                    orig = flat[e].item()
+                    flat[e] = orig + eps
+                    hi = _outputs(func, inputs)[k]._data.reshape(-1)
+                    flat[e] = orig - eps
+                    lo = _outputs(func, inputs)[k]._data.reshape(-1)
+                    flat[e] = orig
+                    numerical[e] = np.asarray(
+                        (hi - lo) / (2 * eps)).astype(np.float64).get() \
+                        if hasattr(hi, "get") else (hi - lo) / (2 * eps)
+            a = analytical[i]
+            if not np.allclose(a, numerical, rtol=rtol, atol=atol):
+                bad = np.unravel_index(np.argmax(np.abs(a - numerical)),
+                                       a.shape)
+                msg = (f"Jacobian mismatch for output {k} with respect to "
+                       f"input {i},\nnumerical:{numerical}\nanalytical:{a}\n"
+                       f"largest difference at (input elem {bad[0]}, output "
+                       f"elem {bad[1]}): numerical {numerical[bad]} vs "
+                       f"analytical {a[bad]}")
+                if raise_exception:
+                    raise GradcheckError(msg)
+                return False
+    return True

@@ -1,0 +1,5 @@
+"""Named tuples returned by ops such as ``max(dim)`` (``torch.return_types``)."""
+from collections import namedtuple
+
+MinMax = namedtuple("MinMax", ["values", "indices"])
+max = min = sort = topk = MinMax
