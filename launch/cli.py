@@ -101,9 +101,13 @@ def _run_local(args, backend):
 def _run_ray(args, backend):
     from launch import ray as rray
     world = args.nnodes * (args.nproc_per_node or 1)
-    rray.run(_target(args), world, backend=backend,
-             max_restarts=args.max_restarts, log_dir=args.log_dir,
-             only_rank0=args.only_rank0)
+    try:
+        rray.run(_target(args), world, backend=backend,
+                 max_restarts=args.max_restarts, log_dir=args.log_dir,
+                 only_rank0=args.only_rank0, grace=args.grace_period)
+    except rray.RankFailedError as err:
+        print(f"dtorch-launch: {err}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -13,6 +13,7 @@ the external launcher and restarts it when asked.
 
 import os
 import shutil
+import signal
 import sys
 import time
 
@@ -113,7 +114,10 @@ class ExternalRunner:
                 if trap.signum is not None:
                     _say(f"got {procs.signal_name(trap.signum)}; passing "
                          f"it to {self.name}")
-                    procs.stop_groups([proc.pid], trap.signum, self.grace)
+                    # srun treats a single SIGINT as "print status":
+                    # SIGTERM is what makes both launchers end the job.
+                    procs.stop_groups([proc.pid], signal.SIGTERM,
+                                      0.0 if trap.urgent else self.grace)
                     proc.wait()
                     return 128 + trap.signum
                 # mpiexec/srun have ended the ranks; anything left in

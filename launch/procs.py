@@ -77,16 +77,20 @@ def peek(pid):
     return ("signal", info.si_status)
 
 
-def group_alive(pgids):
-    """Process groups among `pgids` that still hold a live process.
+def members(sessions):
+    """Live processes in the sessions (or process groups) `sessions`,
+    as {pid: session}.
 
-    Reads /proc: a zombie (state Z) counts as gone, since PID 1 on some
+    Each rank leads its own session, and a session cannot be left except
+    by setsid(): processes that moved to another process group (mpiexec's
+    ranks, a shell's jobs) are still found, even after their parent died.
+    Reads /proc; a zombie (state Z) counts as gone, since PID 1 on some
     machines reaps orphans only after a second or two."""
-    wanted, alive = set(pgids), set()
+    wanted, found = set(sessions), {}
     try:
         names = os.listdir("/proc")
-    except OSError:
-        return set(wanted)  # no /proc: assume alive, rely on SIGKILL
+    except OSError:  # no /proc: report the leaders, rely on SIGKILL
+        return {s: s for s in wanted}
     for name in names:
         if not name.isdigit():
             continue
@@ -96,10 +100,22 @@ def group_alive(pgids):
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2:].split()
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp in wanted and state not in (b"Z", b"X"):
-            alive.add(pgrp)
-    return alive
+        state, pgrp, sid = fields[0], int(fields[2]), int(fields[3])
+        if state in (b"Z", b"X"):
+            continue
+        if sid in wanted or pgrp in wanted:
+            found[int(name)] = sid if sid in wanted else pgrp
+    return found
+
+
+def _signal_all(sessions, signum):
+    for sid in sessions:
+        killpg(sid, signum)
+    for pid in members(sessions):
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def killpg(pgid, signum):
@@ -109,25 +125,29 @@ def killpg(pgid, signum):
         pass
 
 
-def stop_groups(pgids, signum=signal.SIGTERM, grace=5.0):
-    """Send `signum` to every group, wait up to `grace` seconds for them
-    to empty, then SIGKILL what is left and wait for that too.  Returns
-    the set of groups that had to be killed."""
-    pgids = list(pgids)
-    for pgid in pgids:
-        killpg(pgid, signum)
+def stop_groups(sessions, signum=signal.SIGTERM, grace=5.0):
+    """Send `signum` to every process of the sessions started by spawn(),
+    wait up to `grace` seconds for them to end, then SIGKILL what is
+    left and wait for that too.  Returns the pids that had to be killed.
+
+    The session leaders must not be reaped yet (see peek), so their ids
+    cannot have been reused."""
+    sessions = list(sessions)
+    if not members(sessions):
+        return set()
+    _signal_all(sessions, signum)
     deadline = time.monotonic() + grace
-    left = group_alive(pgids)
+    left = members(sessions)
     while left and time.monotonic() < deadline:
         time.sleep(0.02)
-        left = group_alive(left)
+        left = members(sessions)
     killed = set(left)
-    for pgid in left:
-        killpg(pgid, signal.SIGKILL)
+    if left:
+        _signal_all(sessions, signal.SIGKILL)
     deadline = time.monotonic() + 5.0
     while left and time.monotonic() < deadline:
         time.sleep(0.02)
-        left = group_alive(left)
+        left = members(sessions)
     return killed
 
 

@@ -20,7 +20,9 @@ if os.path.exists(path):
     with open(path) as f:
         state = json.load(f)
 start = state["step"]
-print(f"rank {rank} restart {restart} starts at step {start}", flush=True)
+print(f"rank {rank} restart {restart} starts at step {start} port "
+      f"{os.environ['MASTER_PORT']} token {os.environ['DTORCH_RDZV_TOKEN']}",
+      flush=True)
 for step in range(start, steps):
     if restart == 0 and rank == 1 and step == crash:
         print(f"rank {rank} crashes at step {step}", flush=True)
