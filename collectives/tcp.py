@@ -1,0 +1,498 @@
+"""`tcp` backend: ring collectives over sockets, for jobs without MPI.
+
+Ranks meet through the `TCPStore` on rank 0, then each rank listens on the
+interface that reaches MASTER_ADDR and connects an *outgoing* socket to its
+right neighbour (the ring) and, lazily, to any peer it sends to (p2p).
+Incoming sockets are accepted by a thread and authenticated with the same
+HMAC challenge as the store. Sends and receives use separate sockets, so
+neither side waits for the other to connect first and p2p traffic never
+mixes with ring traffic.
+
+All-reduce: below SMALL bytes, an all-gather of whole buffers followed by a
+reduction in rank order (n-1 messages instead of 2(n-1)); above, the classic
+ring reduce-scatter + all-gather in n chunks. Both give bitwise equal results
+on every rank. Each message carries a 16-byte header (sequence number, byte
+count) so a rank that called a different collective is caught, not misread.
+Sockets are non-blocking; one loop sends and receives at once (sendmsg /
+recvmsg_into on memoryviews) so big transfers cannot deadlock on full
+buffers. A peer that dies closes its sockets: survivors raise
+RankFailureError and close theirs, so the failure travels round the ring.
+"""
+import json
+import queue
+import select
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+
+from .base import (CollectiveMismatchError, ProcessGroup, RankFailureError,
+                   ReduceOp, _Expired, divide_avg, get_array_module,
+                   reduce_into, watchdog)
+from .store import _recv_exact, client_handshake, server_handshake
+
+SMALL = 64 * 1024
+_HDR = struct.Struct('<qq')
+_POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
+_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add,
+          ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
+          ReduceOp.PRODUCT: np.multiply}
+
+
+def _mv(arr):
+    """A flat byte memoryview of a contiguous array, whatever its dtype."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def _advance(bufs, n):
+    while n:
+        b = bufs[0]
+        if n >= len(b):
+            n -= len(b)
+            bufs.pop(0)
+        else:
+            bufs[0] = b[n:]
+            n = 0
+
+
+class TCPGroup(ProcessGroup):
+    backend = 'tcp'
+
+    def __init__(self, store, rank, size, name='world', timeout=None,
+                 ranks=None):
+        super().__init__(rank, size, name, ranks, timeout)
+        self.store = store
+        self._prefix = f"g/{name}/"
+        self._incoming = {}     # (channel, peer) -> socket
+        self._out = {}          # (channel, peer) -> socket
+        self._cond = threading.Condition()
+        self._lanes = {}        # lane -> [queue, pending count]
+        self._stash = {}        # (src, tag) -> [bytes] read out of order
+        self._asked = 0         # last status query answered
+        self._wd_store = None
+        self._closed = False
+        self._async = False
+        if size == 1:
+            return
+        # listen on the interface that reaches the store
+        host = store.sock.getsockname()[0]
+        self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._lsock.bind((host, 0))
+        self._lsock.listen(size + 8)
+        port = self._lsock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True,
+                         name=f"dtorch-tcp-accept-{name}").start()
+        store.set(f"{self._prefix}addr/{rank}", f"{host}:{port}")
+        self._right = (rank + 1) % size
+        self._left = (rank - 1) % size
+        self._rsock = self._connect('r', self._right)
+        self._lsock_in = self._wait_incoming('r', self._left,
+                                             time.monotonic() + self.timeout)
+        watchdog.register(self)
+
+    # ---- connections
+    def _accept(self):
+        while not self._closed:
+            try:
+                s, _ = self._lsock.accept()
+            except OSError:
+                return
+            try:
+                s.settimeout(30)
+                if not server_handshake(s, self.store.token):
+                    s.close()
+                    continue
+                chan, peer = struct.unpack('<ci', _recv_exact(s, 5))
+            except (OSError, ConnectionError, struct.error):
+                s.close()
+                continue
+            self._tune(s)
+            with self._cond:
+                self._incoming[(chan.decode(), peer)] = s
+                self._cond.notify_all()
+
+    @staticmethod
+    def _tune(s):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+
+    def _connect(self, chan, peer):
+        key = (chan, peer)
+        s = self._out.get(key)
+        if s is not None:
+            return s
+        addr = self.store.get(f"{self._prefix}addr/{peer}",
+                              timeout=self.timeout).decode()
+        host, port = addr.rsplit(':', 1)
+        s = socket.create_connection((host, int(port)), timeout=30)
+        client_handshake(s, self.store.token, f"rank {peer} at {addr}")
+        s.sendall(struct.pack('<ci', chan.encode(), self.rank))
+        self._tune(s)
+        self._out[key] = s
+        return s
+
+    def _wait_incoming(self, chan, peer, deadline):
+        with self._cond:
+            while (chan, peer) not in self._incoming:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Expired([peer])
+                self._cond.wait(min(left, 0.5))
+            return self._incoming[(chan, peer)]
+
+    # ---- moving bytes
+    def _fail(self, peer, what):
+        err = RankFailureError(
+            f"connection with rank {peer} (global {self.ranks[peer]}) of "
+            f"group {self.name!r} {what} on rank {self.rank}: that rank "
+            f"died or gave up; closing this rank's sockets too",
+            rank=peer)
+        self._broken = err
+        self._close_sockets()
+        return err
+
+    def _xfer(self, out_bufs, in_bufs, deadline, expect=None):
+        """Send out_bufs on the right socket while receiving in_bufs from
+        the left one. expect = (seq, nbytes) to check in the header that
+        in_bufs[0] receives."""
+        so, si = self._rsock, self._lsock_in
+        return self._pump(so, out_bufs, self._right, si, in_bufs,
+                          self._left, deadline, expect)
+
+    def _pump(self, so, out_bufs, pout, si, in_bufs, pin, deadline,
+              expect=None):
+        out_bufs, in_bufs = list(out_bufs), list(in_bufs)
+        hdr = in_bufs[0] if expect is not None else None
+        got = 0
+        while out_bufs or in_bufs:
+            moved = False
+            if out_bufs:
+                try:
+                    n = so.sendmsg(out_bufs)
+                except BlockingIOError:
+                    n = 0
+                except OSError as e:
+                    raise self._fail(pout, f"broke ({e})") from None
+                if n:
+                    _advance(out_bufs, n)
+                    moved = True
+            if in_bufs:
+                try:
+                    n = si.recvmsg_into(in_bufs)[0]
+                except BlockingIOError:
+                    n = -1
+                except OSError as e:
+                    raise self._fail(pin, f"broke ({e})") from None
+                if n == 0:
+                    raise self._fail(pin, "was closed")
+                if n > 0:
+                    if hdr is not None and got < 16 <= got + n:
+                        self._check_header(hdr, expect, pin)
+                    got += n
+                    _advance(in_bufs, n)
+                    moved = True
+            if moved:
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Expired([pin] if in_bufs else [pout])
+            poller = select.poll()
+            if out_bufs:
+                poller.register(so, _POLLOUT)
+            if in_bufs:
+                poller.register(si, _POLLIN)
+            poller.poll(min(left, 0.5) * 1000)
+
+    def _check_header(self, hdr, expect, peer):
+        seq, nbytes = _HDR.unpack(bytes(hdr))
+        if (seq, nbytes) != expect:
+            err = CollectiveMismatchError(
+                f"rank {peer} of group {self.name!r} sent message #{seq} of "
+                f"{nbytes} bytes where rank {self.rank} expects #{expect[0]}"
+                f" of {expect[1]} bytes: the ranks called different "
+                f"collectives or buffer sizes (DTORCH_DISTRIBUTED_DEBUG="
+                f"DETAIL names the op)", rank=peer)
+            self._broken = err
+            raise err
+
+    def _step(self, send_arr, recv_arr, deadline, tag, in_tag=None):
+        """One ring step with headers: send_arr right, recv_arr <- left."""
+        in_tag = tag if in_tag is None else in_tag
+        out = [] if send_arr is None else [
+            _HDR.pack(tag, send_arr.nbytes), _mv(send_arr)]
+        hb = bytearray(16)
+        inn = [] if recv_arr is None else [memoryview(hb), _mv(recv_arr)]
+        exp = None if recv_arr is None else (in_tag, recv_arr.nbytes)
+        self._xfer(out, inn, deadline, exp)
+
+    # ---- async: one FIFO worker thread per lane keeps issue order
+    def _run(self, name, arr, sig, start, async_op, p2p=False):
+        self._async = async_op
+        return ProcessGroup._run(self, name, arr, sig, start, async_op,
+                                 p2p)
+
+    def _launch(self, job, lane):
+        """Run job(deadline) now, or on the lane's worker when async or
+        when async ops of the lane are still queued."""
+        ln = self._lanes.get(lane)
+        if not self._async and (ln is None or ln[1] == 0):
+            return job
+        if ln is None:
+            ln = self._lanes[lane] = [queue.Queue(), 0]
+            threading.Thread(target=self._lane, args=(ln,), daemon=True,
+                             name=f"dtorch-tcp-{lane}").start()
+        done, box = threading.Event(), []
+        with self._cond:
+            ln[1] += 1
+        # the job's own deadline: the group timeout from now
+        ln[0].put((job, time.monotonic() + self.timeout, done, box))
+
+        def fin(deadline):
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                raise _Expired(None)
+            if box:
+                raise box[0]
+        fin.test = done.is_set
+        return fin
+
+    def _lane(self, ln):
+        while True:
+            job, deadline, done, box = ln[0].get()
+            try:
+                job(deadline)
+            except BaseException as e:
+                box.append(e)
+            with self._cond:
+                ln[1] -= 1
+            done.set()
+
+    # ---- collectives
+    def _start_all_reduce(self, arr, op, deadline):
+        seq = self._seq
+        return self._launch(lambda dl: self._all_reduce(arr, op, dl, seq),
+                            'coll')
+
+    def _all_reduce(self, arr, op, deadline, seq):
+        n = self.size
+        if op is ReduceOp.AVG and arr.dtype.kind not in 'fc':
+            divide_avg(arr, n)   # raises the TypeError
+        if n == 1:
+            return
+        flat = arr.reshape(-1)
+        if arr.nbytes <= SMALL or flat.size < n or \
+                get_array_module(arr) is not np or flat.dtype.kind == 'b':
+            full = np.empty((n,) + flat.shape, flat.dtype)
+            self._ring_gather([full[r] for r in range(n)], flat, deadline,
+                              seq)
+            reduce_into(flat, list(full), op, n)
+            return
+        bounds = np.linspace(0, flat.size, n + 1).astype(np.int64)
+        chunks = [flat[bounds[i]:bounds[i + 1]] for i in range(n)]
+        self._ring_reduce_scatter(chunks, op, deadline, seq, shift=0)
+        self._ring_all_gather(chunks, deadline, seq, shift=0)
+        if op is ReduceOp.AVG:
+            divide_avg(arr, n)
+
+    def _ring_reduce_scatter(self, chunks, op, deadline, seq, shift):
+        """Afterwards this rank's chunk (rank + 1 + shift) % n holds the
+        reduction over all ranks."""
+        n, r = self.size, self.rank
+        f = _UFUNC[op]
+        tmp = np.empty(max(c.size for c in chunks), chunks[0].dtype)
+        for s in range(n - 1):
+            out = chunks[(r - s + shift) % n]
+            dst = chunks[(r - s - 1 + shift) % n]
+            t = tmp[:dst.size]
+            self._step(out, t, deadline, seq * 4096 + s)
+            f(dst, t, out=dst)
+
+    def _ring_all_gather(self, chunks, deadline, seq, shift):
+        """Chunk (rank + 1 + shift) % n is complete here; fill the rest."""
+        n, r = self.size, self.rank
+        for s in range(n - 1):
+            out = chunks[(r + 1 - s + shift) % n]
+            dst = chunks[(r - s + shift) % n]
+            self._step(out, dst, deadline, seq * 4096 + 2048 + s)
+
+    def _ring_gather(self, blocks, mine, deadline, seq):
+        """blocks[r] <- rank r's `mine` (blocks may alias mine)."""
+        n, r = self.size, self.rank
+        if blocks[r] is not mine:
+            blocks[r][...] = mine
+        for s in range(n - 1):
+            self._step(blocks[(r - s) % n], blocks[(r - s - 1) % n],
+                       deadline, seq * 4096 + 1024 + s)
+
+    def _start_all_gather(self, out, inp, deadline):
+        seq = self._seq
+
+        def job(dl):
+            blocks = [out[r].reshape(-1) for r in range(self.size)]
+            self._ring_gather(blocks, inp.reshape(-1), dl, seq)
+        return self._launch(job, 'coll')
+
+    def _start_reduce_scatter(self, out, inp, op, deadline):
+        seq = self._seq
+
+        def job(dl):
+            if op is ReduceOp.AVG and out.dtype.kind not in 'fc':
+                divide_avg(out, self.size)
+            chunks = [np.array(inp[r]).reshape(-1)
+                      for r in range(self.size)]
+            if self.size > 1:
+                self._ring_reduce_scatter(chunks, op, dl, seq, shift=-1)
+            out.reshape(-1)[...] = chunks[self.rank]
+            if op is ReduceOp.AVG:
+                divide_avg(out, self.size)
+        return self._launch(job, 'coll')
+
+    def _start_broadcast(self, arr, src, deadline):
+        seq = self._seq
+        return self._launch(lambda dl: self._broadcast(arr, src, dl, seq),
+                            'coll')
+
+    def _broadcast(self, arr, src, deadline, seq):
+        """A pipelined chain round the ring, starting at src."""
+        n, r = self.size, self.rank
+        if n == 1:
+            return
+        flat = arr.reshape(-1).view(np.uint8)
+        piece = 1 << 20
+        parts = [flat[i:i + piece] for i in range(0, max(flat.size, 1),
+                                                  piece)]
+        forward = self._right != src
+        for k in range(len(parts) + 1):
+            out = parts[k - 1] if (k >= 1 and forward and r != src) \
+                else None
+            if r == src:
+                out = parts[k] if k < len(parts) else None
+            inn = parts[k] if (k < len(parts) and r != src) else None
+            if out is not None or inn is not None:
+                base = seq * 4096 + 3072
+                self._step(out, inn, deadline,
+                           base + k - (r != src), base + k)
+
+    def _start_barrier(self, deadline):
+        return self._start_all_reduce(np.zeros(1, np.int32), ReduceOp.SUM,
+                                      deadline)
+
+    # ---- point to point
+    def _start_send(self, arr, dst, tag, deadline):
+        def job(dl):
+            s = self._connect('p', dst)
+            self._pump(s, [_HDR.pack(tag, arr.nbytes), _mv(arr)], dst,
+                       None, [], None, dl)
+        return self._launch(job, 'send')
+
+    def _start_recv(self, arr, src, tag, deadline):
+        def job(dl):
+            box = self._stash.get((src, tag))
+            if box:
+                data = box.pop(0)
+                self._check_size(len(data), arr, src, tag)
+                _mv(arr)[:] = data
+                return
+            s = self._wait_incoming('p', src, dl)
+            while True:
+                hb = bytearray(16)
+                self._pump(None, [], None, s, [memoryview(hb)], src, dl)
+                t, nbytes = _HDR.unpack(bytes(hb))
+                if t == tag:
+                    self._check_size(nbytes, arr, src, tag)
+                    self._pump(None, [], None, s, [_mv(arr)], src, dl)
+                    return
+                # a message with another tag: keep it for its recv
+                other = bytearray(nbytes)
+                self._pump(None, [], None, s, [memoryview(other)], src, dl)
+                self._stash.setdefault((src, t), []).append(bytes(other))
+        return self._launch(job, 'recv')
+
+    def _check_size(self, nbytes, arr, src, tag):
+        if nbytes != arr.nbytes:
+            raise CollectiveMismatchError(
+                f"recv on rank {self.rank}: rank {src} sent {nbytes} bytes "
+                f"with tag {tag} but the buffer {list(arr.shape)} "
+                f"{arr.dtype} holds {arr.nbytes}", rank=src)
+
+    # ---- groups, status, teardown
+    def _new_group(self, sub, global_ranks, me, name, timeout):
+        if me is None:
+            return None
+        return TCPGroup(self.store, me, len(sub), name, timeout,
+                        global_ranks)
+
+    def _store_for_watchdog(self):
+        if self._wd_store is None:
+            self._wd_store = self.store.clone()
+        return self._wd_store
+
+    def _answer_queries(self):
+        st = self._store_for_watchdog()
+        asked = st.try_get(f"{self._prefix}ask")
+        if asked is not None and int(asked) > self._asked:
+            self._asked = int(asked)
+            st.set(f"{self._prefix}status/{self.rank}",
+                   json.dumps([self._asked, self.status()]))
+
+    _tick = 0
+
+    def _watchdog_tick(self):
+        # every 4th tick (0.2 s): one store round trip per rank
+        self._tick += 1
+        if self._closed or self._tick % 4:
+            return
+        try:
+            self._answer_queries()
+        except Exception:
+            self._closed = True   # the store (rank 0) is gone
+
+    def _peer_statuses(self, grace):
+        res = {self.rank: self.status()}
+        st = self.store.clone()
+        try:
+            ask = st.add(f"{self._prefix}ask", 1)
+            end = time.monotonic() + grace
+            while len(res) < self.size and time.monotonic() < end:
+                for r in range(self.size):
+                    if r in res:
+                        continue
+                    v = st.try_get(f"{self._prefix}status/{r}")
+                    if v is not None:
+                        n, status = json.loads(v)
+                        if n >= ask:
+                            res[r] = tuple(status)
+                time.sleep(0.02)
+        finally:
+            st.close()
+        return res
+
+    def _close_sockets(self):
+        socks = list(self._out.values()) + list(self._incoming.values())
+        for s in socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def destroy(self):
+        self._closed = True
+        watchdog.unregister(self)
+        self._close_sockets()
+        if self.size > 1:
+            self._lsock.close()
+        ProcessGroup.destroy(self)
+
+
+def tcp_group(rank, world_size, master_addr='127.0.0.1', master_port=29500,
+              token=None, timeout=None, store=None):
+    """Rendezvous at master_addr:master_port (rank 0 serves the store)
+    and return the world TCPGroup."""
+    from .base import as_seconds
+    from .store import TCPStore
+    timeout = as_seconds(timeout)
+    if store is None:
+        store = TCPStore(master_addr, master_port, token,
+                         is_server=(rank == 0), timeout=timeout)
+    return TCPGroup(store, rank, world_size, 'world', timeout)
