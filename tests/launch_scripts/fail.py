@@ -5,8 +5,8 @@ usage: fail.py FAIL_RANK (exit CODE | kill SIG | none) [--child]
 Every rank prints `PID rank pid`; with --child, each also starts a
 `sleep` grandchild and prints `CHILD rank pid`, so a test can check that
 the whole process tree is gone.  With --ignore-term the healthy ranks
-ignore SIGTERM, so only the launcher's SIGKILL can stop them.  The failing rank fails half a second
-after it is up."""
+ignore SIGTERM, so only the launcher's SIGKILL can stop them.  The
+failing rank fails half a second after it is up."""
 import os
 import signal
 import subprocess

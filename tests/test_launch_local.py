@@ -1,0 +1,197 @@
+"""dtorch-launch, local runner: environment contract, output, multi-node
+on loopback, failure handling, signals, restarts.  Every test runs the
+real launcher as a subprocess and checks the process table afterwards."""
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from launch import env as renv
+from launch_scripts.harness import (assert_gone, clean_env, finish,
+                                    kill_session, launch, reported_pids,
+                                    script, start)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def env_lines(out):
+    return {int(d["RANK"]): d for d in
+            (json.loads(m) for m in re.findall(r"ENV (\{.*\})", out))}
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_rank_environment(nproc):
+    rc, out, err, _ = launch(["--nproc-per-node", str(nproc), "--backend",
+                              "tcp", script("print_env.py")])
+    assert rc == 0, err
+    envs = env_lines(out)
+    assert sorted(envs) == list(range(nproc))
+    threads = str(renv.thread_budget(renv.cpu_count(), nproc))
+    ports = {e["MASTER_PORT"] for e in envs.values()}
+    tokens = {e["DTORCH_RDZV_TOKEN"] for e in envs.values()}
+    assert len(ports) == 1 and len(tokens) == 1
+    assert re.fullmatch(r"[0-9a-f]{32}", tokens.pop())
+    for rank, e in envs.items():
+        assert e["WORLD_SIZE"] == str(nproc)
+        assert e["LOCAL_RANK"] == str(rank)
+        assert e["LOCAL_WORLD_SIZE"] == str(nproc)
+        assert e["MASTER_ADDR"] == "127.0.0.1"
+        assert e["DTORCH_RESTART_COUNT"] == "0"
+        assert e["DTORCH_BACKEND"] == "tcp"
+        for var in renv.THREAD_VARS:
+            assert e[var] == threads
+    # every line of a rank carries its prefix
+    for line in out.splitlines():
+        assert re.match(r"\[rank \d\] ENV ", line), line
+
+
+def test_user_thread_setting_wins_and_tokens_differ_per_job():
+    env = clean_env(OMP_NUM_THREADS=7)
+    first = env_lines(launch(["--nproc-per-node", "2",
+                              script("print_env.py")], env=env)[1])
+    second = env_lines(launch(["--nproc-per-node", "2",
+                               script("print_env.py")], env=env)[1])
+    assert first[0]["OMP_NUM_THREADS"] == "7"
+    assert first[1]["OPENBLAS_NUM_THREADS"] != "7"
+    assert first[0]["DTORCH_RDZV_TOKEN"] != second[0]["DTORCH_RDZV_TOKEN"]
+
+
+def test_only_rank0_output_and_log_dir(tmp_path):
+    rc, out, err, _ = launch(["--nproc-per-node", "3", "--only-rank0-output",
+                              "--log-dir", str(tmp_path),
+                              script("rendezvous.py")])
+    assert rc == 0, err
+    assert "[rank 0] JOINED 0 1 2" in out
+    assert "[rank 1]" not in out and "[rank 2]" not in out
+    for rank in (1, 2):
+        log = (tmp_path / f"rank{rank}.log").read_text()
+        assert f"rank {rank} joined" in log
+
+
+def test_module_target(tmp_path):
+    # -m: the target is a module (found through the working directory)
+    (tmp_path / "hello_mod.py").write_text(
+        "import os; print('MOD', os.environ['RANK'])\n")
+    env = clean_env(PYTHONPATH=str(tmp_path))
+    rc, out, err, _ = launch(["--nproc-per-node", "2", "-m", "hello_mod"],
+                             env=env)
+    assert rc == 0, err
+    assert "[rank 0] MOD 0" in out and "[rank 1] MOD 1" in out
+
+
+def test_two_launchers_form_one_job():
+    # multi-node on loopback: node 0 and node 1, 2 ranks each
+    port = renv.free_port()
+    env = clean_env(DTORCH_RDZV_TOKEN=renv.new_token())
+    common = ["--nnodes", "2", "--nproc-per-node", "2",
+              "--master-port", str(port)]
+    node0 = start(common + ["--node-rank", "0", script("rendezvous.py")],
+                  env)
+    node1 = start(common + ["--node-rank", "1", script("rendezvous.py")],
+                  env)
+    out0, err0 = finish(node0, 30)
+    out1, err1 = finish(node1, 30)
+    assert node0.returncode == 0 and node1.returncode == 0, err0 + err1
+    assert "[rank 0] JOINED 0 1 2 3" in out0
+    assert "[rank 2] rank 2 joined" in out1
+    assert "[rank 3] rank 3 joined" in out1
+
+
+def test_multi_node_needs_port_and_secret():
+    rc, _, err, _ = launch(["--nnodes", "2", script("print_env.py")])
+    assert rc != 0 and "--master-port" in err
+    rc, _, err, _ = launch(["--nnodes", "2", "--master-port", "29999",
+                            script("print_env.py")])
+    assert rc != 0 and "DTORCH_RDZV_TOKEN" in err
+
+
+def _check_failure(args, rank, how, code, extra=()):
+    t0 = time.monotonic()
+    rc, out, err, secs = launch(["--nproc-per-node", "3"] + list(extra)
+                                + [script("fail.py")] + args + ["--child"])
+    pids = reported_pids(out)
+    assert len(pids["PID"]) == 3 and len(pids["CHILD"]) == 3, out
+    assert_gone(list(pids["PID"].values()) + list(pids["CHILD"].values()),
+                within=0.2)
+    assert rc == code, err
+    assert f"rank {rank} (local rank {rank}" in err and how in err, err
+    # the tail of the failed rank's output
+    assert f"    | rank {rank} fails now" in err
+    # fails 0.5 s after start; the rest is teardown
+    assert secs < 10, f"launcher took {secs:.1f} s"
+    return err, time.monotonic() - t0
+
+
+def test_rank_exit_code_stops_job():
+    _check_failure(["1", "exit", "3"], 1, "exited with code 3", 3)
+
+
+def test_rank_sigkill_stops_job():
+    _check_failure(["2", "kill", "SIGKILL"], 2,
+                   "was killed by SIGKILL (signal 9)", 128 + 9)
+
+
+def test_rank_ignoring_sigterm_is_killed_after_grace():
+    err, secs = _check_failure(["0", "exit", "4", "--ignore-term"], 0,
+                               "exited with code 4",
+                               4, extra=["--grace-period", "1"])
+    assert 1.0 < secs < 10
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_reaches_every_rank(sig):
+    proc = start(["--nproc-per-node", "2", script("fail.py"), "0", "none",
+                  "--child"])
+    seen = ""
+    try:
+        deadline = time.monotonic() + 20
+        while seen.count("is up") < 2 and time.monotonic() < deadline:
+            seen += proc.stdout.readline()
+        assert seen.count("is up") == 2, seen
+        t0 = time.monotonic()
+        os.kill(proc.pid, sig)
+        out, err = finish(proc, 10)
+    finally:
+        kill_session(proc.pid)  # no-op unless the test failed
+    secs = time.monotonic() - t0
+    pids = reported_pids(seen + out)
+    assert_gone(list(pids["PID"].values()) + list(pids["CHILD"].values()),
+                within=0.2)
+    assert proc.returncode == 128 + sig, err
+    assert signal.Signals(sig).name in err
+    assert secs < 10
+
+
+def test_restart_resumes_from_checkpoint(tmp_path):
+    rc, out, err, secs = launch(["--nproc-per-node", "2", "--max-restarts",
+                                 "1", script("resume.py"), str(tmp_path),
+                                 "10", "4"])
+    assert rc == 0, err
+    assert "rank 1 (local rank 1" in err and "exited with code 7" in err
+    assert "restarting the job (1 of 1 restarts)" in err
+    results = {int(r): (int(t), int(s), int(n)) for r, t, s, n in
+               re.findall(r"RESULT (\d) (\d+) (\d+) (\d+)", out)}
+    # totals as if nothing had failed: sum (step + 1) * (rank + 1)
+    assert results[0][0] == 55 and results[1][0] == 110
+    assert results[1][1] == 4          # rank 1 resumed at its crash step
+    assert results[0][2] == results[1][2] == 1
+    starts = re.findall(r"restart (\d) starts at step \d+ port (\d+) "
+                        r"token (\w+)", out)
+    by_restart = {n: (p, t) for n, p, t in starts}
+    assert by_restart["0"] != by_restart["1"]   # new port and token
+    assert by_restart["0"][0] != by_restart["1"][0]
+    assert by_restart["0"][1] != by_restart["1"][1]
+
+
+def test_restarts_exhausted(tmp_path):
+    rc, out, err, _ = launch(["--nproc-per-node", "2", "--max-restarts",
+                              "1", "--log-dir", str(tmp_path),
+                              script("fail.py"), "0", "exit", "5"])
+    assert rc == 5
+    assert "giving up after 1 restarts" in err
+    assert out.count("[rank 0] rank 0 fails now") == 2
+    log = (tmp_path / "rank0.log").read_text()
+    assert "restart 0" in log and "restart 1" in log
