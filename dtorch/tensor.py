@@ -364,7 +364,7 @@ class Tensor:
     def contiguous(self, memory_format=None):
         if self._data.flags.c_contiguous:
             return self
-        return P.Cast.apply(self, np_dtype=self._data.dtype)
+        return P.Copy.apply(self)
 
     # --------------------------------------------------------- autograd ---
     def backward(self, gradient=None, retain_graph=None, create_graph=False,

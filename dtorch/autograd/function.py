@@ -40,11 +40,13 @@ class Function:
     """Base class of differentiable operations (``dtorch.autograd.Function``)."""
     # Engine bookkeeping lives in slots so that freeing a node's saved state
     # is one ``__dict__.clear()``, whatever attributes forward stored on ctx.
-    __slots__ = ("next_edges", "needs_input_grad", "_seq", "_versions",
+    __slots__ = ("next_edges", "_seq", "_versions",
                  "_hooks", "_freed", "_out_meta", "_dirty", "_non_diff",
                  "_materialize", "__dict__", "__weakref__")
     _array_api = False
     _is_view = False
+    # forward may read this even when no graph is recorded
+    needs_input_grad = (False,) * 8
 
     # ------------------------------------------------------------ ctx API --
     def save_for_backward(self, *tensors):
@@ -103,6 +105,7 @@ class Function:
             return out if type(out) is tuple else (out,)
         T = _Tensor
         tgrads = []
+        grads = list(grads) + [None] * (len(self._out_meta) - len(grads))
         for g, meta in zip(grads, self._out_meta):
             if g is None and self._materialize and meta is not None:
                 xp, shape, dt = meta
@@ -191,6 +194,8 @@ def _record_versions(ctx, saved, args, out):
     T = _Tensor
     vers = []
     for s in saved:
+        if s is None:
+            continue
         if s is out._data:
             vers.append((out._vc, out._vc[0], out, "output"))
             continue

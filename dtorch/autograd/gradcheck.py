@@ -74,9 +74,9 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
                 for e in range(flat.size):
                     orig = flat[e].item()
                     flat[e] = orig + eps
-                    hi = _outputs(func, inputs)[k]._data.reshape(-1)
+                    hi = _outputs(func, inputs)[k]._data.reshape(-1).copy()
                     flat[e] = orig - eps
-                    lo = _outputs(func, inputs)[k]._data.reshape(-1)
+                    lo = _outputs(func, inputs)[k]._data.reshape(-1).copy()
                     flat[e] = orig
                     numerical[e] = np.asarray(
                         (hi - lo) / (2 * eps)).astype(np.float64).get() \

@@ -136,7 +136,10 @@ class Mul(Op):
     def forward(ctx, x, y):
         x2, y2 = promote(x, y, "mul")
         _meta(ctx, x, y)
-        ctx.save_for_backward(x, y)
+        n = ctx.needs_input_grad
+        # keep only what backward reads, so that a later in-place change to
+        # an unneeded operand is legal (x * 3 saves nothing of x)
+        ctx.save_for_backward(x if n[1] else None, y if n[0] else None)
         try:
             return x2 * y2
         except ValueError:
@@ -155,7 +158,7 @@ class Div(Op):
     def forward(ctx, x, y):
         x2, y2 = promote(x, y, "div", true_div=True)
         _meta(ctx, x, y)
-        ctx.save_for_backward(x, y)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, y)
         try:
             return x2 / y2
         except ValueError:
@@ -415,6 +418,17 @@ class Clamp(Op):
         if ctx.hi is not None:
             keep = keep & (x <= ctx.hi)
         return g * keep
+
+
+class Copy(Op):
+    """A C-contiguous copy (``contiguous()``)."""
+    @staticmethod
+    def forward(ctx, x):
+        return get_array_module(x).ascontiguousarray(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
 
 
 class Cast(Op):
@@ -855,11 +869,14 @@ class MatMul(Op):
         xp = get_array_module(g)
         x2 = x[None, :] if x.ndim == 1 else x
         y2 = y[:, None] if y.ndim == 1 else y
-        g2 = g
-        if x.ndim == 1:
-            g2 = xp.expand_dims(g2, -2)
-        if y.ndim == 1:
-            g2 = xp.expand_dims(g2, -1)
+        if x.ndim == 1 and y.ndim == 1:
+            g2 = g.reshape(1, 1)
+        elif x.ndim == 1:
+            g2 = xp.expand_dims(g, -2)
+        elif y.ndim == 1:
+            g2 = xp.expand_dims(g, -1)
+        else:
+            g2 = g
         gx = gy = None
         if n[0]:
             gx = g2 @ xp.swapaxes(y2, -1, -2)
