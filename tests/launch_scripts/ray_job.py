@@ -1,0 +1,60 @@
+"""Ray runner scenarios against a local 2-CPU Ray, one per line of output
+(run by tests/test_launch_ray.py in its own session, so that Ray's
+daemons are the test's to clean up)."""
+import json
+import os
+import sys
+import time
+
+import ray
+
+from launch import cli
+from launch.ray import RankFailedError, run
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def env_of_rank(x):
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "DTORCH_RDZV_TOKEN",
+            "DTORCH_RESTART_COUNT", "DTORCH_BACKEND", "OMP_NUM_THREADS")
+    return {k: os.environ.get(k) for k in keys}, x * 10
+
+
+def crash_rank1():
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 is broken")
+    time.sleep(60)
+
+
+def report(name, value):
+    print(f"CASE {name} {json.dumps(value)}", flush=True)
+
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+t = time.monotonic()
+report("fn", run(env_of_rank, 2, args=(4,), backend="tcp"))
+report("fn_secs", time.monotonic() - t)
+
+t = time.monotonic()
+report("script", run([os.path.join(HERE, "rendezvous.py")], 2))
+report("script_secs", time.monotonic() - t)
+
+for name, target in (("fn_fail", crash_rank1),
+                     ("script_fail", [os.path.join(HERE, "fail.py"), "0",
+                                      "exit", "3"])):
+    t = time.monotonic()
+    try:
+        run(target, 2)
+        report(name, "no error")
+    except RankFailedError as err:
+        report(name, {"rank": err.rank, "msg": str(err),
+                      "secs": time.monotonic() - t})
+
+try:
+    cli.main(["--runner", "ray", "--nproc-per-node", "2",
+              os.path.join(HERE, "print_env.py")])
+except SystemExit as e:
+    report("cli_rc", e.code)
+ray.shutdown()
+sys.stdout.flush()

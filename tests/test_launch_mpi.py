@@ -1,0 +1,39 @@
+"""dtorch-launch --runner mpi outside SLURM: mpiexec + python -m mpi4py +
+launch.rank.  Skipped when mpi4py or mpiexec is missing."""
+import os
+import shutil
+import sys
+
+import pytest
+
+from launch_scripts.harness import assert_gone, launch, reported_pids, script
+
+pytest.importorskip("mpi4py", reason="mpi4py is not installed")
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+if not os.access(MPIEXEC, os.X_OK) and not shutil.which("mpiexec"):
+    pytest.skip("mpiexec not found", allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_mpi_runner_allreduce_and_env():
+    rc, out, err, _ = launch(["--runner", "mpi", "--nproc-per-node", "2",
+                              script("mpi_allreduce.py"), "a", "b"])
+    assert rc == 0, err
+    assert out.count("size=2 sum=3") == 2, out
+    for rank in (0, 1):
+        assert f"rank={rank} size=2 sum=3 RANK={rank} WORLD_SIZE=2 " \
+               f"MASTER_ADDR=127.0.0.1 args=a b" in out
+
+
+def test_mpi_runner_failure_ends_job():
+    rc, out, err, secs = launch(["--runner", "mpi", "--nproc-per-node", "2",
+                                 script("fail.py"), "1", "exit", "3",
+                                 "--child"])
+    pids = reported_pids(out)
+    assert len(pids["PID"]) == 2 and len(pids["CHILD"]) == 2, out
+    assert_gone(list(pids["PID"].values()) + list(pids["CHILD"].values()),
+                within=0.2)
+    assert rc == 3, err
+    assert "mpiexec exited with code 3" in err
+    assert secs < 10

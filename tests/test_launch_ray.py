@@ -1,0 +1,82 @@
+"""launch.ray against a local Ray with 2 CPUs: a function job, a script
+job that rendezvouses, failures naming the rank, `--runner ray`."""
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch_scripts.harness import ROOT, clean_env, kill_session, script
+
+try:
+    import ray  # noqa: F401
+except ImportError as err:
+    pytest.skip(f"ray cannot be imported ({err}); pip install "
+                "'dtorch[ray]' to run the Ray runner tests",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cases():
+    env = clean_env(RAY_DISABLE_USAGE_STATS=1)
+    proc = subprocess.Popen([sys.executable, script("ray_job.py")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        out = ""
+    finally:
+        # ray.shutdown() stops Ray's daemons; kill whatever of this
+        # session is left (only processes this fixture started).
+        kill_session(proc.pid)
+        proc.wait()
+    cases = {m[0]: json.loads(m[1])
+             for m in re.findall(r"^CASE (\w+) (.*)$", out, re.M)}
+    cases["_out"], cases["_secs"] = out, time.monotonic() - t0
+    return cases
+
+
+def test_function_job_environment(ray_cases):
+    assert "fn" in ray_cases, ray_cases["_out"][-3000:]
+    envs = ray_cases["fn"]
+    assert [x for _, x in envs] == [40, 40]
+    (e0, _), (e1, _) = envs
+    assert (e0["RANK"], e1["RANK"]) == ("0", "1")
+    assert e0["WORLD_SIZE"] == e1["WORLD_SIZE"] == "2"
+    assert (e0["LOCAL_RANK"], e1["LOCAL_RANK"]) == ("0", "1")
+    assert e0["LOCAL_WORLD_SIZE"] == "2"
+    assert e0["MASTER_ADDR"] == e1["MASTER_ADDR"]
+    assert e0["MASTER_PORT"] == e1["MASTER_PORT"]
+    assert e0["DTORCH_RDZV_TOKEN"] == e1["DTORCH_RDZV_TOKEN"]
+    assert len(e0["DTORCH_RDZV_TOKEN"]) == 32
+    assert e0["DTORCH_BACKEND"] == "tcp"
+    assert e0["DTORCH_RESTART_COUNT"] == "0"
+    assert e0["OMP_NUM_THREADS"] == "1"
+
+
+def test_script_job_completes(ray_cases):
+    assert ray_cases.get("script") == [0, 0], ray_cases["_out"][-3000:]
+    assert "[rank 0] JOINED 0 1" in ray_cases["_out"]
+
+
+@pytest.mark.parametrize("case,rank,text", [
+    ("fn_fail", 1, "raised ValueError: rank 1 is broken"),
+    ("script_fail", 0, "exited with code 3"),
+])
+def test_failure_names_rank(ray_cases, case, rank, text):
+    got = ray_cases.get(case)
+    assert isinstance(got, dict), ray_cases["_out"][-3000:]
+    assert got["rank"] == rank
+    assert f"rank {rank} failed" in got["msg"] and text in got["msg"]
+    assert got["secs"] < 10
+
+
+def test_cli_ray_runner(ray_cases):
+    assert ray_cases.get("cli_rc") == 0, ray_cases["_out"][-3000:]
+    assert re.search(r"\[rank 1\] ENV .*\"WORLD_SIZE\": \"2\"",
+                     ray_cases["_out"])
