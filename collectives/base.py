@@ -147,7 +147,7 @@ def describe(arr):
 
 def check_buffer(arr, what='arr'):
     """Raise TypeError / ValueError unless arr is a contiguous array."""
-    if not hasattr(arr, 'flags') or not hasattr(arr, 'dtype'):
+    if not isinstance(arr, np.ndarray) and not is_cupy(arr):
         raise TypeError(f"{what} must be a NumPy or CuPy array, "
                         f"got {type(arr).__name__}")
     if not arr.flags.c_contiguous:

@@ -1,0 +1,276 @@
+"""One test body for every collectives backend (mlx's common-testcase idea).
+
+Each CASES entry is fn(group) that asserts; tests run it on threads (in one
+process), under mpiexec (pytest-mpi) and in tcp processes that this file
+runs as a script:
+
+    python tests/collectives_helpers.py MODE RANK WORLD PORT TOKEN
+
+MODE: cases (print a JSON {case: 'ok' | error}), die (rank 1 exits after
+one collective), skip (the last rank skips a collective).
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+import collectives  # noqa: E402
+from collectives import (CollectiveTimeoutError,  # noqa: E402
+                         RankFailureError)
+
+
+def _vals(g, dtype=np.float32, n=5):
+    """Rank-dependent input whose reductions are exact."""
+    return (np.arange(n) % 3 + g.rank + 1).astype(dtype)
+
+
+def case_all_reduce_ops(g):
+    per = [_vals(type('G', (), {'rank': r}), np.float64)
+           for r in range(g.size)]
+    want = {'sum': sum(per), 'avg': sum(per) / g.size,
+            'max': np.max(per, 0), 'min': np.min(per, 0),
+            'product': np.prod(per, 0)}
+    for dtype in (np.float32, np.float64, np.int32):
+        for op, w in want.items():
+            if op == 'avg' and dtype == np.int32:
+                continue
+            x = _vals(g, dtype)
+            g.all_reduce(x, op=op)
+            assert x.dtype == dtype
+            np.testing.assert_allclose(x, w.astype(dtype), rtol=1e-6,
+                                       err_msg=f"{op} {dtype}")
+    x = _vals(g, np.float32)
+    g.all_reduce(x, collectives.ReduceOp.SUM)
+    np.testing.assert_allclose(x, want['sum'])
+
+
+def case_all_reduce_large_and_odd(g):
+    # > 64 KiB takes the ring path on tcp; an odd length splits unevenly
+    n = 50_001
+    x = np.arange(n, dtype=np.float32) * (g.rank + 1)
+    g.all_reduce(x)
+    tot = g.size * (g.size + 1) / 2
+    np.testing.assert_allclose(x, np.arange(n, dtype=np.float32) * tot)
+    y = np.full((3, 7), g.rank, np.float64)
+    g.all_reduce(y, 'max')
+    assert (y == g.size - 1).all()
+    z = np.array(g.rank, np.float32)   # 0-d
+    g.all_reduce(z)
+    assert z == g.size * (g.size - 1) / 2
+
+
+def case_all_reduce_bitwise_equal(g):
+    rng = np.random.default_rng(g.rank)
+    x = rng.standard_normal(40_000).astype(np.float32)
+    g.all_reduce(x)
+    allx = g.all_gather_object(x.tobytes())
+    assert all(b == allx[0] for b in allx), "ranks disagree bitwise"
+
+
+def case_all_reduce_odd_dtypes(g):
+    b = np.array([g.rank == 0, False, True])
+    g.all_reduce(b, 'max')
+    assert b.tolist() == [True, False, True]
+    h = np.full(4, 1.5, np.float16)
+    g.all_reduce(h)
+    assert h.dtype == np.float16 and (h == 1.5 * g.size).all()
+
+
+def case_broadcast(g):
+    for src in range(g.size):
+        x = np.full(6, g.rank, np.int64)
+        g.broadcast(x, src=src)
+        assert (x == src).all(), (src, x)
+    big = np.full(600_000, g.rank, np.float32)   # 2.4 MB: pipelined
+    g.broadcast(big, src=g.size - 1)
+    assert (big == g.size - 1).all()
+
+
+def case_reduce(g):
+    dst = g.size - 1
+    x = np.full(3, g.rank + 1.0)
+    g.reduce(x, dst=dst)
+    if g.rank == dst:
+        assert (x == g.size * (g.size + 1) / 2).all()
+    else:
+        assert (x == g.rank + 1).all()
+
+
+def case_all_gather(g):
+    inp = np.full((2, 3), g.rank, np.float32)
+    out = np.zeros((g.size, 2, 3), np.float32)
+    g.all_gather(out, inp)
+    for r in range(g.size):
+        assert (out[r] == r).all()
+    outl = [np.zeros((2, 3), np.float32) for _ in range(g.size)]
+    g.all_gather(outl, inp)
+    assert [int(o[0, 0]) for o in outl] == list(range(g.size))
+
+
+def case_gather_scatter(g):
+    dst = g.size // 2
+    inp = np.full(4, g.rank * 10, np.int32)
+    out = np.zeros((g.size, 4), np.int32) if g.rank == dst else None
+    g.gather(out, inp, dst=dst)
+    if g.rank == dst:
+        assert out[:, 0].tolist() == [10 * r for r in range(g.size)]
+    src = g.size - 1
+    full = np.arange(g.size * 2, dtype=np.float64).reshape(g.size, 2)
+    got = np.zeros(2)
+    g.scatter(got, full if g.rank == src else None, src=src)
+    assert got.tolist() == full[g.rank].tolist()
+
+
+def case_reduce_scatter(g):
+    inp = np.ones((g.size, 3), np.float32) * (np.arange(g.size)[:, None]
+                                              + g.rank).astype(np.float32)
+    out = np.zeros(3, np.float32)
+    g.reduce_scatter(out, inp)
+    want = g.size * g.rank + g.size * (g.size - 1) / 2
+    assert (out == want).all(), (out, want)
+    outa = np.zeros(3, np.float32)
+    g.reduce_scatter(outa, [a.copy() for a in inp], op='avg')
+    np.testing.assert_allclose(outa, want / g.size)
+
+
+def case_all_to_all(g):
+    inp = np.array([[g.rank * 100 + j] for j in range(g.size)], np.int64)
+    out = np.zeros_like(inp)
+    g.all_to_all(out, inp)
+    assert out[:, 0].tolist() == [r * 100 + g.rank for r in range(g.size)]
+
+
+def case_barrier_and_objects(g):
+    g.barrier()
+    objs = g.all_gather_object({'rank': g.rank, 's': 'x' * g.rank})
+    assert [o['rank'] for o in objs] == list(range(g.size))
+    got = g.broadcast_object({'cfg': [1, 2]} if g.rank == 0 else None)
+    assert got == {'cfg': [1, 2]}
+
+
+def case_send_recv(g):
+    if g.size == 1:
+        return
+    right, left = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+    a = np.full(3, g.rank, np.float32)
+    b = np.arange(4.0) + g.rank
+    g.send(a, right, tag=1)
+    g.send(b, right, tag=2)
+    rb, ra = np.zeros(4), np.zeros(3, np.float32)
+    w = g.irecv(rb, left, tag=2)       # out of order: tag 2 first
+    g.recv(ra, left, tag=1)
+    w.wait()
+    assert (ra == left).all() and (rb == np.arange(4.0) + left).all()
+
+
+def case_async(g):
+    x = np.full(1000, 1.0)
+    y = np.full(3, g.rank, np.int64)
+    w1 = g.all_reduce(x, async_op=True)
+    w2 = g.broadcast(y, src=0, async_op=True)
+    assert w2.wait() is True and w1.wait(timeout=30) is True
+    assert w1.is_completed() and (x == g.size).all() and (y == 0).all()
+    w3 = g.barrier(async_op=True)
+    w3.wait()
+
+
+def case_new_group(g):
+    evens = [r for r in g.ranks if r % 2 == 0]
+    sub = g.new_group(evens)
+    if g.rank % 2:
+        assert sub is None
+    else:
+        assert sub.size == len(evens) and sub.ranks == evens
+        x = np.full(2, float(g.rank))
+        sub.all_reduce(x)
+        assert (x == sum(evens)).all()
+        sub.barrier()
+    g.barrier()
+
+
+def case_bad_input(g):
+    x = np.zeros((4, 4), np.float32)
+    for call, words in [
+        (lambda: g.all_reduce(x[:, :2]), 'contiguous'),
+        (lambda: g.broadcast(x, src=g.size), 'out of range'),
+        (lambda: g.all_reduce(x, op='mean'), 'unknown reduce op'),
+        (lambda: g.all_gather(np.zeros((g.size + 1, 4, 4), np.float32),
+                              x), 'expected'),
+        (lambda: g.all_gather(np.zeros((g.size, 4, 4)), x), 'float32'),
+    ]:
+        try:
+            call()
+        except (ValueError, TypeError) as e:
+            assert words in str(e), (words, str(e))
+        else:
+            raise AssertionError(f"no error for {words}")
+    try:
+        g.all_reduce(np.ones(2, np.int32), 'avg')
+    except TypeError as e:
+        assert 'floating' in str(e)
+    else:
+        raise AssertionError("avg on int32 accepted")
+    g.barrier()   # the failed avg must not have desynchronised the ranks
+
+
+CASES = {k[5:]: v for k, v in sorted(globals().items())
+         if k.startswith('case_')}
+
+
+def run_cases(g):
+    res = {}
+    for name, fn in CASES.items():
+        try:
+            fn(g)
+            res[name] = 'ok'
+        except Exception as e:  # report, the parent test asserts
+            res[name] = f"{type(e).__name__}: {e}"
+            break   # the group may be out of step now
+    return res
+
+
+def main(argv):
+    mode, rank, world, port, token = argv[:5]
+    rank, world = int(rank), int(world)
+    g = collectives.init('tcp', rank, world, timeout=float(
+        os.environ.get('TEST_TIMEOUT', '20')), master_addr='127.0.0.1',
+        master_port=int(port), token=token)
+    if mode == 'cases':
+        print(json.dumps(run_cases(g)), flush=True)
+    elif mode == 'die':
+        g.all_reduce(np.ones(4))
+        if rank == 1:
+            os._exit(3)     # a crash: no cleanup, the kernel closes sockets
+        t = time.monotonic()
+        try:
+            for _ in range(3):
+                g.all_reduce(np.ones(100_000))
+            print(json.dumps({'error': None}), flush=True)
+        except RankFailureError as e:
+            print(json.dumps({'error': str(e), 'type': 'RankFailureError',
+                              't': time.monotonic() - t}), flush=True)
+    elif mode == 'skip':
+        g.all_reduce(np.ones(4))
+        if rank == world - 1:
+            time.sleep(4)
+            print(json.dumps({'skipped': True}), flush=True)
+            os._exit(0)
+        try:
+            g.all_reduce(np.ones(1024, np.float32))
+            print(json.dumps({'error': None}), flush=True)
+        except CollectiveTimeoutError as e:
+            print(json.dumps({'error': str(e), 'missing': e.missing}),
+                  flush=True)
+    # the store lives in rank 0: keep it up until the others are done
+    if mode == 'cases':
+        g.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
