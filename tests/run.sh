@@ -23,7 +23,7 @@ run_mpi() {  # $1 = number of ranks
     echo "== multi-rank tests: mpiexec -n $1"
     # python -m mpi4py: an uncaught exception in one rank aborts the job instead of hanging it
     timeout 600 "$MPIEXEC" -n "$1" "$PY" -m mpi4py -m pytest -q -p no:cacheprovider \
-        --with-mpi --only-mpi tests
+        --only-mpi -m mpi tests
     rc=$?
     # exit code 5 = "no tests collected": only acceptable when no mpi test exists for this size
     if [ $rc -eq 5 ]; then echo "(no multi-rank tests selected for -n $1)"; rc=0; fi

@@ -1,0 +1,357 @@
+"""``dtorch.distributed``: torch.distributed's API for dtorch tensors, over
+the process groups of ``collectives/``.
+
+Example (under ``mpiexec -n 2``, ``dtorch-launch`` or srun)::
+
+    import dtorch.distributed as dist
+    dist.init_process_group()           # backend from the environment
+    t = dtorch.ones(4) * dist.get_rank()
+    dist.all_reduce(t)                  # in place: the sum over ranks
+
+Ranks given to these functions (src, dst) are global ranks, as in PyTorch.
+The default group is per thread when set by ``spawn_threads``, so N ranks
+can run as threads in one process (the single-process test mode).
+"""
+import datetime
+import threading
+
+import collectives as _c
+from collectives import ReduceOp  # noqa: F401  (dist.ReduceOp.SUM, ...)
+from collectives import (CollectiveError, CollectiveTimeoutError,  # noqa
+                         CollectiveMismatchError, RankFailureError)
+
+from ..tensor import Tensor
+
+__all__ = [
+    "init_process_group", "destroy_process_group", "is_initialized",
+    "is_available", "get_rank", "get_world_size", "get_backend",
+    "new_group", "ReduceOp", "all_reduce", "broadcast", "reduce",
+    "all_gather", "all_gather_into_tensor", "gather", "scatter",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "barrier",
+    "send", "recv", "isend", "irecv", "broadcast_object_list",
+    "all_gather_object", "spawn_threads", "GroupMember",
+]
+
+_BACKEND_ALIASES = {"gloo": "tcp", "tcp": "tcp", "mpi": "mpi",
+                    "nccl": "nccl", "threads": "threads"}
+
+
+class _State(threading.local):
+    group = None          # a thread's own default group (spawn_threads)
+
+
+_local = _State()
+_world = [None]           # the process-wide default group
+
+
+class GroupMember:
+    WORLD = None
+    NON_GROUP_MEMBER = object()
+
+
+def is_available():
+    return True
+
+
+def is_initialized():
+    return _default_or_none() is not None
+
+
+def _default_or_none():
+    return _local.group if _local.group is not None else _world[0]
+
+
+def _group(group):
+    if group is not None:
+        if group is GroupMember.NON_GROUP_MEMBER:
+            raise RuntimeError("this rank is not a member of the group")
+        return group
+    g = _default_or_none()
+    if g is None:
+        raise RuntimeError(
+            "Default process group has not been initialized, please make "
+            "sure to call init_process_group.")
+    return g
+
+
+def init_process_group(backend=None, init_method=None, timeout=None,
+                       world_size=-1, rank=-1, store=None, group_name="",
+                       pg_options=None, device_id=None):
+    """Join the job's default process group.
+
+    ``backend``: None picks nccl when a GPU is there, mpi under an MPI
+    launcher, tcp otherwise (and a one-rank group with no launcher at all);
+    'gloo' is accepted as PyTorch scripts spell it and means tcp.
+    ``init_method``: 'env://' (default) or 'tcp://host:port'.
+    """
+    if _default_or_none() is not None:
+        raise RuntimeError("trying to initialize the default process group "
+                           "twice!")
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    b = None
+    if backend is not None:
+        b = _BACKEND_ALIASES.get(str(backend).lower())
+        if b is None:
+            raise ValueError(f"Invalid backend: '{backend}'; dtorch has "
+                             f"{sorted(set(_BACKEND_ALIASES))}")
+    addr = port = None
+    if init_method and init_method.startswith("tcp://"):
+        hostport = init_method[len("tcp://"):].split("?")[0]
+        addr, _, port = hostport.rpartition(":")
+    elif init_method and not init_method.startswith("env://"):
+        raise ValueError(f"unsupported init_method {init_method!r}: use "
+                         f"'env://' or 'tcp://host:port'")
+    if b is None:
+        from .. import cuda
+        info = _c.discover()
+        if cuda.is_available() and info.world_size > 1:
+            b = "nccl"
+    kw = {}
+    if rank is not None and rank >= 0:
+        kw["rank"] = rank
+    if world_size is not None and world_size > 0:
+        kw["world_size"] = world_size
+    g = _c.init(b, timeout=timeout, master_addr=addr or None,
+                master_port=port or None, **kw)
+    _world[0] = g
+    GroupMember.WORLD = g
+    return g
+
+
+def destroy_process_group(group=None):
+    g = group or _default_or_none()
+    if g is None:
+        return
+    g.destroy()
+    if g is _local.group:
+        _local.group = None
+    if g is _world[0]:
+        _world[0] = None
+        GroupMember.WORLD = None
+
+
+def get_rank(group=None):
+    g = group if group is not None else _default_or_none()
+    return 0 if g is None else g.rank
+
+
+def get_world_size(group=None):
+    g = group if group is not None else _default_or_none()
+    return 1 if g is None else g.size
+
+
+def get_backend(group=None):
+    return _group(group).backend
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
+    g = _group(None)
+    if ranks is None:
+        ranks = list(g.ranks)
+    sub = g.new_group(list(ranks), timeout=timeout)
+    return sub if sub is not None else GroupMember.NON_GROUP_MEMBER
+
+
+def _local_rank(g, global_rank, what):
+    try:
+        return g.ranks.index(int(global_rank))
+    except ValueError:
+        raise ValueError(f"{what} {global_rank} is not a member of group "
+                         f"{g.name!r} (global ranks {g.ranks})") from None
+
+
+def _arr(t, what="tensor"):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what} must be a dtorch.Tensor, got "
+                        f"{type(t).__name__}")
+    if not t._data.flags.c_contiguous:
+        raise ValueError(f"{what} must be contiguous (shape "
+                         f"{list(t.shape)}, strides {t.stride()}): call "
+                         f".contiguous() first")
+    return t._data
+
+
+def _bump(*tensors):
+    for t in tensors:
+        t._vc[0] += 1
+
+
+def _op(op):
+    return op.value if isinstance(op, ReduceOp) else op
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    """In place: every rank's ``tensor`` becomes the reduction over ranks."""
+    g = _group(group)
+    w = g.all_reduce(_arr(tensor), _op(op), async_op=async_op)
+    _bump(tensor)
+    return w
+
+
+def broadcast(tensor, src=0, group=None, async_op=False):
+    g = _group(group)
+    w = g.broadcast(_arr(tensor), _local_rank(g, src, "src"),
+                    async_op=async_op)
+    _bump(tensor)
+    return w
+
+
+def reduce(tensor, dst=0, op=ReduceOp.SUM, group=None, async_op=False):
+    g = _group(group)
+    return g.reduce(_arr(tensor), _local_rank(g, dst, "dst"), _op(op),
+                    async_op=async_op)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """``tensor_list[r]`` <- rank r's ``tensor``."""
+    g = _group(group)
+    if len(tensor_list) != g.size:
+        raise ValueError(f"all_gather: tensor_list has {len(tensor_list)} "
+                         f"tensors for a group of size {g.size}")
+    outs = [_arr(t, "tensor_list[i]") for t in tensor_list]
+    w = g.all_gather(outs, _arr(tensor), async_op=async_op)
+    _bump(*tensor_list)
+    return w
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None,
+                           async_op=False):
+    """``output_tensor`` (size * input rows) <- every rank's input,
+    concatenated along dim 0."""
+    g = _group(group)
+    out, inp = _arr(output_tensor), _arr(input_tensor)
+    if out.size != inp.size * g.size:
+        raise ValueError(
+            f"all_gather_into_tensor: output has {out.size} elements, "
+            f"expected world_size ({g.size}) x input ({inp.size})")
+    w = g.all_gather(out.reshape((g.size,) + inp.shape), inp,
+                     async_op=async_op)
+    _bump(output_tensor)
+    return w
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
+    g = _group(group)
+    d = _local_rank(g, dst, "dst")
+    outs = None
+    if g.rank == d:
+        if gather_list is None or len(gather_list) != g.size:
+            raise ValueError(f"gather: rank {g.rank} is dst and needs a "
+                             f"gather_list of {g.size} tensors")
+        outs = [_arr(t, "gather_list[i]") for t in gather_list]
+    w = g.gather(outs, _arr(tensor), d, async_op=async_op)
+    if outs is not None:
+        _bump(*gather_list)
+    return w
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
+    g = _group(group)
+    s = _local_rank(g, src, "src")
+    inp = None
+    if g.rank == s:
+        if scatter_list is None or len(scatter_list) != g.size:
+            raise ValueError(f"scatter: rank {g.rank} is src and needs a "
+                             f"scatter_list of {g.size} tensors")
+        inp = [_arr(t, "scatter_list[i]") for t in scatter_list]
+    w = g.scatter(_arr(tensor), inp, s, async_op=async_op)
+    _bump(tensor)
+    return w
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None,
+                   async_op=False):
+    g = _group(group)
+    w = g.reduce_scatter(_arr(output), [_arr(t, "input_list[i]")
+                                        for t in input_list], _op(op),
+                         async_op=async_op)
+    _bump(output)
+    return w
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None,
+                          async_op=False):
+    g = _group(group)
+    out, inp = _arr(output), _arr(input)
+    if inp.size != out.size * g.size:
+        raise ValueError(
+            f"reduce_scatter_tensor: input has {inp.size} elements, "
+            f"expected world_size ({g.size}) x output ({out.size})")
+    w = g.reduce_scatter(out, inp.reshape((g.size,) + out.shape), _op(op),
+                         async_op=async_op)
+    _bump(output)
+    return w
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None,
+               async_op=False):
+    g = _group(group)
+    w = g.all_to_all([_arr(t) for t in output_tensor_list],
+                     [_arr(t) for t in input_tensor_list],
+                     async_op=async_op)
+    _bump(*output_tensor_list)
+    return w
+
+
+def barrier(group=None, async_op=False, device_ids=None):
+    return _group(group).barrier(async_op=async_op)
+
+
+def send(tensor, dst, group=None, tag=0):
+    g = _group(group)
+    g.send(_arr(tensor), _local_rank(g, dst, "dst"), tag)
+
+
+def recv(tensor, src=None, group=None, tag=0):
+    """Receive into ``tensor`` from global rank ``src``; returns src."""
+    if src is None:
+        raise NotImplementedError("recv from any source is not supported; "
+                                  "pass src")
+    g = _group(group)
+    g.recv(_arr(tensor), _local_rank(g, src, "src"), tag)
+    _bump(tensor)
+    return src
+
+
+def isend(tensor, dst, group=None, tag=0):
+    g = _group(group)
+    return g.isend(_arr(tensor), _local_rank(g, dst, "dst"), tag)
+
+
+def irecv(tensor, src=None, group=None, tag=0):
+    if src is None:
+        raise NotImplementedError("irecv from any source is not "
+                                  "supported; pass src")
+    g = _group(group)
+    return g.irecv(_arr(tensor), _local_rank(g, src, "src"), tag)
+
+
+def broadcast_object_list(object_list, src=0, group=None, device=None):
+    """In place: ``object_list`` on every rank becomes src's list."""
+    g = _group(group)
+    res = g.broadcast_object(list(object_list), _local_rank(g, src, "src"))
+    object_list[:] = res
+
+
+def all_gather_object(object_list, obj, group=None):
+    g = _group(group)
+    if len(object_list) != g.size:
+        raise ValueError(f"all_gather_object: object_list has "
+                         f"{len(object_list)} slots for a group of size "
+                         f"{g.size}")
+    object_list[:] = g.all_gather_object(obj)
+
+
+def spawn_threads(fn, world_size, timeout=None):
+    """Run ``fn(rank, world_size)`` in ``world_size`` threads of this
+    process, each with its own default process group (threads backend), so
+    that multi-rank code (DDP, tensor parallel) is unit-tested without a
+    launcher. Returns the list of results; re-raises the first failure."""
+    def body(group):
+        _local.group = group
+        try:
+            return fn(group.rank, group.size)
+        finally:
+            _local.group = None
+    return _c.spawn_threads(body, world_size, timeout=timeout)
