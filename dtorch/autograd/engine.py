@@ -6,10 +6,28 @@ order PyTorch uses), so a leaf's gradient is final, and its post-accumulate
 hooks fire, as early as possible. DDP's bucketed all-reduce relies on that.
 """
 import heapq
+import threading
 
 from . import function as _fn
 from .function import AccumulateGrad, _FREED_MSG
 from .grad_mode import _state
+
+
+class _Callbacks(threading.local):
+    pending = None
+
+
+_callbacks = _Callbacks()
+
+
+def queue_callback(fn):
+    """Run ``fn()`` once, when the backward pass now running finishes (as
+    PyTorch's ``Variable._execution_engine.queue_callback``); DDP waits for
+    its last all-reduces there."""
+    if _callbacks.pending is None:
+        raise RuntimeError("queue_callback can only be called while a "
+                           "backward pass is running")
+    _callbacks.pending.append(fn)
 
 
 def _describe(t):
@@ -86,6 +104,8 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
 
     prev_mode = _state.enabled
     _state.enabled = False  # no graph is recorded while differentiating
+    outer_callbacks = _callbacks.pending
+    _callbacks.pending = []
     try:
         while ready:
             node = heapq.heappop(ready)[2]
@@ -144,8 +164,12 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
                 deps[c] = d
                 if d == 0:
                     heapq.heappush(ready, (-c._seq, id(c), c))
+        # callbacks may queue more callbacks
+        while _callbacks.pending:
+            _callbacks.pending.pop(0)()
     finally:
         _state.enabled = prev_mode
+        _callbacks.pending = outer_callbacks
     return results
 
 
