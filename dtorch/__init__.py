@@ -70,3 +70,6 @@ def numel(t):
 
 
 __version__ = "0.1.0"
+
+from .serialization import save, load
+from . import optim, utils

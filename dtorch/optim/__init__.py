@@ -1,0 +1,11 @@
+"""``dtorch.optim``: optimizers and learning-rate schedulers with
+``torch.optim``'s API, update formulas and ``state_dict`` format."""
+from .optimizer import Optimizer
+from .sgd import SGD
+from .adam import Adam, AdamW
+from .rmsprop import RMSprop
+from .adagrad import Adagrad
+from . import lr_scheduler
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad",
+           "lr_scheduler"]

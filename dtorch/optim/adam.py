@@ -1,0 +1,84 @@
+"""Adam and AdamW, as ``torch.optim.Adam`` / ``torch.optim.AdamW``."""
+import math
+
+from .. import _backend as B
+from .optimizer import (Optimizer, _bump, _check, _next_step, _step_tensor,
+                        _zeros)
+
+__all__ = ["Adam", "AdamW"]
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba), with PyTorch's update order and bias
+    correction; ``amsgrad`` keeps the running maximum of the second moment;
+    ``decoupled_weight_decay=True`` is AdamW.
+
+    Example::
+
+        opt = dtorch.optim.Adam(model.parameters(), lr=1e-3)
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0, amsgrad=False, *, maximize=False,
+                 decoupled_weight_decay=False):
+        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
+        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
+        _check(0.0 <= betas[0] < 1.0,
+               f"Invalid beta parameter at index 0: {betas[0]}")
+        _check(0.0 <= betas[1] < 1.0,
+               f"Invalid beta parameter at index 1: {betas[1]}")
+        _check(0.0 <= weight_decay,
+               f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps,
+                        weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize,
+                        decoupled_weight_decay=decoupled_weight_decay)
+        super().__init__(params, defaults)
+
+    def _update(self, p, group):
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        state = self.state[p]
+        if not state:
+            state["step"] = _step_tensor()
+            state["exp_avg"] = _zeros(p)
+            state["exp_avg_sq"] = _zeros(p)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = _zeros(p)
+        step = _next_step(state)
+        x, g = p._data, p.grad._data
+        xp = B.get_array_module(x)
+        if group["maximize"]:
+            g = -g
+        if wd != 0:
+            if group.get("decoupled_weight_decay", False):
+                x *= 1 - lr * wd
+            else:
+                g = g + wd * x
+        m, v = state["exp_avg"]._data, state["exp_avg_sq"]._data
+        m += (1 - beta1) * (g - m)          # lerp_(g, 1 - beta1)
+        v *= beta2
+        v += (1 - beta2) * (g * g)
+        step_size = lr / (1 - beta1 ** step)
+        bias2_sqrt = math.sqrt(1 - beta2 ** step)
+        if group["amsgrad"]:
+            vmax = state["max_exp_avg_sq"]._data
+            xp.maximum(vmax, v, out=vmax)
+            v = vmax
+        denom = xp.sqrt(v)
+        denom /= bias2_sqrt
+        denom += eps
+        upd = m / denom
+        upd *= step_size
+        x -= upd
+        _bump(p)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter):
+    ``p *= 1 - lr * weight_decay`` before the Adam step."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=1e-2, amsgrad=False, *, maximize=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
+                         maximize=maximize, decoupled_weight_decay=True)

@@ -1,0 +1,231 @@
+"""The ``Optimizer`` base class: parameter groups, per-parameter state and
+PyTorch's ``state_dict`` format.
+
+Subclasses implement ``step`` as one readable per-parameter update on the
+parameters' arrays (the shape of mlx's ``apply_single``), with no
+foreach/fused variants.
+"""
+import copy
+from collections import defaultdict
+from itertools import chain
+
+import numpy as np
+
+from .. import _backend as B
+from ..autograd import enable_grad
+from ..tensor import Tensor
+
+__all__ = ["Optimizer", "required"]
+
+
+class _RequiredParameter:
+    """Marks a hyper-parameter without a default (SGD's lr in old torch)."""
+
+    def __repr__(self):
+        return "<required parameter>"
+
+
+required = _RequiredParameter()
+
+
+class Optimizer:
+    """Base class of all optimizers, as ``torch.optim.Optimizer``.
+
+    Args:
+        params: an iterable of tensors, or of dicts that define parameter
+            groups (each with a ``'params'`` key).
+        defaults: hyper-parameters used by groups that do not set them.
+    """
+
+    def __init__(self, params, defaults):
+        self.defaults = defaults
+        self.state = defaultdict(dict)
+        self.param_groups = []
+        if isinstance(params, Tensor):
+            raise TypeError(
+                "params argument given to the optimizer should be an "
+                "iterable of Tensors or dicts, but got "
+                f"{type(params).__module__}.{type(params).__name__}")
+        groups = list(params)
+        if len(groups) == 0:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def __repr__(self):
+        lines = [self.__class__.__name__ + " ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            for key in sorted(group):
+                if key != "params":
+                    lines.append(f"    {key}: {group[key]}")
+        lines.append(")")
+        return "\n".join(lines)
+
+    def add_param_group(self, param_group):
+        """Add a group of parameters (a dict with ``'params'``), e.g. when
+        unfreezing layers during fine-tuning."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got "
+                            f"{type(param_group).__name__}")
+        params = param_group["params"]
+        if isinstance(params, Tensor):
+            param_group["params"] = [params]
+        elif isinstance(params, set):
+            raise TypeError(
+                "optimizer parameters need to be organized in ordered "
+                "collections, but the ordering of tensors in sets will "
+                "change between runs. Please use a list instead.")
+        else:
+            param_group["params"] = list(params)
+        for p in param_group["params"]:
+            if not isinstance(p, Tensor):
+                raise TypeError("optimizer can only optimize Tensors, but "
+                                "one of the params is "
+                                f"{type(p).__module__}.{type(p).__name__}")
+            if not p.is_leaf:
+                raise ValueError("can't optimize a non-leaf Tensor")
+        for name, default in self.defaults.items():
+            if default is required and name not in param_group:
+                raise ValueError(
+                    "parameter group didn't specify a value of required "
+                    f"optimization parameter {name}")
+            param_group.setdefault(name, default)
+        if len({id(p) for p in param_group["params"]}) != len(
+                param_group["params"]):
+            raise ValueError("optimizer contains a parameter group with "
+                             "duplicate parameters")
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in param_group["params"]):
+            raise ValueError("some parameters appear in more than one "
+                             "parameter group")
+        self.param_groups.append(param_group)
+
+    def zero_grad(self, set_to_none=True):
+        """Reset the gradients of all optimized tensors: drop them
+        (``set_to_none=True``, the default) or fill them with zeros."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    g = p.grad
+                    if g.grad_fn is not None:
+                        g.detach_()
+                    else:
+                        g.requires_grad_(False)
+                    g.zero_()
+
+    def step(self, closure=None):
+        """One optimization step. ``closure`` (optional) re-evaluates the
+        model and returns the loss, which ``step`` returns."""
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, group)
+        return loss
+
+    def _update(self, p, group):
+        """Update one parameter in place from ``p.grad``; subclasses
+        implement this (or override ``step``)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------ state dict --
+    def state_dict(self):
+        """The state as PyTorch lays it out: ``{'state': {index: {...}},
+        'param_groups': [{..., 'params': [index, ...]}]}``, parameters
+        numbered in group order. Tensors are references, not copies."""
+        index = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            for p in group["params"]:
+                index.setdefault(id(p), len(index))
+            packed["params"] = [index[id(p)] for p in group["params"]]
+            groups.append(packed)
+        state = {(index[id(k)] if isinstance(k, Tensor) else k): v
+                 for k, v in self.state.items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Load a ``state_dict()``; state tensors are copied onto each
+        parameter's device (and floating dtype, except ``step``)."""
+        groups = self.param_groups
+        saved_groups = copy.deepcopy(state_dict["param_groups"])
+        if len(groups) != len(saved_groups):
+            raise ValueError("loaded state dict has a different number of "
+                             "parameter groups")
+        if any(len(g["params"]) != len(s["params"])
+               for g, s in zip(groups, saved_groups)):
+            raise ValueError("loaded state dict contains a parameter group "
+                             "that doesn't match the size of optimizer's "
+                             "group")
+        id_map = dict(zip(
+            chain.from_iterable(g["params"] for g in saved_groups),
+            chain.from_iterable(g["params"] for g in groups)))
+        state = defaultdict(dict)
+        for k, v in state_dict["state"].items():
+            # files written by dtorch.save keep int keys; JSON-ish copies
+            # from elsewhere may carry them as strings
+            key = int(k) if isinstance(k, str) and k.isdigit() else k
+            if key in id_map:
+                p = id_map[key]
+                state[p] = {n: _cast(p, x, n) for n, x in v.items()}
+            else:
+                state[k] = v
+        for g, s in zip(groups, saved_groups):
+            s["params"] = g["params"]
+        self.state = state
+        self.param_groups = saved_groups
+
+
+def _cast(param, value, key):
+    """A copy of a state value on the parameter's device; floating state
+    takes the parameter's dtype, but ``step`` stays as saved."""
+    if isinstance(value, Tensor):
+        if key != "step" and param.is_floating_point() \
+                and value.is_floating_point():
+            value = value.to(dtype=param.dtype)
+        return Tensor._wrap(param.device.send(value._data).copy())
+    if isinstance(value, dict):
+        return {k: _cast(param, v, k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(param, v, key) for v in value)
+    return value
+
+
+def _check(cond, msg):
+    if not cond:
+        raise ValueError(msg)
+
+
+def _zeros(p):
+    """A zero state tensor shaped, typed and placed like ``p``."""
+    return Tensor._wrap(B.get_array_module(p._data).zeros_like(p._data))
+
+
+def _step_tensor():
+    # PyTorch keeps 'step' as a float32 0-d CPU tensor
+    return Tensor._wrap(np.zeros((), np.float32))
+
+
+def _next_step(state):
+    """Increment ``state['step']`` and return it as a Python float."""
+    t = state["step"]
+    t._data += 1
+    return float(t._data)
+
+
+def _bump(p):
+    """Count an in-place update of ``p``'s array: a graph that saved ``p``
+    before the step then fails at backward, as in PyTorch."""
+    p._vc[0] += 1
+

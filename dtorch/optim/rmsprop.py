@@ -1,0 +1,68 @@
+"""RMSprop, as ``torch.optim.RMSprop``."""
+from .. import _backend as B
+from .optimizer import (Optimizer, _bump, _check, _next_step, _step_tensor,
+                        _zeros)
+
+__all__ = ["RMSprop"]
+
+
+class RMSprop(Optimizer):
+    """RMSprop (Hinton), PyTorch's variant: eps is added outside the square
+    root; ``centered`` subtracts the squared running mean of the gradient;
+    ``momentum`` accumulates ``g / avg``.
+
+    Example::
+
+        opt = dtorch.optim.RMSprop(model.parameters(), lr=1e-2)
+    """
+
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8,
+                 weight_decay=0, momentum=0, centered=False, *,
+                 maximize=False):
+        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
+        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
+        _check(0.0 <= momentum, f"Invalid momentum value: {momentum}")
+        _check(0.0 <= weight_decay,
+               f"Invalid weight_decay value: {weight_decay}")
+        _check(0.0 <= alpha, f"Invalid alpha value: {alpha}")
+        defaults = dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps,
+                        centered=centered, weight_decay=weight_decay,
+                        maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _update(self, p, group):
+        lr, wd, alpha = group["lr"], group["weight_decay"], group["alpha"]
+        momentum = group["momentum"]
+        state = self.state[p]
+        if not state:
+            state["step"] = _step_tensor()
+            state["square_avg"] = _zeros(p)
+            if momentum > 0:
+                state["momentum_buffer"] = _zeros(p)
+            if group["centered"]:
+                state["grad_avg"] = _zeros(p)
+        _next_step(state)
+        x, g = p._data, p.grad._data
+        xp = B.get_array_module(x)
+        if group["maximize"]:
+            g = -g
+        if wd != 0:
+            g = g + wd * x
+        sq = state["square_avg"]._data
+        sq *= alpha
+        sq += (1 - alpha) * (g * g)
+        if group["centered"]:
+            ga = state["grad_avg"]._data
+            ga += (1 - alpha) * (g - ga)    # lerp_(g, 1 - alpha)
+            avg = xp.sqrt(sq - ga * ga)
+        else:
+            avg = xp.sqrt(sq)
+        avg += group["eps"]
+        if momentum > 0:
+            buf = state["momentum_buffer"]._data
+            buf *= momentum
+            buf += g / avg
+            x -= lr * buf
+        else:
+            x -= lr * (g / avg)
+        _bump(p)

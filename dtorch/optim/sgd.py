@@ -1,0 +1,58 @@
+"""Stochastic gradient descent with momentum, as ``torch.optim.SGD``."""
+from ..tensor import Tensor
+from .optimizer import Optimizer, _bump, _check
+
+__all__ = ["SGD"]
+
+
+class SGD(Optimizer):
+    """SGD with optional momentum, dampening, Nesterov momentum, weight
+    decay and maximisation; PyTorch's update:
+
+        g = grad + weight_decay * p
+        buf = g (first step), else momentum * buf + (1 - dampening) * g
+        g = g + momentum * buf (nesterov) or buf
+        p = p - lr * g
+
+    Example::
+
+        opt = dtorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt.zero_grad(); loss.backward(); opt.step()
+    """
+
+    def __init__(self, params, lr=1e-3, momentum=0, dampening=0,
+                 weight_decay=0, nesterov=False, *, maximize=False):
+        _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+        _check(momentum >= 0.0, f"Invalid momentum value: {momentum}")
+        _check(weight_decay >= 0.0,
+               f"Invalid weight_decay value: {weight_decay}")
+        _check(not nesterov or (momentum > 0 and dampening == 0),
+               "Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov,
+                        maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _update(self, p, group):
+        lr, wd = group["lr"], group["weight_decay"]
+        momentum = group["momentum"]
+        x, g = p._data, p.grad._data
+        if group["maximize"]:
+            g = -g
+        if wd != 0:
+            g = g + wd * x
+        if momentum != 0:
+            state = self.state[p]
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = Tensor._wrap(g.copy())
+            else:
+                b = buf._data
+                b *= momentum
+                b += (1 - group["dampening"]) * g
+            if group["nesterov"]:
+                g = g + momentum * buf._data
+            else:
+                g = buf._data
+        x -= lr * g
+        _bump(p)
