@@ -355,3 +355,6 @@ def spawn_threads(fn, world_size, timeout=None):
         finally:
             _local.group = None
     return _c.spawn_threads(body, world_size, timeout=timeout)
+
+
+from . import metrics  # noqa: E402,F401  (needs _default_or_none)

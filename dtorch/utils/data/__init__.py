@@ -7,9 +7,10 @@ from .sampler import (Sampler, SequentialSampler, RandomSampler,
 from ._collate import default_collate, default_convert
 from ._worker import get_worker_info, WorkerInfo
 from .dataloader import DataLoader
+from .distributed import DistributedSampler
 
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "ConcatDataset",
            "Subset", "random_split", "Sampler", "SequentialSampler",
            "RandomSampler", "SubsetRandomSampler", "BatchSampler",
            "default_collate", "default_convert", "get_worker_info",
-           "WorkerInfo", "DataLoader"]
+           "WorkerInfo", "DataLoader", "DistributedSampler"]

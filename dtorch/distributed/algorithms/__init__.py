@@ -1,0 +1,1 @@
+"""Communication algorithms for DDP (``register_comm_hook``)."""

@@ -1,0 +1,2 @@
+"""Parallel training modules: data parallel (DDP) and model parallel."""
+from .distributed import DistributedDataParallel, GradBucket  # noqa: F401

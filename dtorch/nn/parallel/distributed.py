@@ -1,0 +1,493 @@
+"""DistributedDataParallel: bucketed all-reduce overlapped with backward.
+
+How a step goes:
+
+1. ``__init__`` broadcasts parameters and buffers from rank 0 and packs the
+   trainable parameters, in reverse registration order (the order backward
+   produces their gradients), into buckets of at most ``bucket_cap_mb`` of
+   one dtype and device, each with one flat gradient buffer.
+2. Each parameter's post-accumulate-grad hook copies its gradient into its
+   bucket; when a bucket's last gradient arrives the bucket goes to a
+   communication thread, which all-reduces it while backward goes on
+   computing earlier layers (NumPy and MPI both release the GIL, so the
+   overlap is real on a CPU too).
+3. When backward ends (an engine callback) the step waits for the buckets,
+   divides by the world size and writes the averages into ``p.grad``.
+
+One all-reduce per bucket per step; ``no_sync()`` skips them for gradient
+accumulation. The state_dict keys carry PyTorch's ``module.`` prefix;
+``load_state_dict`` also accepts a state dict saved from the bare module.
+"""
+import contextlib
+import queue
+import threading
+
+import numpy as np
+
+from ... import distributed as dist
+from ...autograd import engine as _engine
+from ...autograd.function import AccumulateGrad
+from ...autograd.grad_mode import no_grad
+from ...tensor import Tensor
+from ..modules.module import Module
+
+
+class _Future:
+    """The result of a communication hook: ``wait()`` returns the tensor."""
+
+    def __init__(self, work=None, value=None, then=None):
+        self._work, self._value, self._then = work, value, then
+
+    def wait(self):
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        if self._then is not None:
+            self._value = self._then(self._value)
+            self._then = None
+        return self._value
+
+    def value(self):
+        return self.wait()
+
+    def then(self, fn):
+        prev = self._then
+
+        def chain(v):
+            return fn(prev(v) if prev else v)
+        return _Future(self._work, self._value, chain)
+
+
+class GradBucket:
+    """A bucket handed to communication hooks (PyTorch's ``GradBucket``)."""
+
+    def __init__(self, index, flat, params, offsets):
+        self._index = index
+        self._flat = flat             # the flat gradient array
+        self._params = params
+        self._offsets = offsets
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return Tensor._wrap(self._flat)
+
+    def parameters(self):
+        return list(self._params)
+
+    def gradients(self):
+        return [Tensor._wrap(self._flat[o:o + p.numel()].reshape(p.shape))
+                for p, o in zip(self._params, self._offsets)]
+
+    def is_last(self):
+        return self._index == 0
+
+
+def _allreduce_hook(group, bucket):
+    """Default: sum over ranks, then divide by the world size. Hooks run on
+    DDP's communication thread, so a blocking call overlaps backward."""
+    t = bucket.buffer()
+    group.all_reduce(t._data, "sum")
+    t._data /= group.size
+    return _Future(value=t)
+
+
+class _Bucket:
+    __slots__ = ("index", "params", "offsets", "flat", "pending", "ready",
+                 "future", "dtype", "xp")
+
+    def __init__(self, index, params, xp, dtype):
+        self.index = index
+        self.params = params
+        self.offsets = []
+        n = 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.xp, self.dtype = xp, dtype
+        self.flat = xp.zeros(n, dtype)
+        self.pending = len(params)
+        self.ready = set()
+        self.future = None
+
+
+class DistributedDataParallel(Module):
+    """Data parallelism: one model replica per rank, gradients averaged.
+
+    Args:
+        module: the model to replicate.
+        device_ids, output_device, dim: accepted for PyTorch compatibility
+            (one device per process is assumed).
+        broadcast_buffers: broadcast rank 0's buffers before each forward.
+        process_group: the group to reduce over (default: the world).
+        bucket_cap_mb: maximum bucket size in MiB (default 25).
+        find_unused_parameters: find, after each forward, the parameters
+            that do not take part in the loss, so their buckets still reduce.
+        gradient_as_bucket_view: make ``p.grad`` a view into the bucket
+            buffer, saving a copy per step.
+
+    Example::
+
+        dist.init_process_group()
+        model = DistributedDataParallel(Net())
+        loss_fn(model(x), y).backward()    # gradients are averaged here
+        opt.step()
+    """
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0,
+                 broadcast_buffers=True, process_group=None,
+                 bucket_cap_mb=None, find_unused_parameters=False,
+                 check_reduction=False, gradient_as_bucket_view=False,
+                 static_graph=False, init_sync=True):
+        super().__init__()
+        if not isinstance(module, Module):
+            raise TypeError(f"DistributedDataParallel expects an "
+                            f"nn.Module, got {type(module).__name__}")
+        self.module = module
+        group = process_group if process_group is not None \
+            else dist._group(None)
+        # plain attributes, not registered as submodules or parameters
+        object.__setattr__(self, "process_group", group)
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.require_backward_grad_sync = True
+        self.bucket_cap_mb = 25 if bucket_cap_mb is None else bucket_cap_mb
+        self._names = {}
+        for name, p in module.named_parameters():
+            self._names[id(p)] = name
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        if not self._params:
+            raise RuntimeError("DistributedDataParallel is not needed when "
+                               "a module doesn't have any parameter that "
+                               "requires a gradient.")
+        self._comm_hook = _allreduce_hook
+        self._comm_state = group
+        self._joined = False
+        self._join_active = False
+        if init_sync:
+            self._sync_module_states()
+        self._build_buckets()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
+                       for p in self._params]
+        self._comm = _CommThread(f"ddp-comm-r{group.rank}")
+        self._unfinished = None      # set if a sync backward left buckets
+        self._step_started = False
+        self._unused = ()
+
+    # ------------------------------------------------------------ set-up --
+    def _sync_module_states(self):
+        g = self.process_group
+        if g.size == 1:
+            return
+        tensors = [p for p in self.module.parameters()] + \
+            [b for b in self.module.buffers()]
+        _broadcast_coalesced(g, tensors, self.bucket_cap_mb)
+
+    def _build_buckets(self):
+        cap = int(self.bucket_cap_mb * 1024 * 1024)
+        buckets, cur, size, key = [], [], 0, None
+        for p in reversed(self._params):
+            k = (type(p._data), p._data.dtype)
+            nbytes = p._data.nbytes
+            if cur and (k != key or size + nbytes > cap):
+                buckets.append(cur)
+                cur, size = [], 0
+            cur.append(p)
+            size += nbytes
+            key = k
+        if cur:
+            buckets.append(cur)
+        self._buckets = []
+        self._where = {}
+        for i, ps in enumerate(buckets):
+            xp = ps[0]._xp()
+            b = _Bucket(i, ps, xp, ps[0]._data.dtype)
+            self._buckets.append(b)
+            for j, p in enumerate(ps):
+                self._where[id(p)] = (b, j)
+
+    @property
+    def bucket_sizes(self):
+        """Number of parameters in each bucket, in reduction order."""
+        return [len(b.params) for b in self._buckets]
+
+    # ----------------------------------------------------------- forward --
+    def forward(self, *inputs, **kwargs):
+        g = self.process_group
+        if self._unfinished:
+            names = self._unfinished
+            self._unfinished = None
+            raise RuntimeError(
+                "Expected to have finished reduction in the prior iteration "
+                "before starting a new one. This error indicates that your "
+                "module has parameters that were not used in producing "
+                "loss. You can enable unused parameter detection by passing "
+                "the keyword argument `find_unused_parameters=True` to "
+                "`DistributedDataParallel`. Parameters that did not receive "
+                f"a gradient on rank {g.rank}: {', '.join(names)}")
+        if self._join_active:
+            _active_count(g, 1)
+        if self.broadcast_buffers and g.size > 1:
+            bufs = list(self.module.buffers())
+            if bufs:
+                _broadcast_coalesced(g, bufs, self.bucket_cap_mb)
+        out = self.module(*inputs, **kwargs)
+        self._step_started = self.require_backward_grad_sync and \
+            any(p.requires_grad for p in self._params)
+        if self._step_started:
+            self._reset_buckets()
+            if self.find_unused_parameters:
+                self._unused = self._find_unused(out)
+        return out
+
+    def _reset_buckets(self):
+        for b in self._buckets:
+            b.pending = len(b.params)
+            b.ready = set()
+            b.future = None
+        self._queued = False
+
+    def _find_unused(self, out):
+        """Parameters that the graph of ``out`` does not reach."""
+        seen, stack, reached = set(), [], set()
+        for t in _tensors_in(out):
+            if t.grad_fn is not None:
+                stack.append(t.grad_fn)
+            elif t.requires_grad:
+                reached.add(id(t))
+        while stack:
+            fn = stack.pop()
+            if id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            if type(fn) is AccumulateGrad:
+                reached.add(id(fn.variable))
+                continue
+            for e in fn.next_edges:
+                if e is not None:
+                    stack.append(e[0])
+        return [p for p in self._params if id(p) not in reached]
+
+    # -------------------------------------------------------- gradients --
+    def _grad_ready(self, p):
+        if not (self.require_backward_grad_sync and self._step_started):
+            return
+        if not self._queued:
+            self._queued = True
+            _engine.queue_callback(self._finish_backward)
+            for q in self._unused:
+                self._mark_ready(q, zero=True)
+        self._mark_ready(p)
+
+    def _mark_ready(self, p, zero=False):
+        b, j = self._where[id(p)]
+        if j in b.ready:
+            return
+        off, n = b.offsets[j], p._data.size
+        view = b.flat[off:off + n]
+        g = p._grad
+        if zero or g is None:
+            view[...] = 0
+        elif not _is_view_of(g._data, b.flat):
+            view[...] = g._data.reshape(-1)
+        b.ready.add(j)
+        b.pending -= 1
+        if b.pending == 0:
+            self._launch(b)
+
+    def _launch(self, b):
+        bucket = GradBucket(b.index, b.flat, b.params, b.offsets)
+        hook, state = self._comm_hook, self._comm_state
+        b.future = self._comm.submit(lambda: hook(state, bucket).wait())
+
+    def _finish_backward(self):
+        missing = []
+        for b in self._buckets:
+            if b.pending:
+                missing += [self._names.get(id(b.params[j]), "?")
+                            for j in range(len(b.params))
+                            if j not in b.ready]
+        if missing:
+            # PyTorch reports this at the next forward; so do we, after
+            # finishing the buckets that did fill up
+            self._unfinished = missing
+        for b in self._buckets:
+            if b.future is None:
+                continue
+            result = b.future.result()
+            flat = result._data if isinstance(result, Tensor) else result
+            if flat is not b.flat:
+                b.flat[...] = flat
+            self._write_back(b)
+        self._step_started = False
+
+    def _write_back(self, b):
+        for p, off in zip(b.params, b.offsets):
+            n = p._data.size
+            view = b.flat[off:off + n].reshape(p._data.shape)
+            g = p._grad
+            if g is not None and _is_view_of(g._data, b.flat):
+                g._vc[0] += 1
+                continue
+            if self.gradient_as_bucket_view:
+                p._grad = Tensor._wrap(view)
+            elif g is None:
+                p._grad = Tensor._wrap(view.copy())
+            else:
+                g._data[...] = view
+                g._vc[0] += 1
+
+    # ---------------------------------------------------------- user API --
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally: backward inside this context does
+        no communication; the next backward outside it reduces the sum."""
+        prev = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = prev
+
+    def register_comm_hook(self, state, hook):
+        """Replace the all-reduce of each bucket by ``hook(state, bucket)``,
+        which returns a future whose ``wait()`` gives the averaged flat
+        gradient tensor (see ``dtorch.distributed.algorithms``)."""
+        if not callable(hook):
+            raise TypeError("hook must be callable")
+        # None means this model's group (the default group may be
+        # thread-local, and hooks run on the communication thread)
+        if state is None:
+            state = self.process_group
+        self._comm_hook, self._comm_state = hook, state
+
+    @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        """Train on uneven inputs: a rank that runs out of batches leaves
+        the ``with`` block and shadows the others' collectives (zeros) until
+        every rank is done, so nobody hangs."""
+        if not enable:
+            yield
+            return
+        if not divide_by_initial_world_size:
+            raise NotImplementedError("join(divide_by_initial_world_size="
+                                      "False) is not supported")
+        self._join_active = True
+        try:
+            yield
+        finally:
+            self._join_active = False
+            self._shadow_until_all_joined(throw_on_early_termination)
+
+    def _shadow_until_all_joined(self, throw):
+        g = self.process_group
+        while _active_count(g, 0) > 0:
+            if throw:
+                raise RuntimeError(f"rank {g.rank} exhausted all inputs "
+                                   f"before the others")
+            if self.broadcast_buffers and g.size > 1:
+                bufs = list(self.module.buffers())
+                if bufs:
+                    _broadcast_coalesced(g, bufs, self.bucket_cap_mb)
+            for b in self._buckets:
+                b.flat[...] = 0
+                bucket = GradBucket(b.index, b.flat, b.params, b.offsets)
+                self._comm_hook(self._comm_state, bucket).wait()
+
+    # ------------------------------------------------------- state dict --
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        keys = list(state_dict)
+        if keys and not any(k.startswith("module.") for k in keys):
+            return self.module.load_state_dict(state_dict, strict=strict)
+        return super().load_state_dict(state_dict, strict=strict)
+
+    def __getstate__(self):
+        raise TypeError("DistributedDataParallel is not picklable; save "
+                        "model.module.state_dict() instead")
+
+    def __del__(self):
+        comm = self.__dict__.get("_comm")
+        if comm is not None:
+            comm.close()
+
+
+def _is_view_of(a, base):
+    return a is base or getattr(a, "base", None) is base
+
+
+def _tensors_in(obj):
+    if isinstance(obj, Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors_in(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors_in(o)
+
+
+def _active_count(group, me):
+    flag = np.array([me], dtype=np.int64)
+    if group.size > 1:
+        group.all_reduce(flag, "sum")
+    return int(flag[0])
+
+
+def _broadcast_coalesced(group, tensors, cap_mb):
+    """Broadcast rank 0's tensors with one call per dtype/device chunk."""
+    groups = {}
+    for t in tensors:
+        groups.setdefault((type(t._data), t._data.dtype), []).append(t)
+    cap = max(int(cap_mb * 1024 * 1024), 1)
+    with no_grad():
+        for ts in groups.values():
+            chunk, size = [], 0
+            for t in ts + [None]:
+                if t is None or (chunk and size + t._data.nbytes > cap):
+                    xp = chunk[0]._xp()
+                    flat = xp.concatenate(
+                        [c._data.reshape(-1) for c in chunk])
+                    group.broadcast(flat, 0)
+                    off = 0
+                    for c in chunk:
+                        n = c._data.size
+                        c._data[...] = flat[off:off + n].reshape(c.shape)
+                        c._vc[0] += 1
+                        off += n
+                    chunk, size = [], 0
+                if t is not None:
+                    chunk.append(t)
+                    size += t._data.nbytes
+
+
+class _CommThread:
+    """One thread that runs a rank's bucket reductions in order, so that
+    communication proceeds while the main thread computes."""
+
+    def __init__(self, name):
+        self._q = queue.Queue()
+        self._t = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._t.start()
+
+    def _loop(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                fut.set_result(fn())
+            except BaseException as e:   # re-raised in the main thread
+                fut.set_exception(e)
+
+    def submit(self, fn):
+        from concurrent.futures import Future
+        fut = Future()
+        self._q.put((fn, fut))
+        return fut
+
+    def close(self):
+        self._q.put(None)
