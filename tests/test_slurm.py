@@ -1,0 +1,229 @@
+"""slurm/*.sbatch and the slurm/mpi runners against a REAL single-node
+SLURM (munged + slurmctld + slurmd) started by slurm/local-cluster.sh.
+
+The session fixture starts the cluster (installing Debian's packages when
+they are missing) and stops it at the end, unless SLURM_CONF already
+points at a running one.  Without root or apt-get the tests are skipped,
+except under CI=true, where that is an error.  Jobs are waited for by
+polling (sbatch --wait polls too slowly) and cancelled on timeout."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch import env as renv
+from launch_scripts.harness import (ROOT, assert_gone, clean_env,
+                                    reported_pids, script)
+
+CLUSTER = os.path.join(ROOT, "slurm", "local-cluster.sh")
+# The fixture may have to install SLURM first (~20 s on a fresh machine).
+pytestmark = pytest.mark.timeout(180)
+
+
+def _in_ci():
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _can_start():
+    if os.geteuid() != 0:
+        return "needs root"
+    if shutil.which("slurmctld") and shutil.which("munged"):
+        return None
+    if not shutil.which("apt-get"):
+        return "SLURM is not installed and apt-get is not available"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_env():
+    """Environment (SLURM_CONF & co.) of a running local cluster."""
+    env = clean_env(PYTHON=sys.executable)
+    if env.get("SLURM_CONF") and subprocess.run(
+            ["bash", CLUSTER, "status"], env=env, capture_output=True,
+            timeout=30).returncode == 0:
+        yield env            # started by the caller (e.g. .ci/run)
+        return
+    why = _can_start()
+    if why:
+        if _in_ci():
+            pytest.fail(f"CI=true but a local SLURM cannot start: {why}")
+        pytest.skip(f"local SLURM cluster: {why} (CI=true makes this an "
+                    "error)")
+    # 4 CPUs declared on a 2-core machine: room for the 4-task DP x TP
+    # job (SlurmdParameters=config_overrides allows it)
+    env.setdefault("SLURM_LOCAL_CPUS", str(max(4, os.cpu_count() or 1)))
+    out = subprocess.run(["bash", CLUSTER, "start"], env=env,
+                         capture_output=True, text=True, timeout=170)
+    if out.returncode != 0:
+        pytest.fail(f"slurm/local-cluster.sh start failed:\n{out.stderr}")
+    for name, value in re.findall(r"^export (\w+)=(.*)$", out.stdout, re.M):
+        env[name] = value
+    try:
+        yield env
+    finally:
+        subprocess.run(["bash", CLUSTER, "stop", env["SLURM_LOCAL_DIR"]],
+                       env=env, capture_output=True, timeout=60)
+
+
+def node_name(env):
+    return env.get("SLURM_LOCAL_NODE") or subprocess.run(
+        ["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+
+
+def sbatch(env, args, **extra):
+    run_env = dict(env, **{k: str(v) for k, v in extra.items()})
+    out = subprocess.run(["sbatch", "--parsable"] + list(args), cwd=ROOT,
+                         env=run_env, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def job_info(env, job):
+    out = subprocess.run(["scontrol", "show", "job", job, "-o"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    return dict(re.findall(r"(\w+)=(\S+)", out.stdout))
+
+
+def wait_job(env, job, timeout=60, until=("COMPLETED", "FAILED",
+                                          "CANCELLED", "TIMEOUT",
+                                          "NODE_FAIL", "OUT_OF_MEMORY")):
+    """Poll until the job reaches a state in `until`; scancel on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job_info(env, job)
+        if info.get("JobState") in until:
+            return info
+        time.sleep(0.1)
+    subprocess.run(["scancel", job], env=env, timeout=30)
+    raise AssertionError(f"job {job} not done after {timeout} s: "
+                         f"{job_info(env, job)}")
+
+
+def test_train_sbatch_two_tasks(slurm_env, tmp_path):
+    job = sbatch(slurm_env, ["--ntasks=2", "--ntasks-per-node=2",
+                             f"--output={tmp_path}/%j.out",
+                             "slurm/train.sbatch", "x", "y"],
+                 SCRIPT=script("mpi_allreduce.py"))
+    info = wait_job(slurm_env, job)
+    out = (tmp_path / f"{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out
+    assert info["ExitCode"] == "0:0"
+    node = node_name(slurm_env)
+    for rank in (0, 1):
+        assert (f"ALLREDUCE rank={rank} size=2 sum=3 RANK={rank} "
+                f"WORLD_SIZE=2 MASTER_ADDR={node} args=x y") in out, out
+    assert "srun exited with code 0" in out
+
+
+def test_train_tp_sbatch_four_tasks(slurm_env, tmp_path):
+    cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], env=slurm_env,
+                          capture_output=True, text=True).stdout.split()
+    if not cpus or int(cpus[0].rstrip("+")) < 4:
+        pytest.skip(f"the running cluster has {cpus} CPUs, the DP x TP "
+                    "job needs 4 (start it with SLURM_LOCAL_CPUS=4)")
+    job = sbatch(slurm_env, ["--ntasks=4", "--ntasks-per-node=4",
+                             f"--output={tmp_path}/%j.out",
+                             "slurm/train_tp.sbatch"],
+                 SCRIPT=script("mpi_allreduce.py"), TP_SIZE=2)
+    info = wait_job(slurm_env, job)
+    out = (tmp_path / f"{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out
+    assert "TP 2 x DP 2" in out
+    assert out.count("size=4 sum=10") == 4, out
+    assert "args=--tp-size 2" in out
+
+
+def test_sbatch_rank_failure_fails_job(slurm_env, tmp_path):
+    t0 = time.monotonic()
+    job = sbatch(slurm_env, ["--ntasks=2", "--ntasks-per-node=2",
+                             f"--output={tmp_path}/%j.out",
+                             "slurm/train.sbatch", "1", "exit", "3",
+                             "--child"],
+                 SCRIPT=script("fail.py"))
+    info = wait_job(slurm_env, job, timeout=30)
+    secs = time.monotonic() - t0
+    out = (tmp_path / f"{job}.out").read_text()
+    assert info["JobState"] == "FAILED", out
+    assert info["ExitCode"] != "0:0"
+    assert "rank 1 fails now (exit 3)" in out
+    pids = reported_pids(out)
+    assert len(pids["PID"]) == 2, out
+    assert_gone(list(pids["PID"].values()) + list(pids["CHILD"].values()),
+                within=5)
+    assert secs < 15, f"job took {secs:.1f} s to fail"
+
+
+def test_sbatch_requeue_on_usr1_resumes(slurm_env, tmp_path):
+    job = sbatch(slurm_env, ["--ntasks=2", "--ntasks-per-node=2",
+                             f"--output={tmp_path}/%j.out",
+                             "slurm/train.sbatch", str(tmp_path)],
+                 SCRIPT=script("requeue_job.py"))
+    log = tmp_path / f"{job}.out"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text().count("waiting for USR1") == 2:
+            break
+        time.sleep(0.1)
+    else:
+        subprocess.run(["scancel", job], env=slurm_env, timeout=30)
+        pytest.fail(f"job never started: {job_info(slurm_env, job)}")
+    # what SLURM does 90 s before the time limit (--signal=B:USR1@90)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job],
+                   env=slurm_env, check=True, timeout=30)
+    info = wait_job(slurm_env, job, until=("PENDING",) + (
+        "COMPLETED", "FAILED", "CANCELLED"))
+    assert info["JobState"] == "PENDING" and info["Restarts"] == "1", info
+    # a requeued job waits ~2 min before it is eligible: skip that here
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"],
+                   env=slurm_env, check=True, timeout=30)
+    info = wait_job(slurm_env, job)
+    out = log.read_text()
+    assert info["JobState"] == "COMPLETED", out
+    assert "checkpoint and requeue" in out
+    assert out.count("USR1, saved step 5") == 2
+    assert "RESUMED rank=0 restart=1 step=5 total=10" in out
+    assert "RESUMED rank=1 restart=1 step=5 total=10" in out
+
+
+def _run(env, cmd, timeout=60):
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_launch_slurm_runner(slurm_env):
+    # outside an allocation srun makes one; the ranks derive MASTER_ADDR
+    # from SLURM_NODELIST and MASTER_PORT from the job id
+    rc, out, err = _run(slurm_env, [
+        sys.executable, "-m", "launch", "--runner", "slurm",
+        "--nproc-per-node", "2", "--backend", "tcp",
+        script("print_env.py")])
+    assert rc == 0, err
+    envs = {int(d["RANK"]): d for d in
+            (json.loads(m) for m in re.findall(r"ENV (\{.*\})", out))}
+    assert sorted(envs) == [0, 1], out
+    node = node_name(slurm_env)
+    e0, e1 = envs[0], envs[1]
+    assert e0["MASTER_ADDR"] == e1["MASTER_ADDR"] == node
+    assert e0["MASTER_PORT"] == e1["MASTER_PORT"]
+    assert 20000 <= int(e0["MASTER_PORT"]) < 60000
+    assert e0["DTORCH_RDZV_TOKEN"] == e1["DTORCH_RDZV_TOKEN"]
+    assert (e0["LOCAL_RANK"], e1["LOCAL_RANK"]) == ("0", "1")
+    assert e0["WORLD_SIZE"] == e0["LOCAL_WORLD_SIZE"] == "2"
+    assert e0["DTORCH_BACKEND"] == "tcp"
+
+
+def test_launch_mpi_runner_inside_allocation(slurm_env):
+    # inside salloc the mpi runner uses srun --mpi=pmix, not mpiexec
+    rc, out, err = _run(slurm_env, [
+        "salloc", "-n", "2", sys.executable, "-m", "launch", "--runner",
+        "mpi", "--nproc-per-node", "2", script("mpi_allreduce.py")])
+    assert rc == 0, err
+    assert out.count("size=2 sum=3") == 2, out + err
+    assert renv.first_host(node_name(slurm_env)) in out
