@@ -1,0 +1,19 @@
+"""The layer classes of ``dtorch.nn``."""
+from .module import Module
+from .linear import Identity, Linear, Bilinear, LazyLinear
+from .conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d
+from .pooling import (MaxPool1d, MaxPool2d, AvgPool1d, AvgPool2d,
+                      AdaptiveAvgPool1d, AdaptiveAvgPool2d)
+from .activation import (ReLU, ReLU6, LeakyReLU, ELU, Hardtanh, GELU, SiLU,
+                         Mish, Sigmoid, Tanh, Softplus, LogSigmoid, Softmax,
+                         LogSoftmax, Softmin, MultiheadAttention)
+from .dropout import Dropout, Dropout1d, Dropout2d
+from .flatten import Flatten, Unflatten
+from .sparse import Embedding
+from .normalization import (LayerNorm, BatchNorm1d, BatchNorm2d,
+                            BatchNorm3d)
+from .container import (Sequential, ModuleList, ModuleDict, ParameterList,
+                        ParameterDict)
+from .rnn import RNNBase, RNN, LSTM, GRU, RNNCell, LSTMCell, GRUCell
+from .loss import (MSELoss, L1Loss, SmoothL1Loss, HuberLoss, NLLLoss,
+                   CrossEntropyLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss)

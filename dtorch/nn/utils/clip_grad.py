@@ -1,0 +1,130 @@
+"""Gradient clipping, PyTorch's behaviour for behaviour.
+
+``clip_grad_norm_`` is split as in PyTorch into ``get_total_norm`` (the norm
+of the norms of the local gradients) and ``clip_grads_with_norm_`` (scale by
+``min(1, max_norm / (total + 1e-6))``, always multiplying, so that no
+host-side branch on the norm is needed). A distributed version computes the
+global norm its own way (e.g. all-reducing ``total ** p``) and then calls
+``clip_grads_with_norm_`` with it, or passes ``total_norm_fn``.
+"""
+import math
+
+import numpy as np
+
+from ..._backend import get_array_module
+from ...tensor import Tensor
+
+
+def _params(parameters):
+    if isinstance(parameters, Tensor):
+        return [parameters]
+    return list(parameters)
+
+
+def _vector_norm(a, p):
+    """The p-norm of an array as a 0-d array of its dtype."""
+    xp = get_array_module(a)
+    a = a.reshape(-1)
+    if a.size == 0:
+        return xp.zeros((), a.dtype)
+    if p == math.inf:
+        return xp.abs(a).max()
+    if p == -math.inf:
+        return xp.abs(a).min()
+    if p == 0:
+        return (a != 0).sum().astype(a.dtype)
+    if p == 2:
+        return xp.sqrt(xp.dot(a, a))
+    if p == 1:
+        return xp.abs(a).sum()
+    return (xp.abs(a) ** p).sum() ** (1.0 / p)
+
+
+def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False,
+                   foreach=None):
+    """The norm of the norms of ``tensors`` (grads), a 0-d tensor."""
+    from ..._creation import tensor
+    tensors = _params(tensors)
+    norm_type = float(norm_type)
+    if not tensors:
+        return tensor(0.0)
+    first = tensors[0]
+    dev = first.device
+    norms = [_vector_norm(t._data, norm_type) for t in tensors]
+    norms = [dev.send(n) if type(n) is not type(first._data) else n
+             for n in norms]
+    xp = get_array_module(first._data)
+    dt = np.result_type(*[n.dtype for n in norms])
+    total = _vector_norm(xp.stack([n.astype(dt) for n in norms]), norm_type)
+    total_t = Tensor._wrap(xp.asarray(total))
+    if error_if_nonfinite and not bool(xp.isfinite(total)):
+        raise RuntimeError(
+            f"The total norm of order {norm_type} for gradients from "
+            f"`parameters` is non-finite, so it cannot be clipped. To "
+            f"disable this error and scale the gradients by the non-finite "
+            f"norm anyway, set `error_if_nonfinite=False`")
+    return total_t
+
+
+def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
+    """Scale every gradient by min(1, max_norm / (total_norm + 1e-6)),
+    branch-free (a NaN/inf norm propagates into the grads, as in PyTorch)."""
+    params = _params(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    tn = total_norm._data if isinstance(total_norm, Tensor) else total_norm
+    xp = get_array_module(grads[0]._data)
+    coef = xp.minimum(float(max_norm) / (tn + 1e-6), 1.0)
+    for g in grads:
+        c = coef
+        if type(c) is not type(g._data) and hasattr(c, "shape"):
+            c = g.device.send(c)
+        g._data *= xp.asarray(c).astype(g._data.dtype)
+        g._vc[0] += 1
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0,
+                    error_if_nonfinite=False, foreach=None,
+                    total_norm_fn=None):
+    """Clip the gradient norm of an iterable of parameters (in place), as
+    if all gradients were one vector; returns the total norm (before
+    clipping) as a tensor.
+
+    ``total_norm_fn(grads, norm_type, error_if_nonfinite)`` replaces
+    ``get_total_norm``, which is where a distributed caller plugs in a
+    global norm.
+
+    Example::
+
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        opt.step()
+    """
+    params = _params(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    fn = total_norm_fn or get_total_norm
+    total = fn(grads, norm_type, error_if_nonfinite)
+    clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+def clip_grad_norm(parameters, max_norm, norm_type=2.0,
+                   error_if_nonfinite=False, foreach=None):
+    import warnings
+    warnings.warn("`torch.nn.utils.clip_grad_norm` is now deprecated in "
+                  "favor of `torch.nn.utils.clip_grad_norm_`.",
+                  FutureWarning, stacklevel=2)
+    return clip_grad_norm_(parameters, max_norm, norm_type,
+                           error_if_nonfinite, foreach)
+
+
+def clip_grad_value_(parameters, clip_value, foreach=None):
+    """Clamp every gradient to [-clip_value, clip_value] in place."""
+    clip_value = float(clip_value)
+    for p in _params(parameters):
+        if p.grad is not None:
+            g = p.grad
+            xp = get_array_module(g._data)
+            xp.clip(g._data, -clip_value, clip_value, out=g._data)
+            g._vc[0] += 1

@@ -1,0 +1,762 @@
+"""Fused neural-network primitives: forward and backward side by side.
+
+These exist where composing Tensor ops costs time or memory (one node instead
+of many, no per-element Python): convolution by im2col over strided views and
+one batched matmul, pooling, softmax / log_softmax, nll, layer / batch norm,
+embedding, dropout, GELU, and whole-sequence RNN / LSTM / GRU layers whose
+input projections are computed for all time steps before the loop. Like
+``primitives.py``, every class works on raw NumPy or CuPy arrays and asks
+``get_array_module`` for the module; each is checked in tests against
+gradcheck and against the composed Tensor version.
+"""
+import math
+
+import numpy as np
+
+from .._backend import get_array_module
+from .primitives import Op, index_add0
+
+
+# ============================================================ helpers ==
+
+def _as_strided(xp, x, shape, strides):
+    return xp.lib.stride_tricks.as_strided(x, shape=shape, strides=strides)
+
+
+def _pad2d(xp, x, pads, value=0.0):
+    """Pad the last two axes by ((top, bottom), (left, right))."""
+    (t, b), (l, r) = pads
+    if not (t or b or l or r):
+        return x
+    return xp.pad(x, ((0, 0), (0, 0), (t, b), (l, r)),
+                  constant_values=value)
+
+
+def _windows(xp, x, k, stride, dilation, out_hw):
+    """View (N, C, KH, KW, OH, OW) of the sliding windows of padded x."""
+    n, c = x.shape[:2]
+    sn, sc, sh, sw = x.strides
+    return _as_strided(
+        xp, x, (n, c, k[0], k[1], out_hw[0], out_hw[1]),
+        (sn, sc, sh * dilation[0], sw * dilation[1],
+         sh * stride[0], sw * stride[1]))
+
+
+def _col2im(xp, cols, shape, k, stride, dilation, out_hw):
+    """The adjoint of ``_windows``: sum (N, C, KH, KW, OH, OW) back into an
+    array of (padded) ``shape``, one strided slice per kernel offset (never
+    ``add.at``)."""
+    out = xp.zeros(shape, cols.dtype)
+    oh, ow = out_hw
+    for i in range(k[0]):
+        h0 = i * dilation[0]
+        hs = slice(h0, h0 + stride[0] * (oh - 1) + 1, stride[0])
+        for j in range(k[1]):
+            w0 = j * dilation[1]
+            ws = slice(w0, w0 + stride[1] * (ow - 1) + 1, stride[1])
+            out[:, :, hs, ws] += cols[:, :, i, j]
+    return out
+
+
+def _unpad2d(x, pads):
+    (t, b), (l, r) = pads
+    h, w = x.shape[-2:]
+    return x[..., t:h - b, l:w - r]
+
+
+def conv_out_size(size, k, stride, pad_total, dilation):
+    return (size + pad_total - dilation * (k - 1) - 1) // stride + 1
+
+
+# ============================================================ convolution ==
+
+class Conv2d(Op):
+    """out = conv2d(x, w) + b for x (N, C, H, W), w (O, C/groups, KH, KW).
+
+    The padded input is read through a strided window view, copied once into
+    columns (N, G, C/G*KH*KW, OH*OW) and multiplied by the weight in one
+    batched matmul, which yields NCHW directly. Backward scatters columns back
+    with one slice-add per kernel offset.
+    """
+    @staticmethod
+    def forward(ctx, x, w, b=None, stride=(1, 1), pads=((0, 0), (0, 0)),
+                dilation=(1, 1), groups=1):
+        xp = get_array_module(x)
+        n, c, h, wd = x.shape
+        o, cg, kh, kw = w.shape
+        xpad = _pad2d(xp, x, pads)
+        oh = conv_out_size(h, kh, stride[0], sum(pads[0]), dilation[0])
+        ow = conv_out_size(wd, kw, stride[1], sum(pads[1]), dilation[1])
+        if oh <= 0 or ow <= 0:
+            raise RuntimeError(
+                f"Calculated padded input size per channel: "
+                f"({xpad.shape[2]} x {xpad.shape[3]}). Kernel size: "
+                f"({dilation[0] * (kh - 1) + 1} x "
+                f"{dilation[1] * (kw - 1) + 1}). Kernel size can't be "
+                f"greater than actual input size")
+        win = _windows(xp, xpad, (kh, kw), stride, dilation, (oh, ow))
+        cols = win.reshape(n, groups, cg * kh * kw, oh * ow)
+        w2 = w.reshape(groups, o // groups, cg * kh * kw)
+        out = (w2 @ cols).reshape(n, o, oh, ow)
+        if b is not None:
+            out += b.reshape(1, o, 1, 1)
+        ctx.save_for_backward(w)
+        ctx.cols, ctx.meta = cols, (xpad.shape, pads, stride, dilation,
+                                    groups, (oh, ow))
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        w, = ctx.to_save
+        cols = ctx.cols
+        pshape, pads, stride, dilation, groups, ohw = ctx.meta
+        xp = get_array_module(g)
+        o, cg, kh, kw = w.shape
+        n = g.shape[0]
+        g3 = g.reshape(n, groups, o // groups, ohw[0] * ohw[1])
+        need = ctx.needs_input_grad
+        gx = gw = gb = None
+        if need[0]:
+            w2 = w.reshape(groups, o // groups, cg * kh * kw)
+            gcols = xp.swapaxes(w2, -1, -2) @ g3
+            gcols = gcols.reshape(n, groups * cg, kh, kw, *ohw)
+            gx = _unpad2d(_col2im(xp, gcols, pshape, (kh, kw), stride,
+                                  dilation, ohw), pads)
+        if need[1]:
+            gw = (g3 @ xp.swapaxes(cols, -1, -2)).sum(0).reshape(w.shape)
+        if len(need) > 2 and need[2]:
+            gb = g.sum(axis=(0, 2, 3))
+        return gx, gw, gb
+
+
+class ConvTranspose2d(Op):
+    """The adjoint of Conv2d in x: w is (C_in, C_out/groups, KH, KW)."""
+    @staticmethod
+    def forward(ctx, x, w, b=None, stride=(1, 1), pads=((0, 0), (0, 0)),
+                dilation=(1, 1), groups=1, output_padding=(0, 0)):
+        xp = get_array_module(x)
+        n, c, h, wd = x.shape
+        _, og, kh, kw = w.shape
+        ph = (h - 1) * stride[0] + dilation[0] * (kh - 1) + 1 \
+            + output_padding[0]
+        pw = (wd - 1) * stride[1] + dilation[1] * (kw - 1) + 1 \
+            + output_padding[1]
+        w2 = w.reshape(groups, c // groups, og * kh * kw)
+        x3 = x.reshape(n, groups, c // groups, h * wd)
+        cols = (xp.swapaxes(w2, -1, -2) @ x3).reshape(
+            n, groups * og, kh, kw, h, wd)
+        out = _unpad2d(_col2im(xp, cols, (n, groups * og, ph, pw), (kh, kw),
+                               stride, dilation, (h, wd)), pads)
+        out = xp.ascontiguousarray(out)
+        if b is not None:
+            out += b.reshape(1, -1, 1, 1)
+        ctx.save_for_backward(x, w)
+        ctx.meta = ((n, groups * og, ph, pw), pads, stride, dilation, groups)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.to_save
+        pshape, pads, stride, dilation, groups = ctx.meta
+        xp = get_array_module(g)
+        n, c, h, wd = x.shape
+        _, og, kh, kw = w.shape
+        gpad = _pad2d(xp, g, pads)
+        if gpad.shape[2:] != pshape[2:]:   # output_padding rows/cols
+            gpad = xp.pad(gpad, ((0, 0), (0, 0),
+                                 (0, pshape[2] - gpad.shape[2]),
+                                 (0, pshape[3] - gpad.shape[3])))
+        win = _windows(xp, gpad, (kh, kw), stride, dilation, (h, wd))
+        cols = win.reshape(n, groups, og * kh * kw, h * wd)
+        need = ctx.needs_input_grad
+        gx = gw = gb = None
+        if need[0]:
+            w2 = w.reshape(groups, c // groups, og * kh * kw)
+            gx = (w2 @ cols).reshape(x.shape)
+        if need[1]:
+            x3 = x.reshape(n, groups, c // groups, h * wd)
+            gw = (x3 @ xp.swapaxes(cols, -1, -2)).sum(0).reshape(w.shape)
+        if len(need) > 2 and need[2]:
+            gb = g.sum(axis=(0, 2, 3))
+        return gx, gw, gb
+
+
+# ================================================================ pooling ==
+
+class MaxPool2d(Op):
+    """Max over windows; the gradient goes to the first maximum of each
+    window, as in PyTorch. Non-overlapping windows take a reshape path."""
+    @staticmethod
+    def forward(ctx, x, k=(2, 2), stride=(2, 2), pads=((0, 0), (0, 0)),
+                dilation=(1, 1), out_hw=None):
+        xp = get_array_module(x)
+        n, c, h, w = x.shape
+        oh, ow = out_hw
+        fast = (tuple(k) == tuple(stride) and dilation == (1, 1)
+                and not any(pads[0] + pads[1]) and h == oh * k[0]
+                and w == ow * k[1])
+        if fast:
+            win = x.reshape(n, c, oh, k[0], ow, k[1]).transpose(
+                0, 1, 2, 4, 3, 5)
+        else:
+            lo = -xp.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+            # pad the bottom/right so that ceil_mode windows are in bounds
+            ph = max(0, (oh - 1) * stride[0] + dilation[0] * (k[0] - 1) + 1
+                     - h - pads[0][0])
+            pw = max(0, (ow - 1) * stride[1] + dilation[1] * (k[1] - 1) + 1
+                     - w - pads[1][0])
+            pads = ((pads[0][0], ph), (pads[1][0], pw))
+            xpad = _pad2d(xp, x, pads, lo)
+            win = _windows(xp, xpad, k, stride, dilation, (oh, ow))
+            win = win.transpose(0, 1, 4, 5, 2, 3)
+        win = win.reshape(n, c, oh, ow, k[0] * k[1])
+        idx = win.argmax(axis=-1)[..., None]
+        out = xp.take_along_axis(win, idx, axis=-1)[..., 0]
+        ctx.idx, ctx.fast = idx, fast
+        ctx.meta = (x.shape, k, stride, pads, dilation, (oh, ow))
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        shape, k, stride, pads, dilation, (oh, ow) = ctx.meta
+        n, c = shape[:2]
+        gw = xp.zeros((n, c, oh, ow, k[0] * k[1]), g.dtype)
+        xp.put_along_axis(gw, ctx.idx, g[..., None], axis=-1)
+        gw = gw.reshape(n, c, oh, ow, k[0], k[1])
+        if ctx.fast:
+            return gw.transpose(0, 1, 2, 4, 3, 5).reshape(shape)
+        pshape = (n, c, shape[2] + sum(pads[0]), shape[3] + sum(pads[1]))
+        gx = _col2im(xp, gw.transpose(0, 1, 4, 5, 2, 3), pshape, k, stride,
+                     dilation, (oh, ow))
+        return _unpad2d(gx, pads)
+
+
+class AvgPool2d(Op):
+    """Mean over windows (count_include_pad: padding counts as zeros, or a
+    divisor per window that counts only real input cells)."""
+    @staticmethod
+    def forward(ctx, x, k=(2, 2), stride=(2, 2), pads=((0, 0), (0, 0)),
+                out_hw=None, divisor=None):
+        xp = get_array_module(x)
+        n, c, h, w = x.shape
+        oh, ow = out_hw
+        ph = max(0, (oh - 1) * stride[0] + k[0] - h - pads[0][0])
+        pw = max(0, (ow - 1) * stride[1] + k[1] - w - pads[1][0])
+        pads = ((pads[0][0], ph), (pads[1][0], pw))
+        if (tuple(k) == tuple(stride) and not any(pads[0] + pads[1])
+                and isinstance(divisor, (int, float))):
+            out = x.reshape(n, c, oh, k[0], ow, k[1]).sum(axis=(3, 5))
+        else:
+            win = _windows(xp, _pad2d(xp, x, pads), k, stride, (1, 1),
+                           (oh, ow))
+            out = win.sum(axis=(2, 3))
+        out = out / xp.asarray(divisor, dtype=x.dtype)
+        ctx.meta = (x.shape, k, stride, pads, (oh, ow), divisor)
+        return out.astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        shape, k, stride, pads, ohw, divisor = ctx.meta
+        n, c = shape[:2]
+        g = g / xp.asarray(divisor, dtype=g.dtype)
+        cols = xp.broadcast_to(g[:, :, None, None], (n, c, k[0], k[1]) + ohw)
+        pshape = (n, c, shape[2] + sum(pads[0]), shape[3] + sum(pads[1]))
+        return _unpad2d(_col2im(xp, cols, pshape, k, stride, (1, 1), ohw),
+                        pads)
+
+
+# ======================================================= softmax family ==
+
+class Softmax(Op):
+    @staticmethod
+    def forward(ctx, x, dim=-1):
+        xp = get_array_module(x)
+        e = xp.exp(x - x.max(axis=dim, keepdims=True))
+        e /= e.sum(axis=dim, keepdims=True)
+        ctx.save_for_backward(e)
+        ctx.dim = dim
+        return e
+
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.to_save
+        gy = g * y
+        return gy - y * gy.sum(axis=ctx.dim, keepdims=True)
+
+
+class LogSoftmax(Op):
+    @staticmethod
+    def forward(ctx, x, dim=-1):
+        xp = get_array_module(x)
+        s = x - x.max(axis=dim, keepdims=True)
+        s -= xp.log(xp.exp(s).sum(axis=dim, keepdims=True))
+        ctx.save_for_backward(s)
+        ctx.dim = dim
+        return s
+
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.to_save
+        xp = get_array_module(g)
+        return g - xp.exp(y) * g.sum(axis=ctx.dim, keepdims=True)
+
+
+class NllLoss(Op):
+    """Per-element ``-w[t] * logp[n, t, ...]`` picked along the class axis 1;
+    ignored targets give 0. ``reduction`` is 'none', 'sum' or 'mean'
+    (weighted mean, as in PyTorch)."""
+    @staticmethod
+    def forward(ctx, logp, target, weight=None, ignore_index=-100,
+                reduction="mean"):
+        xp = get_array_module(logp)
+        keep = target != ignore_index
+        t = xp.where(keep, target, 0)
+        picked = xp.take_along_axis(logp, xp.expand_dims(t, 1), axis=1)
+        picked = xp.squeeze(picked, 1)
+        w = keep.astype(logp.dtype)
+        if weight is not None:
+            w = w * weight[t]
+        loss = -(picked * w)
+        ctx.t, ctx.w, ctx.shape = t, w, logp.shape
+        ctx.reduction = reduction
+        if reduction == "none":
+            return loss
+        total = loss.sum()
+        if reduction == "sum":
+            return total
+        ctx.denom = w.sum()
+        return total / ctx.denom
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        w = ctx.w
+        if ctx.reduction == "mean":
+            coef = -(w * (g / ctx.denom))
+        else:
+            coef = -(w * g)
+        gx = xp.zeros(ctx.shape, coef.dtype)
+        xp.put_along_axis(gx, xp.expand_dims(ctx.t, 1),
+                          xp.expand_dims(coef, 1), axis=1)
+        return gx, None, None
+
+
+# ========================================================= normalisation ==
+
+class LayerNorm(Op):
+    """Normalise over the last ``nd`` axes, then ``* w + b`` (optional)."""
+    @staticmethod
+    def forward(ctx, x, w=None, b=None, nd=1, eps=1e-5):
+        xp = get_array_module(x)
+        axes = tuple(range(x.ndim - nd, x.ndim))
+        mu = x.mean(axis=axes, keepdims=True)
+        xc = x - mu
+        var = (xc * xc).mean(axis=axes, keepdims=True)
+        rstd = 1 / xp.sqrt(var + eps)
+        xhat = xc * rstd
+        ctx.save_for_backward(w)
+        ctx.xhat, ctx.rstd, ctx.axes = xhat, rstd, axes
+        out = xhat
+        if w is not None:
+            out = out * w
+        if b is not None:
+            out = out + b
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        w, = ctx.to_save
+        xhat, rstd, axes = ctx.xhat, ctx.rstd, ctx.axes
+        need = ctx.needs_input_grad
+        lead = tuple(range(g.ndim - len(axes)))
+        gw = (g * xhat).sum(axis=lead) if len(need) > 1 and need[1] else None
+        gb = g.sum(axis=lead) if len(need) > 2 and need[2] else None
+        gx = None
+        if need[0]:
+            gh = g * w if w is not None else g
+            gx = rstd * (gh - gh.mean(axis=axes, keepdims=True)
+                         - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
+        return gx, gw, gb
+
+
+class BatchNorm(Op):
+    """Training-mode batch norm over all axes but 1, with batch statistics.
+
+    ``running_mean`` / ``running_var`` (arrays, optional) are updated in
+    place with ``momentum`` and the unbiased batch variance, as in PyTorch;
+    doing it here saves a second pass over the batch."""
+    @staticmethod
+    def forward(ctx, x, w=None, b=None, eps=1e-5, running_mean=None,
+                running_var=None, momentum=0.1):
+        xp = get_array_module(x)
+        axes = (0,) + tuple(range(2, x.ndim))
+        shape = [1] * x.ndim
+        shape[1] = x.shape[1]
+        mu = x.mean(axis=axes, keepdims=True)
+        xc = x - mu
+        var = (xc * xc).mean(axis=axes, keepdims=True)
+        rstd = 1 / xp.sqrt(var + eps)
+        xhat = xc * rstd
+        ctx.save_for_backward(w)
+        ctx.xhat, ctx.rstd, ctx.axes, ctx.shape = xhat, rstd, axes, shape
+        m = x.size // x.shape[1]
+        if running_mean is not None:
+            running_mean *= 1 - momentum
+            running_mean += momentum * mu.reshape(-1)
+        if running_var is not None:
+            running_var *= 1 - momentum
+            running_var += (momentum * m / max(m - 1, 1)) * var.reshape(-1)
+        out = xhat
+        if w is not None:
+            out = out * w.reshape(shape)
+        if b is not None:
+            out = out + b.reshape(shape)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        w, = ctx.to_save
+        xhat, rstd, axes = ctx.xhat, ctx.rstd, ctx.axes
+        need = ctx.needs_input_grad
+        gw = gb = gx = None
+        gsum = g.sum(axis=axes)
+        gxh = (g * xhat).sum(axis=axes)
+        if len(need) > 1 and need[1]:
+            gw = gxh
+        if len(need) > 2 and need[2]:
+            gb = gsum
+        if need[0]:
+            m = g.size // g.shape[1]
+            scale = rstd if w is None else rstd * w.reshape(ctx.shape)
+            gx = scale * (g - (gsum.reshape(ctx.shape)
+                               + xhat * gxh.reshape(ctx.shape)) / m)
+        return gx, gw, gb
+
+
+# ================================================ embedding, dropout, gelu ==
+
+class Embedding(Op):
+    """w[idx]; backward sums rows by sort + reduceat (``index_add0``); the
+    ``padding_idx`` row gets no gradient."""
+    @staticmethod
+    def forward(ctx, w, idx, padding_idx=None):
+        ctx.idx, ctx.shape, ctx.pad = idx, w.shape, padding_idx
+        try:
+            return w[idx]
+        except IndexError:
+            raise IndexError("index out of range in self") from None
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        gw = index_add0(xp, ctx.shape, g.dtype, ctx.idx, g)
+        if ctx.pad is not None:
+            gw[ctx.pad] = 0
+        return gw, None
+
+
+class Dropout(Op):
+    """x * mask / (1 - p) with a given boolean keep-mask."""
+    @staticmethod
+    def forward(ctx, x, keep=None, p=0.5):
+        scale = x.dtype.type(1.0 / (1.0 - p)) if x.dtype.kind == "f" else \
+            1.0 / (1.0 - p)
+        ctx.keep, ctx.scale = keep, scale
+        return x * keep * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.keep * ctx.scale, None
+
+
+def _erf(xp, x):
+    if xp is np:
+        try:
+            from scipy.special import erf
+            return erf(x)
+        except ImportError:  # Abramowitz-Stegun 7.1.26, |error| < 1.5e-7
+            s = np.sign(x)
+            a = np.abs(x)
+            t = 1.0 / (1.0 + 0.3275911 * a)
+            y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741)
+                        * t - 0.284496736) * t + 0.254829592) * t \
+                * np.exp(-a * a)
+            return (s * y).astype(x.dtype, copy=False)
+    from cupyx.scipy.special import erf
+    return erf(x)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+class Gelu(Op):
+    @staticmethod
+    def forward(ctx, x, approximate="none"):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        ctx.approx = approximate
+        if approximate == "tanh":
+            t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+            ctx.t = t
+            return (0.5 * x * (1 + t)).astype(x.dtype, copy=False)
+        cdf = 0.5 * (1 + _erf(xp, x * (1 / math.sqrt(2))))
+        ctx.cdf = cdf
+        return (x * cdf).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        if ctx.approx == "tanh":
+            t = ctx.t
+            dt = (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+            d = 0.5 * (1 + t) + 0.5 * x * dt
+        else:
+            pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+            d = ctx.cdf + x * pdf
+        return (g * d).astype(g.dtype, copy=False)
+
+
+# ========================================================== recurrences ==
+
+def _sigmoid(xp, x):
+    # exp(-x) may overflow to inf for very negative x: 1 / inf is 0, fine
+    with np.errstate(over="ignore"):
+        return 1 / (1 + xp.exp(-x))
+
+
+class RNNLayer(Op):
+    """A whole Elman RNN layer, one direction: h_t = act(xw[t] + h_{t-1}
+    @ w_hh.T + b_hh). ``xw`` (T, N, H) holds the input projections for all
+    steps. Returns (T + 1, N, H): the outputs, then h_T again as h_n's slot."""
+    @staticmethod
+    def forward(ctx, xw, h0, w_hh, b_hh=None, reverse=False,
+                nonlinearity="tanh"):
+        xp = get_array_module(xw)
+        T = xw.shape[0]
+        out = xp.empty((T + 1,) + h0.shape, xw.dtype)
+        h = h0
+        steps = range(T - 1, -1, -1) if reverse else range(T)
+        wt = w_hh.T
+        for t in steps:
+            a = xw[t] + h @ wt
+            if b_hh is not None:
+                a += b_hh
+            h = xp.tanh(a) if nonlinearity == "tanh" else xp.maximum(a, 0)
+            out[t] = h
+        out[T] = h
+        ctx.save_for_backward(h0, w_hh)
+        ctx.out, ctx.reverse, ctx.act = out, reverse, nonlinearity
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        h0, w_hh = ctx.to_save
+        xp = get_array_module(g)
+        out, reverse = ctx.out, ctx.reverse
+        T = out.shape[0] - 1
+        da = xp.empty(out[:T].shape, g.dtype)
+        dh = g[T].copy()
+        steps = range(T) if reverse else range(T - 1, -1, -1)
+        for t in steps:
+            dh += g[t]
+            h = out[t]
+            da[t] = dh * (1 - h * h) if ctx.act == "tanh" else dh * (h > 0)
+            dh = da[t] @ w_hh
+        prev = _prev_states(xp, out[:T], h0, reverse)
+        return _rnn_grads(ctx, xp, da, dh, prev)
+
+
+def _prev_states(xp, hs, h0, reverse):
+    """h_{t-1} for every t, in time order, as one (T, N, H) array."""
+    if reverse:
+        return xp.concatenate([hs[1:], h0[None]], axis=0)
+    return xp.concatenate([h0[None], hs[:-1]], axis=0)
+
+
+def _rnn_grads(ctx, xp, dgates, dh0, prev, dc0=None):
+    need = ctx.needs_input_grad
+    G = dgates.shape[-1]
+    d2 = dgates.reshape(-1, G)
+    gw = d2.T @ prev.reshape(-1, prev.shape[-1]) if need[-2] else None
+    gb = d2.sum(axis=0) if need[-1] else None
+    if dc0 is None:
+        return dgates, dh0, gw, gb
+    return dgates, dh0, dc0, gw, gb
+
+
+class LSTMLayer(Op):
+    """A whole LSTM layer, one direction, PyTorch's gate order (i, f, g, o).
+
+    ``xw`` (T, N, 4H) are the input projections (x @ w_ih.T + b_ih) for all
+    steps. Returns (T + 1, N, H): the outputs h_1..h_T, then c_T."""
+    @staticmethod
+    def forward(ctx, xw, h0, c0, w_hh, b_hh=None, reverse=False):
+        xp = get_array_module(xw)
+        T, n = xw.shape[:2]
+        H = h0.shape[-1]
+        out = xp.empty((T + 1, n, H), xw.dtype)
+        acts = xp.empty((T, n, 4 * H), xw.dtype)
+        cs = xp.empty((T, n, H), xw.dtype)
+        h, c = h0, c0
+        wt = w_hh.T
+        steps = range(T - 1, -1, -1) if reverse else range(T)
+        for t in steps:
+            a = xw[t] + h @ wt
+            if b_hh is not None:
+                a += b_hh
+            ifo = _sigmoid(xp, a[:, :2 * H])
+            acts[t, :, :2 * H] = ifo
+            acts[t, :, 2 * H:3 * H] = gt = xp.tanh(a[:, 2 * H:3 * H])
+            acts[t, :, 3 * H:] = o = _sigmoid(xp, a[:, 3 * H:])
+            c = ifo[:, H:] * c + ifo[:, :H] * gt
+            cs[t] = c
+            h = o * xp.tanh(c)
+            out[t] = h
+        out[T] = c
+        ctx.save_for_backward(h0, c0, w_hh)
+        ctx.out, ctx.acts, ctx.cs, ctx.reverse = out, acts, cs, reverse
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        h0, c0, w_hh = ctx.to_save
+        xp = get_array_module(g)
+        out, acts, cs, reverse = ctx.out, ctx.acts, ctx.cs, ctx.reverse
+        T = out.shape[0] - 1
+        H = h0.shape[-1]
+        dgates = xp.empty(acts.shape, g.dtype)
+        dh = xp.zeros(h0.shape, g.dtype)
+        dc = g[T].copy()
+        # the h_n view of the output has its gradient folded into g[last]
+        steps = range(T) if reverse else range(T - 1, -1, -1)
+        for t in steps:
+            dh += g[t]
+            a = acts[t]
+            i, f, gt, o = (a[:, :H], a[:, H:2 * H], a[:, 2 * H:3 * H],
+                           a[:, 3 * H:])
+            tc = xp.tanh(cs[t])
+            dc += dh * o * (1 - tc * tc)
+            tp = t + 1 if reverse else t - 1
+            cprev = c0 if (tp < 0 or tp >= T) else cs[tp]
+            d = dgates[t]
+            d[:, :H] = dc * gt * i * (1 - i)
+            d[:, H:2 * H] = dc * cprev * f * (1 - f)
+            d[:, 2 * H:3 * H] = dc * i * (1 - gt * gt)
+            d[:, 3 * H:] = dh * tc * o * (1 - o)
+            dc = dc * f
+            dh = d @ w_hh
+        prev = _prev_states(xp, out[:T], h0, reverse)
+        return _rnn_grads(ctx, xp, dgates, dh, prev, dc)
+
+
+class GRULayer(Op):
+    """A whole GRU layer, one direction, PyTorch's gates (r, z, n):
+    n = tanh(xn + r * (h @ w_hn.T + b_hn)), h' = (1 - z) * n + z * h.
+    Returns (T + 1, N, H): the outputs, then h_T again."""
+    @staticmethod
+    def forward(ctx, xw, h0, w_hh, b_hh=None, reverse=False):
+        xp = get_array_module(xw)
+        T, n = xw.shape[:2]
+        H = h0.shape[-1]
+        out = xp.empty((T + 1, n, H), xw.dtype)
+        acts = xp.empty((T, n, 3 * H), xw.dtype)     # r, z, n
+        hns = xp.empty((T, n, H), xw.dtype)          # h @ w_hn.T + b_hn
+        h = h0
+        wt = w_hh.T
+        steps = range(T - 1, -1, -1) if reverse else range(T)
+        for t in steps:
+            hh = h @ wt
+            if b_hh is not None:
+                hh += b_hh
+            x = xw[t]
+            rz = _sigmoid(xp, x[:, :2 * H] + hh[:, :2 * H])
+            hns[t] = hh[:, 2 * H:]
+            nt = xp.tanh(x[:, 2 * H:] + rz[:, :H] * hh[:, 2 * H:])
+            acts[t, :, :2 * H] = rz
+            acts[t, :, 2 * H:] = nt
+            z = rz[:, H:]
+            h = nt + z * (h - nt)
+            out[t] = h
+        out[T] = h
+        ctx.save_for_backward(h0, w_hh)
+        ctx.out, ctx.acts, ctx.hns, ctx.reverse = out, acts, hns, reverse
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        h0, w_hh = ctx.to_save
+        xp = get_array_module(g)
+        out, acts, hns, reverse = ctx.out, ctx.acts, ctx.hns, ctx.reverse
+        T = out.shape[0] - 1
+        H = h0.shape[-1]
+        dx = xp.empty(acts.shape, g.dtype)     # grads of x-side gates
+        dhh = xp.empty(acts.shape, g.dtype)    # grads of h-side gates
+        dh = g[T].copy()
+        steps = range(T) if reverse else range(T - 1, -1, -1)
+        for t in steps:
+            dh += g[t]
+            a = acts[t]
+            r, z, nt = a[:, :H], a[:, H:2 * H], a[:, 2 * H:]
+            tp = t + 1 if reverse else t - 1
+            hprev = h0 if (tp < 0 or tp >= T) else out[tp]
+            dn = dh * (1 - z) * (1 - nt * nt)
+            dz = dh * (hprev - nt) * z * (1 - z)
+            dr = dn * hns[t] * r * (1 - r)
+            dx[t, :, :H] = dr
+            dx[t, :, H:2 * H] = dz
+            dx[t, :, 2 * H:] = dn
+            dhh[t, :, :2 * H] = dx[t, :, :2 * H]
+            dhh[t, :, 2 * H:] = dn * r
+            dh = dh * z + dhh[t] @ w_hh
+        prev = _prev_states(xp, out[:T], h0, reverse)
+        need = ctx.needs_input_grad
+        d2 = dhh.reshape(-1, 3 * H)
+        gw = d2.T @ prev.reshape(-1, H) if need[2] else None
+        gb = d2.sum(axis=0) if len(need) > 3 and need[3] else None
+        return dx, dh, gw, gb
+
+
+# ================================================================ padding ==
+
+_NP_PAD_MODES = {"reflect": "reflect", "replicate": "edge",
+                 "circular": "wrap"}
+
+
+class Pad(Op):
+    """Pad with ``pads`` = ((before, after), ...) for every axis. Constant
+    padding slices in backward; the other modes gather along each axis with
+    an index array and scatter back with ``index_add0``."""
+    @staticmethod
+    def forward(ctx, x, pads=(), mode="constant", value=0.0):
+        xp = get_array_module(x)
+        ctx.pads, ctx.mode, ctx.shape = pads, mode, x.shape
+        if mode == "constant":
+            return xp.pad(x, pads, constant_values=value)
+        idxs = []
+        out = x
+        for ax, (lo, hi) in enumerate(pads):
+            if lo or hi:
+                idx = np.pad(np.arange(x.shape[ax]), (lo, hi),
+                             mode=_NP_PAD_MODES[mode])
+                idx = xp.asarray(idx)
+                out = xp.take(out, idx, axis=ax)
+                idxs.append((ax, idx))
+        ctx.idxs = idxs
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        if ctx.mode == "constant":
+            key = tuple(slice(lo, g.shape[i] - hi)
+                        for i, (lo, hi) in enumerate(ctx.pads))
+            return g[key]
+        for ax, idx in reversed(ctx.idxs):
+            gm = xp.moveaxis(g, ax, 0)
+            gm = index_add0(xp, (ctx.shape[ax],) + gm.shape[1:], g.dtype,
+                            idx, gm)
+            g = xp.moveaxis(gm, 0, ax)
+        return g
