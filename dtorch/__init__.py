@@ -73,3 +73,4 @@ __version__ = "0.1.0"
 
 from .serialization import save, load
 from . import optim, utils
+from . import nn  # noqa: E402
