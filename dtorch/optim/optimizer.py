@@ -6,6 +6,7 @@ parameters' arrays (the shape of mlx's ``apply_single``), with no
 foreach/fused variants.
 """
 import copy
+import warnings
 from collections import defaultdict
 from itertools import chain
 
@@ -95,8 +96,9 @@ class Optimizer:
             param_group.setdefault(name, default)
         if len({id(p) for p in param_group["params"]}) != len(
                 param_group["params"]):
-            raise ValueError("optimizer contains a parameter group with "
-                             "duplicate parameters")
+            warnings.warn("optimizer contains a parameter group with "
+                          "duplicate parameters; in future, this will "
+                          "cause an error", stacklevel=3)
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in seen for p in param_group["params"]):
             raise ValueError("some parameters appear in more than one "
