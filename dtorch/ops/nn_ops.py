@@ -192,12 +192,13 @@ class MaxPool2d(Op):
         xp = get_array_module(x)
         n, c, h, w = x.shape
         oh, ow = out_hw
-        fast = (tuple(k) == tuple(stride) and dilation == (1, 1)
-                and not any(pads[0] + pads[1]) and h == oh * k[0]
-                and w == ow * k[1])
+        # non-overlapping windows inside the input: a reshape, no strides
+        fast = (tuple(k) == tuple(stride) and tuple(dilation) == (1, 1)
+                and not any(pads[0] + pads[1]) and h >= oh * k[0]
+                and w >= ow * k[1])
         if fast:
-            win = x.reshape(n, c, oh, k[0], ow, k[1]).transpose(
-                0, 1, 2, 4, 3, 5)
+            win = x[:, :, :oh * k[0], :ow * k[1]].reshape(
+                n, c, oh, k[0], ow, k[1]).transpose(0, 1, 2, 4, 3, 5)
         else:
             lo = -xp.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
             # pad the bottom/right so that ceil_mode windows are in bounds
@@ -225,7 +226,13 @@ class MaxPool2d(Op):
         xp.put_along_axis(gw, ctx.idx, g[..., None], axis=-1)
         gw = gw.reshape(n, c, oh, ow, k[0], k[1])
         if ctx.fast:
-            return gw.transpose(0, 1, 2, 4, 3, 5).reshape(shape)
+            gw = gw.transpose(0, 1, 2, 4, 3, 5).reshape(
+                n, c, oh * k[0], ow * k[1])
+            if gw.shape == tuple(shape):
+                return gw
+            gx = xp.zeros(shape, g.dtype)
+            gx[:, :, :oh * k[0], :ow * k[1]] = gw
+            return gx
         pshape = (n, c, shape[2] + sum(pads[0]), shape[3] + sum(pads[1]))
         gx = _col2im(xp, gw.transpose(0, 1, 4, 5, 2, 3), pshape, k, stride,
                      dilation, (oh, ow))
@@ -246,7 +253,8 @@ class AvgPool2d(Op):
         pads = ((pads[0][0], ph), (pads[1][0], pw))
         if (tuple(k) == tuple(stride) and not any(pads[0] + pads[1])
                 and isinstance(divisor, (int, float))):
-            out = x.reshape(n, c, oh, k[0], ow, k[1]).sum(axis=(3, 5))
+            out = x[:, :, :oh * k[0], :ow * k[1]].reshape(
+                n, c, oh, k[0], ow, k[1]).sum(axis=(3, 5))
         else:
             win = _windows(xp, _pad2d(xp, x, pads), k, stride, (1, 1),
                            (oh, ow))
