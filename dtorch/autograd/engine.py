@@ -6,6 +6,7 @@ order PyTorch uses), so a leaf's gradient is final, and its post-accumulate
 hooks fire, as early as possible. DDP's bucketed all-reduce relies on that.
 """
 import heapq
+import itertools
 import threading
 
 from . import function as _fn
@@ -97,10 +98,13 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
             buf = buffers[node] = {}
         buf[nr] = g if nr not in buf else buf[nr] + g
 
+    # ties (leaves all have seq inf) are broken by readiness order, never by
+    # memory address, so that every rank runs hooks in the same order
+    tie = itertools.count()
     ready = []
     for node in {id(n): n for n, _ in root_edges}.values():
         if deps[node] == 0:
-            heapq.heappush(ready, (-node._seq, id(node), node))
+            heapq.heappush(ready, (-node._seq, next(tie), node))
 
     prev_mode = _state.enabled
     _state.enabled = False  # no graph is recorded while differentiating
@@ -163,7 +167,7 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
                 d = deps[c] - 1
                 deps[c] = d
                 if d == 0:
-                    heapq.heappush(ready, (-c._seq, id(c), c))
+                    heapq.heappush(ready, (-c._seq, next(tie), c))
         # callbacks may queue more callbacks
         while _callbacks.pending:
             _callbacks.pending.pop(0)()

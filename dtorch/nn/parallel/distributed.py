@@ -229,6 +229,7 @@ class DistributedDataParallel(Module):
                 f"a gradient on rank {g.rank}: {', '.join(names)}")
         if self._join_active:
             _active_count(g, 1)
+            self._join_steps += 1
         if self.broadcast_buffers and g.size > 1:
             bufs = list(self.module.buffers())
             if bufs:
@@ -248,6 +249,7 @@ class DistributedDataParallel(Module):
             b.ready = set()
             b.future = None
         self._queued = False
+        self._next_bucket = 0
 
     def _find_unused(self, out):
         """Parameters that the graph of ``out`` does not reach."""
@@ -294,8 +296,12 @@ class DistributedDataParallel(Module):
             view[...] = g._data.reshape(-1)
         b.ready.add(j)
         b.pending -= 1
-        if b.pending == 0:
-            self._launch(b)
+        # launch in bucket order, whatever order gradients arrive in, so
+        # that every rank issues the same sequence of all-reduces
+        while (self._next_bucket < len(self._buckets)
+               and self._buckets[self._next_bucket].pending == 0):
+            self._launch(self._buckets[self._next_bucket])
+            self._next_bucket += 1
 
     def _launch(self, b):
         bucket = GradBucket(b.index, b.flat, b.params, b.offsets)
@@ -306,9 +312,11 @@ class DistributedDataParallel(Module):
         missing = []
         for b in self._buckets:
             if b.pending:
-                missing += [self._names.get(id(b.params[j]), "?")
-                            for j in range(len(b.params))
+                missing += [b.params[j] for j in range(len(b.params))
                             if j not in b.ready]
+        order = {id(p): i for i, p in enumerate(self._params)}
+        missing = [self._names.get(id(p), "?")
+                   for p in sorted(missing, key=lambda p: order[id(p)])]
         if missing:
             # PyTorch reports this at the next forward; so do we, after
             # finishing the buckets that did fill up
@@ -376,11 +384,25 @@ class DistributedDataParallel(Module):
             raise NotImplementedError("join(divide_by_initial_world_size="
                                       "False) is not supported")
         self._join_active = True
+        self._join_steps = 0
         try:
             yield
         finally:
             self._join_active = False
             self._shadow_until_all_joined(throw_on_early_termination)
+            self._sync_final_model()
+
+    def _sync_final_model(self):
+        # ranks that joined early skipped optimizer steps: everyone takes
+        # the model of the rank that trained longest (PyTorch does the same)
+        g = self.process_group
+        if g.size == 1:
+            return
+        key = np.array([self._join_steps * g.size + g.rank], np.int64)
+        g.all_reduce(key, "max")
+        src = int(key[0]) % g.size
+        tensors = list(self.module.parameters()) + list(self.module.buffers())
+        _broadcast_coalesced(g, tensors, self.bucket_cap_mb, src)
 
     def _shadow_until_all_joined(self, throw):
         g = self.process_group
@@ -436,8 +458,8 @@ def _active_count(group, me):
     return int(flag[0])
 
 
-def _broadcast_coalesced(group, tensors, cap_mb):
-    """Broadcast rank 0's tensors with one call per dtype/device chunk."""
+def _broadcast_coalesced(group, tensors, cap_mb, src=0):
+    """Broadcast rank src's tensors with one call per dtype/device chunk."""
     groups = {}
     for t in tensors:
         groups.setdefault((type(t._data), t._data.dtype), []).append(t)
@@ -450,7 +472,7 @@ def _broadcast_coalesced(group, tensors, cap_mb):
                     xp = chunk[0]._xp()
                     flat = xp.concatenate(
                         [c._data.reshape(-1) for c in chunk])
-                    group.broadcast(flat, 0)
+                    group.broadcast(flat, src)
                     off = 0
                     for c in chunk:
                         n = c._data.size
