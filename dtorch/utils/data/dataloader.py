@@ -26,8 +26,9 @@ from .sampler import (BatchSampler, RandomSampler, Sampler,
 
 __all__ = ["DataLoader", "get_worker_info"]
 
-# how long to wait for a worker to exit before terminating it
-_JOIN_TIMEOUT = 5.0
+# how long shutdown waits for a worker to exit before terminating it: an
+# idle worker exits at once; a busy one is working on a batch nobody wants
+_JOIN_TIMEOUT = 1.0
 
 
 class _InfiniteConstantSampler(Sampler):
