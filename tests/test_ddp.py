@@ -232,3 +232,43 @@ def test_ddp_mpi_equivalence(mpi_world):
         assert_same(ref, res)
     res = train_ddp(rank, ws, init, x, y, 3, micro=2)
     assert_same(ref, res)
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_sync_batchnorm_equals_batchnorm_on_concatenated_batch(ws):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4 * ws, 3, 5, 5))
+    c = rng.standard_normal((4 * ws, 3, 5, 5))
+    bn = nn.BatchNorm2d(3).to(F64)
+    bn.weight.data.copy_(dtorch.tensor([1.0, 2.0, 0.5]))
+    xt = dtorch.tensor(x, requires_grad=True)
+    yt = bn(xt)
+    (yt * dtorch.tensor(c)).sum().backward()
+    ref = (yt.detach().numpy(), xt.grad.numpy(), bn.weight.grad.numpy(),
+           bn.running_mean.numpy(), bn.running_var.numpy())
+
+    def body(rank, n):
+        m = nn.SyncBatchNorm.convert_sync_batchnorm(
+            nn.Sequential(nn.BatchNorm2d(3))).to(F64)
+        m[0].weight.data.copy_(dtorch.tensor([1.0, 2.0, 0.5]))
+        sl = slice(4 * rank, 4 * rank + 4)
+        xr = dtorch.tensor(x[sl], requires_grad=True)
+        y = m(xr)
+        (y * dtorch.tensor(c[sl])).sum().backward()
+        gw = m[0].weight.grad.clone()
+        dist.all_reduce(gw)
+        return (y.detach().numpy(), xr.grad.numpy(), gw.numpy(),
+                m[0].running_mean.numpy(), m[0].running_var.numpy(), rank)
+    for y, gx, gw, rm, rv, rank in dist.spawn_threads(body, ws, timeout=30):
+        sl = slice(4 * rank, 4 * rank + 4)
+        np.testing.assert_allclose(y, ref[0][sl], atol=1e-10)
+        np.testing.assert_allclose(gx, ref[1][sl], atol=1e-10)
+        np.testing.assert_allclose(gw, ref[2], atol=1e-10)
+        np.testing.assert_allclose(rm, ref[3], atol=1e-10)
+        np.testing.assert_allclose(rv, ref[4], atol=1e-10)
+
+
+def test_sync_batchnorm_gradcheck_single_rank():
+    m = nn.SyncBatchNorm(2).to(F64)
+    x = dtorch.randn(3, 2, 4, dtype=F64, requires_grad=True)
+    assert dtorch.autograd.gradcheck(lambda t: m(t), [x])

@@ -1,2 +1,3 @@
 """Parallel training modules: data parallel (DDP) and model parallel."""
 from .distributed import DistributedDataParallel, GradBucket  # noqa: F401
+from .sync_batchnorm import SyncBatchNorm  # noqa: F401

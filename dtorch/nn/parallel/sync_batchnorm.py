@@ -19,14 +19,14 @@ class _SyncBN(Op):
         C_ = x.shape[1]
         n_local = x.size // C_
         x64 = x.astype(np.float64)
-        stats = xp.concatenate([x64.sum(axis=axes),
-                                (x64 * x64).sum(axis=axes),
-                                xp.array([float(n_local)])])
+        sums = xp.concatenate([x64.sum(axis=axes),
+                               (x64 * x64).sum(axis=axes),
+                               xp.array([float(n_local)])])
         if group.size > 1:
-            group.all_reduce(stats, "sum")
-        n = stats[-1]
-        mean = stats[:C_] / n
-        var = xp.maximum(stats[C_:2 * C_] / n - mean * mean, 0.0)
+            group.all_reduce(sums, "sum")
+        n = sums[-1]
+        mean = sums[:C_] / n
+        var = xp.maximum(sums[C_:2 * C_] / n - mean * mean, 0.0)
         shape = (1, C_) + (1,) * (x.ndim - 2)
         invstd = 1.0 / xp.sqrt(var + eps)
         xhat = ((x64 - mean.reshape(shape)) * invstd.reshape(shape))
@@ -140,7 +140,7 @@ class SyncBatchNorm(Module):
     def convert_sync_batchnorm(cls, module, process_group=None):
         """Replace every BatchNorm*d in ``module`` by a SyncBatchNorm with
         the same parameters and running statistics."""
-        from ..modules import batchnorm as _bn
+        from ..modules import normalization as _bn
         out = module
         if isinstance(module, _bn._BatchNorm):
             out = cls(module.num_features, module.eps, module.momentum,
