@@ -3,7 +3,9 @@
 daemons are the test's to clean up)."""
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import ray
@@ -36,9 +38,15 @@ t = time.monotonic()
 report("fn", run(env_of_rank, 2, args=(4,), backend="tcp"))
 report("fn_secs", time.monotonic() - t)
 
+# Ray forwards actor output to the driver asynchronously (lines can be
+# lost at shutdown): check the per-rank log files instead.
+logs = tempfile.mkdtemp(prefix="dtorch-ray-")
 t = time.monotonic()
-report("script", run([os.path.join(HERE, "rendezvous.py")], 2))
+report("script", run([os.path.join(HERE, "rendezvous.py")], 2,
+                     log_dir=os.path.join(logs, "script")))
 report("script_secs", time.monotonic() - t)
+with open(os.path.join(logs, "script", "rank0.log")) as f:
+    report("script_log0", f.read())
 
 for name, target in (("fn_fail", crash_rank1),
                      ("script_fail", [os.path.join(HERE, "fail.py"), "0",
@@ -52,9 +60,12 @@ for name, target in (("fn_fail", crash_rank1),
                       "secs": time.monotonic() - t})
 
 try:
-    cli.main(["--runner", "ray", "--nproc-per-node", "2",
-              os.path.join(HERE, "print_env.py")])
+    cli.main(["--runner", "ray", "--nproc-per-node", "2", "--log-dir",
+              os.path.join(logs, "cli"), os.path.join(HERE, "print_env.py")])
 except SystemExit as e:
     report("cli_rc", e.code)
+with open(os.path.join(logs, "cli", "rank1.log")) as f:
+    report("cli_log1", f.read())
 ray.shutdown()
+shutil.rmtree(logs, ignore_errors=True)
 sys.stdout.flush()
