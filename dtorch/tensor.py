@@ -1209,6 +1209,24 @@ class Tensor:
         raise TypeError("dtorch tensors are not pickled; use dtorch.save, "
                         "which writes safetensors files")
 
+    def __deepcopy__(self, memo):
+        # copy.deepcopy(model.state_dict()) is common PyTorch code; it
+        # copies memory here, while pickling stays refused
+        if not self.is_leaf:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) "
+                "support the deepcopy protocol at the moment.")
+        if id(self) in memo:
+            return memo[id(self)]
+        import copy
+        t = object.__new__(type(self))
+        t._init(self._data.copy(), self.requires_grad)
+        memo[id(self)] = t
+        if self._grad is not None:
+            t._grad = copy.deepcopy(self._grad, memo)
+        t.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return t
+
     # ---------------------------------------------------------- in-place --
     def _check_inplace(self):
         if _state.enabled and self.requires_grad and self.grad_fn is None:

@@ -410,3 +410,18 @@ def test_state_dict_keys_match_torch():
         for k, v in dsd["state"][0].items():
             np.testing.assert_allclose(v.numpy(), tsd["state"][0][k].numpy(),
                                        rtol=1e-6)
+
+
+def test_deepcopy_of_state_dict_is_independent():
+    import copy
+    w = dtorch.zeros(2, requires_grad=True)
+    opt = optim.SGD([w], lr=0.1, momentum=0.9)
+    w.grad = dtorch.ones(2)
+    opt.step()
+    snap = copy.deepcopy(opt.state_dict())
+    opt.step()
+    buf = snap["state"][0]["momentum_buffer"]
+    assert buf.tolist() == [1.0, 1.0]
+    opt2 = optim.SGD([w], lr=0.1, momentum=0.9)
+    opt2.load_state_dict(snap)
+    assert opt2.state[w]["momentum_buffer"].tolist() == [1.0, 1.0]
