@@ -15,7 +15,6 @@ A plain safetensors file written by another tool loads as a ``dict`` of
 tensors.
 """
 import collections
-import io
 import json
 import math
 import os

@@ -1,8 +1,6 @@
 """Optimizers: PyTorch's update formulas (checked against float64 NumPy
 references and, when installed, torch.optim), validation, param groups,
 zero_grad and state_dict round trips."""
-import math
-
 import numpy as np
 import pytest
 

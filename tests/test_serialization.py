@@ -117,7 +117,8 @@ def test_foreign_safetensors_loads_as_dict(tmp_path):
                                  "b": np.zeros(3, np.int64)}, str(path))
     out = dtorch.load(path)
     assert sorted(out) == ["b", "emb"]
-    assert out["emb"].dtype == dtorch.float32 and out["b"].dtype == dtorch.int64
+    assert out["emb"].dtype == dtorch.float32
+    assert out["b"].dtype == dtorch.int64
 
 
 def test_unsupported_objects_are_refused(tmp_path):

@@ -3,3 +3,5 @@
 from . import data
 # binds the name to the function, not to the submodule of the same name
 from .summary import summary
+
+__all__ = ["data", "summary"]

@@ -23,7 +23,8 @@ def default_collate(batch):
 
     Example::
 
-        default_collate([(x0, 0), (x1, 1)])  # [stack([x0, x1]), tensor([0, 1])]
+        default_collate([(x0, 0), (x1, 1)])
+        # -> [stack([x0, x1]), tensor([0, 1])]
     """
     elem = batch[0]
     if isinstance(elem, Tensor):
