@@ -123,6 +123,8 @@ class Conv2d(Op):
             gx = _unpad2d(_col2im(xp, gcols, pshape, (kh, kw), stride,
                                   dilation, ohw), pads)
         if need[1]:
+            # N small gemms then a sum measured faster than one tensordot,
+            # which copies both operands into (O, N*L) and (N*L, K) first
             gw = (g3 @ xp.swapaxes(cols, -1, -2)).sum(0).reshape(w.shape)
         if len(need) > 2 and need[2]:
             gb = g.sum(axis=(0, 2, 3))
@@ -185,58 +187,63 @@ class ConvTranspose2d(Op):
 
 class MaxPool2d(Op):
     """Max over windows; the gradient goes to the first maximum of each
-    window, as in PyTorch. Non-overlapping windows take a reshape path."""
+    window, as in PyTorch.
+
+    One pass per kernel offset over a strided slice of the (padded) input:
+    no window copies, no argmax over a gathered axis; the winning offset of
+    each window is kept in a small integer array for backward."""
     @staticmethod
     def forward(ctx, x, k=(2, 2), stride=(2, 2), pads=((0, 0), (0, 0)),
                 dilation=(1, 1), out_hw=None):
         xp = get_array_module(x)
         n, c, h, w = x.shape
         oh, ow = out_hw
-        # non-overlapping windows inside the input: a reshape, no strides
-        fast = (tuple(k) == tuple(stride) and tuple(dilation) == (1, 1)
-                and not any(pads[0] + pads[1]) and h >= oh * k[0]
-                and w >= ow * k[1])
-        if fast:
-            win = x[:, :, :oh * k[0], :ow * k[1]].reshape(
-                n, c, oh, k[0], ow, k[1]).transpose(0, 1, 2, 4, 3, 5)
-        else:
-            lo = -xp.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-            # pad the bottom/right so that ceil_mode windows are in bounds
-            ph = max(0, (oh - 1) * stride[0] + dilation[0] * (k[0] - 1) + 1
-                     - h - pads[0][0])
-            pw = max(0, (ow - 1) * stride[1] + dilation[1] * (k[1] - 1) + 1
-                     - w - pads[1][0])
-            pads = ((pads[0][0], ph), (pads[1][0], pw))
-            xpad = _pad2d(xp, x, pads, lo)
-            win = _windows(xp, xpad, k, stride, dilation, (oh, ow))
-            win = win.transpose(0, 1, 4, 5, 2, 3)
-        win = win.reshape(n, c, oh, ow, k[0] * k[1])
-        idx = win.argmax(axis=-1)[..., None]
-        out = xp.take_along_axis(win, idx, axis=-1)[..., 0]
-        ctx.idx, ctx.fast = idx, fast
+        lo = -xp.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        # pad the bottom/right so that ceil_mode windows are in bounds
+        ph = max(0, (oh - 1) * stride[0] + dilation[0] * (k[0] - 1) + 1
+                 - h - pads[0][0])
+        pw = max(0, (ow - 1) * stride[1] + dilation[1] * (k[1] - 1) + 1
+                 - w - pads[1][0])
+        pads = ((pads[0][0], ph), (pads[1][0], pw))
+        xpad = _pad2d(xp, x, pads, lo)
+        kk = k[0] * k[1]
+        idx = xp.zeros((n, c, oh, ow), np.int8 if kk < 128 else np.int32)
+        best = None
+        for o, (hs, ws) in enumerate(_offsets(k, stride, dilation,
+                                              (oh, ow))):
+            v = xpad[:, :, hs, ws]
+            if best is None:
+                best = v.copy()
+                continue
+            upd = v > best         # strict: ties keep the first maximum
+            xp.copyto(best, v, where=upd)
+            xp.copyto(idx, o, where=upd)   # boolean-mask indexing is slow
+        ctx.idx = idx
         ctx.meta = (x.shape, k, stride, pads, dilation, (oh, ow))
-        return out
+        return best
 
     @staticmethod
     def backward(ctx, g):
         xp = get_array_module(g)
-        shape, k, stride, pads, dilation, (oh, ow) = ctx.meta
+        shape, k, stride, pads, dilation, ohw = ctx.meta
         n, c = shape[:2]
-        gw = xp.zeros((n, c, oh, ow, k[0] * k[1]), g.dtype)
-        xp.put_along_axis(gw, ctx.idx, g[..., None], axis=-1)
-        gw = gw.reshape(n, c, oh, ow, k[0], k[1])
-        if ctx.fast:
-            gw = gw.transpose(0, 1, 2, 4, 3, 5).reshape(
-                n, c, oh * k[0], ow * k[1])
-            if gw.shape == tuple(shape):
-                return gw
-            gx = xp.zeros(shape, g.dtype)
-            gx[:, :, :oh * k[0], :ow * k[1]] = gw
-            return gx
-        pshape = (n, c, shape[2] + sum(pads[0]), shape[3] + sum(pads[1]))
-        gx = _col2im(xp, gw.transpose(0, 1, 4, 5, 2, 3), pshape, k, stride,
-                     dilation, (oh, ow))
+        gx = xp.zeros((n, c, shape[2] + sum(pads[0]),
+                       shape[3] + sum(pads[1])), g.dtype)
+        idx = ctx.idx
+        for o, (hs, ws) in enumerate(_offsets(k, stride, dilation, ohw)):
+            gx[:, :, hs, ws] += g * (idx == o)
         return _unpad2d(gx, pads)
+
+
+def _offsets(k, stride, dilation, out_hw):
+    """(rows, cols) slices that pick kernel offset (i, j) of every window."""
+    oh, ow = out_hw
+    for i in range(k[0]):
+        h0 = i * dilation[0]
+        hs = slice(h0, h0 + stride[0] * (oh - 1) + 1, stride[0])
+        for j in range(k[1]):
+            w0 = j * dilation[1]
+            yield hs, slice(w0, w0 + stride[1] * (ow - 1) + 1, stride[1])
 
 
 class AvgPool2d(Op):
