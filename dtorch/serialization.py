@@ -187,6 +187,13 @@ def _place(t, saved, map_location):
     dev = B.to_device(target)
     if dev.type == "cpu":
         return t
+    if not B.cupy_available():
+        raise RuntimeError(
+            "Attempting to deserialize object on a CUDA device but "
+            "dtorch.cuda.is_available() is False. If you are running on a "
+            "CPU-only machine, please use dtorch.load with "
+            "map_location=dtorch.device('cpu') to map your storages to "
+            "the CPU.")
     return Tensor._wrap(dev.send(t._data))
 
 

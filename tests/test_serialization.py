@@ -143,6 +143,20 @@ def test_map_location(tmp_path):
     assert seen == ["cpu"]
 
 
+def test_cuda_file_on_cpu_machine(tmp_path):
+    if dtorch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    path = tmp_path / "gpu.pt"
+    dtorch.save({"x": dtorch.ones(2)}, path)
+    # as if saved from cuda:0
+    _rewrite_header(path, lambda h: h["__metadata__"].update(dtorch=(
+        h["__metadata__"]["dtorch"].replace(
+            '{"tensor": "0"}', '{"tensor": "0", "device": "cuda:0"}'))))
+    with pytest.raises(RuntimeError, match="map_location=dtorch.device"):
+        dtorch.load(path)
+    assert dtorch.load(path, map_location="cpu")["x"].tolist() == [1, 1]
+
+
 def test_cuda_round_trip(tmp_path):
     if not dtorch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
