@@ -1,5 +1,6 @@
 """launch.ray against a local Ray with 2 CPUs: a function job, a script
 job that rendezvouses, failures naming the rank, `--runner ray`."""
+import importlib.util
 import json
 import re
 import subprocess
@@ -10,12 +11,12 @@ import pytest
 
 from launch_scripts.harness import ROOT, clean_env, kill_session, script
 
-try:
-    import ray  # noqa: F401
-except ImportError as err:
-    pytest.skip(f"ray cannot be imported ({err}); pip install "
-                "'dtorch[ray]' to run the Ray runner tests",
-                allow_module_level=True)
+# find_spec, not import: Ray takes seconds to import and every rank of
+# the mpiexec test phase collects this module too.  The job itself runs
+# in a subprocess, which reports an ImportError in its output.
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("ray is not installed; pip install 'dtorch[ray]' to run "
+                "the Ray runner tests", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +60,12 @@ def test_function_job_environment(ray_cases):
     assert e0["OMP_NUM_THREADS"] == "1"
 
 
-def test_script_job_completes(ray_cases):
-    assert ray_cases.get("script") == [0, 0], ray_cases["_out"][-3000:]
-    assert "JOINED 0 1" in ray_cases["script_log0"]
+def test_script_job_through_cli(ray_cases):
+    # dtorch-launch --runner ray: the script ranks rendezvous through the
+    # address/port that Ray's rank-0 actor chose
+    assert ray_cases.get("cli_rc") == 0, ray_cases["_out"][-3000:]
+    assert "JOINED 0 1" in ray_cases["cli_log0"]
+    assert "rank 1 joined" in ray_cases["cli_log1"]
 
 
 @pytest.mark.parametrize("case,rank,text", [
@@ -74,9 +78,3 @@ def test_failure_names_rank(ray_cases, case, rank, text):
     assert got["rank"] == rank
     assert f"rank {rank} failed" in got["msg"] and text in got["msg"]
     assert got["secs"] < 10
-
-
-def test_cli_ray_runner(ray_cases):
-    assert ray_cases.get("cli_rc") == 0, ray_cases["_out"][-3000:]
-    env = json.loads(ray_cases["cli_log1"].split("ENV ", 1)[1])
-    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2"

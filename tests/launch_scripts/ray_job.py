@@ -41,13 +41,6 @@ report("fn_secs", time.monotonic() - t)
 # Ray forwards actor output to the driver asynchronously (lines can be
 # lost at shutdown): check the per-rank log files instead.
 logs = tempfile.mkdtemp(prefix="dtorch-ray-")
-t = time.monotonic()
-report("script", run([os.path.join(HERE, "rendezvous.py")], 2,
-                     log_dir=os.path.join(logs, "script")))
-report("script_secs", time.monotonic() - t)
-with open(os.path.join(logs, "script", "rank0.log")) as f:
-    report("script_log0", f.read())
-
 for name, target in (("fn_fail", crash_rank1),
                      ("script_fail", [os.path.join(HERE, "fail.py"), "0",
                                       "exit", "3"])):
@@ -59,13 +52,17 @@ for name, target in (("fn_fail", crash_rank1),
         report(name, {"rank": err.rank, "msg": str(err),
                       "secs": time.monotonic() - t})
 
+# a script, through dtorch-launch --runner ray (ray is initialised)
+t = time.monotonic()
 try:
     cli.main(["--runner", "ray", "--nproc-per-node", "2", "--log-dir",
-              os.path.join(logs, "cli"), os.path.join(HERE, "print_env.py")])
+              logs, os.path.join(HERE, "rendezvous.py")])
 except SystemExit as e:
     report("cli_rc", e.code)
-with open(os.path.join(logs, "cli", "rank1.log")) as f:
-    report("cli_log1", f.read())
+report("cli_secs", time.monotonic() - t)
+for rank in (0, 1):
+    with open(os.path.join(logs, f"rank{rank}.log")) as f:
+        report(f"cli_log{rank}", f.read())
 ray.shutdown()
 shutil.rmtree(logs, ignore_errors=True)
 sys.stdout.flush()
