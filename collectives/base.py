@@ -695,6 +695,8 @@ class _Watchdog:
         self.lock = threading.Lock()
         self.thread = None
         self.interval = 0.05
+        self.tick_lock = threading.Lock()
+        self.stopped = False
 
     def register(self, group):
         with self.lock:
@@ -709,17 +711,25 @@ class _Watchdog:
         with self.lock:
             self.groups.discard(group)
 
+    def stop(self):
+        """Stop ticking (before MPI_Finalize: no MPI calls after it)."""
+        with self.tick_lock:
+            self.stopped = True
+
     def _loop(self):
-        while True:
+        while not self.stopped:
             time.sleep(self.interval)
             with self.lock:
                 groups = list(self.groups)
-            for g in groups:
-                try:
-                    g._watchdog_tick()
-                except Exception as e:  # never let the watchdog die
-                    print(f"dtorch collectives watchdog: {g!r}: {e!r}",
-                          file=sys.stderr)
+            with self.tick_lock:
+                if self.stopped:
+                    return
+                for g in groups:
+                    try:
+                        g._watchdog_tick()
+                    except Exception as e:  # never let the watchdog die
+                        print(f"dtorch collectives watchdog: {g!r}: "
+                              f"{e!r}", file=sys.stderr)
 
 
 watchdog = _Watchdog()

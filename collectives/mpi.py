@@ -15,6 +15,7 @@ communicator with a dangling collective is unusable anyway.
 Test() against a deadline instead, so a timeout raises CollectiveTimeoutError
 in the calling rank. async_op=True always uses the nonblocking calls.
 """
+import atexit
 import os
 import sys
 import time
@@ -137,6 +138,7 @@ class MPIGroup(ProcessGroup):
         self._cuda_aware = _cuda_aware(MPI)
         self._threads_ok = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         if self._threads_ok:
+            _stop_watchdog_at_exit()
             watchdog.register(self)
 
     # ---- the fast paths: the 1.2x latency budget is ~0.6 us at 4 KiB
@@ -462,6 +464,18 @@ class MPIGroup(ProcessGroup):
             sys.stderr.flush()
             _MPI.COMM_WORLD.Abort(3)
         sys.stderr.flush()
+
+
+_atexit_done = False
+
+
+def _stop_watchdog_at_exit():
+    # atexit runs last-registered first: this runs before mpi4py's
+    # MPI_Finalize, which a concurrent MPI call from the watchdog would hang
+    global _atexit_done
+    if not _atexit_done:
+        atexit.register(watchdog.stop)
+        _atexit_done = True
 
 
 def _unstack(out, buf):

@@ -197,7 +197,9 @@ class TCPGroup(ProcessGroup):
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _Expired([pin] if in_bufs else [pout])
+                # the neighbour may only be waiting on its own: the
+                # statuses of all ranks say who is really missing
+                raise _Expired(None)
             poller = select.poll()
             if out_bufs:
                 poller.register(so, _POLLOUT)

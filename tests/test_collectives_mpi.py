@@ -1,0 +1,95 @@
+"""The mpi backend under `mpiexec -n 2` / `-n 3` (pytest-mpi): the shared
+test body with blocking and polling groups, a poll-mode timeout with its
+desync report, debug mode and the launcher world-size check.
+
+mpi4py is imported inside the fixtures so that the single-process phase
+(`pytest -m "not mpi"`) never initialises MPI."""
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import collectives_helpers as H  # noqa: E402
+from collectives import (CollectiveError,  # noqa: E402
+                         CollectiveMismatchError, CollectiveTimeoutError)
+
+_groups = {}
+
+
+def group(wait):
+    if wait not in _groups:
+        from collectives.mpi import MPIGroup
+        _groups[wait] = MPIGroup(wait=wait, timeout=30,
+                                 name=f"test-{wait}")
+    return _groups[wait]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize('wait', ['blocking', 'poll'])
+@pytest.mark.parametrize('case', sorted(H.CASES))
+def test_mpi_case(case, wait):
+    H.CASES[case](group(wait))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mpi_world_group_and_size_check(monkeypatch):
+    from collectives.mpi import world_group
+    g = world_group(timeout=10)
+    assert g.size >= 2 and g.backend == 'mpi'
+    monkeypatch.setenv('SLURM_NTASKS', str(g.size + 5))
+    with pytest.raises(CollectiveError, match='--mpi=pmix'):
+        world_group()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mpi_poll_timeout_reports_every_rank():
+    from collectives.mpi import MPIGroup
+    g = MPIGroup(wait='poll', timeout=1.0, name='skip')
+    last = g.size - 1
+    g.all_reduce(np.ones(4))
+    if g.rank == last:
+        # do not call: wait where the others can see us (watchdog answers)
+        time.sleep(2.5)
+        err = None
+    else:
+        t = time.monotonic()
+        with pytest.raises(CollectiveTimeoutError) as ei:
+            g.all_reduce(np.ones(1024, np.float32))
+        assert time.monotonic() - t < 6
+        err = ei.value
+    # join the abandoned all_reduce so that MPI can finish cleanly (a
+    # nonblocking collective only matches a nonblocking one)
+    if g.rank == last:
+        g.comm.Iallreduce(np.ones(1024, np.float32), np.empty(
+            1024, np.float32)).Wait()
+    else:
+        for reqs, _ in g._orphans:
+            for r in reqs:
+                r.Wait()
+    group('blocking').barrier()
+    if err is None:
+        return
+    msg = str(err)
+    assert err.missing == [last], msg
+    assert "all_reduce #2 [1024] float32 on group 'skip'" in msg
+    assert f"rank {last} is not in a collective (last: all_reduce #1" in msg
+    others = [r for r in range(g.size) if r != last]
+    for r in others:
+        assert f"rank {r} is in all_reduce #2 [1024] float32" in msg
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mpi_debug_mode_mismatch(monkeypatch):
+    monkeypatch.setenv('DTORCH_DISTRIBUTED_DEBUG', 'DETAIL')
+    from collectives.mpi import MPIGroup
+    g = MPIGroup(timeout=10, name='debug')
+    g.all_reduce(np.ones(3))    # agreeing ranks pass the check
+    n = 7 if g.rank == 1 else 6
+    with pytest.raises(CollectiveMismatchError) as ei:
+        g.all_reduce(np.ones(n, np.float32))
+    assert ei.value.rank == 1
+    assert 'rank 1 calls all_reduce [7] float32' in str(ei.value)
+    group('blocking').barrier()
