@@ -207,3 +207,62 @@ def test_timeout_accepts_timedelta():
     import datetime
     g = collectives.single_group(datetime.timedelta(seconds=3))
     assert g.timeout == 3.0
+
+
+# ---- the mpi backend's job-level guarantees, each in its own mpiexec job
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ABORT_SCRIPTS = {
+    # default blocking mode: the watchdog prints the report and aborts
+    'timeout': """
+import numpy as np, time
+from collectives.mpi import world_group
+g = world_group(timeout=1.0)
+g.all_reduce(np.ones(4))
+if g.rank == 1:
+    time.sleep(60)
+g.all_reduce(np.ones(1024, np.float32))
+""",
+    # an uncaught exception in one rank takes the job down
+    'exception': """
+import numpy as np
+from collectives.mpi import world_group
+g = world_group(timeout=100)
+if g.rank == 1:
+    raise ValueError('boom')
+g.all_reduce(np.ones(8))
+""",
+}
+
+
+@pytest.mark.skipif(not os.path.exists(MPIEXEC), reason='no mpiexec')
+@pytest.mark.parametrize('what', sorted(ABORT_SCRIPTS))
+def test_mpi_job_aborts_instead_of_hanging(what):
+    import signal
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=ROOT, OMPI_ALLOW_RUN_AS_ROOT='1',
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1',
+               OMPI_MCA_rmaps_base_oversubscribe='1',
+               PRTE_MCA_rmaps_default_mapping_policy=':oversubscribe')
+    for k in ('OMPI_COMM_WORLD_SIZE', 'PMIX_RANK', 'WORLD_SIZE',
+              'SLURM_NTASKS'):
+        env.pop(k, None)
+    t = time.monotonic()
+    p = subprocess.Popen([MPIEXEC, '-n', '2', sys.executable, '-c',
+                          ABORT_SCRIPTS[what]], env=env, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=40)
+    finally:
+        if p.poll() is None:       # only the job this test started
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode != 0 and time.monotonic() - t < 30, out
+    if what == 'timeout':
+        assert 'CollectiveTimeoutError' in out
+        assert 'ranks that did not arrive: [1]' in out
+        assert 'rank 1 is not in a collective (last: all_reduce #1' in out
+    else:
+        assert 'uncaught ValueError on MPI rank 1' in out
