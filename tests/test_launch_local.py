@@ -10,9 +10,14 @@ import time
 import pytest
 
 from launch import env as renv
-from launch_scripts.harness import (assert_gone, clean_env, finish,
-                                    kill_session, launch, reported_pids,
-                                    script, start)
+from launch_scripts.harness import (UNDER_MPI, assert_gone, clean_env,
+                                    finish, kill_session, launch,
+                                    reported_pids, script, start)
+
+if UNDER_MPI:
+    pytest.skip("launcher tests start their own jobs; they run in the "
+                "single-process phase, not inside an MPI rank",
+                allow_module_level=True)
 
 pytestmark = pytest.mark.timeout(60)
 

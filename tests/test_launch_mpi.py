@@ -6,7 +6,13 @@ import sys
 
 import pytest
 
-from launch_scripts.harness import assert_gone, launch, reported_pids, script
+from launch_scripts.harness import (UNDER_MPI, assert_gone, launch,
+                                    reported_pids, script)
+
+if UNDER_MPI:
+    pytest.skip("launcher tests start their own jobs; they run in the "
+                "single-process phase, not inside an MPI rank",
+                allow_module_level=True)
 
 pytest.importorskip("mpi4py", reason="mpi4py is not installed")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")

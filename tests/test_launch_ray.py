@@ -9,7 +9,13 @@ import time
 
 import pytest
 
-from launch_scripts.harness import ROOT, clean_env, kill_session, script
+from launch_scripts.harness import (ROOT, UNDER_MPI, clean_env,
+                                    kill_session, script)
+
+if UNDER_MPI:
+    pytest.skip("launcher tests start their own jobs; they run in the "
+                "single-process phase, not inside an MPI rank",
+                allow_module_level=True)
 
 # find_spec, not import: Ray takes seconds to import and every rank of
 # the mpiexec test phase collects this module too.  The job itself runs

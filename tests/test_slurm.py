@@ -18,8 +18,13 @@ import time
 import pytest
 
 from launch import env as renv
-from launch_scripts.harness import (ROOT, assert_gone, clean_env,
-                                    reported_pids, script)
+from launch_scripts.harness import (ROOT, UNDER_MPI, assert_gone,
+                                    clean_env, reported_pids, script)
+
+if UNDER_MPI:
+    pytest.skip("launcher tests start their own jobs; they run in the "
+                "single-process phase, not inside an MPI rank",
+                allow_module_level=True)
 
 CLUSTER = os.path.join(ROOT, "slurm", "local-cluster.sh")
 # The fixture may have to install SLURM first (~20 s on a fresh machine).

@@ -18,10 +18,21 @@ def script(name):
     return os.path.join(SCRIPTS, name)
 
 
+# Launcher tests start their own MPI/SLURM jobs: run inside an MPI rank
+# (the mpiexec phase of tests/run.sh) they would nest jobs and double the
+# load, so the test modules skip themselves there.
+UNDER_MPI = any(v in os.environ for v in ("OMPI_COMM_WORLD_RANK",
+                                          "PMIX_RANK", "PMI_RANK"))
+_FOREIGN = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "SLURM_")
+_KEEP = ("SLURM_CONF", "SLURM_LOCAL_")
+
+
 def clean_env(**extra):
-    """The test's environment without launcher/rank variables that the
-    runner under test is supposed to set."""
-    env = dict(os.environ)
+    """The test's environment without the variables that the runner under
+    test is supposed to set, and without those of an enclosing MPI job or
+    SLURM allocation (the child would join or detect it)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_FOREIGN) or k.startswith(_KEEP)}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                 "MASTER_ADDR", "MASTER_PORT", "DTORCH_RDZV_TOKEN",
                 "DTORCH_RESTART_COUNT", "DTORCH_BACKEND") + THREAD_VARS:
