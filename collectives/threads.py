@@ -251,8 +251,11 @@ def spawn_threads(fn, world_size, timeout=None, args=()):
         first = min(order, key=lambda x: (
             isinstance(x[2], RankFailureError), x[0]))
         _, r, e = first
+        note = f"(raised in thread rank {r} of {world_size})"
         if hasattr(e, 'add_note'):
-            e.add_note(f"(raised in thread rank {r} of {world_size})")
+            e.add_note(note)
+        else:   # Python 3.10: the attribute only, no traceback line
+            e.__notes__ = list(getattr(e, '__notes__', [])) + [note]
         raise e
     return results
 
