@@ -2,12 +2,12 @@
 
 Every runner gives every rank the same variables:
 
-    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE   who am I, how many of us
-    MASTER_ADDR, MASTER_PORT                          where rank 0 serves the store
-    DTORCH_RDZV_TOKEN                                 per-job secret for that store
-    DTORCH_RESTART_COUNT                              0, 1, ... after restarts
-    DTORCH_BACKEND                                    auto | mpi | tcp | nccl
-    OMP/OPENBLAS/MKL_NUM_THREADS                      a fair share of the cores
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE  who am I, how many
+    MASTER_ADDR, MASTER_PORT          where rank 0 serves the store
+    DTORCH_RDZV_TOKEN                 per-job secret for that store
+    DTORCH_RESTART_COUNT              0, 1, ... after restarts
+    DTORCH_BACKEND                    auto | mpi | tcp | nccl
+    OMP/OPENBLAS/MKL_NUM_THREADS      a fair share of the cores
 
 Nothing here starts a process or imports the training stack, so the
 functions can be used (and tested) anywhere.  `detect()` rebuilds the

@@ -117,7 +117,8 @@ class ExternalRunner:
                     # srun treats a single SIGINT as "print status":
                     # SIGTERM is what makes both launchers end the job.
                     procs.stop_groups([proc.pid], signal.SIGTERM,
-                                      0.0 if trap.urgent else self.grace)
+                                      self.grace,
+                                      hurry=lambda: trap.urgent)
                     proc.wait()
                     return 128 + trap.signum
                 # mpiexec/srun have ended the ranks; anything left in

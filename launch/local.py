@@ -15,6 +15,7 @@ restarts if restarts are left.
 
 import collections
 import os
+import signal
 import sys
 import threading
 import time
@@ -237,9 +238,10 @@ class LocalRunner:
                 return JobResult()
             time.sleep(POLL_S)
 
-    def _stop(self, grace, signum=None):
+    def _stop(self, grace, signum=None, hurry=None):
         pgids = [r.pid for r in self.ranks]
-        procs.stop_groups(pgids, signum or procs.signal.SIGTERM, grace)
+        procs.stop_groups(pgids, signum or signal.SIGTERM, grace,
+                          hurry)
         for r in self.ranks:
             r.finish()
 
@@ -268,5 +270,6 @@ class LocalRunner:
         signum = trap.signum
         _say(f"got {procs.signal_name(signum)}; passing it to "
              f"{len(self.ranks)} rank(s)")
-        self._stop(0.0 if trap.urgent else self.grace, signum)
+        # a second Ctrl-C skips the rest of the grace period
+        self._stop(self.grace, signum, hurry=lambda: trap.urgent)
         return JobResult(signum=signum)

@@ -125,10 +125,11 @@ def killpg(pgid, signum):
         pass
 
 
-def stop_groups(sessions, signum=signal.SIGTERM, grace=5.0):
+def stop_groups(sessions, signum=signal.SIGTERM, grace=5.0, hurry=None):
     """Send `signum` to every process of the sessions started by spawn(),
-    wait up to `grace` seconds for them to end, then SIGKILL what is
-    left and wait for that too.  Returns the pids that had to be killed.
+    wait up to `grace` seconds for them to end (less once `hurry()` turns
+    true), then SIGKILL what is left and wait for that too.  Returns the
+    pids that had to be killed.
 
     The session leaders must not be reaped yet (see peek), so their ids
     cannot have been reused."""
@@ -139,6 +140,8 @@ def stop_groups(sessions, signum=signal.SIGTERM, grace=5.0):
     deadline = time.monotonic() + grace
     left = members(sessions)
     while left and time.monotonic() < deadline:
+        if hurry is not None and hurry():
+            break
         time.sleep(0.02)
         left = members(sessions)
     killed = set(left)

@@ -21,7 +21,6 @@ Ray is imported only when run() is called: `pip install 'dtorch[ray]'`.
 """
 
 import os
-import subprocess
 import sys
 import threading
 import time

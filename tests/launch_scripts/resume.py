@@ -27,7 +27,8 @@ for step in range(start, steps):
     if restart == 0 and rank == 1 and step == crash:
         print(f"rank {rank} crashes at step {step}", flush=True)
         os._exit(7)
-    state = {"step": step + 1, "total": state["total"] + (step + 1) * (rank + 1)}
+    total = state["total"] + (step + 1) * (rank + 1)
+    state = {"step": step + 1, "total": total}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:     # write-then-rename: never a torn file
         json.dump(state, f)
