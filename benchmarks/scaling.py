@@ -1,0 +1,239 @@
+"""Weak and strong scaling of DDP on the MLP 784-1024-1024-10, measured
+paired inside ONE 2-rank launch (separate launches are useless on a shared,
+noisy machine): DDP steps on both ranks alternate with steps where rank 0
+trains alone while rank 1 sleeps. Efficiency = t(alone) / t(DDP) per pair
+for weak scaling (per-rank batch 256), t(alone, 512) / (2 t(DDP, 256)) for
+strong scaling (global batch 512). PyTorch DDP over gloo runs the same
+protocol in the same launch when torch is installed.
+
+    mpiexec -n 2 python benchmarks/scaling.py [--steps 20] [--out DIR]
+    dtorch-launch --nproc-per-node 2 benchmarks/scaling.py
+
+Writes DIR/scaling.json and DIR/scaling.png (matplotlib, when installed).
+"""
+import argparse
+import faulthandler
+import json
+import os
+import statistics
+import sys
+import time
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import dtorch  # noqa: E402
+import dtorch.distributed as dist  # noqa: E402
+from dtorch import nn  # noqa: E402
+from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+
+def mlp(lib):
+    return lib.nn.Sequential(lib.nn.Linear(784, 1024), lib.nn.ReLU(),
+                             lib.nn.Linear(1024, 1024), lib.nn.ReLU(),
+                             lib.nn.Linear(1024, 10))
+
+
+def batch(lib, n, seed):
+    rng = np.random.default_rng(seed)
+    x = lib.tensor(rng.standard_normal((n, 784)).astype(np.float32))
+    y = lib.tensor(rng.integers(0, 10, n).astype(np.int64))
+    return x, y
+
+
+def make_step(lib, model, x, y):
+    opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = lib.nn.functional.cross_entropy
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def idle_until(barrier_async):
+    """Wait without spinning a core (a spinning MPI barrier would steal
+    the CPU that the lone rank 0 is measured on)."""
+    w = barrier_async()
+    while not w.is_completed():
+        time.sleep(0.0005)
+    w.wait()
+
+
+def paired(rank, ddp_step, solo_step, barrier, barrier_async, steps):
+    """Median over pairs of (t_ddp, t_solo), measured on rank 0."""
+    t_ddp, t_solo = [], []
+    for i in range(steps + 2):          # 2 warm-up pairs
+        barrier()
+        t0 = time.perf_counter()
+        ddp_step()
+        d = time.perf_counter() - t0
+        barrier()
+        if rank == 0:
+            t0 = time.perf_counter()
+            solo_step()
+            s = time.perf_counter() - t0
+            # the same (nonblocking) collective as rank 1: MPI does not
+            # match a blocking barrier with a nonblocking one
+            barrier_async().wait()
+        else:
+            idle_until(barrier_async)
+        if i >= 2 and rank == 0:
+            t_ddp.append(d)
+            t_solo.append(s)
+    return t_ddp, t_solo
+
+
+def summarise(t_ddp, t_solo, per_rank, world):
+    ratios = [s / d for s, d in zip(t_solo, t_ddp)]
+    return {"t_ddp_ms": 1e3 * statistics.median(t_ddp),
+            "t_solo_ms": 1e3 * statistics.median(t_solo),
+            "throughput_1": per_rank / statistics.median(t_solo),
+            "throughput_n": per_rank * world / statistics.median(t_ddp),
+            "efficiency": statistics.median(ratios)}
+
+
+def run_dtorch(args, rank, world):
+    g = dist._group(None)
+    dtorch.manual_seed(0)
+    ddp = DDP(mlp(dtorch))
+    solo = mlp(dtorch)
+    res = {}
+    for kind, per_rank, solo_n in (("weak", 256, 256), ("strong", 256, 512)):
+        x, y = batch(dtorch, per_rank, rank)
+        xs, ys = batch(dtorch, solo_n, 7)
+        ddp.stats.update(comm_s=0.0, wait_s=0.0, buckets=0)
+        t_ddp, t_solo = paired(rank, make_step(dtorch, ddp, x, y),
+                               make_step(dtorch, solo, xs, ys), g.barrier,
+                               lambda: g.barrier(async_op=True), args.steps)
+        if rank == 0:
+            r = summarise(t_ddp, t_solo, per_rank, world)
+            if kind == "strong":
+                r["efficiency"] = statistics.median(
+                    [s / (world * d) for s, d in zip(t_solo, t_ddp)])
+                r["throughput_1"] = solo_n / statistics.median(t_solo)
+            st = ddp.stats
+            r["comm_ms_per_step"] = 1e3 * st["comm_s"] / (args.steps + 2)
+            r["exposed_comm_ms_per_step"] = 1e3 * st["wait_s"] / (
+                args.steps + 2)
+            r["hidden_comm_share"] = 1 - st["wait_s"] / max(st["comm_s"],
+                                                            1e-12)
+            r["buckets_per_step"] = st["buckets"] / (args.steps + 2)
+            res[kind] = r
+    return res
+
+
+def run_torch(args, rank, world):
+    try:
+        import torch
+        import torch.distributed as tdist
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    port = int(os.environ.get("SCALING_TORCH_PORT", "29533"))
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                             rank=rank, world_size=world)
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(mlp(torch))
+    solo = mlp(torch)
+    res = {}
+
+    class _W:
+        def __init__(self, w):
+            self.w = w
+
+        def is_completed(self):
+            return self.w.is_completed()
+
+        def wait(self):
+            self.w.wait()
+
+    for kind, per_rank, solo_n in (("weak", 256, 256), ("strong", 256, 512)):
+        x, y = batch(torch, per_rank, rank)
+        xs, ys = batch(torch, solo_n, 7)
+        t_ddp, t_solo = paired(
+            rank, make_step(torch, ddp, x, y),
+            make_step(torch, solo, xs, ys), tdist.barrier,
+            lambda: _W(tdist.barrier(async_op=True)), args.steps)
+        if rank == 0:
+            r = summarise(t_ddp, t_solo, per_rank, world)
+            if kind == "strong":
+                r["efficiency"] = statistics.median(
+                    [s / (world * d) for s, d in zip(t_solo, t_ddp)])
+                r["throughput_1"] = solo_n / statistics.median(t_solo)
+            res[kind] = r
+    tdist.destroy_process_group()
+    return res
+
+
+def plot(res, world, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ranks = [1, world]
+    for name, r in res.items():
+        if not r:
+            continue
+        w = r["weak"]
+        ax.plot(ranks, [w["throughput_1"], w["throughput_n"]], "o-",
+                label=f"{name} (eff {w['efficiency']:.2f})")
+    base = res["dtorch"]["weak"]["throughput_1"]
+    ax.plot(ranks, [base, base * world], "k--", label="ideal (dtorch)")
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("samples / s")
+    ax.set_xticks(ranks)
+    ax.set_title("Weak scaling, MLP 784-1024-1024-10, batch 256/rank")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--hang-dump", type=float, default=600,
+                    help="print every thread's stack after this many s")
+    args = ap.parse_args()
+    faulthandler.dump_traceback_later(args.hang_dump, exit=True)
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world < 2:
+        sys.exit("run with 2 ranks: mpiexec -n 2 python "
+                 "benchmarks/scaling.py")
+    res = {"dtorch": run_dtorch(args, rank, world), "world": world}
+    res["torch_gloo"] = None if args.no_torch else \
+        run_torch(args, rank, world)
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "scaling.json"), "w") as f:
+            json.dump(res, f, indent=2)
+        print(f"{'':18}{'t_ddp ms':>10}{'t_solo ms':>10}{'samples/s':>11}"
+              f"{'eff':>6}{'hidden':>8}")
+        for lib in ("dtorch", "torch_gloo"):
+            for kind in ("weak", "strong"):
+                r = (res[lib] or {}).get(kind)
+                if not r:
+                    continue
+                hid = r.get("hidden_comm_share")
+                hs = f"{hid:8.2f}" if hid is not None else f"{'':8}"
+                print(f"{lib + ' ' + kind:18}{r['t_ddp_ms']:10.1f}"
+                      f"{r['t_solo_ms']:10.1f}{r['throughput_n']:11.0f}"
+                      f"{r['efficiency']:6.2f}{hs}")
+        plot({"dtorch": res["dtorch"], "torch gloo": res["torch_gloo"]},
+             world, os.path.join(args.out, "scaling.png"))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
