@@ -52,7 +52,7 @@ def main(argv=None):
         sched.load_state_dict(ck["scheduler"])
         g.set_state(ck["loader_rng"])
         start = ck["epoch"] + 1
-        print(f"resumed from {args.checkpoint} at epoch {start}")
+        print(f"resumed from {args.checkpoint} at epoch {start + 1}")
 
     t0 = time.time()
     acc = 0.0
