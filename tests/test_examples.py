@@ -39,7 +39,7 @@ def test_digits_main_job_trains_checkpoints_and_resumes(tmp_path):
     out = run([sys.executable, os.path.join(EX, "digits.py"), "--epochs",
                "4", "--quiet", "--checkpoint", ck, "--resume"])
     assert "resumed from" in out and "at epoch 4" in out
-    assert out.count("test acc") == 1        # only the remaining epoch
+    assert out.count("test loss") == 1       # only the remaining epoch
     assert accuracy(out) > 85.0
 
 
