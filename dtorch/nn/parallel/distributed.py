@@ -33,6 +33,9 @@ from ...tensor import Tensor
 from ..modules.module import Module
 
 
+_FIRST_BUCKET_BYTES = 1024 * 1024
+
+
 class _Future:
     """The result of a communication hook: ``wait()`` returns the tensor."""
 
@@ -208,12 +211,17 @@ class DistributedDataParallel(Module):
         _broadcast_coalesced(g, tensors, self.bucket_cap_mb)
 
     def _build_buckets(self):
+        # As PyTorch: the first bucket (the last layers, whose gradients
+        # arrive first) is capped at 1 MiB so that communication starts
+        # early; the others at bucket_cap_mb.
         cap = int(self.bucket_cap_mb * 1024 * 1024)
+        first_cap = min(cap, _FIRST_BUCKET_BYTES)
         buckets, cur, size, key = [], [], 0, None
         for p in reversed(self._params):
             k = (type(p._data), p._data.dtype)
             nbytes = p._data.nbytes
-            if cur and (k != key or size + nbytes > cap):
+            limit = first_cap if not buckets else cap
+            if cur and (k != key or size + nbytes > limit):
                 buckets.append(cur)
                 cur, size = [], 0
             cur.append(p)
