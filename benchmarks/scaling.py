@@ -88,43 +88,69 @@ def paired(rank, ddp_step, solo_step, barrier, barrier_async, steps):
     return t_ddp, t_solo
 
 
-def summarise(t_ddp, t_solo, per_rank, world):
-    ratios = [s / d for s, d in zip(t_solo, t_ddp)]
+def summarise(t_ddp, t_solo, per_rank, solo_n, world):
+    """Figures for one protocol; weak when solo_n == per_rank, strong when
+    solo_n == per_rank * world (the same global batch on one rank)."""
+    ratios = [s * per_rank / (solo_n * d) for s, d in zip(t_solo, t_ddp)]
     return {"t_ddp_ms": 1e3 * statistics.median(t_ddp),
             "t_solo_ms": 1e3 * statistics.median(t_solo),
-            "throughput_1": per_rank / statistics.median(t_solo),
+            "throughput_1": solo_n / statistics.median(t_solo),
             "throughput_n": per_rank * world / statistics.median(t_ddp),
             "efficiency": statistics.median(ratios)}
+
+
+PROTOCOLS = (("weak", 256, 256), ("strong", 256, 512))
+
+
+def measure(lib, rank, world, ddp, solo, barrier, barrier_async, steps,
+            before=None, after=None):
+    """Run both protocols; rank 0 returns {kind: figures}."""
+    res = {}
+    for kind, per_rank, solo_n in PROTOCOLS:
+        x, y = batch(lib, per_rank, rank)
+        xs, ys = batch(lib, solo_n, 7)
+        if before:
+            before()
+        t_ddp, t_solo = paired(rank, make_step(lib, ddp, x, y),
+                               make_step(lib, solo, xs, ys), barrier,
+                               barrier_async, steps)
+        if rank == 0:
+            res[kind] = summarise(t_ddp, t_solo, per_rank, solo_n, world)
+            if after:
+                res[kind].update(after())
+    return res
 
 
 def run_dtorch(args, rank, world):
     g = dist._group(None)
     dtorch.manual_seed(0)
-    ddp = DDP(mlp(dtorch))
-    solo = mlp(dtorch)
-    res = {}
-    for kind, per_rank, solo_n in (("weak", 256, 256), ("strong", 256, 512)):
-        x, y = batch(dtorch, per_rank, rank)
-        xs, ys = batch(dtorch, solo_n, 7)
+    ddp = DDP(mlp(dtorch), bucket_cap_mb=args.bucket_cap_mb)
+    n = args.steps + 2
+
+    def reset():
         ddp.stats.update(comm_s=0.0, wait_s=0.0, buckets=0)
-        t_ddp, t_solo = paired(rank, make_step(dtorch, ddp, x, y),
-                               make_step(dtorch, solo, xs, ys), g.barrier,
-                               lambda: g.barrier(async_op=True), args.steps)
-        if rank == 0:
-            r = summarise(t_ddp, t_solo, per_rank, world)
-            if kind == "strong":
-                r["efficiency"] = statistics.median(
-                    [s / (world * d) for s, d in zip(t_solo, t_ddp)])
-                r["throughput_1"] = solo_n / statistics.median(t_solo)
-            st = ddp.stats
-            r["comm_ms_per_step"] = 1e3 * st["comm_s"] / (args.steps + 2)
-            r["exposed_comm_ms_per_step"] = 1e3 * st["wait_s"] / (
-                args.steps + 2)
-            r["hidden_comm_share"] = 1 - st["wait_s"] / max(st["comm_s"],
-                                                            1e-12)
-            r["buckets_per_step"] = st["buckets"] / (args.steps + 2)
-            res[kind] = r
-    return res
+
+    def comm_figures():
+        st = ddp.stats
+        return {"comm_ms_per_step": 1e3 * st["comm_s"] / n,
+                "exposed_comm_ms_per_step": 1e3 * st["wait_s"] / n,
+                "hidden_comm_share": 1 - st["wait_s"] / max(st["comm_s"],
+                                                            1e-12),
+                "buckets_per_step": st["buckets"] / n}
+    return measure(dtorch, rank, world, ddp, mlp(dtorch), g.barrier,
+                   lambda: g.barrier(async_op=True), args.steps, reset,
+                   comm_figures)
+
+
+class _TorchWork:
+    def __init__(self, w):
+        self.w = w
+
+    def is_completed(self):
+        return self.w.is_completed()
+
+    def wait(self):
+        self.w.wait()
 
 
 def run_torch(args, rank, world):
@@ -138,34 +164,11 @@ def run_torch(args, rank, world):
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                              rank=rank, world_size=world)
     torch.manual_seed(0)
-    ddp = torch.nn.parallel.DistributedDataParallel(mlp(torch))
-    solo = mlp(torch)
-    res = {}
-
-    class _W:
-        def __init__(self, w):
-            self.w = w
-
-        def is_completed(self):
-            return self.w.is_completed()
-
-        def wait(self):
-            self.w.wait()
-
-    for kind, per_rank, solo_n in (("weak", 256, 256), ("strong", 256, 512)):
-        x, y = batch(torch, per_rank, rank)
-        xs, ys = batch(torch, solo_n, 7)
-        t_ddp, t_solo = paired(
-            rank, make_step(torch, ddp, x, y),
-            make_step(torch, solo, xs, ys), tdist.barrier,
-            lambda: _W(tdist.barrier(async_op=True)), args.steps)
-        if rank == 0:
-            r = summarise(t_ddp, t_solo, per_rank, world)
-            if kind == "strong":
-                r["efficiency"] = statistics.median(
-                    [s / (world * d) for s, d in zip(t_solo, t_ddp)])
-                r["throughput_1"] = solo_n / statistics.median(t_solo)
-            res[kind] = r
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        mlp(torch), bucket_cap_mb=args.bucket_cap_mb)
+    res = measure(torch, rank, world, ddp, mlp(torch), tdist.barrier,
+                  lambda: _TorchWork(tdist.barrier(async_op=True)),
+                  args.steps)
     tdist.destroy_process_group()
     return res
 
@@ -202,6 +205,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--bucket-cap-mb", type=float, default=25,
+                    help="DDP bucket size, for both frameworks")
     ap.add_argument("--hang-dump", type=float, default=600,
                     help="print every thread's stack after this many s")
     args = ap.parse_args()

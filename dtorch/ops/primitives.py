@@ -204,40 +204,29 @@ class Pow(Op):
 
 
 class Maximum(Op):
-    @staticmethod
-    def forward(ctx, x, y):
-        x, y = promote(x, y, "maximum")
-        xp = get_array_module(x, y)
+    """Elementwise maximum; ties split the gradient evenly (PyTorch)."""
+    _pick = staticmethod(np.greater)
+
+    @classmethod
+    def forward(cls, ctx, x, y):
+        x, y = promote(x, y, cls.__name__.lower())
         _meta(ctx, x, y)
         ctx.save_for_backward(x, y)
-        return xp.maximum(x, y)
+        # xp.maximum / xp.minimum: NaN propagates, as in PyTorch
+        return getattr(get_array_module(x, y), cls.__name__.lower())(x, y)
 
-    @staticmethod
-    def backward(ctx, g):
+    @classmethod
+    def backward(cls, ctx, g):
         x, y = ctx.to_save
-        # ties split the gradient evenly, as in PyTorch
-        w = (x > y) + 0.5 * (x == y)
+        w = cls._pick(x, y) + 0.5 * (x == y)
         n = ctx.needs_input_grad
         return (unbroadcast(g * w, ctx.xs, ctx.xd) if n[0] else None,
                 unbroadcast(g * (1 - w), ctx.ys, ctx.yd) if n[1] else None)
 
 
-class Minimum(Op):
-    @staticmethod
-    def forward(ctx, x, y):
-        x, y = promote(x, y, "minimum")
-        xp = get_array_module(x, y)
-        _meta(ctx, x, y)
-        ctx.save_for_backward(x, y)
-        return xp.minimum(x, y)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, y = ctx.to_save
-        w = (x < y) + 0.5 * (x == y)
-        n = ctx.needs_input_grad
-        return (unbroadcast(g * w, ctx.xs, ctx.xd) if n[0] else None,
-                unbroadcast(g * (1 - w), ctx.ys, ctx.yd) if n[1] else None)
+class Minimum(Maximum):
+    """Elementwise minimum; ties split the gradient evenly."""
+    _pick = staticmethod(np.less)
 
 
 def _float_input(x):
