@@ -70,6 +70,45 @@ def test_conv2d_matches_reference_and_gradcheck(case):
     assert gradcheck(lambda x, w, b: F.conv2d(x, w, b, **case), (x, w, b))
 
 
+def test_conv2d_channels_last_input_and_single_channel():
+    # an input that is channels-last in memory (a permuted view) takes the
+    # no-copy branch of the padded NHWC buffer; C == 1 is the first layer
+    # of every image model
+    base = t64(2, 6, 7, 3, seed=4)
+    x = base.detach().permute(0, 3, 1, 2).requires_grad_()   # NHWC memory
+    assert not x.is_contiguous()
+    w, b = t64(5, 3, 2, 3, seed=5), t64(5, seed=6)
+    for kw in (dict(), dict(stride=2), dict(padding=1, dilation=2)):
+        out = F.conv2d(x, w, b, **kw)
+        p = kw.get("padding", 0)
+        ref = conv2d_ref(x.detach().numpy(), w.detach().numpy(),
+                         b.detach().numpy(), F._pair(kw.get("stride", 1)),
+                         [(p, p), (p, p)], F._pair(kw.get("dilation", 1)), 1)
+        np.testing.assert_allclose(out.detach().numpy(), ref, atol=1e-10)
+        assert out.is_contiguous()
+        assert gradcheck(lambda x, w, b: F.conv2d(x, w, b, **kw), (x, w, b))
+    x1, w1 = t64(3, 1, 5, 6, seed=7), t64(4, 1, 3, 3, seed=8)
+    assert gradcheck(lambda x, w: F.conv2d(x, w, padding=1), (x1, w1))
+
+
+def test_conv2d_matches_torch_float32():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 16, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32) * 0.1
+    b = rng.standard_normal(24).astype(np.float32)
+    g = rng.standard_normal((8, 24, 14, 14)).astype(np.float32)
+    outs = []
+    for lib in (dtorch, torch):
+        xs, ws, bs = (lib.tensor(a, requires_grad=True) for a in (x, w, b))
+        out = lib.nn.functional.conv2d(xs, ws, bs, padding=1)
+        out.backward(lib.tensor(g))
+        outs.append([a.detach().numpy() for a in
+                     (out, xs.grad, ws.grad, bs.grad)])
+    for d, t in zip(*outs):
+        np.testing.assert_allclose(d, t, rtol=1e-4, atol=1e-3)
+
+
 def test_conv1d_and_transpose_gradcheck():
     x = t64(2, 3, 9)
     w = t64(4, 3, 3, seed=1)
@@ -138,6 +177,37 @@ def test_max_pool_ties_give_gradient_to_one_element():
     x = dtorch.ones(1, 1, 2, 2, requires_grad=True)
     F.max_pool2d(x, 2).sum().backward()
     assert x.grad.sum().item() == 1.0
+
+
+@pytest.mark.parametrize("k,s,shape", [(2, 2, (2, 3, 7, 9)),
+                                       (3, 3, (1, 2, 9, 7)),
+                                       ((1, 2), (1, 2), (1, 2, 4, 6)),
+                                       (2, 1, (1, 2, 5, 5))])
+def test_max_pool_ties_credit_the_first_maximum(k, s, shape):
+    # small integers make many ties; the first maximum of each window in
+    # row-major order gets the gradient (PyTorch's rule), both on the
+    # tiled path (kernel == stride) and the overlapping one
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 3, shape).astype(np.float64)
+    x = dtorch.tensor(a, requires_grad=True)
+    out = F.max_pool2d(x, k, s)
+    g = rng.standard_normal(tuple(out.shape))
+    out.backward(dtorch.tensor(g))
+    ref = np.zeros_like(a)
+    kh, kw = (k, k) if isinstance(k, int) else k
+    sh, sw = (s, s) if isinstance(s, int) else s
+    for i in range(out.shape[2]):
+        for j in range(out.shape[3]):
+            win = a[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw]
+            flat = win.reshape(a.shape[0], a.shape[1], -1)
+            first = flat.argmax(-1)          # argmax: the first maximum
+            np.testing.assert_array_equal(out.detach().numpy()[:, :, i, j],
+                                          flat.max(-1))
+            for n in range(a.shape[0]):
+                for c in range(a.shape[1]):
+                    di, dj = divmod(first[n, c], kw)
+                    ref[n, c, i * sh + di, j * sw + dj] += g[n, c, i, j]
+    np.testing.assert_allclose(x.grad.numpy(), ref)
 
 
 @pytest.mark.parametrize("kw", [

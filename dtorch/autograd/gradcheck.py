@@ -68,16 +68,18 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
         # numerical Jacobian, central differences
         for i in diff:
             x = inputs[i]
-            flat = x._data.reshape(-1)
+            # index the array itself, in C order: reshape(-1) would copy
+            # a non-contiguous input, and the perturbation would be lost
+            data = x._data
             numerical = np.zeros_like(analytical[i])
             with no_grad():
-                for e in range(flat.size):
-                    orig = flat[e].item()
-                    flat[e] = orig + eps
+                for e, idx in enumerate(np.ndindex(*data.shape)):
+                    orig = data[idx].item()
+                    data[idx] = orig + eps
                     hi = _outputs(func, inputs)[k]._data.reshape(-1).copy()
-                    flat[e] = orig - eps
+                    data[idx] = orig - eps
                     lo = _outputs(func, inputs)[k]._data.reshape(-1).copy()
-                    flat[e] = orig
+                    data[idx] = orig
                     numerical[e] = np.asarray(
                         (hi - lo) / (2 * eps)).astype(np.float64).get() \
                         if hasattr(hi, "get") else (hi - lo) / (2 * eps)

@@ -9,12 +9,41 @@ input projections are computed for all time steps before the loop. Like
 ``get_array_module`` for the module; each is checked in tests against
 gradcheck and against the composed Tensor version.
 """
+import ctypes
 import math
+import os
+import sys
 
 import numpy as np
 
 from .._backend import get_array_module
 from .primitives import Op, index_add0
+
+
+def _tune_malloc():
+    """Keep freed NumPy buffers in glibc's heap for reuse.
+
+    A training step allocates and frees the same few large arrays (im2col
+    columns, gate buffers, gradients) every step. By default glibc serves
+    such sizes with fresh mmap()s, or trims the heap top, so every step
+    page-faults its working set in again: measured 1-3 thousand faults and
+    up to 10 ms of system time per CNN step. PyTorch's allocator reuses its
+    memory. Raising the mmap threshold to glibc's maximum (32 MB) and the
+    trim threshold to 256 MB keeps that memory mapped; peak RSS is
+    unchanged, only the return of freed memory to the OS is delayed. Set
+    DTORCH_MALLOC_TUNING=0 to leave malloc alone."""
+    if (not sys.platform.startswith("linux")
+            or os.environ.get("DTORCH_MALLOC_TUNING", "1") == "0"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)       # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 256 << 20)      # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):    # not glibc (musl, ...): skip
+        pass
+
+
+_tune_malloc()
 
 
 # ============================================================ helpers ==
@@ -73,10 +102,15 @@ def conv_out_size(size, k, stride, pad_total, dilation):
 class Conv2d(Op):
     """out = conv2d(x, w) + b for x (N, C, H, W), w (O, C/groups, KH, KW).
 
-    The padded input is read through a strided window view, copied once into
-    columns (N, G, C/G*KH*KW, OH*OW) and multiplied by the weight in one
-    batched matmul, which yields NCHW directly. Backward scatters columns back
-    with one slice-add per kernel offset.
+    groups == 1 (the common case) works channels-last: the input is padded
+    into an (N, H, W, C) buffer, whose strided window view is copied once
+    into columns (N*OH*OW, KH*KW*C) with C innermost, so the copy moves
+    whole channel runs. Forward is one matmul per image that yields NCHW
+    directly (measured as fast as one big GEMM, and it saves transposing
+    the output); the weight gradient is one 2-D GEMM over all N*OH*OW rows;
+    the input gradient is scattered back with one slice-add per kernel
+    offset. groups > 1 keeps the NCHW columns (N, G, C/G*KH*KW, OH*OW) and
+    a batched matmul over groups.
     """
     @staticmethod
     def forward(ctx, x, w, b=None, stride=(1, 1), pads=((0, 0), (0, 0)),
@@ -84,51 +118,133 @@ class Conv2d(Op):
         xp = get_array_module(x)
         n, c, h, wd = x.shape
         o, cg, kh, kw = w.shape
-        xpad = _pad2d(xp, x, pads)
+        hp, wp = h + sum(pads[0]), wd + sum(pads[1])
         oh = conv_out_size(h, kh, stride[0], sum(pads[0]), dilation[0])
         ow = conv_out_size(wd, kw, stride[1], sum(pads[1]), dilation[1])
         if oh <= 0 or ow <= 0:
             raise RuntimeError(
                 f"Calculated padded input size per channel: "
-                f"({xpad.shape[2]} x {xpad.shape[3]}). Kernel size: "
+                f"({hp} x {wp}). Kernel size: "
                 f"({dilation[0] * (kh - 1) + 1} x "
                 f"{dilation[1] * (kw - 1) + 1}). Kernel size can't be "
                 f"greater than actual input size")
-        win = _windows(xp, xpad, (kh, kw), stride, dilation, (oh, ow))
-        cols = win.reshape(n, groups, cg * kh * kw, oh * ow)
-        w2 = w.reshape(groups, o // groups, cg * kh * kw)
-        out = (w2 @ cols).reshape(n, o, oh, ow)
-        if b is not None:
-            out += b.reshape(1, o, 1, 1)
         ctx.save_for_backward(w)
-        ctx.cols, ctx.meta = cols, (xpad.shape, pads, stride, dilation,
-                                    groups, (oh, ow))
-        return out
+        if groups != 1:
+            return _conv2d_grouped(ctx, xp, x, w, b, stride, pads, dilation,
+                                   groups, (oh, ow))
+        xpad = _nhwc_padded(xp, x, pads)
+        sn, sh, sw, sc = xpad.strides
+        win = _as_strided(xp, xpad, (n, oh, ow, kh, kw, c),
+                          (sn, sh * stride[0], sw * stride[1],
+                           sh * dilation[0], sw * dilation[1], sc))
+        cols = win.reshape(n, oh * ow, kh * kw * c)
+        w2 = w.transpose(0, 2, 3, 1).reshape(o, kh * kw * c)
+        out = w2 @ xp.swapaxes(cols, 1, 2)          # (N, O, OH*OW)
+        if b is not None:
+            out += b.reshape(1, o, 1)
+        ctx.cols, ctx.meta = cols, (x.shape, pads, stride, dilation, 1,
+                                    (oh, ow))
+        return out.reshape(n, o, oh, ow)
 
     @staticmethod
     def backward(ctx, g):
         w, = ctx.to_save
         cols = ctx.cols
-        pshape, pads, stride, dilation, groups, ohw = ctx.meta
+        xshape, pads, stride, dilation, groups, ohw = ctx.meta
         xp = get_array_module(g)
-        o, cg, kh, kw = w.shape
-        n = g.shape[0]
-        g3 = g.reshape(n, groups, o // groups, ohw[0] * ohw[1])
+        if groups != 1:
+            return _conv2d_grouped_backward(ctx, xp, g, w, cols)
+        o, c, kh, kw = w.shape
+        n, L = g.shape[0], ohw[0] * ohw[1]
         need = ctx.needs_input_grad
         gx = gw = gb = None
+        # g as (N*OH*OW, O): one copy of the output's size, shared by both
+        # GEMMs below
+        gl = xp.ascontiguousarray(xp.swapaxes(g.reshape(n, o, L), 1, 2))
+        gl = gl.reshape(n * L, o)
         if need[0]:
-            w2 = w.reshape(groups, o // groups, cg * kh * kw)
-            gcols = xp.swapaxes(w2, -1, -2) @ g3
-            gcols = gcols.reshape(n, groups * cg, kh, kw, *ohw)
-            gx = _unpad2d(_col2im(xp, gcols, pshape, (kh, kw), stride,
-                                  dilation, ohw), pads)
+            # one (N*OH*OW, C) block per kernel offset, offset-major, so
+            # that each slice-add in col2im runs over whole (OW, C) rows
+            wk = w.transpose(2, 3, 0, 1).reshape(kh * kw, o, c)
+            gx = _col2im_nhwc(xp, gl @ wk, xshape, pads,
+                              (kh, kw), stride, dilation, ohw)
         if need[1]:
-            # N small gemms then a sum measured faster than one tensordot,
-            # which copies both operands into (O, N*L) and (N*L, K) first
-            gw = (g3 @ xp.swapaxes(cols, -1, -2)).sum(0).reshape(w.shape)
+            # one GEMM over all N*OH*OW rows beats N small ones and a sum
+            gw = (gl.T @ cols.reshape(n * L, -1)).reshape(o, kh, kw, c)
+            gw = xp.ascontiguousarray(gw.transpose(0, 3, 1, 2))
         if len(need) > 2 and need[2]:
-            gb = g.sum(axis=(0, 2, 3))
+            gb = gl.sum(axis=0)
         return gx, gw, gb
+
+
+def _nhwc_padded(xp, x, pads):
+    """x (N, C, H, W) as a zero-padded channels-last (N, Hp, Wp, C) array.
+    Without padding, an input that is channels-last in memory already is
+    used as it is."""
+    n, c, h, w = x.shape
+    (t, b), (l, r) = pads
+    xt = x.transpose(0, 2, 3, 1)
+    if not (t or b or l or r):
+        return xp.ascontiguousarray(xt)
+    out = xp.zeros((n, h + t + b, w + l + r, c), x.dtype)
+    out[:, t:t + h, l:l + w] = xt
+    return out
+
+
+def _col2im_nhwc(xp, gk, xshape, pads, k, stride, dilation, ohw):
+    """Adjoint of the channels-last window view: sum per-offset blocks
+    ``gk`` (KH*KW, N*OH*OW, C) into the padded (N, Hp, Wp, C) input, one
+    strided slice-add per kernel offset; return the unpadded NCHW part."""
+    n, c, h, w = xshape
+    (t, b), (l, r) = pads
+    oh, ow = ohw
+    gk = gk.reshape(k[0] * k[1], n, oh, ow, c)
+    gxp = xp.zeros((n, h + t + b, w + l + r, c), gk.dtype)
+    for i in range(k[0]):
+        h0 = i * dilation[0]
+        hs = slice(h0, h0 + stride[0] * (oh - 1) + 1, stride[0])
+        for j in range(k[1]):
+            w0 = j * dilation[1]
+            ws = slice(w0, w0 + stride[1] * (ow - 1) + 1, stride[1])
+            gxp[:, hs, ws] += gk[i * k[1] + j]
+    gx = gxp[:, t:t + h, l:l + w].transpose(0, 3, 1, 2)
+    return xp.ascontiguousarray(gx)
+
+
+def _conv2d_grouped(ctx, xp, x, w, b, stride, pads, dilation, groups, ohw):
+    n = x.shape[0]
+    o, cg, kh, kw = w.shape
+    oh, ow = ohw
+    xpad = _pad2d(xp, x, pads)
+    win = _windows(xp, xpad, (kh, kw), stride, dilation, (oh, ow))
+    cols = win.reshape(n, groups, cg * kh * kw, oh * ow)
+    w2 = w.reshape(groups, o // groups, cg * kh * kw)
+    out = (w2 @ cols).reshape(n, o, oh, ow)
+    if b is not None:
+        out += b.reshape(1, o, 1, 1)
+    ctx.cols, ctx.meta = cols, (xpad.shape, pads, stride, dilation,
+                                groups, (oh, ow))
+    return out
+
+
+def _conv2d_grouped_backward(ctx, xp, g, w, cols):
+    pshape, pads, stride, dilation, groups, ohw = ctx.meta
+    o, cg, kh, kw = w.shape
+    n = g.shape[0]
+    g3 = g.reshape(n, groups, o // groups, ohw[0] * ohw[1])
+    need = ctx.needs_input_grad
+    gx = gw = gb = None
+    if need[0]:
+        w2 = w.reshape(groups, o // groups, cg * kh * kw)
+        gcols = xp.swapaxes(w2, -1, -2) @ g3
+        gcols = gcols.reshape(n, groups * cg, kh, kw, *ohw)
+        gx = _unpad2d(_col2im(xp, gcols, pshape, (kh, kw), stride,
+                              dilation, ohw), pads)
+    if need[1]:
+        gw = (g3 @ xp.swapaxes(cols, -1, -2)).sum(0).reshape(w.shape)
+    if len(need) > 2 and need[2]:
+        gb = g.sum(axis=(0, 2, 3))
+    return gx, gw, gb
 
 
 class ConvTranspose2d(Op):
@@ -187,11 +303,16 @@ class ConvTranspose2d(Op):
 
 class MaxPool2d(Op):
     """Max over windows; the gradient goes to the first maximum of each
-    window, as in PyTorch.
+    window (row-major), as in PyTorch.
 
-    One pass per kernel offset over a strided slice of the (padded) input:
-    no window copies, no argmax over a gathered axis; the winning offset of
-    each window is kept in a small integer array for backward."""
+    Forward is a running ``maximum`` over one strided slice of the (padded)
+    input per kernel offset: no window copies, no argmax over a gathered
+    axis, no index array kept. Backward finds the winners again by
+    comparing each offset's slice with the output, in offset order, with a
+    mask of windows already served so that ties credit the first one. When
+    windows tile the input (kernel == stride, no padding, dilation 1: the
+    usual 2x2 pool) the offsets' slices are disjoint views of one reshaped
+    array, written once each."""
     @staticmethod
     def forward(ctx, x, k=(2, 2), stride=(2, 2), pads=((0, 0), (0, 0)),
                 dilation=(1, 1), out_hw=None):
@@ -205,34 +326,85 @@ class MaxPool2d(Op):
         pw = max(0, (ow - 1) * stride[1] + dilation[1] * (k[1] - 1) + 1
                  - w - pads[1][0])
         pads = ((pads[0][0], ph), (pads[1][0], pw))
+        ctx.meta = (x.shape, k, stride, pads, dilation, (oh, ow))
+        tiled = (tuple(k) == tuple(stride) and tuple(dilation) == (1, 1)
+                 and not any(pads[0] + pads[1]))
+        ctx.tiled = tiled
+        if tiled:
+            x6 = _tiles(x, k, (oh, ow))
+            # columns first, then rows: contiguous reads in the first pass
+            best = x6[..., 0]
+            if k[1] > 1:
+                best = xp.maximum(best, x6[..., 1])
+                for j in range(2, k[1]):
+                    xp.maximum(best, x6[..., j], out=best)
+            rows = best
+            best = rows[:, :, :, 0]
+            if k[0] > 1:
+                best = xp.maximum(best, rows[:, :, :, 1])
+                for i in range(2, k[0]):
+                    xp.maximum(best, rows[:, :, :, i], out=best)
+            elif k[1] == 1:
+                best = best.copy()
+            ctx.save_for_backward(x, best)
+            return best
         xpad = _pad2d(xp, x, pads, lo)
-        kk = k[0] * k[1]
-        idx = xp.zeros((n, c, oh, ow), np.int8 if kk < 128 else np.int32)
         best = None
-        for o, (hs, ws) in enumerate(_offsets(k, stride, dilation,
-                                              (oh, ow))):
+        for hs, ws in _offsets(k, stride, dilation, (oh, ow)):
             v = xpad[:, :, hs, ws]
             if best is None:
                 best = v.copy()
-                continue
-            upd = v > best         # strict: ties keep the first maximum
-            xp.copyto(best, v, where=upd)
-            xp.copyto(idx, o, where=upd)   # boolean-mask indexing is slow
-        ctx.idx = idx
-        ctx.meta = (x.shape, k, stride, pads, dilation, (oh, ow))
+            else:
+                xp.maximum(best, v, out=best)
+        ctx.save_for_backward(xpad, best)
         return best
 
     @staticmethod
     def backward(ctx, g):
         xp = get_array_module(g)
         shape, k, stride, pads, dilation, ohw = ctx.meta
+        xin, best = ctx.to_save
         n, c = shape[:2]
-        gx = xp.zeros((n, c, shape[2] + sum(pads[0]),
-                       shape[3] + sum(pads[1])), g.dtype)
-        idx = ctx.idx
-        for o, (hs, ws) in enumerate(_offsets(k, stride, dilation, ohw)):
-            gx[:, :, hs, ws] += g * (idx == o)
-        return _unpad2d(gx, pads)
+        offs = list(_offsets(k, stride, dilation, ohw))
+        if ctx.tiled:
+            oh, ow = ohw
+            exact = oh * k[0] == shape[2] and ow * k[1] == shape[3]
+            gx = (xp.empty if exact else xp.zeros)(shape, g.dtype)
+            x6, g6 = _tiles(xin, k, ohw), _tiles(gx, k, ohw)
+            srcs = [(x6[:, :, :, i, :, j], g6[:, :, :, i, :, j])
+                    for i in range(k[0]) for j in range(k[1])]
+        else:
+            gx = xp.zeros(xin.shape, g.dtype)
+            srcs = [(xin[:, :, hs, ws], gx[:, :, hs, ws])
+                    for hs, ws in offs]
+        taken = None
+        last = len(srcs) - 1
+        for o, (v, dst) in enumerate(srcs):
+            if o == last and ctx.tiled:
+                # the only window cells left are the maxima (or NaN ones)
+                e = ~taken if taken is not None else None
+            else:
+                e = v == best
+                if taken is None:
+                    taken = e
+                else:
+                    xp.greater(e, taken, out=e)   # e and not taken
+                    taken |= e
+            if e is None:
+                dst[...] = g
+            elif ctx.tiled:
+                xp.multiply(g, e, out=dst)
+            else:
+                dst += g * e
+        return gx if ctx.tiled else _unpad2d(gx, pads)
+
+
+def _tiles(x, k, ohw):
+    """(N, C, OH, KH, OW, KW) view of the windows of a pool whose kernel
+    equals its stride (the cells of x past the last window are dropped)."""
+    n, c = x.shape[:2]
+    oh, ow = ohw
+    return x[:, :, :oh * k[0], :ow * k[1]].reshape(n, c, oh, k[0], ow, k[1])
 
 
 def _offsets(k, stride, dilation, out_hw):
