@@ -160,6 +160,12 @@ def batch_jobs(slurm_env, tmp_path_factory):
         submit("tp", ["--ntasks=4", "--ntasks-per-node=4",
                       "slurm/train_tp.sbatch"],
                SCRIPT=script("mpi_allreduce.py"), TP_SIZE=2)
+        # the default script: examples/tp_digits.py, DP 2 x TP 2
+        submit("tp_digits", ["--ntasks=4", "--ntasks-per-node=4",
+                             "slurm/train_tp.sbatch", "--epochs", "2",
+                             "--quiet", "--checkpoint",
+                             str(out / "tp_digits.safetensors")],
+               TP_SIZE=2)
     yield jobs
     for job, _ in jobs.values():   # only if a test gave up on it
         if job_info(slurm_env, job).get("JobState") in ("PENDING",
@@ -191,6 +197,19 @@ def test_train_tp_sbatch_four_tasks(slurm_env, batch_jobs):
     assert "TP 2 x DP 2" in out
     assert out.count("size=4 sum=10") == 4, out
     assert "args=--tp-size 2" in out
+
+
+def test_train_tp_sbatch_trains_tp_digits(slurm_env, batch_jobs):
+    if "tp_digits" not in batch_jobs:
+        pytest.skip("the running cluster has fewer than 4 CPUs")
+    job, log = batch_jobs["tp_digits"]
+    info = wait_job(slurm_env, job, timeout=120)
+    out = log.read_text()
+    assert info["JobState"] == "COMPLETED", out
+    assert "script examples/tp_digits.py, TP 2 x DP 2" in out
+    acc = re.findall(r"final test accuracy ([\d.]+)% on 4 ranks "
+                     r"\(DP 2 x TP 2\)", out)
+    assert acc and float(acc[0]) > 80.0, out
 
 
 def _secs(stamp):

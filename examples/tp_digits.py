@@ -1,0 +1,196 @@
+"""The digits MLP under data parallel x tensor parallel (Megatron style).
+
+    # TP 2 on 2 ranks, then DP 2 x TP 2 on 4
+    mpiexec -n 2 python -m mpi4py examples/tp_digits.py --tp-size 2
+    mpiexec -n 4 python -m mpi4py examples/tp_digits.py --tp-size 2
+    TP_SIZE=2 sbatch slurm/train_tp.sbatch
+
+The world splits into groups of --tp-size consecutive ranks
+(make_dp_tp_groups). Within a TP group the hidden layers are sharded: a
+ColumnParallelLinear (each rank computes a slice of the hidden units) feeds
+a RowParallelLinear (each rank multiplies its slice; one all-reduce sums
+them). Ranks at the same place in their TP groups form a DP group:
+DistributedDataParallel averages their gradients, and DistributedSampler
+gives each DP replica its own share of the data (the TP ranks of one
+replica read the same batches).
+
+The checkpoint holds the FULL model and optimizer state (shards gathered
+over each TP group when saving, cut again when loading), so it resumes on
+any DP x TP layout, and its "model" entry loads into the same MLP at
+--tp-size 1 (plain nn.Linear layers, same keys). Rank 0 writes it after
+every epoch; SIGUSR1 (SLURM's warning before preemption) makes every rank
+stop at the same step, checkpoint and exit 0 for the batch script's requeue.
+"""
+import argparse
+import os
+import signal
+import sys
+import time
+
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dtorch as torch  # noqa: E402
+import dtorch.distributed as dist  # noqa: E402
+from dtorch import nn  # noqa: E402
+from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from dtorch.nn.parallel import tensor_parallel as tp  # noqa: E402
+from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
+                               TensorDataset)
+from digits_common import load_digits_split  # noqa: E402
+
+_stop = [False]
+
+
+class DigitsMLP(nn.Module):
+    """Flatten - Column(64 -> hidden) - ReLU - Row(hidden -> 128) - ReLU -
+    Linear(128 -> 10). The head is small and replicated on the TP ranks.
+    The same seed gives the same model at every TP size."""
+
+    def __init__(self, tp_group, hidden=256):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Flatten(),
+            tp.ColumnParallelLinear(64, hidden, gather_output=False,
+                                    process_group=tp_group),
+            nn.ReLU(),
+            tp.RowParallelLinear(hidden, 128, input_is_parallel=True,
+                                 process_group=tp_group),
+            nn.ReLU(),
+            nn.Linear(128, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tp-size", type=int, default=2,
+                    help="ranks per tensor-parallel group")
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=32,
+                    help="per data-parallel replica")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint", default="runs/tp_digits.safetensors")
+    ap.add_argument("--no-resume", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world % args.tp_size:
+        raise SystemExit(f"tp_digits: --tp-size {args.tp_size} does not "
+                         f"divide the world size {world}")
+    dp_group, tp_group = tp.make_dp_tp_groups(args.tp_size)
+    dp_rank, dp_size = dp_group.rank, dp_group.size
+    signal.signal(signal.SIGUSR1, lambda *a: _stop.__setitem__(0, True))
+
+    torch.manual_seed(args.seed)          # same on every rank: see DigitsMLP
+    xtr, ytr, xte, yte = load_digits_split(seed=args.seed)
+    train_ds, test_ds = TensorDataset(xtr, ytr), TensorDataset(xte, yte)
+    # samplers over DP replicas only: the TP ranks of a replica must see
+    # the same batch
+    sampler = DistributedSampler(train_ds, num_replicas=dp_size,
+                                 rank=dp_rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_ds, batch_size=args.batch_size,
+                        sampler=sampler, drop_last=True)
+    test_loader = DataLoader(test_ds, batch_size=256, sampler=(
+        DistributedSampler(test_ds, num_replicas=dp_size, rank=dp_rank,
+                           shuffle=False, pad=False)))
+    mlp = DigitsMLP(tp_group, args.hidden)
+    model = DDP(mlp, process_group=dp_group)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr * dp_size ** 0.5)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
+
+    start = 0
+    if not args.no_resume and os.path.exists(args.checkpoint):
+        ck = torch.load(args.checkpoint)
+        mlp.load_state_dict(tp.shard_state_dict(mlp, ck["model"]))
+        opt.load_state_dict(tp.shard_optimizer_state_dict(
+            mlp, ck["optimizer"]))
+        sched.load_state_dict(ck["scheduler"])
+        sampler.load_state_dict(ck["sampler"])
+        start = ck["epoch"]
+        if rank == 0:
+            print(f"resumed from {args.checkpoint} at epoch {start + 1}",
+                  flush=True)
+
+    if rank == 0:
+        print(f"DP {dp_size} x TP {args.tp_size} on {world} ranks: {mlp}",
+              flush=True)
+    t0 = time.time()
+    acc = 0.0
+    for epoch in range(start, args.epochs):
+        if epoch != sampler.epoch:
+            sampler.set_epoch(epoch)
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}",
+                   disable=args.quiet or rank != 0, leave=False)
+        stopped = False
+        for x, y in bar:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            if _everyone_stops():
+                stopped = True
+                break
+        if stopped:
+            save(args, mlp, opt, sched, sampler, epoch, rank)
+            if rank == 0:
+                print("SIGUSR1: checkpointed, exiting for requeue",
+                      flush=True)
+            return 0
+        sched.step()
+        sampler.set_epoch(epoch + 1)
+        acc = evaluate(model.module, test_loader, dp_group)
+        if rank == 0:
+            print(f"epoch {epoch + 1:2d}  loss {loss.item():.4f}  test acc "
+                  f"{100 * acc:.2f}%  ({time.time() - t0:.1f} s)",
+                  flush=True)
+        save(args, mlp, opt, sched, sampler, epoch + 1, rank)
+    if rank == 0:
+        print(f"final test accuracy {100 * acc:.2f}% on {world} ranks "
+              f"(DP {dp_size} x TP {args.tp_size})", flush=True)
+    dist.barrier()
+    return acc
+
+
+def _everyone_stops():
+    # SIGUSR1 reaches the ranks at slightly different steps; stopping at
+    # different steps would leave collectives unmatched, so agree first
+    flag = torch.tensor([1.0 if _stop[0] else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() > 0
+
+
+@torch.no_grad()
+def evaluate(model, loader, dp_group):
+    # every TP rank of a replica computes the same predictions: count
+    # over the DP group only
+    model.eval()
+    m = dist.metrics.MetricSum(group=dp_group)
+    for x, y in loader:
+        m.update(correct=(model(x).argmax(1) == y).sum(), total=len(y))
+    model.train()
+    r = m.compute()
+    return r["correct"] / r["total"]
+
+
+def save(args, mlp, opt, sched, sampler, epoch, rank):
+    # gathering is a collective over each TP group: every rank takes part,
+    # rank 0 (holding the gathered copies of TP group 0) writes
+    model_sd = tp.gather_state_dict(mlp)
+    opt_sd = tp.gather_optimizer_state_dict(mlp, opt)
+    if rank == 0:
+        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
+        torch.save({"model": model_sd, "optimizer": opt_sd,
+                    "scheduler": sched.state_dict(),
+                    "sampler": sampler.state_dict(), "epoch": epoch,
+                    "tp_size": args.tp_size}, args.checkpoint)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
