@@ -22,3 +22,13 @@ def device(request):
 def _seed():
     dtorch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def mpi_world():
+    """The MPI world as dtorch.distributed's default group, for tests
+    marked mpi (run under mpiexec); it stays up for the whole session."""
+    import dtorch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("mpi")
+    yield dist

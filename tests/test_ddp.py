@@ -214,13 +214,6 @@ def test_world_size_one_is_plain_training():
     assert_same(ref, res[0])
 
 
-@pytest.fixture(scope="module")
-def mpi_world():
-    if not dist.is_initialized():
-        dist.init_process_group("mpi")
-    yield
-
-
 @pytest.mark.mpi(min_size=2)
 def test_ddp_mpi_equivalence(mpi_world):
     ws, rank = dist.get_world_size(), dist.get_rank()

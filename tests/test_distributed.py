@@ -132,14 +132,6 @@ def test_subgroup_threads():
     dist.spawn_threads(body, 3, timeout=20)
 
 
-@pytest.fixture(scope="module")
-def mpi_world():
-    if not dist.is_initialized():
-        dist.init_process_group("mpi")
-    yield
-    # the world group stays up for other mpi tests in this process
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("body", BODIES, ids=[b.__name__ for b in BODIES])
 def test_mpi(body, mpi_world):

@@ -362,13 +362,6 @@ def test_same_seed_same_model_at_any_tp_size(size):
 
 # =================================================================== MPI ==
 
-@pytest.fixture(scope="module")
-def mpi_world():
-    if not dist.is_initialized():
-        dist.init_process_group("mpi")
-    yield
-
-
 @pytest.mark.mpi(min_size=2)
 def test_column_row_mpi_equivalence(mpi_world):
     size, rank = dist.get_world_size(), dist.get_rank()
