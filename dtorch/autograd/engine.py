@@ -8,6 +8,7 @@ hooks fire, as early as possible. DDP's bucketed all-reduce relies on that.
 import heapq
 import itertools
 import threading
+import weakref
 
 from . import function as _fn
 from .function import AccumulateGrad, _FREED_MSG
@@ -38,9 +39,12 @@ def _describe(t):
 def _check_versions(node):
     for vc, v, t, what in node._versions:
         if vc[0] != v:
+            if isinstance(t, weakref.ref):     # a saved output
+                t = t()
+            desc = _describe(t) if t is not None else "a tensor"
             raise RuntimeError(
                 "one of the variables needed for gradient computation has "
-                f"been modified by an inplace operation: {_describe(t)}, "
+                f"been modified by an inplace operation: {desc}, "
                 f"which is {what} of {node.name()}, is at version {vc[0]}; "
                 f"expected version {v} instead. Hint: replace the in-place "
                 "operation with an out-of-place one (e.g. x = x + y instead "
@@ -141,6 +145,7 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
             if not retain_graph:
                 node.__dict__.clear()
                 node._freed = True
+                node._versions = None
             seen = None
             for e, g in zip(node.next_edges, in_grads):
                 if e is None or g is None:

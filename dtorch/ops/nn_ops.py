@@ -132,19 +132,12 @@ class Conv2d(Op):
         if groups != 1:
             return _conv2d_grouped(ctx, xp, x, w, b, stride, pads, dilation,
                                    groups, (oh, ow))
-        xpad = _nhwc_padded(xp, x, pads)
-        sn, sh, sw, sc = xpad.strides
-        win = _as_strided(xp, xpad, (n, oh, ow, kh, kw, c),
-                          (sn, sh * stride[0], sw * stride[1],
-                           sh * dilation[0], sw * dilation[1], sc))
-        cols = win.reshape(n, oh * ow, kh * kw * c)
-        w2 = w.transpose(0, 2, 3, 1).reshape(o, kh * kw * c)
-        out = w2 @ xp.swapaxes(cols, 1, 2)          # (N, O, OH*OW)
+        out, cols = _conv_nhwc(xp, x, w, stride, pads, dilation, (oh, ow))
         if b is not None:
-            out += b.reshape(1, o, 1)
+            out += b.reshape(1, o, 1, 1)
         ctx.cols, ctx.meta = cols, (x.shape, pads, stride, dilation, 1,
                                     (oh, ow))
-        return out.reshape(n, o, oh, ow)
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -175,6 +168,23 @@ class Conv2d(Op):
         if len(need) > 2 and need[2]:
             gb = gl.sum(axis=0)
         return gx, gw, gb
+
+
+def _conv_nhwc(xp, x, w, stride, pads, dilation, ohw):
+    """groups == 1 convolution without bias: (out (N, O, OH, OW), columns
+    (N, OH*OW, KH*KW*C)); the columns are what the weight gradient needs."""
+    n, c = x.shape[:2]
+    o, _, kh, kw = w.shape
+    oh, ow = ohw
+    xpad = _nhwc_padded(xp, x, pads)
+    sn, sh, sw, sc = xpad.strides
+    win = _as_strided(xp, xpad, (n, oh, ow, kh, kw, c),
+                      (sn, sh * stride[0], sw * stride[1],
+                       sh * dilation[0], sw * dilation[1], sc))
+    cols = win.reshape(n, oh * ow, kh * kw * c)
+    w2 = w.transpose(0, 2, 3, 1).reshape(o, kh * kw * c)
+    out = w2 @ xp.swapaxes(cols, 1, 2)              # (N, O, OH*OW)
+    return out.reshape(n, o, oh, ow), cols
 
 
 def _nhwc_padded(xp, x, pads):

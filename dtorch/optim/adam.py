@@ -56,21 +56,27 @@ class Adam(Optimizer):
             else:
                 g = g + wd * x
         m, v = state["exp_avg"]._data, state["exp_avg_sq"]._data
-        m += (1 - beta1) * (g - m)          # lerp_(g, 1 - beta1)
+        # one scratch array for every intermediate: each temporary costs a
+        # pass over the parameter (and page faults, for large ones)
+        t = g - m
+        t *= 1 - beta1
+        m += t                              # lerp_(g, 1 - beta1)
+        xp.multiply(g, g, out=t)
+        t *= 1 - beta2
         v *= beta2
-        v += (1 - beta2) * (g * g)
+        v += t
         step_size = lr / (1 - beta1 ** step)
         bias2_sqrt = math.sqrt(1 - beta2 ** step)
         if group["amsgrad"]:
             vmax = state["max_exp_avg_sq"]._data
             xp.maximum(vmax, v, out=vmax)
             v = vmax
-        denom = xp.sqrt(v)
-        denom /= bias2_sqrt
-        denom += eps
-        upd = m / denom
-        upd *= step_size
-        x -= upd
+        xp.sqrt(v, out=t)
+        t /= bias2_sqrt
+        t += eps
+        xp.divide(m, t, out=t)
+        t *= step_size
+        x -= t
         _bump(p)
 
 

@@ -49,7 +49,8 @@ class SGD(Optimizer):
             else:
                 b = buf._data
                 b *= momentum
-                b += (1 - group["dampening"]) * g
+                damp = group["dampening"]
+                b += g if damp == 0 else (1 - damp) * g
             if group["nesterov"]:
                 g = g + momentum * buf._data
             else:
