@@ -15,11 +15,13 @@ thread variables before NumPy loads and calls ``torch.set_num_threads``.
 Time: both frameworks in one process from the same initial weights and data,
 turns interleaved (dtorch, torch, torch, dtorch, ...) after a warm-up, so
 that machine noise hits both alike; the median ms/step is reported, with the
-interquartile range. Each turn starts after a short idle pause and one
-untimed step: worker threads of OpenBLAS and of torch's OpenMP spin-wait for
-a while after their last job, and on a 2-core machine the other library's
-spinning threads would otherwise steal a core from the step being timed. Memory: each framework runs the same steps alone in its
-own child; the child reports ``ru_maxrss`` (peak RSS), and the RSS right
+interquartile range. With more than one thread each turn starts after a
+short idle pause and one untimed step: worker threads of OpenBLAS and of
+torch's OpenMP spin-wait for a while after their last job, and on a 2-core
+machine the other library's spinning threads would otherwise steal a core
+from the step being timed (measured: both frameworks 2-7x slower). With one
+thread there are no worker threads, and turns follow each other directly.
+Memory: each framework runs the same steps alone in its own child; the child reports ``ru_maxrss`` (peak RSS), and the RSS right
 after imports and model set-up, so the step's own peak is visible apart
 from the size of the libraries (torch's import alone is a few hundred MB).
 
@@ -42,8 +44,9 @@ ap.add_argument("--repeats", type=int, default=30)
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--block", type=int, default=2,
                 help="timed steps per turn of one framework")
-ap.add_argument("--pause", type=float, default=0.25,
-                help="seconds idle before each turn (see the docstring)")
+ap.add_argument("--pause", type=float, default=None,
+                help="seconds idle before each turn with more than one "
+                     "thread (default 0.25; see the docstring)")
 ap.add_argument("--only", default="mlp,cnn,lstm")
 ap.add_argument("--out", default="benchmarks/results/step_time.json")
 ap.add_argument("--child", choices=["time", "rss"], help=argparse.SUPPRESS)
@@ -142,7 +145,11 @@ def child_time():
         torch.set_num_threads(args.threads[0])
     except ImportError:
         torch = None
+    pause = args.pause
+    if pause is None:
+        pause = 0.25 if args.threads[0] > 1 else 0.0
     res = {"threads": args.threads[0], "blas": blas_info(),
+           "pause_s": pause,
            "torch": torch.__version__ if torch else None,
            "numpy": np.__version__, "cases": {}}
     for case in args.only.split(","):
@@ -157,8 +164,9 @@ def child_time():
         for r in range(args.repeats):
             # alternate who goes first, so neither always follows the other
             for k in (order if r % 2 == 0 else order[::-1]):
-                time.sleep(args.pause)
-                runs[k]()                 # untimed: wakes its thread pool
+                if pause:
+                    time.sleep(pause)
+                    runs[k]()             # untimed: wakes its thread pool
                 for _ in range(args.block):
                     t0 = time.perf_counter()
                     runs[k]()
@@ -214,8 +222,9 @@ def summary(ts):
 def run_child(*extra, threads):
     cmd = [sys.executable, os.path.abspath(__file__), "--threads",
            str(threads), "--repeats", str(args.repeats), "--warmup",
-           str(args.warmup), "--block", str(args.block), "--pause",
-           str(args.pause), *extra]
+           str(args.warmup), "--block", str(args.block), *extra]
+    if args.pause is not None:
+        cmd += ["--pause", str(args.pause)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -784,26 +784,6 @@ def _rnn_grads(ctx, xp, dgates, dh0, prev, dc0=None):
     return dgates, dh0, dc0, gw, gb
 
 
-def _sigmoid_(xp, a):
-    """In-place logistic sigmoid of a float array (or strided view)."""
-    if _expit is not None and xp is np:
-        _expit(a, out=a)
-        return a
-    # exp(-x) may overflow to inf for very negative x: 1 / inf is 0, fine
-    with np.errstate(over="ignore"):
-        xp.negative(a, out=a)
-        xp.exp(a, out=a)
-        a += 1
-        xp.reciprocal(a, out=a)
-    return a
-
-
-try:  # one pass instead of four; scipy is optional
-    from scipy.special import expit as _expit
-except ImportError:  # pragma: no cover
-    _expit = None
-
-
 class LSTMLayer(Op):
     """A whole LSTM layer, one direction, PyTorch's gate order (i, f, g, o).
 
