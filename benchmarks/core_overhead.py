@@ -18,7 +18,7 @@ import time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--threads", type=int, default=1)
-ap.add_argument("--repeats", type=int, default=20)
+ap.add_argument("--repeats", type=int, default=30)
 ap.add_argument("--out", default="benchmarks/results/core_overhead.json")
 args = ap.parse_args()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -44,6 +44,23 @@ def timeit(fn, repeats):
         fn()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
+
+
+def paired(fd, ft, repeats):
+    """Medians of dtorch and torch runs interleaved one by one, so that
+    both see the same machine noise."""
+    fd()
+    if ft:
+        ft()
+    td, tt = [], []
+    for _ in range(repeats):
+        for f, ts in ((fd, td), (ft, tt)):
+            if f is None:
+                continue
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(td), statistics.median(tt) if ft else None
 
 
 def chain(lib, n=1000):
@@ -94,8 +111,8 @@ def main():
     res["numpy_sgemm_gflops"] = sgemm_rate() / 1e9
     rows = []
     for name, make in [("chain_1000_ops", chain), ("mlp_fwd_bwd", mlp)]:
-        d = timeit(make(dtorch), args.repeats)
-        t = timeit(make(torch), args.repeats) if torch else None
+        d, t = paired(make(dtorch), make(torch) if torch else None,
+                      args.repeats)
         res[name] = {"dtorch_ms": d * 1e3,
                      "torch_ms": t * 1e3 if t else None,
                      "ratio": d / t if t else None}

@@ -1,12 +1,10 @@
 """The backward engine.
 
-One iterative pass, no recursion: count each node's consumers, then run nodes
-whose consumers have all delivered their gradient, latest-created first (the
-order PyTorch uses), so a leaf's gradient is final, and its post-accumulate
-hooks fire, as early as possible. DDP's bucketed all-reduce relies on that.
+One iterative pass, no recursion: nodes run latest-created first (the order
+PyTorch uses), and a leaf's gradient is accumulated, and its post-accumulate
+hooks fire, as soon as its last consumer has run. DDP's bucketed all-reduce
+relies on that early signal.
 """
-import heapq
-import itertools
 import threading
 import weakref
 
@@ -67,24 +65,36 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
     With ``inputs`` (a list of tensors), return their gradients instead of,
     or (``accumulate=True``) besides, accumulating into leaves' ``.grad``.
     """
-    # ---- the graph: consumer counts of every node reachable from the roots
+    # ---- the graph. A node's inputs always come from nodes created before
+    # it, so decreasing creation number is a topological order: no consumer
+    # counts or priority queue are needed for inner nodes. Leaves are
+    # counted, so each accumulates the moment its last consumer has run.
     root_edges = [_fn._edge(t) for t in roots]
-    deps = {}
+    nodes, leaves = [], []
+    seen = set()
+    leaf_deps = {}
     stack = []
     for node, _ in root_edges:
-        if node not in deps:
-            deps[node] = 0
-            stack.append(node)
+        if node not in seen:
+            seen.add(node)
+            if type(node) is AccumulateGrad:
+                leaves.append(node)
+                leaf_deps[node] = 0
+            else:
+                nodes.append(node)
+                stack.append(node)
     while stack:
-        node = stack.pop()
-        for e in node.next_edges:
-            if e is not None:
-                c = e[0]
-                if c in deps:
-                    deps[c] += 1
-                else:
-                    deps[c] = 1
-                    stack.append(c)
+        for e in stack.pop().next_edges:
+            if e is None:
+                continue
+            c = e[0]
+            if type(c) is AccumulateGrad:
+                leaf_deps[c] = leaf_deps.get(c, 0) + 1
+            elif c not in seen:
+                seen.add(c)
+                nodes.append(c)
+                stack.append(c)
+    nodes.sort(key=_by_seq, reverse=True)
 
     # ---- where autograd.grad wants its answers
     capture = None
@@ -102,77 +112,28 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
             buf = buffers[node] = {}
         buf[nr] = g if nr not in buf else buf[nr] + g
 
-    # ties (leaves all have seq inf) are broken by readiness order, never by
-    # memory address, so that every rank runs hooks in the same order
-    tie = itertools.count()
-    ready = []
-    for node in {id(n): n for n, _ in root_edges}.values():
-        if deps[node] == 0:
-            heapq.heappush(ready, (-node._seq, next(tie), node))
-
     prev_mode = _state.enabled
     _state.enabled = False  # no graph is recorded while differentiating
     outer_callbacks = _callbacks.pending
     _callbacks.pending = []
     try:
-        while ready:
-            node = heapq.heappop(ready)[2]
+        for leaf in leaves:      # backward() called on a leaf itself
+            if leaf_deps[leaf] == 0:
+                _accumulate(leaf, buffers.pop(leaf, None), capture,
+                            results, accumulate)
+        for node in nodes:
             buf = buffers.pop(node, None)
-            if node._freed:
-                raise RuntimeError(_FREED_MSG)
-            if type(node) is AccumulateGrad:
-                _accumulate(node, buf, capture, results, accumulate)
-                continue
-            n_out = 1 if not buf else max(buf) + 1
-            out_grads = [None] * n_out
             if buf:
-                for nr, g in buf.items():
-                    out_grads[nr] = g
-            if node._hooks:
-                for nr, hooks in node._hooks.items():
-                    if nr < n_out and out_grads[nr] is not None:
-                        out_grads[nr] = _call_hooks(hooks, out_grads[nr])
-            if capture is not None:
-                for nr, g in enumerate(out_grads):
-                    for i in capture.get((node, nr), ()):
-                        results[i] = g
-            if node._versions:
-                _check_versions(node)
-            if buf:
-                in_grads = node._run_backward(out_grads)
-            else:
-                in_grads = ()
-            if not retain_graph:
-                node.__dict__.clear()
-                node._freed = True
-                node._versions = None
-            seen = None
-            for e, g in zip(node.next_edges, in_grads):
-                if e is None or g is None:
-                    continue
-                # the same array sent to two places must not become two
-                # .grad tensors that alias each other
-                if seen is None:
-                    seen = set()
-                if id(g) in seen:
-                    g = g.copy()
-                seen.add(id(g))
-                c, nr = e
-                cb = buffers.get(c)
-                if cb is None:
-                    buffers[c] = {nr: g}
-                elif nr in cb:
-                    cb[nr] = cb[nr] + g
-                else:
-                    cb[nr] = g
+                _run_node(node, buf, buffers, capture, results,
+                          retain_graph)
             for e in node.next_edges:
-                if e is None:
-                    continue
-                c = e[0]
-                d = deps[c] - 1
-                deps[c] = d
-                if d == 0:
-                    heapq.heappush(ready, (-c._seq, next(tie), c))
+                if e is not None and type(e[0]) is AccumulateGrad:
+                    c = e[0]
+                    d = leaf_deps[c] - 1
+                    leaf_deps[c] = d
+                    if d == 0:
+                        _accumulate(c, buffers.pop(c, None), capture,
+                                    results, accumulate)
         # callbacks may queue more callbacks
         while _callbacks.pending:
             _callbacks.pending.pop(0)()
@@ -180,6 +141,57 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
         _state.enabled = prev_mode
         _callbacks.pending = outer_callbacks
     return results
+
+
+def _by_seq(node):
+    return node._seq
+
+
+def _run_node(node, buf, buffers, capture, results, retain_graph):
+    """Call one node's backward and send its gradients along its edges."""
+    if node._freed:
+        raise RuntimeError(_FREED_MSG)
+    if len(buf) == 1 and 0 in buf:
+        out_grads = [buf[0]]
+    else:
+        out_grads = [None] * (max(buf) + 1)
+        for nr, g in buf.items():
+            out_grads[nr] = g
+    if node._hooks:
+        for nr, hooks in node._hooks.items():
+            if nr < len(out_grads) and out_grads[nr] is not None:
+                out_grads[nr] = _call_hooks(hooks, out_grads[nr])
+    if capture is not None:
+        for nr, g in enumerate(out_grads):
+            for i in capture.get((node, nr), ()):
+                results[i] = g
+    if node._versions:
+        _check_versions(node)
+    in_grads = node._run_backward(out_grads)
+    if not retain_graph:
+        node.__dict__.clear()
+        node._freed = True
+        node._versions = None
+    sent = None
+    for e, g in zip(node.next_edges, in_grads):
+        if e is None or g is None:
+            continue
+        # the same array sent to two places must not become two .grad
+        # tensors that alias each other
+        if sent is None:
+            sent = {id(g)}
+        elif id(g) in sent:
+            g = g.copy()
+        else:
+            sent.add(id(g))
+        c, nr = e
+        cb = buffers.get(c)
+        if cb is None:
+            buffers[c] = {nr: g}
+        elif nr in cb:
+            cb[nr] = cb[nr] + g
+        else:
+            cb[nr] = g
 
 
 def _accumulate(node, buf, capture, results, accumulate):

@@ -160,12 +160,19 @@ def _apply_array(cls, args, kwargs):
         else:
             arrays.append(a)
     if req and _state.enabled:
-        ctx.needs_input_grad = tuple(
-            isinstance(a, T) and a.requires_grad for a in args)
+        # one pass for what backward needs: which inputs want a gradient,
+        # and the graph edge each gradient flows along
+        needs, edges = [], []
+        for a in args:
+            if isinstance(a, T) and a.requires_grad:
+                needs.append(True)
+                edges.append(_edge(a))
+            else:
+                needs.append(False)
+                edges.append(None)
+        ctx.needs_input_grad = needs
         out = cls.forward(ctx, *arrays, **kwargs)
-        ctx.next_edges = tuple(
-            _edge(a) if (isinstance(a, T) and a.requires_grad) else None
-            for a in args)
+        ctx.next_edges = edges
         ctx._seq = next(_seq)
         ctx._freed = False
         ctx._hooks = None

@@ -48,6 +48,9 @@ def promote(x, y, op="binary op", true_div=False):
     Python scalars stay scalars: NumPy treats them as weak, as PyTorch does.
     """
     tx, ty = type(x), type(y)
+    if (ty is float or ty is int) and tx is not float and tx is not int \
+            and x.dtype.kind == "f":
+        return x, y      # the common case: a float tensor and a number
     if ty in _SCALARS:
         if tx in _SCALARS:
             raise TypeError(f"{op}: expected at least one tensor operand")
