@@ -88,28 +88,19 @@ class GradBucket:
         return self._index == 0
 
 
-def reduce_quietly(group, arr, op="sum"):
-    """All-reduce from DDP's communication thread without spinning a core.
-
-    Open MPI's blocking calls busy-poll: on a CPU node that steals the core
-    backward is computing on. A nonblocking call tested every ~50 us keeps
-    MPI progressing while leaving the CPU to the computation. Other
-    backends block in the kernel (sockets, condition variables) already.
-    """
-    if group.backend != "mpi":
-        group.all_reduce(arr, op)
-        return
-    w = group.all_reduce(arr, op, async_op=True)
-    while not w.is_completed():
-        time.sleep(5e-5)
-    w.wait()
-
-
 def _allreduce_hook(group, bucket):
-    """Default: sum over ranks, then divide by the world size. Hooks run on
-    DDP's communication thread, so the reduction overlaps backward."""
+    """Default: sum over ranks, then divide by the world size.
+
+    Hooks run on DDP's communication thread; the blocking call releases the
+    GIL, so backward goes on computing meanwhile. Measured on 2 cores with
+    Open MPI (MLP 784-1024-1024-10, per-rank batch 256, paired steps): a
+    blocking call gave weak-scaling efficiency 0.80-0.86; a nonblocking one
+    tested every 50 us, which leaves the core to the computation instead of
+    busy-polling, gave only 0.69-0.71, because a large reduction then
+    progresses only once per test.
+    """
     t = bucket.buffer()
-    reduce_quietly(group, t._data)
+    group.all_reduce(t._data, "sum")
     t._data /= group.size
     return _Future(value=t)
 

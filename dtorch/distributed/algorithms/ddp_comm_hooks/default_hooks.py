@@ -7,13 +7,13 @@ back into the bucket.
 """
 import numpy as np
 
-from ....nn.parallel.distributed import _Future, reduce_quietly
+from ....nn.parallel.distributed import _Future
 from ...._backend import bfloat16
 
 
 def allreduce_hook(group, bucket):
     t = bucket.buffer()
-    reduce_quietly(group, t._data)
+    group.all_reduce(t._data, "sum")
     t._data /= group.size
     return _Future(value=t)
 
@@ -26,10 +26,10 @@ def _compress_hook(group, bucket, np_dtype):
         # MPI has no bfloat16 sum: reduce in float32, round to bfloat16
         # afterwards so the result is what a bfloat16 wire would give
         wide = low.astype(np.float32)
-        reduce_quietly(group, wide)
+        group.all_reduce(wide, "sum")
         low = wide.astype(np_dtype)
     else:
-        reduce_quietly(group, low)
+        group.all_reduce(low, "sum")
     flat[...] = low.astype(flat.dtype)
     return _Future(value=t)
 
