@@ -194,7 +194,7 @@ def plot(res, world, path):
     ax.set_xlabel("ranks")
     ax.set_ylabel("samples / s")
     ax.set_xticks(ranks)
-    ax.set_title("Weak scaling, MLP 784-1024-1024-10, batch 256/rank")
+    ax.set_title("Weak scaling: MLP, batch 256 per rank")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

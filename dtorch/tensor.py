@@ -758,8 +758,7 @@ class Tensor:
                 f"{self.dtype.name.capitalize()}")
         t = self if dtype is None else self.to(dtype)
         n = self._count(dim)
-        return t.sum(dim, keepdim) * (1.0 / n) if n else \
-            t.sum(dim, keepdim) * float("nan")
+        return t.sum(dim, keepdim) * (1.0 / n if n else float("nan"))
 
     def _count(self, dim):
         if dim is None:
@@ -773,12 +772,11 @@ class Tensor:
     def var(self, dim=None, unbiased=None, keepdim=False, correction=None):
         if correction is None:
             correction = 1 if unbiased is None or unbiased else 0
-        n = self._count(dim)
-        mu = self.mean(dim, keepdim=True)
-        d = self - mu
-        return (d * d).sum(dim, keepdim) * (1.0 / builtins.max(
-            n - correction, 0)) if n - correction > 0 else \
-            (d * d).sum(dim, keepdim) * float("nan")
+        dof = self._count(dim) - correction
+        d = self - self.mean(dim, keepdim=True)
+        # PyTorch gives nan (not an error) when there are too few samples
+        return (d * d).sum(dim, keepdim) * (1.0 / dof if dof > 0
+                                            else float("nan"))
 
     def std(self, dim=None, unbiased=None, keepdim=False, correction=None):
         return self.var(dim, unbiased, keepdim, correction).sqrt()
@@ -931,9 +929,8 @@ class Tensor:
             raise RuntimeError("flatten() has invalid args: start_dim cannot "
                                "come after end_dim")
         shp = self.shape
-        return self.reshape(shp[:s] + (-1,) + shp[e + 1:]) if \
-            self.numel() else self.reshape(
-                shp[:s] + (Size(shp[s:e + 1]).numel(),) + shp[e + 1:])
+        return self.reshape(shp[:s] + (Size(shp[s:e + 1]).numel(),)
+                            + shp[e + 1:])
 
     def unflatten(self, dim, sizes):
         d = self._dim(dim)
@@ -944,17 +941,17 @@ class Tensor:
         dims = _dims(dims)
         if len(dims) != self.ndim:
             raise RuntimeError(
-                f"permute(sparse_coo): number of dimensions in the tensor "
-                f"input does not match the length of the desired ordering "
-                f"of dimensions i.e. input.dim() = {self.ndim} is not equal "
-                f"to len(dims) = {len(dims)}".replace("(sparse_coo)", ""))
+                f"permute: number of dimensions in the tensor input does "
+                f"not match the length of the desired ordering of "
+                f"dimensions i.e. input.dim() = {self.ndim} is not equal "
+                f"to len(dims) = {len(dims)}")
         dims = tuple(self._dim(d) for d in dims)
         if len(set(dims)) != len(dims):
             raise RuntimeError("permute(): duplicate dims are not allowed.")
         return P.Permute.apply(self, dims=dims)
 
     def transpose(self, dim0, dim1):
-        if self.ndim < 2 and self.ndim == 0:
+        if self.ndim == 0:
             return self
         order = list(range(self.ndim))
         a, b = self._dim(dim0), self._dim(dim1)
@@ -1033,16 +1030,15 @@ class Tensor:
             raise RuntimeError(
                 "Number of dimensions of repeat dims can not be smaller than "
                 "number of dimensions of tensor")
-        t = self.reshape((1,) * (len(sizes) - self.ndim) + self.shape)
-        # repeat = expand over new axes interleaved, then merge: one view op
-        # and one reshape, with a gradient that sums back
-        inter = []
-        for r, s in zip(sizes, t.shape):
-            inter += [r, s]
-        t = t.reshape(sum(([1, s] for s in t.shape), []))
-        t = t.expand(inter)
-        return t.reshape([r * s for r, s in zip(sizes, self.reshape(
-            (1,) * (len(sizes) - self.ndim) + self.shape).shape)])
+        shape = (1,) * (len(sizes) - self.ndim) + tuple(self.shape)
+        # repeat = a size-1 axis before each axis, expanded to the repeat
+        # count, then merged: the gradient of expand sums the copies back
+        ones_between, expanded = [], []
+        for r, n in zip(sizes, shape):
+            ones_between += [1, n]
+            expanded += [r, n]
+        t = self.reshape(ones_between).expand(expanded)
+        return t.reshape([r * n for r, n in zip(sizes, shape)])
 
     def narrow(self, dim, start, length):
         d = self._dim(dim)

@@ -265,3 +265,25 @@ def test_sync_batchnorm_gradcheck_single_rank():
     m = nn.SyncBatchNorm(2).to(F64)
     x = dtorch.randn(3, 2, 4, dtype=F64, requires_grad=True)
     assert dtorch.autograd.gradcheck(lambda t: m(t), [x])
+
+
+def test_evaluation_between_steps_needs_no_backward():
+    init = state_arrays(make_model())
+    x, y = data(16)
+    ref = train_single(init, x, y, steps=2)
+
+    def body(rank, ws):
+        m = make_model()
+        load_arrays(m, init)
+        model = DDP(m)
+        opt = dtorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        xs, ys = x[rank * 8:(rank + 1) * 8], y[rank * 8:(rank + 1) * 8]
+        for _ in range(2):
+            with dtorch.no_grad():
+                model(xs)                  # evaluation: no reduction owed
+            opt.zero_grad()
+            nn.functional.mse_loss(model(xs), ys).backward()
+            opt.step()
+        return state_arrays(m)
+    for r in dist.spawn_threads(body, 2, timeout=60):
+        assert_same(ref, r)

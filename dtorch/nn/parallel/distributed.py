@@ -28,7 +28,7 @@ import numpy as np
 from ... import distributed as dist
 from ...autograd import engine as _engine
 from ...autograd.function import AccumulateGrad
-from ...autograd.grad_mode import no_grad
+from ...autograd.grad_mode import is_grad_enabled, no_grad
 from ...tensor import Tensor
 from ..modules.module import Module
 
@@ -176,7 +176,6 @@ class DistributedDataParallel(Module):
                                "requires a gradient.")
         self._comm_hook = _allreduce_hook
         self._comm_state = group
-        self._joined = False
         self._join_active = False
         if init_sync:
             self._sync_module_states()
@@ -256,8 +255,9 @@ class DistributedDataParallel(Module):
             if bufs:
                 _broadcast_coalesced(g, bufs, self.bucket_cap_mb)
         out = self.module(*inputs, **kwargs)
-        self._step_started = self.require_backward_grad_sync and \
-            any(p.requires_grad for p in self._params)
+        # a step whose backward will reduce gradients (not evaluation)
+        self._step_started = (self.require_backward_grad_sync
+                              and is_grad_enabled())
         if self._step_started:
             self._reset_buckets()
             if self.find_unused_parameters:
