@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import collectives  # noqa: E402
 import collectives_helpers as H  # noqa: E402
+from collectives import tcp as T  # noqa: E402
 
 # a hang is a bug here: fail it instead of stalling the suite
 pytestmark = pytest.mark.timeout(90)
@@ -34,13 +35,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(mode, world, timeout=60, env=None):
-    """Start `world` helper processes; return their parsed JSON lines."""
+def run_ranks(mode, world, timeout=60, env=None, rank_env=None,
+              script=HELPER):
+    """Start `world` helper processes; return their parsed JSON lines.
+    rank_env: {rank: {VAR: value}} on top of env for single ranks."""
     port, token = free_port(), os.urandom(8).hex()
     e = dict(os.environ, OMP_NUM_THREADS='1', **(env or {}))
+    rank_env = rank_env or {}
     procs = [subprocess.Popen(
-        [sys.executable, HELPER, mode, str(r), str(world), str(port), token],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+        [sys.executable, script, mode, str(r), str(world), str(port), token],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(e, **rank_env.get(r, {})))
         for r in range(world)]
     outs = []
     try:
@@ -126,3 +131,151 @@ def test_tcp_world_of_one_in_process():
     assert x.tolist() == [1, 1, 1]
     g.destroy()
     g.store.close()
+
+
+# ---- the same-host shared-memory path (big messages)
+
+def _shm_cases(g):
+    """Big messages through every ring op, with exact expected values.
+    Chunks bigger than the 2 MiB ring make it wrap; odd lengths leave
+    chunks just under and over SHM_MIN, so one direction of a step can
+    be inline while the other is in shm."""
+    r, n = g.rank, g.size
+    tri = n * (n - 1) / 2
+    for m in (1_500_001, 32_767, 49_151, 100_000):
+        base = np.arange(m, dtype=np.float64) % 1000
+        x = base + r
+        g.all_reduce(x)
+        np.testing.assert_array_equal(x, base * n + tri)
+        x = base + r
+        g.all_reduce(x, 'max')
+        np.testing.assert_array_equal(x, base + n - 1)
+        y = (np.arange(m) % 7 + r).astype(np.int32)
+        g.all_reduce(y)
+        np.testing.assert_array_equal(y, (np.arange(m) % 7) * n + tri)
+    z = np.full(3_000_001, r + 1, np.float32)
+    g.all_reduce(z, 'avg')
+    np.testing.assert_allclose(z, (n + 1) / 2)
+    # all_gather of 1.2 MB blocks
+    blk = np.arange(300_001, dtype=np.float32) + r
+    out = np.zeros((n, blk.size), np.float32)
+    g.all_gather(out, blk)
+    for q in range(n):
+        np.testing.assert_array_equal(out[q], blk - r + q)
+    # reduce_scatter: rank q's input row p is p * 10 + q
+    inp = np.empty((n, 700_001), np.float64)
+    for p in range(n):
+        inp[p] = p * 10 + r
+    res = np.zeros(700_001, np.float64)
+    g.reduce_scatter(res, inp)
+    np.testing.assert_array_equal(res, r * 10 * n + tri)
+    # broadcast 5 MiB from the last rank
+    b = np.full(5 << 20, r, np.uint8)
+    g.broadcast(b, src=n - 1)
+    assert (b == n - 1).all()
+    # async then sync, in issue order
+    a1 = np.ones(2_000_000, np.float32) * (r + 1)
+    a2 = np.ones(2_000_000, np.float32)
+    w = g.all_reduce(a1, async_op=True)
+    g.all_reduce(a2)
+    w.wait()
+    assert (a1 == (n + 1) * n / 2).all() and (a2 == n).all()
+
+
+def _shm_main(argv):
+    import json
+    mode, rank, world, port, token = argv[:5]
+    g = collectives.init('tcp', int(rank), int(world), timeout=20,
+                         master_addr='127.0.0.1', master_port=int(port),
+                         token=token)
+    res = {'w': g._shm_w is not None, 'r': g._shm_r is not None}
+    if mode == 'shm':
+        try:
+            _shm_cases(g)
+            res['ok'] = 'ok'
+        except Exception as e:
+            import traceback
+            res['ok'] = traceback.format_exc()
+        print(json.dumps(res), flush=True)
+        g.barrier()
+    elif mode == 'shmdie':
+        g.all_reduce(np.ones(1 << 20, np.float32))
+        if g.rank == 1:
+            os._exit(3)     # mid-job crash: the kernel closes its sockets
+        try:
+            for _ in range(50):
+                g.all_reduce(np.ones(4 << 20, np.float32))
+            res['error'] = None
+        except collectives.RankFailureError as e:
+            res['error'], res['type'] = str(e), 'RankFailureError'
+        print(json.dumps(res), flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+@pytest.mark.parametrize('world,off', [(2, ()), (3, ()), (3, (1,)),
+                                       (2, (0, 1))])
+def test_tcp_shm_big_messages(world, off):
+    """Every ring op with big buffers, shm on, off, and off on one rank
+    only (its two links fall back to the socket, the third keeps shm)."""
+    outs = run_ranks('shm', world, script=os.path.abspath(__file__),
+                     rank_env={r: {'DTORCH_TCP_SHM': '0'} for r in off})
+    for rank, (res, err, _) in enumerate(outs):
+        assert res is not None, f"rank {rank} printed nothing:\n{err}"
+        assert res['ok'] == 'ok', f"rank {rank}: {res['ok']}\n{err}"
+        right, left = (rank + 1) % world, (rank - 1) % world
+        assert res['w'] == (rank not in off and right not in off)
+        assert res['r'] == (rank not in off and left not in off)
+
+
+def test_tcp_shm_dead_rank_mid_transfer():
+    t = time.monotonic()
+    outs = run_ranks('shmdie', 3, timeout=40,
+                     script=os.path.abspath(__file__))
+    assert time.monotonic() - t < 20      # not the 20 s timeout
+    assert outs[1][2] == 3
+    for rank in (0, 2):
+        res = outs[rank][0]
+        assert res and res['w'] and res['r'], outs[rank]
+        assert res.get('type') == 'RankFailureError', outs[rank]
+        assert 'closed' in res['error'] or 'broke' in res['error']
+
+
+def test_tcp_shm_ring_unlinked_and_attach_refusals():
+    """Ranks as threads of one process: the rings are set up, their
+    files are gone from /dev/shm at once, and attach refuses anything
+    but the real file with its cookie."""
+    import threading
+    from collectives.tcp import tcp_group
+    if not os.path.isdir(T._SHM_DIR):
+        pytest.skip("no /dev/shm")
+    port, groups = free_port(), {}
+
+    def rank(r):
+        groups[r] = tcp_group(r, 2, '127.0.0.1', port, 'tok', timeout=10)
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    [t.start() for t in ts]
+    [t.join(15) for t in ts]
+    try:
+        for g in groups.values():
+            assert g._shm_w is not None and g._shm_r is not None
+            assert not os.path.exists(g._shm_w.path)
+        ring, cookie = T._Shm.create(2, 4096)
+        try:
+            assert T._Shm.attach(ring.path, cookie, 2, 4096) is not None
+            assert T._Shm.attach(ring.path, b'x' * 16, 2, 4096) is None
+            assert T._Shm.attach(ring.path, cookie, 4, 4096) is None
+            assert T._Shm.attach('/etc/passwd', cookie, 2, 4096) is None
+            assert T._Shm.attach(T._SHM_DIR + '/dtorch-tcp-none', cookie,
+                                 2, 4096) is None
+        finally:
+            ring.unlink()
+        assert not os.path.exists(ring.path)
+    finally:
+        for g in groups.values():
+            g.destroy()
+        groups[0].store.close()
+
+
+if __name__ == '__main__':
+    _shm_main(sys.argv[1:])
