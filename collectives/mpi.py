@@ -18,6 +18,7 @@ in the calling rank. async_op=True always uses the nonblocking calls.
 import atexit
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -133,6 +134,10 @@ class MPIGroup(ProcessGroup):
                     self._fast[(op, c)] = self._fast[(op.value, c)] = mop
         self._use_fast = not self._poll and not self._debug
         self._sends = []      # isend requests of status replies
+        # the watchdog thread and the main thread (peer status queries) both
+        # add and prune: a request dropped before completion frees the
+        # buffer MPI is still sending from
+        self._sends_lock = threading.Lock()
         self._orphans = []    # requests (and buffers) abandoned at timeouts
         self._wd = None       # (seq, first seen) of the watched call
         self._cuda_aware = _cuda_aware(MPI)
@@ -140,23 +145,38 @@ class MPIGroup(ProcessGroup):
         if self._threads_ok:
             _stop_watchdog_at_exit()
             watchdog.register(self)
+        if self._use_fast:
+            self.all_reduce = self._fast_all_reduce()
 
     # ---- the fast paths: the 1.2x latency budget is ~0.6 us at 4 KiB
     def all_reduce(self, arr, op='sum', async_op=False):
-        if self._use_fast and not async_op and type(arr) is np.ndarray:
-            mop = self._fast.get((op, arr.dtype.char))
-            if mop is not None:
-                self._seq = seq = self._seq + 1
-                self._last = self._inflight = (seq, 'all_reduce', arr)
-                try:
-                    self._Allreduce(self._IN_PLACE, arr, mop)
-                except BufferError:
-                    self._inflight = None
-                    check_buffer(arr)
-                    raise
-                self._inflight = None
-                return None
         return ProcessGroup.all_reduce(self, arr, op, async_op)
+
+    def _fast_all_reduce(self):
+        """all_reduce for the common case, as a closure over what it needs:
+        every attribute lookup saved is ~30 ns of a ~3 us call."""
+        fast, allreduce, in_place = self._fast, self._Allreduce, \
+            self._IN_PLACE
+        ndarray, general = np.ndarray, ProcessGroup.all_reduce
+
+        def all_reduce(arr, op='sum', async_op=False):
+            if not async_op and type(arr) is ndarray:
+                mop = fast.get((op, arr.dtype.char))
+                if mop is not None:
+                    seq = self._seq + 1
+                    rec = (seq, 'all_reduce', arr)
+                    self._seq = seq
+                    self._last = self._inflight = rec
+                    try:
+                        allreduce(in_place, arr, mop)
+                    except BufferError:
+                        self._inflight = None
+                        check_buffer(arr)
+                        raise
+                    self._inflight = None
+                    return None
+            return general(self, arr, op, async_op)
+        return all_reduce
 
     def _run(self, name, arr, sig, start, async_op, p2p=False):
         if self._broken is not None:
@@ -412,10 +432,13 @@ class MPIGroup(ProcessGroup):
             if msg is None:
                 break
             nonce = msg.recv()
-            self._sends.append(side.isend((nonce, self.status()),
-                                          st.Get_source(), _RTAG))
+            req = side.isend((nonce, self.status()), st.Get_source(),
+                             _RTAG)
+            with self._sends_lock:
+                self._sends.append(req)
         if self._sends:
-            self._sends = [r for r in self._sends if not r.Test()]
+            with self._sends_lock:
+                self._sends = [r for r in self._sends if not r.Test()]
 
     def _peer_statuses(self, grace):
         if not self._threads_ok:
@@ -424,7 +447,9 @@ class MPIGroup(ProcessGroup):
         nonce = (self.rank, time.monotonic())
         for r in range(self.size):
             if r != self.rank:
-                self._sends.append(side.isend(nonce, r, _QTAG))
+                req = side.isend(nonce, r, _QTAG)
+                with self._sends_lock:
+                    self._sends.append(req)
         res = {self.rank: self.status()}
         end = time.monotonic() + grace
         st = MPI.Status()
@@ -456,6 +481,7 @@ class MPIGroup(ProcessGroup):
         err = self._timeout_error(rec, waited=now - self._wd[1])
         self._broken = err
         self._use_fast = False
+        self.__dict__.pop('all_reduce', None)   # back to the checked path
         sys.stderr.write(f"dtorch: {type(err).__name__}: {err}\n")
         if abort_on_error_enabled():
             sys.stderr.write("dtorch: a blocking MPI call cannot be "

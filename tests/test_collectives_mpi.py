@@ -63,8 +63,9 @@ def test_mpi_poll_timeout_reports_every_rank():
     # join the abandoned all_reduce so that MPI can finish cleanly (a
     # nonblocking collective only matches a nonblocking one)
     if g.rank == last:
-        g.comm.Iallreduce(np.ones(1024, np.float32), np.empty(
-            1024, np.float32)).Wait()
+        send = np.ones(1024, np.float32)
+        recv = np.empty(1024, np.float32)
+        g.comm.Iallreduce(send, recv).Wait()
     else:
         for reqs, _ in g._orphans:
             for r in reqs:
