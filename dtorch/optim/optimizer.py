@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _backend as B
 from ..autograd import enable_grad
+from ..nn.modules.module import zero_grads
 from ..tensor import Tensor
 
 __all__ = ["Optimizer", "required"]
@@ -108,19 +109,8 @@ class Optimizer:
     def zero_grad(self, set_to_none=True):
         """Reset the gradients of all optimized tensors: drop them
         (``set_to_none=True``, the default) or fill them with zeros."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    g = p.grad
-                    if g.grad_fn is not None:
-                        g.detach_()
-                    else:
-                        g.requires_grad_(False)
-                    g.zero_()
+        zero_grads((p for group in self.param_groups
+                    for p in group["params"]), set_to_none)
 
     def step(self, closure=None):
         """One optimization step. ``closure`` (optional) re-evaluates the

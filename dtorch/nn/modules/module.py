@@ -50,6 +50,23 @@ def _addindent(s, n):
     return first + "\n" + "\n".join(" " * n + line for line in lines)
 
 
+def zero_grads(params, set_to_none=True):
+    """Drop (``set_to_none``) or zero the gradients of ``params``; shared by
+    ``Module.zero_grad`` and ``Optimizer.zero_grad``."""
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            if g.grad_fn is not None:
+                g.detach_()
+            else:
+                g.requires_grad_(False)
+            g.zero_()
+
+
 class Module:
     """Base class for all neural network modules.
 
@@ -342,18 +359,7 @@ class Module:
         return self
 
     def zero_grad(self, set_to_none=True):
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                g = p.grad
-                if g.grad_fn is not None:
-                    g.detach_()
-                else:
-                    g.requires_grad_(False)
-                g.zero_()
+        zero_grads(self.parameters(), set_to_none)
 
     def apply(self, fn):
         for m in self.children():

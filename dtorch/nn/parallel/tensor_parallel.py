@@ -243,7 +243,25 @@ class _TPLayer(Module):
         return out
 
 
-class ColumnParallelLinear(_TPLayer):
+class _TPLinear(_TPLayer):
+    """What Column- and RowParallelLinear share: conversion from and to a
+    full ``nn.Linear``."""
+
+    @classmethod
+    def _from_full(cls, linear, process_group, **flags):
+        w = linear.weight
+        m = cls(linear.in_features, linear.out_features,
+                linear.bias is not None, process_group=process_group,
+                device=w.device, dtype=w.dtype, _init=False, **flags)
+        m._load_full(weight=w, bias=linear.bias)
+        return m
+
+    def to_linear(self):
+        """The full ``nn.Linear`` (a collective over the group)."""
+        return _to_linear(self)
+
+
+class ColumnParallelLinear(_TPLinear):
     """y = x A^T + b with A's rows (output features) split over the group.
 
     Args:
@@ -289,16 +307,8 @@ class ColumnParallelLinear(_TPLayer):
     @classmethod
     def from_linear(cls, linear, process_group=None, gather_output=True):
         """This rank's shard of an ``nn.Linear`` (same values)."""
-        w = linear.weight
-        m = cls(linear.in_features, linear.out_features,
-                linear.bias is not None, gather_output, process_group,
-                device=w.device, dtype=w.dtype, _init=False)
-        m._load_full(weight=w, bias=linear.bias)
-        return m
-
-    def to_linear(self):
-        """The full ``nn.Linear`` (a collective over the group)."""
-        return _to_linear(self)
+        return cls._from_full(linear, process_group,
+                              gather_output=gather_output)
 
     def forward(self, input):
         g = self.process_group
@@ -320,7 +330,7 @@ class ColumnParallelLinear(_TPLayer):
                 f" gather_output={self.gather_output}")
 
 
-class RowParallelLinear(_TPLayer):
+class RowParallelLinear(_TPLinear):
     """y = x A^T + b with A's columns (input features) split over the group:
     each rank multiplies its slice of the input, the partial products are
     summed (one all-reduce), then the replicated bias is added.
@@ -364,16 +374,8 @@ class RowParallelLinear(_TPLayer):
     def from_linear(cls, linear, process_group=None,
                     input_is_parallel=False):
         """This rank's shard of an ``nn.Linear`` (same values)."""
-        w = linear.weight
-        m = cls(linear.in_features, linear.out_features,
-                linear.bias is not None, input_is_parallel, process_group,
-                device=w.device, dtype=w.dtype, _init=False)
-        m._load_full(weight=w, bias=linear.bias)
-        return m
-
-    def to_linear(self):
-        """The full ``nn.Linear`` (a collective over the group)."""
-        return _to_linear(self)
+        return cls._from_full(linear, process_group,
+                              input_is_parallel=input_is_parallel)
 
     def forward(self, input):
         g = self.process_group
