@@ -118,6 +118,20 @@ def test_world_size_one_without_launcher(monkeypatch):
         dist.all_reduce(dtorch.ones(1))
 
 
+def test_backend_from_launcher_environment(monkeypatch):
+    for v in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("DTORCH_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="Invalid backend: 'bogus'"):
+        dist.init_process_group()
+    monkeypatch.setenv("DTORCH_BACKEND", "auto")
+    dist.init_process_group()
+    try:
+        assert dist.get_backend() == "threads"    # one rank, no launcher
+    finally:
+        dist.destroy_process_group()
+
+
 def test_subgroup_threads():
     def body(rank, ws):
         g = dist.new_group([1, 2])

@@ -13,6 +13,7 @@ The default group is per thread when set by ``spawn_threads``, so N ranks
 can run as threads in one process (the single-process test mode).
 """
 import datetime
+import os
 import threading
 
 import collectives as _c
@@ -79,7 +80,8 @@ def init_process_group(backend=None, init_method=None, timeout=None,
                        pg_options=None, device_id=None):
     """Join the job's default process group.
 
-    ``backend``: None picks nccl when a GPU is there, mpi under an MPI
+    ``backend``: None takes ``DTORCH_BACKEND`` (set by ``dtorch-launch
+    --backend``) or picks nccl when a GPU is there, mpi under an MPI
     launcher, tcp otherwise (and a one-rank group with no launcher at all);
     'gloo' is accepted as PyTorch scripts spell it and means tcp.
     ``init_method``: 'env://' (default) or 'tcp://host:port'.
@@ -90,6 +92,10 @@ def init_process_group(backend=None, init_method=None, timeout=None,
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
     b = None
+    if backend is None:
+        # dtorch-launch --backend passes its choice this way
+        env = os.environ.get("DTORCH_BACKEND", "auto")
+        backend = None if env in ("", "auto") else env
     if backend is not None:
         b = _BACKEND_ALIASES.get(str(backend).lower())
         if b is None:
