@@ -129,7 +129,12 @@ class Conv2d(Op):
                 f"{dilation[1] * (kw - 1) + 1}). Kernel size can't be "
                 f"greater than actual input size")
         ctx.save_for_backward(w)
-        if groups != 1:
+        # few input channels (an image's first layer): channels-last
+        # columns would be copied a handful of elements at a time; the NCHW
+        # columns copy whole rows and the batched matmul yields NCHW
+        # (measured C=1: 0.8 vs 2.1 ms, C=8: 5.3 vs 7.9 ms forward)
+        ctx.nchw = groups != 1 or c * kh * kw < 128
+        if ctx.nchw:
             return _conv2d_grouped(ctx, xp, x, w, b, stride, pads, dilation,
                                    groups, (oh, ow))
         out, cols = _conv_nhwc(xp, x, w, stride, pads, dilation, (oh, ow))
@@ -145,7 +150,7 @@ class Conv2d(Op):
         cols = ctx.cols
         xshape, pads, stride, dilation, groups, ohw = ctx.meta
         xp = get_array_module(g)
-        if groups != 1:
+        if ctx.nchw:
             return _conv2d_grouped_backward(ctx, xp, g, w, cols)
         o, c, kh, kw = w.shape
         n, L = g.shape[0], ohw[0] * ohw[1]
@@ -183,7 +188,12 @@ def _conv_nhwc(xp, x, w, stride, pads, dilation, ohw):
                        sh * dilation[0], sw * dilation[1], sc))
     cols = win.reshape(n, oh * ow, kh * kw * c)
     w2 = w.transpose(0, 2, 3, 1).reshape(o, kh * kw * c)
-    out = w2 @ xp.swapaxes(cols, 1, 2)              # (N, O, OH*OW)
+    # one 2-D GEMM (N*OH*OW, K) @ (K, O), then one transposing copy to
+    # NCHW: measured 7.3 vs 7.8-9.0 ms for the CNN's second conv against
+    # one (O, K) @ (K, OH*OW) matmul per image
+    out = cols.reshape(n * oh * ow, -1) @ w2.T
+    out = xp.ascontiguousarray(
+        xp.swapaxes(out.reshape(n, oh * ow, o), 1, 2))
     return out.reshape(n, o, oh, ow), cols
 
 
