@@ -45,11 +45,14 @@ def train_single(init, x, y, steps, micro=1):
     return state_arrays(m)
 
 
-def train_ddp(rank, ws, init, x, y, steps, micro=1, **ddp_kw):
+def train_ddp(rank, ws, init, x, y, steps, micro=1, comm_hook=None,
+              **ddp_kw):
     m = make_model(seed=100 + rank)     # different init: DDP must sync
     if rank == 0:
         load_arrays(m, init)
     model = DDP(m, **ddp_kw)
+    if comm_hook is not None:
+        model.register_comm_hook(None, comm_hook)
     opt = dtorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     b = x.shape[0] // ws
     xs, ys = x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]
@@ -156,17 +159,20 @@ def test_unused_parameters_error_names_them_and_flag_fixes_it():
     assert all(dist.spawn_threads(body, 2, timeout=60))
 
 
-def test_fp16_compress_hook_within_fp16_tolerance():
+@pytest.mark.parametrize("ws", [2, 3])
+@pytest.mark.parametrize("hook,tol", [("fp16_compress_hook", 2e-3),
+                                      ("bf16_compress_hook", 2e-2)])
+def test_compress_hooks_within_low_precision_tolerance(hook, tol, ws):
     from dtorch.distributed.algorithms.ddp_comm_hooks import default_hooks
     init = state_arrays(make_model())
-    x, y = data(16)
+    x, y = data(8 * ws)
     ref = train_single(init, x, y, steps=2)
 
     def body(rank, ws):
         m = make_model()
         load_arrays(m, init)
-        model = DDP(m)
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        model = DDP(m, bucket_cap_mb=0.001)    # several buckets, odd sizes
+        model.register_comm_hook(None, getattr(default_hooks, hook))
         opt = dtorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         xs, ys = x[rank * 8:(rank + 1) * 8], y[rank * 8:(rank + 1) * 8]
         for _ in range(2):
@@ -174,8 +180,10 @@ def test_fp16_compress_hook_within_fp16_tolerance():
             nn.functional.mse_loss(model(xs), ys).backward()
             opt.step()
         return state_arrays(m)
-    for r in dist.spawn_threads(body, 2, timeout=60):
-        assert_same(ref, r, tol=2e-3)
+    res = dist.spawn_threads(body, ws, timeout=60)
+    for r in res:
+        assert_same(ref, r, tol=tol)
+        assert_same(res[0], r, tol=0)        # every rank applies the same
 
 
 def test_join_uneven_inputs_no_hang():
@@ -225,6 +233,10 @@ def test_ddp_mpi_equivalence(mpi_world):
         assert_same(ref, res)
     res = train_ddp(rank, ws, init, x, y, 3, micro=2)
     assert_same(ref, res)
+    from dtorch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    res = train_ddp(rank, ws, init, x, y, 3, bucket_cap_mb=0.001,
+                    comm_hook=default_hooks.fp16_compress_hook)
+    assert_same(ref, res, tol=3e-3)
 
 
 @pytest.mark.parametrize("ws", [2, 3])
