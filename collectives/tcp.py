@@ -279,6 +279,31 @@ class TCPGroup(ProcessGroup):
         return self._pump(so, out_bufs, self._right, si, in_bufs,
                           self._left, deadline, expect)
 
+    def _send_some(self, so, bufs, peer):
+        """Send what the socket takes now; True when anything went."""
+        try:
+            n = so.sendmsg(bufs)
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            raise self._fail(peer, f"broke ({e})") from None
+        if n:
+            _advance(bufs, n)
+        return bool(n)
+
+    def _recv_some(self, si, bufs, peer):
+        """Bytes that arrived into bufs now (0: none yet; the caller
+        advances bufs); a closed socket means the peer is gone."""
+        try:
+            n = si.recvmsg_into(bufs)[0]
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            raise self._fail(peer, f"broke ({e})") from None
+        if n == 0:
+            raise self._fail(peer, "was closed")
+        return n
+
     def _pump(self, so, out_bufs, pout, si, in_bufs, pin, deadline,
               expect=None):
         out_bufs, in_bufs = list(out_bufs), list(in_bufs)
@@ -286,26 +311,11 @@ class TCPGroup(ProcessGroup):
         got = 0
         while out_bufs or in_bufs:
             moved = False
-            if out_bufs:
-                try:
-                    n = so.sendmsg(out_bufs)
-                except BlockingIOError:
-                    n = 0
-                except OSError as e:
-                    raise self._fail(pout, f"broke ({e})") from None
-                if n:
-                    _advance(out_bufs, n)
-                    moved = True
+            if out_bufs and self._send_some(so, out_bufs, pout):
+                moved = True
             if in_bufs:
-                try:
-                    n = si.recvmsg_into(in_bufs)[0]
-                except BlockingIOError:
-                    n = -1
-                except OSError as e:
-                    raise self._fail(pin, f"broke ({e})") from None
-                if n == 0:
-                    raise self._fail(pin, "was closed")
-                if n > 0:
+                n = self._recv_some(si, in_bufs, pin)
+                if n:
                     if hdr is not None and got < 16 <= got + n:
                         self._check_header(hdr, expect, pin)
                     got += n
@@ -412,26 +422,11 @@ class TCPGroup(ProcessGroup):
                 if filled:
                     oq.append(memoryview(b'\x01' * filled))
                     moved = True
-            if oq:
-                try:
-                    n = so.sendmsg(oq)
-                except BlockingIOError:
-                    n = 0
-                except OSError as e:
-                    raise self._fail(self._right, f"broke ({e})") from None
-                if n:
-                    _advance(oq, n)
-                    moved = True
+            if oq and self._send_some(so, oq, self._right):
+                moved = True
             if iq:
-                try:
-                    n = si.recvmsg_into(iq)[0]
-                except BlockingIOError:
-                    n = -1
-                except OSError as e:
-                    raise self._fail(self._left, f"broke ({e})") from None
-                if n == 0:
-                    raise self._fail(self._left, "was closed")
-                if n > 0:
+                n = self._recv_some(si, iq, self._left)
+                if n:
                     if got < 16 <= got + n:
                         self._check_header(hb, (in_tag, nin), self._left)
                     got += n
