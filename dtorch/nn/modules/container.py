@@ -7,6 +7,12 @@ from .module import Module
 from ..parameter import Parameter
 
 
+
+def _renumber(container):
+    """Keep a container's keys 0..n-1 after a deletion, as PyTorch does."""
+    items = list(container._modules.values())
+    container._modules = OrderedDict((str(i), m) for i, m in enumerate(items))
+
 class Sequential(Module):
     """Modules called in order, the output of each the input of the next.
 
@@ -50,9 +56,7 @@ class Sequential(Module):
                 delattr(self, key)
         else:
             delattr(self, self._get_item_by_idx(self._modules.keys(), idx))
-        # keep the keys 0..n-1, as PyTorch does
-        items = list(self._modules.values())
-        self._modules = OrderedDict((str(i), m) for i, m in enumerate(items))
+        _renumber(self)
 
     def __len__(self):
         return len(self._modules)
@@ -131,8 +135,7 @@ class ModuleList(Module):
                 delattr(self, str(k))
         else:
             delattr(self, str(self._abs(idx)))
-        items = list(self._modules.values())
-        self._modules = OrderedDict((str(i), m) for i, m in enumerate(items))
+        _renumber(self)
 
     def __len__(self):
         return len(self._modules)

@@ -1,6 +1,5 @@
 """Convolutions: Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, over the
 im2col primitives of ``dtorch/ops/nn_ops.py``."""
-import math
 
 from .module import Module
 from ..parameter import Parameter
@@ -59,12 +58,7 @@ class _ConvNd(Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            if fan_in != 0:
-                bound = 1 / math.sqrt(fan_in)
-                init.uniform_(self.bias, -bound, bound)
+        init._linear_default_(self.weight, self.bias)
 
     def _mode_pad(self, input):
         """Non-zero padding modes pad explicitly, then convolve unpadded."""
