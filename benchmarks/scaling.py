@@ -6,6 +6,11 @@ for weak scaling (per-rank batch 256), t(alone, 512) / (2 t(DDP, 256)) for
 strong scaling (global batch 512). PyTorch DDP over gloo runs the same
 protocol in the same launch when torch is installed.
 
+The sync-only ceiling runs the same protocol with a plain model (no DDP,
+no gradient traffic) whose step ends in a barrier: what any synchronous
+data-parallel step can reach on this machine at this moment, given that
+the slower rank sets the pace (rank-to-rank noise, shared caches).
+
     mpiexec -n 2 python benchmarks/scaling.py [--steps 20] [--out DIR]
     dtorch-launch --nproc-per-node 2 benchmarks/scaling.py
 
@@ -142,6 +147,25 @@ def run_dtorch(args, rank, world):
                    comm_figures)
 
 
+def run_ceiling(args, rank, world):
+    """Weak-scaling protocol, no DDP: each rank trains its own replica and
+    waits for the other at the end of the step (see the docstring)."""
+    g = dist._group(None)
+    dtorch.manual_seed(0)
+    x, y = batch(dtorch, 256, rank)
+    xs, ys = batch(dtorch, 256, 7)
+    train = make_step(dtorch, mlp(dtorch), x, y)
+
+    def step():
+        train()
+        g.barrier()
+    t_sync, t_solo = paired(rank, step, make_step(dtorch, mlp(dtorch), xs,
+                                                  ys), g.barrier,
+                            lambda: g.barrier(async_op=True), args.steps)
+    if rank == 0:
+        return summarise(t_sync, t_solo, 256, 256, world)
+
+
 class _TorchWork:
     def __init__(self, w):
         self.w = w
@@ -216,7 +240,8 @@ def main():
     if world < 2:
         sys.exit("run with 2 ranks: mpiexec -n 2 python "
                  "benchmarks/scaling.py")
-    res = {"dtorch": run_dtorch(args, rank, world), "world": world}
+    res = {"dtorch": run_dtorch(args, rank, world), "world": world,
+           "sync_ceiling": run_ceiling(args, rank, world)}
     res["torch_gloo"] = None if args.no_torch else \
         run_torch(args, rank, world)
     if rank == 0:
@@ -235,6 +260,10 @@ def main():
                 print(f"{lib + ' ' + kind:18}{r['t_ddp_ms']:10.1f}"
                       f"{r['t_solo_ms']:10.1f}{r['throughput_n']:11.0f}"
                       f"{r['efficiency']:6.2f}{hs}")
+        c = res["sync_ceiling"]
+        print(f"{'sync-only ceiling':18}{c['t_ddp_ms']:10.1f}"
+              f"{c['t_solo_ms']:10.1f}{c['throughput_n']:11.0f}"
+              f"{c['efficiency']:6.2f}")
         plot({"dtorch": res["dtorch"], "torch gloo": res["torch_gloo"]},
              world, os.path.join(args.out, "scaling.png"))
     dist.barrier()
