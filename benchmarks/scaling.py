@@ -32,7 +32,6 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dtorch  # noqa: E402
 import dtorch.distributed as dist  # noqa: E402
-from dtorch import nn  # noqa: E402
 from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 

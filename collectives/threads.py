@@ -17,7 +17,6 @@ import collections
 import threading
 import time
 
-import numpy as np
 
 from .base import (CollectiveMismatchError, ProcessGroup, RankFailureError,
                    _Expired, as_seconds, reduce_into)

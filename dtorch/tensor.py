@@ -12,8 +12,7 @@ import numpy as np
 from . import _backend as B
 from . import ops as P
 from .autograd import function as _function
-from .autograd.grad_mode import _state, no_grad
-from .autograd import engine as _engine
+from .autograd.grad_mode import _state
 
 _SCALARS = (int, float, bool)
 
@@ -1182,8 +1181,8 @@ class Tensor:
     def __bool__(self):
         if self._data.size != 1:
             raise RuntimeError(
-                f"Boolean value of Tensor with more than one value is "
-                f"ambiguous")
+                "Boolean value of Tensor with more than one value is "
+                "ambiguous")
         return bool(self._data.reshape(()))
 
     def __float__(self):

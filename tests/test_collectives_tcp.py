@@ -193,7 +193,7 @@ def _shm_main(argv):
         try:
             _shm_cases(g)
             res['ok'] = 'ok'
-        except Exception as e:
+        except Exception:
             import traceback
             res['ok'] = traceback.format_exc()
         print(json.dumps(res), flush=True)

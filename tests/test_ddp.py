@@ -112,7 +112,6 @@ def test_gradient_as_bucket_view_same_result():
 
 def test_one_all_reduce_per_bucket():
     def body(rank, ws):
-        g = dist.get_world_size() and dist.GroupMember  # noqa: F841
         m = make_model()
         model = DDP(m, bucket_cap_mb=0.0015)   # ~390 float64 values a bucket
         calls = []

@@ -5,7 +5,6 @@ pooling, softmax, nll, norms, embedding, dropout, GELU); the rest is a few
 lines of Tensor code. Argument names, defaults and error texts are PyTorch's.
 """
 import math
-import numbers
 
 import numpy as np
 

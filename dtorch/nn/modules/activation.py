@@ -1,5 +1,4 @@
 """Activation modules and MultiheadAttention."""
-import math
 
 from .module import Module
 from .linear import Linear
