@@ -5,6 +5,7 @@ pooling, softmax, nll, norms, embedding, dropout, GELU); the rest is a few
 lines of Tensor code. Argument names, defaults and error texts are PyTorch's.
 """
 import math
+import warnings
 
 import numpy as np
 
@@ -52,13 +53,15 @@ def _legacy_reduction(size_average, reduce, reduction):
     return "mean" if size_average else "sum"
 
 
-def _keep_mask(x, p, generator=None):
-    """A boolean array, True with probability 1 - p, on x's device."""
+def _keep_mask(x, p, generator=None, shape=None):
+    """A boolean array of ``shape`` (default x's), True with probability
+    1 - p, on x's device."""
     from ..random import _rng
     xp = x._xp()
+    shape = x.shape if shape is None else shape
     if xp is np:
-        return _rng(generator).random(x.shape) >= p
-    return xp.random.random_sample(x.shape) >= p
+        return _rng(generator).random(shape) >= p
+    return xp.random.random_sample(shape) >= p
 
 
 # ============================================================ linear ==
@@ -455,6 +458,12 @@ def softmin(input, dim=None, _stacklevel=3, dtype=None):
 # ========================================================= regularisation ==
 
 def dropout(input, p=0.5, training=True, inplace=False):
+    return _dropout(input, p, training, inplace, input.shape)
+
+
+def _dropout(input, p, training, inplace, mask_shape):
+    """Dropout with one keep/zero draw per element of ``mask_shape``
+    (broadcast over the rest of ``input``)."""
     if p < 0.0 or p > 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, "
                          f"but got {p}")
@@ -463,12 +472,73 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if p == 1.0:
         out = input * 0.0
     else:
-        out = N.Dropout.apply(input, keep=_keep_mask(input, p), p=p)
+        keep = _keep_mask(input, p, shape=tuple(mask_shape))
+        out = N.Dropout.apply(input, keep=keep, p=p)
     if inplace:
         with no_grad():
             input.copy_(out)
         return input
     return out
+
+
+def _feature_dropout(input, p, training, inplace, batched=True):
+    """One draw per (sample, channel): whole feature maps are zeroed. An
+    unbatched input is treated as a batch of one."""
+    if batched:
+        return _dropout(input, p, training, inplace,
+                        input.shape[:2] + (1,) * (input.dim() - 2))
+    if p < 0.0 or p > 1.0 or not training or p == 0.0:
+        return _dropout(input, p, training, inplace, input.shape)
+    out = _feature_dropout(input.unsqueeze(0), p, True, False).squeeze(0)
+    if inplace:
+        with no_grad():
+            input.copy_(out)
+        return input
+    return out
+
+
+def dropout1d(input, p=0.5, training=True, inplace=False):
+    """Zero whole channels of (N, C, L) or (C, L) input."""
+    nd = input.dim()
+    if nd not in (2, 3):
+        raise RuntimeError(
+            f"dropout1d: Expected 2D or 3D input, but received a {nd}D "
+            f"input. Note that dropout1d exists to provide channel-wise "
+            f"dropout on inputs with 1 spatial dimension, a channel "
+            f"dimension, and an optional batch dimension (i.e. 2D or 3D "
+            f"inputs).")
+    return _feature_dropout(input, p, training, inplace, batched=nd == 3)
+
+
+def dropout2d(input, p=0.5, training=True, inplace=False):
+    """Zero whole channels of (N, C, H, W) input. As in PyTorch, a 3-D
+    input is taken as (N, C, L), with a warning."""
+    nd = input.dim()
+    if nd not in (3, 4):
+        warnings.warn(
+            f"dropout2d: Received a {nd}-D input to dropout2d, which is "
+            f"deprecated and will result in an error in a future release. "
+            f"To retain the behavior and silence this warning, please use "
+            f"dropout instead.", stacklevel=2)
+    if nd == 3:
+        warnings.warn(
+            "dropout2d: Received a 3D input to dropout2d and assuming that "
+            "channel-wise 1D dropout behavior is desired - input is "
+            "interpreted as shape (N, C, L), where C is the channel dim.",
+            stacklevel=2)
+    return _feature_dropout(input, p, training, inplace, batched=nd >= 2)
+
+
+def dropout3d(input, p=0.5, training=True, inplace=False):
+    """Zero whole channels of (N, C, D, H, W) or (C, D, H, W) input."""
+    nd = input.dim()
+    if nd not in (4, 5):
+        warnings.warn(
+            f"dropout3d: Received a {nd}-D input to dropout3d, which is "
+            f"deprecated and will result in an error in a future release. "
+            f"To retain the behavior and silence this warning, please use "
+            f"dropout instead.", stacklevel=2)
+    return _feature_dropout(input, p, training, inplace, batched=nd != 4)
 
 
 # ============================================================== embedding ==

@@ -7,7 +7,7 @@ from .pooling import (MaxPool1d, MaxPool2d, AvgPool1d, AvgPool2d,
 from .activation import (ReLU, ReLU6, LeakyReLU, ELU, Hardtanh, GELU, SiLU,
                          Mish, Sigmoid, Tanh, Softplus, LogSigmoid, Softmax,
                          LogSoftmax, Softmin, MultiheadAttention)
-from .dropout import Dropout, Dropout1d, Dropout2d
+from .dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
 from .flatten import Flatten, Unflatten
 from .sparse import Embedding
 from .normalization import (LayerNorm, BatchNorm1d, BatchNorm2d,
