@@ -91,6 +91,33 @@ def test_conv2d_channels_last_input_and_single_channel():
     assert gradcheck(lambda x, w: F.conv2d(x, w, padding=1), (x1, w1))
 
 
+@pytest.mark.parametrize("case", CONV_CASES[:2] + CONV_CASES[4:] + [
+    dict(stride=1, padding=3, dilation=1, groups=1),     # pad > k - 1
+    dict(stride=(1, 2), padding=(1, 0), dilation=(2, 1), groups=1),
+])
+def test_conv2d_channels_last_path_in_chunks(case, monkeypatch):
+    # C*KH*KW >= 128 takes the channels-last path; a tiny chunk size makes
+    # every image its own chunk, so forward, weight gradient and the
+    # stride-1 input gradient (a convolution itself) cross chunk borders
+    monkeypatch.setattr(N, "_CONV_CHUNK_BYTES", 1)
+    x = t64(3, 24, 5, 6, seed=1)
+    kshape = (2, 3) if case["padding"] == "same" else (3, 3)
+    w, b = t64(3, 24, *kshape, seed=2, scale=0.3), t64(3, seed=3)
+    out = F.conv2d(x, w, b, **case)
+    if case["padding"] == "same":
+        d = F._pair(case["dilation"])
+        pads = [(dd * (k - 1) // 2, dd * (k - 1) - dd * (k - 1) // 2)
+                for dd, k in zip(d, kshape)]
+    else:
+        p = F._pair(case["padding"])
+        pads = [(p[0], p[0]), (p[1], p[1])]
+    ref = conv2d_ref(x.detach().numpy(), w.detach().numpy(),
+                     b.detach().numpy(), F._pair(case["stride"]), pads,
+                     F._pair(case["dilation"]), 1)
+    np.testing.assert_allclose(out.detach().numpy(), ref, atol=1e-10)
+    assert gradcheck(lambda x, w, b: F.conv2d(x, w, b, **case), (x, w, b))
+
+
 def test_conv2d_matches_torch_float32():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
