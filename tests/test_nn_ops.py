@@ -207,6 +207,7 @@ def test_max_pool_ties_give_gradient_to_one_element():
 
 
 @pytest.mark.parametrize("k,s,shape", [(2, 2, (2, 3, 7, 9)),
+                                       (2, 2, (2, 3, 6, 8)),    # 2x2 pairs
                                        (3, 3, (1, 2, 9, 7)),
                                        ((1, 2), (1, 2), (1, 2, 4, 6)),
                                        (2, 1, (1, 2, 5, 5))])

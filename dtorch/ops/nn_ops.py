@@ -388,7 +388,18 @@ class MaxPool2d(Op):
     mask of windows already served so that ties credit the first one. When
     windows tile the input (kernel == stride, no padding, dilation 1: the
     usual 2x2 pool) the offsets' slices are disjoint views of one reshaped
-    array, written once each."""
+    array, written once each.
+
+    The 2x2 tiling of a contiguous input has its own path: NumPy's loops
+    over (N, C, OH, OW) slices of the windows run only OW elements at a
+    time, so forward keeps, next to the maxima, which column won in every
+    window row (a 1-D pass over all rows) and which row won (the first
+    maximum in row-major order, as in PyTorch); backward then spreads g
+    over the two rows and over the two columns, four products in all
+    instead of a dozen comparisons and masks (benchmark CNN, forward +
+    backward: 64x32x28x28 6.7 -> 5.2 ms; 64x64x14x14, rows of 7, 2.7 ->
+    2.9 ms). A window holding NaN sends its
+    gradient to one of its cells, not necessarily the NaN one."""
     @staticmethod
     def forward(ctx, x, k=(2, 2), stride=(2, 2), pads=((0, 0), (0, 0)),
                 dilation=(1, 1), out_hw=None):
@@ -406,6 +417,19 @@ class MaxPool2d(Op):
         tiled = (tuple(k) == tuple(stride) and tuple(dilation) == (1, 1)
                  and not any(pads[0] + pads[1]))
         ctx.tiled = tiled
+        ctx.pairs = (tiled and tuple(k) == (2, 2) and x.flags.c_contiguous
+                     and oh * 2 == h and ow * 2 == w)
+        if ctx.pairs:
+            # the two cells of every window row as 1-D strided views: one
+            # long loop each; then the two rows of every window
+            cells = x.reshape(-1, 2)
+            col = cells[:, 1] > cells[:, 0]         # the right cell won
+            rows = xp.maximum(cells[:, 0], cells[:, 1])
+            rows = rows.reshape(n * c * oh, 2, ow)
+            low = rows[:, 1] > rows[:, 0]           # the lower row won
+            best = xp.maximum(rows[:, 0], rows[:, 1])
+            ctx.save_for_backward(col, low)
+            return best.reshape(n, c, oh, ow)
         if tiled:
             x6 = _tiles(x, k, (oh, ow))
             # columns first, then rows: contiguous reads in the first pass
@@ -439,6 +463,21 @@ class MaxPool2d(Op):
     def backward(ctx, g):
         xp = get_array_module(g)
         shape, k, stride, pads, dilation, ohw = ctx.meta
+        if ctx.pairs:
+            col, low = ctx.to_save
+            n, c, h, w = shape
+            g2 = g.reshape(-1, ohw[1])
+            # g to the winning row of each window, then to its winning cell
+            # (g - g * mask: exact, one product per pair instead of two)
+            gr = xp.empty((g2.shape[0], 2, ohw[1]), g.dtype)
+            xp.multiply(g2, low, out=gr[:, 1])
+            xp.subtract(g2, gr[:, 1], out=gr[:, 0])
+            gr = gr.reshape(-1)
+            gx = xp.empty(shape, g.dtype)
+            cells = gx.reshape(-1, 2)
+            xp.multiply(gr, col, out=cells[:, 1])
+            xp.subtract(gr, cells[:, 1], out=cells[:, 0])
+            return gx
         xin, best = ctx.to_save
         n, c = shape[:2]
         offs = list(_offsets(k, stride, dilation, ohw))
