@@ -431,6 +431,27 @@ class ProcessGroup:
                          lambda d: self._start_all_reduce(arr, op, d),
                          async_op)
 
+    def all_reduce_coalesced(self, arrs, op='sum', async_op=False):
+        """Every array in the list <- op over ranks, in place, as ONE
+        collective over the arrays read back to back (PyTorch's
+        ``all_reduce_coalesced``): one message for many small tensors, and
+        no packing copy where the backend can reduce from the arrays
+        themselves. Same dtype for all; ranks pass matching lists."""
+        op = reduce_op(op)
+        arrs = list(arrs)
+        if not arrs:
+            raise ValueError("all_reduce_coalesced needs at least one array")
+        for i, a in enumerate(arrs):
+            check_buffer(a, f'arrs[{i}]')
+            if a.dtype != arrs[0].dtype or type(a) is not type(arrs[0]):
+                raise TypeError(
+                    f"all_reduce_coalesced needs one dtype and device: "
+                    f"arrs[0] is {describe(arrs[0])} ({type(arrs[0]).__name__}"
+                    f"), arrs[{i}] is {describe(a)} ({type(a).__name__})")
+        return self._run('all_reduce_coalesced', arrs, str(op),
+                         lambda d: self._start_all_reduce_coalesced(
+                             arrs, op, d), async_op)
+
     def broadcast(self, arr, src=0, async_op=False):
         """arr <- rank src's arr."""
         check_buffer(arr)
@@ -616,6 +637,29 @@ class ProcessGroup:
 
     # Defaults built on the primitives above: a backend overrides what it
     # can do better.
+    def _start_all_reduce_coalesced(self, arrs, op, deadline):
+        # pack, reduce, unpack (an average is summed, then divided while
+        # unpacking: one pass instead of two)
+        xp = get_array_module(arrs[0])
+        flat = xp.concatenate([a.reshape(-1) for a in arrs])
+        avg = op is ReduceOp.AVG
+        if avg and flat.dtype.kind not in 'fc':
+            divide_avg(flat, self.size)     # raises the TypeError
+        fin = self._start_all_reduce(flat, ReduceOp.SUM if avg else op,
+                                     deadline)
+
+        def done(dl):
+            self._complete(fin, dl)
+            off = 0
+            for a in arrs:
+                part = flat[off:off + a.size].reshape(a.shape)
+                if avg:
+                    xp.divide(part, self.size, out=a)
+                else:
+                    a[...] = part
+                off += a.size
+        return done
+
     def _start_reduce(self, arr, dst, op, deadline):
         tmp = arr.copy()
         fin = self._start_all_reduce(tmp, op, deadline)

@@ -71,6 +71,54 @@ def case_all_reduce_bitwise_equal(g):
     assert all(b == allx[0] for b in allx), "ranks disagree bitwise"
 
 
+def case_all_reduce_big_chunks(g):
+    # past the mpi backend's shared-memory threshold (256 KiB) and over
+    # more than one 4 MiB slot, odd length; every op, bitwise agreement
+    n = 1_500_001
+    x = (np.arange(n) % 7 + g.rank).astype(np.float32)
+    g.all_reduce(x)
+    want = g.size * (np.arange(n) % 7) + g.size * (g.size - 1) / 2
+    np.testing.assert_array_equal(x, want.astype(np.float32))
+    y = (np.arange(70_001) % 5 * (g.rank + 1)).astype(np.float64)
+    g.all_reduce(y, 'avg')
+    np.testing.assert_allclose(y, np.arange(70_001) % 5 * (g.size + 1) / 2)
+    for op, f in (('max', max), ('min', min)):
+        z = np.full(70_000, g.rank, np.int64)
+        g.all_reduce(z, op)
+        assert (z == f(range(g.size))).all(), op
+    rng = np.random.default_rng(g.rank)
+    r = rng.standard_normal(300_000).astype(np.float32)
+    g.all_reduce(r)
+    allr = g.all_gather_object(r.tobytes())
+    assert all(b == allr[0] for b in allr), "ranks disagree bitwise"
+
+
+def case_all_reduce_coalesced(g):
+    shapes = [(3,), (1000, 3), (), (200_000,), (7, 1)]
+    arrs = [np.full(s, g.rank + 1.0, np.float32) for s in shapes]
+    ids = [id(a) for a in arrs]
+    g.all_reduce_coalesced(arrs)
+    assert [id(a) for a in arrs] == ids
+    for a, s in zip(arrs, shapes):
+        assert a.shape == s and (a == g.size * (g.size + 1) / 2).all()
+    arrs = [np.arange(n, dtype=np.float64) * (g.rank + 1)
+            for n in (5, 300_001)]
+    g.all_reduce_coalesced(arrs, 'avg')
+    for a in arrs:
+        np.testing.assert_allclose(a, np.arange(a.size) * (g.size + 1) / 2)
+    i = np.ones(4, np.int64)
+    g.all_reduce_coalesced([i], async_op=True).wait()
+    assert (i == g.size).all()
+    for bad, words in (([np.ones(2), np.ones(2, np.float32)], 'one dtype'),
+                       ([], 'at least one')):
+        try:
+            g.all_reduce_coalesced(bad)
+        except (TypeError, ValueError) as e:
+            assert words in str(e), (words, str(e))
+        else:
+            raise AssertionError(f"no error for {words}")
+
+
 def case_all_reduce_odd_dtypes(g):
     b = np.array([g.rank == 0, False, True])
     g.all_reduce(b, 'max')

@@ -83,6 +83,43 @@ def test_mpi_poll_timeout_reports_every_rank():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_mpi_shared_memory_all_reduce_and_its_timeout():
+    """Ranks on one host reduce coalesced lists through shared memory; a
+    rank that does not come is named in a timeout raised in the others
+    (not an abort: nobody is stuck inside MPI)."""
+    from collectives import shm
+    from collectives.mpi import MPIGroup
+    g = MPIGroup(timeout=1.0, name='shm-skip')
+    if not shm.usable():
+        assert g._shm is None
+        return
+    assert g._shm is not None          # mpiexec -n k on this one host
+    calls = []
+    orig = g._shm.all_reduce
+    g._shm.all_reduce = lambda *a: (calls.append(1), orig(*a))
+    xs = [np.full(n, g.rank + 1.0, np.float32) for n in (3, 300_000)]
+    g.all_reduce_coalesced(xs, 'avg')
+    assert calls and all((x == (g.size + 1) / 2).all() for x in xs)
+    g.all_reduce(xs[1])                # plain all_reduce: MPI
+    assert len(calls) == 1 and (xs[1] == g.size * (g.size + 1) / 2).all()
+    last = g.size - 1
+    if g.rank == last:
+        time.sleep(2.5)
+        err = None
+    else:
+        t = time.monotonic()
+        with pytest.raises(CollectiveTimeoutError) as ei:
+            g.all_reduce_coalesced([np.ones(1000, np.float32)])
+        assert time.monotonic() - t < 6
+        err = ei.value
+    group('blocking').barrier()
+    g.destroy()
+    if err is not None:
+        assert err.missing == [last], str(err)
+        assert "on group 'shm-skip'" in str(err)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_mpi_debug_mode_mismatch(monkeypatch):
     monkeypatch.setenv('DTORCH_DISTRIBUTED_DEBUG', 'DETAIL')
     from collectives.mpi import MPIGroup

@@ -116,12 +116,16 @@ def test_one_all_reduce_per_bucket():
         model = DDP(m, bucket_cap_mb=0.0015)   # ~390 float64 values a bucket
         calls = []
         pg = model.process_group
-        orig = pg.all_reduce
+        orig, orig_c = pg.all_reduce, pg.all_reduce_coalesced
 
         def counting(arr, op="sum", async_op=False):
             calls.append(arr.size)
             return orig(arr, op, async_op)
-        pg.all_reduce = counting
+
+        def counting_c(arrs, op="sum", async_op=False):
+            calls.append(sum(a.size for a in arrs))
+            return orig_c(arrs, op, async_op)
+        pg.all_reduce, pg.all_reduce_coalesced = counting, counting_c
         x, y = data(4, seed=rank)
         for _ in range(2):
             nn.functional.mse_loss(model(x), y).backward()

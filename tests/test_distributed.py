@@ -150,3 +150,15 @@ def test_subgroup_threads():
 @pytest.mark.parametrize("body", BODIES, ids=[b.__name__ for b in BODIES])
 def test_mpi(body, mpi_world):
     body(dist.get_rank(), dist.get_world_size())
+
+
+def test_all_reduce_coalesced_tensors_in_place():
+    def body(rank, ws):
+        ts = [dtorch.full((3,), float(rank + 1)),
+              dtorch.full((2, 2), float(rank + 1))]
+        ids = [id(t) for t in ts]
+        dist.all_reduce_coalesced(ts, dist.ReduceOp.AVG)
+        return [id(t) for t in ts] == ids, [t.tolist() for t in ts]
+    for same, vals in dist.spawn_threads(body, 3, timeout=30):
+        assert same
+        assert vals == [[2.0] * 3, [[2.0, 2.0], [2.0, 2.0]]]

@@ -26,7 +26,8 @@ from ..tensor import Tensor
 __all__ = [
     "init_process_group", "destroy_process_group", "is_initialized",
     "is_available", "get_rank", "get_world_size", "get_backend",
-    "new_group", "ReduceOp", "all_reduce", "broadcast", "reduce",
+    "new_group", "ReduceOp", "all_reduce", "all_reduce_coalesced",
+    "broadcast", "reduce",
     "all_gather", "all_gather_into_tensor", "gather", "scatter",
     "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "barrier",
     "send", "recv", "isend", "irecv", "broadcast_object_list",
@@ -192,6 +193,17 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     g = _group(group)
     w = g.all_reduce(_arr(tensor), _op(op), async_op=async_op)
     _bump(tensor)
+    return w
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None,
+                         async_op=False):
+    """In place, as one collective: every tensor in the list becomes the
+    reduction over ranks (one dtype and device for all)."""
+    g = _group(group)
+    w = g.all_reduce_coalesced([_arr(t, "tensors[i]") for t in tensors],
+                               _op(op), async_op=async_op)
+    _bump(*tensors)
     return w
 
 

@@ -6,13 +6,19 @@ How a step goes:
    trainable parameters, in reverse registration order (the order backward
    produces their gradients), into buckets of at most ``bucket_cap_mb`` of
    one dtype and device, each with one flat gradient buffer.
-2. Each parameter's post-accumulate-grad hook copies its gradient into its
-   bucket; when a bucket's last gradient arrives the bucket goes to a
-   communication thread, which all-reduces it while backward goes on
-   computing earlier layers (NumPy and MPI both release the GIL, so the
-   overlap is real on a CPU too).
-3. When backward ends (an engine callback) the step waits for the buckets,
-   divides by the world size and writes the averages into ``p.grad``.
+2. Each parameter's post-accumulate-grad hook marks its gradient ready;
+   when a bucket's last gradient arrives the bucket goes to a
+   communication thread, which reduces it while backward goes on computing
+   earlier layers (NumPy and MPI both release the GIL, so the overlap is
+   real on a CPU too).
+3. When backward ends (an engine callback) the step waits for the buckets.
+
+With the default hook a bucket is one ``all_reduce_coalesced(grads,
+'avg')`` over the ``p.grad`` arrays themselves: backends that reduce from
+and into the arrays (MPI on one host, through shared memory) then make no
+copies at all, and the others pack and unpack once, as before. With a
+communication hook, gradients are copied into the bucket's flat buffer as
+they arrive, the hook gets that buffer, and its result is written back.
 
 One all-reduce per bucket per step; ``no_sync()`` skips them for gradient
 accumulation. The state_dict keys carry PyTorch's ``module.`` prefix;
@@ -89,16 +95,18 @@ class GradBucket:
 
 
 def _allreduce_hook(group, bucket):
-    """Default: sum over ranks. DDP divides by the world size while it
-    copies the sums into ``p.grad`` (one pass over the bucket, not two).
+    """The default: sum over ranks, averaged by DDP. DDP does not call it
+    in a normal step: it reduces the gradients in place with
+    ``all_reduce_coalesced(grads, 'avg')`` instead (see the module
+    docstring). It runs when ranks shadow each other in ``join()``.
 
-    Hooks run on DDP's communication thread; the blocking call releases the
-    GIL, so backward goes on computing meanwhile. Measured on 2 cores with
-    Open MPI (MLP 784-1024-1024-10, per-rank batch 256, paired steps): a
-    blocking call gave weak-scaling efficiency 0.80-0.86; a nonblocking one
-    tested every 50 us, which leaves the core to the computation instead of
-    busy-polling, gave only 0.69-0.71, because a large reduction then
-    progresses only once per test.
+    Reductions run on DDP's communication thread; the blocking call
+    releases the GIL, so backward goes on computing meanwhile. Measured on
+    2 cores with Open MPI (MLP 784-1024-1024-10, per-rank batch 256, paired
+    steps): a blocking MPI call gave weak-scaling efficiency 0.80-0.86; a
+    nonblocking one tested every 50 us gave only 0.69-0.71, because a large
+    reduction then progresses only once per test. What helps is a wait that
+    sleeps and a transfer driven by the rank itself: `collectives.shm`.
     """
     t = bucket.buffer()
     group.all_reduce(t._data, "sum")
@@ -137,7 +145,9 @@ class DistributedDataParallel(Module):
         find_unused_parameters: find, after each forward, the parameters
             that do not take part in the loss, so their buckets still reduce.
         gradient_as_bucket_view: make ``p.grad`` a view into the bucket
-            buffer, saving a copy per step.
+            buffer, saving a copy per step when a communication hook is
+            registered (with the default all-reduce the gradients are
+            reduced where they are, so there is no copy to save).
 
     Example::
 
@@ -271,6 +281,10 @@ class DistributedDataParallel(Module):
             b.future = None
         self._queued = False
         self._next_bucket = 0
+        # the same on every rank (join is entered by all of them): ranks
+        # must issue the same collectives
+        self._direct = (self._comm_hook is _allreduce_hook
+                        and not self._join_active)
 
     def _find_unused(self, out):
         """Parameters that the graph of ``out`` does not reach."""
@@ -308,13 +322,21 @@ class DistributedDataParallel(Module):
         b, j = self._where[id(p)]
         if j in b.ready:
             return
-        off, n = b.offsets[j], p._data.size
-        view = b.flat[off:off + n]
         g = p._grad
-        if zero or g is None:
-            view[...] = 0
-        elif not _is_view_of(g._data, b.flat):
-            view[...] = g._data.reshape(-1)
+        if self._direct:
+            # reduced where it is; a parameter without a gradient here
+            # takes part with zeros and gets the average, as below
+            if g is None:
+                p._grad = Tensor._wrap(b.xp.zeros(p._data.shape, b.dtype))
+            elif zero:
+                g._data[...] = 0
+        else:
+            off, n = b.offsets[j], p._data.size
+            view = b.flat[off:off + n]
+            if zero or g is None:
+                view[...] = 0
+            elif not _is_view_of(g._data, b.flat):
+                view[...] = g._data.reshape(-1)
         b.ready.add(j)
         b.pending -= 1
         # launch in bucket order, whatever order gradients arrive in, so
@@ -325,8 +347,28 @@ class DistributedDataParallel(Module):
             self._next_bucket += 1
 
     def _launch(self, b):
+        stats = self.stats
+        if self._direct:
+            arrs = [p._grad._data for p in b.params]
+            if not all(type(a) is type(b.flat) and a.dtype == b.dtype
+                       and a.flags.c_contiguous for a in arrs):
+                # a gradient the backend cannot use in place: reduce the
+                # packed copy instead (the same collective, bitwise)
+                for a, off in zip(arrs, b.offsets):
+                    b.flat[off:off + a.size] = a.reshape(-1)
+                arrs = [b.flat]
+            group = self.process_group
+
+            def direct():
+                t0 = time.perf_counter()
+                group.all_reduce_coalesced(arrs, "avg")
+                stats["comm_s"] += time.perf_counter() - t0
+                stats["buckets"] += 1
+                return arrs
+            b.future = self._comm.submit(direct)
+            return
         bucket = GradBucket(b.index, b.flat, b.params, b.offsets)
-        hook, state, stats = self._comm_hook, self._comm_state, self.stats
+        hook, state = self._comm_hook, self._comm_state
 
         def run():
             t0 = time.perf_counter()
@@ -356,6 +398,13 @@ class DistributedDataParallel(Module):
             result = b.future.result()
             self.stats["wait_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
+            if self._direct:
+                if result[0] is b.flat:
+                    self._write_back(b, None)        # the packed fallback
+                else:
+                    for p in b.params:
+                        p._grad._vc[0] += 1
+                continue
             flat = result._data if isinstance(result, Tensor) else result
             if flat is not b.flat:
                 b.flat[...] = flat
