@@ -310,6 +310,14 @@ def test_nll_cross_entropy_match_composed():
             np.testing.assert_allclose(got.detach().numpy(), ref)
             assert gradcheck(lambda x: F.cross_entropy(
                 x, t, weight=weight, reduction=red), (x,))
+    # one fused node for class indices: spatial (N, C, d1) and unbatched
+    xs = t64(2, 3, 4, seed=5)
+    ts = dtorch.tensor([[0, 2, -100, 1], [1, 1, 0, 2]])
+    for red in ("mean", "none"):
+        assert gradcheck(lambda x: F.cross_entropy(
+            x, ts, weight=w[:3], reduction=red), (xs,))
+    assert gradcheck(lambda x: F.cross_entropy(x, dtorch.tensor(2)),
+                     (t64(4, seed=6),))
 
 
 def test_layer_norm_matches_composed_and_gradcheck():

@@ -727,6 +727,12 @@ def _check_targets(t, c, ignore_index):
 def nll_loss(input, target, weight=None, size_average=None,
              ignore_index=-100, reduce=None, reduction="mean"):
     reduction = _legacy_reduction(size_average, reduce, reduction)
+    return _nll(N.NllLoss, input, target, weight, ignore_index, reduction)
+
+
+def _nll(op, input, target, weight, ignore_index, reduction):
+    """nll_loss's checks, then ``op`` (NllLoss, or CrossEntropy on
+    logits)."""
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
     unbatched = input.ndim == 1
@@ -746,9 +752,9 @@ def nll_loss(input, target, weight=None, size_average=None,
             f"weight tensor should be defined either for all {c} classes or "
             f"no classes but got weight tensor of shape: "
             f"{list(weight.shape)}")
-    out = N.NllLoss.apply(input, target._data,
-                          None if weight is None else weight._data,
-                          ignore_index=ignore_index, reduction=reduction)
+    out = op.apply(input, target._data,
+                   None if weight is None else weight._data,
+                   ignore_index=ignore_index, reduction=reduction)
     return out.squeeze(0) if unbatched and reduction == "none" else out
 
 
@@ -763,6 +769,9 @@ def cross_entropy(input, target, weight=None, size_average=None,
                            f"Got: {label_smoothing}")
     cdim = 0 if input.ndim == 1 else 1
     c = input.shape[cdim]
+    if not target.is_floating_point() and label_smoothing <= 0:
+        return _nll(N.CrossEntropy, input, target, weight, ignore_index,
+                    reduction)
     logp = log_softmax(input, cdim)
     if target.is_floating_point():
         if tuple(target.shape) != tuple(input.shape):

@@ -645,6 +645,35 @@ class NllLoss(Op):
         return gx, None, None
 
 
+class CrossEntropy(NllLoss):
+    """log_softmax over axis 1, then NllLoss, as one node: backward is
+    ``softmax * coef`` with ``coef`` taken off at the targets, instead of
+    NllLoss's scatter into zeros followed by LogSoftmax's backward (three
+    passes over the (N, C, ...) logits saved)."""
+    @staticmethod
+    def forward(ctx, x, target, weight=None, ignore_index=-100,
+                reduction="mean"):
+        xp = get_array_module(x)
+        logp = x - x.max(axis=1, keepdims=True)
+        logp -= xp.log(xp.exp(logp).sum(axis=1, keepdims=True))
+        ctx.logp = logp
+        return NllLoss.forward(ctx, logp, target, weight, ignore_index,
+                               reduction)
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        w = ctx.w
+        coef = w * (g / ctx.denom) if ctx.reduction == "mean" else w * g
+        coef = xp.expand_dims(coef, 1)
+        gx = xp.exp(ctx.logp)
+        gx *= coef
+        t = xp.expand_dims(ctx.t, 1)
+        xp.put_along_axis(gx, t, xp.take_along_axis(gx, t, axis=1) - coef,
+                          axis=1)
+        return gx, None, None
+
+
 # ========================================================= normalisation ==
 
 class LayerNorm(Op):
@@ -867,8 +896,7 @@ class RNNLayer(Op):
             h = out[t]
             da[t] = dh * (1 - h * h) if ctx.act == "tanh" else dh * (h > 0)
             dh = da[t] @ w_hh
-        prev = _prev_states(xp, out[:T], h0, reverse)
-        return _rnn_grads(ctx, xp, da, dh, prev)
+        return _rnn_grads(ctx, xp, da, dh, (out[:T], h0, reverse))
 
 
 def _prev_states(xp, hs, h0, reverse):
@@ -878,11 +906,31 @@ def _prev_states(xp, hs, h0, reverse):
     return xp.concatenate([h0[None], hs[:-1]], axis=0)
 
 
+def _hh_weight_grad(dgates, hs, h0, reverse):
+    """sum_t dgates[t].T @ h_{t-1}, the h_{t-1} being h0 then hs[:-1]
+    (reversed: hs[1:] then h0), without copying them into one array: one
+    GEMM over the T - 1 steps whose h_{t-1} is an output, one for h0."""
+    T, G, H = dgates.shape[0], dgates.shape[-1], hs.shape[-1]
+    if reverse:
+        body, hb, first = dgates[:T - 1], hs[1:], dgates[T - 1]
+    else:
+        body, hb, first = dgates[1:], hs[:T - 1], dgates[0]
+    gw = first.T @ h0
+    if T > 1:
+        gw += body.reshape(-1, G).T @ hb.reshape(-1, H)
+    return gw
+
+
 def _rnn_grads(ctx, xp, dgates, dh0, prev, dc0=None):
+    """``prev``: the (T, N, H) states h_{t-1}, or (hs, h0, reverse) to
+    take them from the outputs without a copy (``_hh_weight_grad``)."""
     need = ctx.needs_input_grad
     G = dgates.shape[-1]
     d2 = dgates.reshape(-1, G)
-    gw = d2.T @ prev.reshape(-1, prev.shape[-1]) if need[-2] else None
+    gw = None
+    if need[-2]:
+        gw = _hh_weight_grad(dgates, *prev) if isinstance(prev, tuple) \
+            else d2.T @ prev.reshape(-1, prev.shape[-1])
     gb = d2.sum(axis=0) if need[-1] else None
     if dc0 is None:
         return dgates, dh0, gw, gb
@@ -1010,8 +1058,7 @@ class LSTMLayer(Op):
         else:
             dh0 = dgates[prev] @ w_hh
             dc *= acts[prev, 1]
-        hprev = _prev_states(xp, out[:T], h0, reverse)
-        return _rnn_grads(ctx, xp, dgates, dh0, hprev, dc)
+        return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
 
 
 class GRULayer(Op):
