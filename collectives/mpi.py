@@ -163,7 +163,7 @@ class MPIGroup(ProcessGroup):
     def _shm_setup(self, MPI):
         """A shared-memory reducer when all ranks are on this host."""
         c = self.comm
-        if self.size == 1 or not c.allreduce(shm.usable(), op=MPI.LAND):
+        if self.size == 1:
             return None
         node = c.Split_type(MPI.COMM_TYPE_SHARED)
         one_host = node.Get_size() == self.size
@@ -172,7 +172,8 @@ class MPIGroup(ProcessGroup):
             return None
         return shm.ShmReducer.setup(
             self.rank, self.size, lambda obj: c.bcast(obj, 0),
-            lambda flag: c.allreduce(bool(flag), op=MPI.LAND))
+            lambda flag: c.allreduce(bool(flag), op=MPI.LAND),
+            enabled=shm.usable())
 
     def _shm_ok(self, arrs, op):
         return (self._shm is not None and not self._nb

@@ -48,6 +48,7 @@ HEADER = 128                  # counters in their own cache lines
 CHUNK = 1024 * 1024           # bytes per slot (two slots per rank)
 SPIN = 300                    # busy checks (~20-30 us) before sleeping
 NAP = 50e-6                   # seconds per sleep while a peer is late
+CHECK = 100                   # naps between calls of the liveness check
 _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add,
           ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
           ReduceOp.PRODUCT: np.multiply}
@@ -87,16 +88,17 @@ class ShmReducer:
         self._k = int(self._flags[rank][0])   # 0 in a fresh file
 
     @classmethod
-    def setup(cls, rank, size, bcast, all_true, chunk=CHUNK):
-        """Collective: rank 0 creates the file (mode 0600, random name),
-        the others map it, then it is unlinked (the mappings stay).
-        ``bcast(obj)`` returns rank 0's obj on every rank; ``all_true(flag)``
-        returns whether flag is true on every rank. Returns a reducer, or
-        None on every rank when any rank could not map the file (the
-        caller then keeps its usual path)."""
+    def setup(cls, rank, size, bcast, all_true, chunk=CHUNK, enabled=True):
+        """Collective: rank 0 creates the file (mode 0600, random name and
+        a random cookie inside), the others map it and check the cookie,
+        then it is unlinked (the mappings stay). ``bcast(obj)`` returns
+        rank 0's obj on every rank; ``all_true(flag)`` whether flag is true
+        on every rank. Returns a reducer, or None on every rank when any
+        rank is not ``enabled`` or could not map the file - a rank on
+        another host cannot: trying is the same-host test."""
         nbytes = size * (HEADER + 2 * chunk)
-        path = None
-        if rank == 0:
+        path = cookie = None
+        if rank == 0 and enabled:
             path = os.path.join('/dev/shm',
                                 f'dtorch-ar-{os.getpid()}-'
                                 f'{secrets.token_hex(8)}')
@@ -105,13 +107,15 @@ class ShmReducer:
                              0o600)
                 try:
                     os.ftruncate(fd, nbytes)
+                    cookie = secrets.token_bytes(16)
+                    os.pwrite(fd, cookie, 16)     # after segment 0's counters
                 finally:
                     os.close(fd)
             except OSError:
                 path = None
-        path = bcast(path)
+        path, cookie = bcast((path, cookie))
         mm = None
-        if path is not None:
+        if path is not None and enabled:
             try:
                 fd = os.open(path, os.O_RDWR)
                 try:
@@ -120,6 +124,9 @@ class ShmReducer:
                 finally:
                     os.close(fd)
             except OSError:
+                mm = None
+            if mm is not None and mm[16:32] != cookie:
+                mm.close()
                 mm = None
         ok = all_true(mm is not None)       # also: everyone has mapped it
         if rank == 0 and path is not None:
@@ -134,7 +141,7 @@ class ShmReducer:
         return cls(rank, size, mm, chunk)
 
     # ------------------------------------------------------------ waits --
-    def _wait(self, which, k, deadline):
+    def _wait(self, which, k, deadline, alive):
         flags = self._flags
         for r in range(self.size):
             f = flags[r]
@@ -146,12 +153,16 @@ class ShmReducer:
                     if time.monotonic() > deadline:
                         raise _Expired([q for q in range(self.size)
                                         if flags[q][which] < k])
+                    if alive is not None and n % CHECK == 0:
+                        alive()              # raises if a peer is gone
 
     # ------------------------------------------------------------- work --
-    def all_reduce(self, arrs, op, deadline):
+    def all_reduce(self, arrs, op, deadline, alive=None):
         """arrs (same-dtype contiguous host arrays, read as one buffer
         back to back) <- op over ranks, in place; ``supports`` must hold
-        and every rank must pass the same total size, dtype and op."""
+        and every rank must pass the same total size, dtype and op.
+        ``alive()``, called every few ms while a peer is late, raises when
+        the backend knows a peer is gone (else the deadline decides)."""
         dt = arrs[0].dtype
         flats = [a.reshape(-1) for a in arrs]
         starts = [0]
@@ -171,7 +182,7 @@ class ShmReducer:
             for i, a, b in _pieces(starts, lo, hi):
                 mine[a - lo:b - lo] = flats[i][a - starts[i]:b - starts[i]]
             self._flags[me][0] = k
-            self._wait(0, k, deadline)
+            self._wait(0, k, deadline, alive)
             cut = [(hi - lo) * j // n for j in range(n + 1)]
             part = mine[cut[me]:cut[me + 1]]
             for r in range(n):
@@ -180,7 +191,7 @@ class ShmReducer:
             if op is ReduceOp.AVG:
                 np.divide(part, n, out=part)
             self._flags[me][1] = k
-            self._wait(1, k, deadline)
+            self._wait(1, k, deadline, alive)
             for r in range(n):
                 src = slots[r]
                 for i, a, b in _pieces(starts, lo + cut[r], lo + cut[r + 1]):

@@ -46,6 +46,7 @@ import numpy as np
 from .base import (CollectiveMismatchError, ProcessGroup, RankFailureError,
                    ReduceOp, _Expired, divide_avg, get_array_module,
                    reduce_into, watchdog)
+from . import shm
 from .store import _recv_exact, client_handshake, server_handshake
 
 SMALL = 64 * 1024
@@ -158,6 +159,7 @@ class TCPGroup(ProcessGroup):
         self._closed = False
         self._async = False
         self._shm_w = self._shm_r = None   # shm rings to right / from left
+        self._red = None        # shared-memory reducer, all ranks on a host
         if size == 1:
             return
         # listen on the interface that reaches the store
@@ -175,6 +177,13 @@ class TCPGroup(ProcessGroup):
         deadline = time.monotonic() + self.timeout
         self._lsock_in = self._wait_incoming('r', self._left, deadline)
         self._shm_setup(deadline)
+        # all ranks on this host: all_reduce_coalesced (DDP's buckets)
+        # goes through one shared file (collectives.shm); the set-up talks
+        # through the store, so that it is not a collective of the group
+        self._red = shm.ShmReducer.setup(
+            rank, size, self._store_bcast, self._store_all_true,
+            enabled=shm.usable() and os.environ.get('DTORCH_TCP_SHM',
+                                                    '1') != '0')
         watchdog.register(self)
 
     def _shm_setup(self, deadline):
@@ -209,6 +218,20 @@ class TCPGroup(ProcessGroup):
         finally:
             if mine is not None:   # both ends have it open, or never will
                 mine.unlink()
+
+    def _store_bcast(self, obj):
+        key = f"{self._prefix}shm/offer"
+        if self.rank == 0:
+            self.store.set(key, json.dumps(
+                [obj[0], obj[1].hex() if obj[1] else None]))
+        path, cookie = json.loads(self.store.get(key))
+        return path, bytes.fromhex(cookie) if cookie else None
+
+    def _store_all_true(self, flag):
+        self.store.set(f"{self._prefix}shm/ok/{self.rank}",
+                       b'1' if flag else b'0')
+        return all(self.store.get(f"{self._prefix}shm/ok/{r}") == b'1'
+                   for r in range(self.size))
 
     # ---- connections
     def _accept(self):
@@ -531,6 +554,31 @@ class TCPGroup(ProcessGroup):
         return self._launch(lambda dl: self._all_reduce(arr, op, dl, seq),
                             'coll')
 
+    def _neighbours_alive(self):
+        """Raise RankFailureError if a ring neighbour closed its socket
+        (nothing else is due on them during a shared-memory reduction),
+        closing ours, so that the failure travels round the ring."""
+        for so, peer in ((self._lsock_in, self._left),
+                         (self._rsock, self._right)):
+            ready, _, _ = select.select([so], [], [], 0)
+            if ready:
+                try:
+                    eof = so.recv(1, socket.MSG_PEEK) == b''
+                except OSError:
+                    eof = True
+                if eof:
+                    raise self._fail(peer, "closed")
+
+    def _start_all_reduce_coalesced(self, arrs, op, deadline):
+        if self._red is not None and shm.supports(arrs, op):
+            # in the collectives' lane, so issue order is kept
+            return self._launch(
+                lambda dl: self._red.all_reduce(arrs, op, dl,
+                                                self._neighbours_alive),
+                'coll')
+        return ProcessGroup._start_all_reduce_coalesced(self, arrs, op,
+                                                        deadline)
+
     def _all_reduce(self, arr, op, deadline, seq):
         n = self.size
         if op is ReduceOp.AVG and arr.dtype.kind not in 'fc':
@@ -735,6 +783,9 @@ class TCPGroup(ProcessGroup):
         watchdog.unregister(self)
         self._close_sockets()
         self._shm_w = self._shm_r = None   # the mappings go with them
+        if self._red is not None:
+            self._red.close()
+            self._red = None
         if self.size > 1:
             self._lsock.close()
         ProcessGroup.destroy(self)

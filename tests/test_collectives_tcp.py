@@ -180,6 +180,14 @@ def _shm_cases(g):
     g.all_reduce(a2)
     w.wait()
     assert (a1 == (n + 1) * n / 2).all() and (a2 == n).all()
+    # coalesced (the shared-memory reducer when every rank has shm): an
+    # async one queued before a sync one keeps the order
+    c1 = [np.full(3, r + 1.0), np.full(300_000, r + 1.0)]
+    c2 = [np.ones(5, np.float32)]
+    w = g.all_reduce_coalesced(c1, 'avg', async_op=True)
+    g.all_reduce_coalesced(c2)
+    w.wait()
+    assert all((c == (n + 1) / 2).all() for c in c1) and (c2[0] == n).all()
 
 
 def _shm_main(argv):
@@ -188,7 +196,8 @@ def _shm_main(argv):
     g = collectives.init('tcp', int(rank), int(world), timeout=20,
                          master_addr='127.0.0.1', master_port=int(port),
                          token=token)
-    res = {'w': g._shm_w is not None, 'r': g._shm_r is not None}
+    res = {'w': g._shm_w is not None, 'r': g._shm_r is not None,
+           'red': g._red is not None}
     if mode == 'shm':
         try:
             _shm_cases(g)
@@ -198,13 +207,16 @@ def _shm_main(argv):
             res['ok'] = traceback.format_exc()
         print(json.dumps(res), flush=True)
         g.barrier()
-    elif mode == 'shmdie':
+    elif mode in ('shmdie', 'reddie'):
         g.all_reduce(np.ones(1 << 20, np.float32))
         if g.rank == 1:
             os._exit(3)     # mid-job crash: the kernel closes its sockets
         try:
             for _ in range(50):
-                g.all_reduce(np.ones(4 << 20, np.float32))
+                if mode == 'shmdie':
+                    g.all_reduce(np.ones(4 << 20, np.float32))
+                else:   # waits in the shared-memory reducer
+                    g.all_reduce_coalesced([np.ones(1000, np.float32)])
             res['error'] = None
         except collectives.RankFailureError as e:
             res['error'], res['type'] = str(e), 'RankFailureError'
@@ -226,11 +238,13 @@ def test_tcp_shm_big_messages(world, off):
         right, left = (rank + 1) % world, (rank - 1) % world
         assert res['w'] == (rank not in off and right not in off)
         assert res['r'] == (rank not in off and left not in off)
+        assert res['red'] == (not off)     # every rank must have shm
 
 
-def test_tcp_shm_dead_rank_mid_transfer():
+@pytest.mark.parametrize('mode', ['shmdie', 'reddie'])
+def test_tcp_shm_dead_rank_mid_transfer(mode):
     t = time.monotonic()
-    outs = run_ranks('shmdie', 3, timeout=40,
+    outs = run_ranks(mode, 3, timeout=40,
                      script=os.path.abspath(__file__))
     assert time.monotonic() - t < 20      # not the 20 s timeout
     assert outs[1][2] == 3
