@@ -71,3 +71,29 @@ def test_index_add0_both_ways_match_add_at(width):
     want = np.zeros((5, width))
     np.add.at(want, np.where(idx < 0, idx + 5, idx), src)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_embedding_scale_grad_by_freq_matches_torch():
+    torch = pytest.importorskip("torch")
+    w = np.random.default_rng(0).standard_normal((5, 3))
+    idx = np.array([[0, 1, 1], [4, 1, 0]])
+    for pad in (None, 0):
+        e = nn.Embedding(5, 3, padding_idx=pad, scale_grad_by_freq=True)
+        te = torch.nn.Embedding(5, 3, padding_idx=pad,
+                                scale_grad_by_freq=True)
+        with dtorch.no_grad():
+            e.weight.copy_(dtorch.tensor(w, dtype=dtorch.float32))
+        with torch.no_grad():
+            te.weight.copy_(torch.tensor(w, dtype=torch.float32))
+        (e(dtorch.tensor(idx)) ** 2).sum().backward()
+        (te(torch.tensor(idx)) ** 2).sum().backward()
+        np.testing.assert_allclose(e.weight.grad.numpy(),
+                                   te.weight.grad.numpy(), rtol=1e-6)
+        assert R._embedding_source(e(dtorch.tensor(idx))) is None
+
+
+def test_embedding_scale_grad_by_freq_by_hand():
+    e = nn.Embedding(4, 2, scale_grad_by_freq=True)
+    e(dtorch.tensor([1, 1, 1, 3])).sum().backward()
+    np.testing.assert_allclose(e.weight.grad.numpy(),
+                               [[0, 0], [1, 1], [0, 0], [1, 1]])

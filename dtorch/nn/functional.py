@@ -566,7 +566,10 @@ def embedding(input, weight, padding_idx=None, max_norm=None,
             scale = (max_norm / (norms + 1e-7)).clip(max=1.0)
             weight._data[idx.reshape(-1)] = rows * scale[:, None]
             weight._vc[0] += 1
-    return N.Embedding.apply(weight, idx, padding_idx=padding_idx)
+    # sparse=True: the gradient is dense (dtorch has no sparse tensors);
+    # optimizers treat it as they would the dense one
+    return N.Embedding.apply(weight, idx, padding_idx=padding_idx,
+                             scale_grad_by_freq=scale_grad_by_freq)
 
 
 def one_hot(tensor, num_classes=-1):

@@ -770,10 +770,12 @@ class BatchNorm(Op):
 
 class Embedding(Op):
     """w[idx]; backward sums rows by sort + reduceat (``index_add0``); the
-    ``padding_idx`` row gets no gradient."""
+    ``padding_idx`` row gets no gradient; ``scale_grad_by_freq`` divides
+    each row's gradient by the number of times it occurs in idx."""
     @staticmethod
-    def forward(ctx, w, idx, padding_idx=None):
+    def forward(ctx, w, idx, padding_idx=None, scale_grad_by_freq=False):
         ctx.idx, ctx.shape, ctx.pad = idx, w.shape, padding_idx
+        ctx.freq = scale_grad_by_freq
         try:
             return w[idx]
         except IndexError:
@@ -783,6 +785,10 @@ class Embedding(Op):
     def backward(ctx, g):
         xp = get_array_module(g)
         gw = index_add0(xp, ctx.shape, g.dtype, ctx.idx, g)
+        if ctx.freq:
+            n = xp.bincount(ctx.idx.reshape(-1), minlength=ctx.shape[0])
+            gw /= xp.maximum(n, 1).astype(gw.dtype).reshape(
+                (-1,) + (1,) * (gw.ndim - 1))
         if ctx.pad is not None:
             gw[ctx.pad] = 0
         return gw, None

@@ -27,10 +27,11 @@ _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
 def _embedding_source(x):
     """(weight, idx) when x is a fresh ``Embedding`` output of a leaf
-    weight without padding_idx (whose gradient rule the table path would
-    not keep), else None."""
+    weight without padding_idx or scale_grad_by_freq (gradient rules the
+    table path would not keep), else None."""
     fn = x.grad_fn
-    if type(fn) is not N.Embedding or getattr(fn, "pad", 0) is not None:
+    if type(fn) is not N.Embedding or getattr(fn, "pad", 0) is not None \
+            or getattr(fn, "freq", True):
         return None
     edge = fn.next_edges[0]
     w = getattr(edge[0], "variable", None) if edge is not None else None
