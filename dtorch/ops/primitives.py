@@ -715,16 +715,15 @@ def index_add0(xp, shape, dtype, idx, src):
     order = np.argsort(idx, kind="stable")
     sidx = idx[order]
     starts = np.flatnonzero(np.r_[True, sidx[1:] != sidx[:-1]])
-    rows = src[order]
     if src.size >= 1024 * starts.size:
         # long rows: add.reduceat along axis 0 walks each column down the
-        # rows (measured 9.2 ms for 2048 x 1024 into 256 rows); one
-        # contiguous row-wise reduce per segment takes 1.1 ms
+        # rows (measured 9.2 ms for 2048 x 1024 into 256 rows); gathering
+        # each segment's rows and reducing them row-wise takes 2.6 ms
         bounds = starts.tolist() + [idx.size]
         for k, a, b in zip(sidx[starts].tolist(), bounds, bounds[1:]):
-            np.add.reduce(rows[a:b], axis=0, out=out[k])
+            np.add.reduce(src[order[a:b]], axis=0, out=out[k])
         return out
-    out[sidx[starts]] = np.add.reduceat(rows, starts, axis=0)
+    out[sidx[starts]] = np.add.reduceat(src[order], starts, axis=0)
     return out
 
 

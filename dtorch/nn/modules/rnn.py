@@ -163,6 +163,10 @@ class RNNBase(Module):
             for d in range(dirs):
                 w_ih, w_hh, b_ih, b_hh = self._layer_params(layer, d)
                 k = layer * dirs + d
+                if b_hh is not None and self.mode != "GRU":
+                    # b_hh only adds to the gates: one bias for the input
+                    # projection, none per step (GRU's b_hn is inside r *)
+                    b_ih, b_hh = b_ih + b_hh, None
                 if layer == 0 and src is not None:
                     xw = N.Embedding.apply(F.linear(src[0], w_ih, b_ih),
                                            src[1])
