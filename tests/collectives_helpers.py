@@ -64,8 +64,12 @@ def case_all_reduce_large_and_odd(g):
 
 
 def case_all_reduce_bitwise_equal(g):
+    _assert_bitwise_equal_sums(g, 40_000)
+
+
+def _assert_bitwise_equal_sums(g, n):
     rng = np.random.default_rng(g.rank)
-    x = rng.standard_normal(40_000).astype(np.float32)
+    x = rng.standard_normal(n).astype(np.float32)
     g.all_reduce(x)
     allx = g.all_gather_object(x.tobytes())
     assert all(b == allx[0] for b in allx), "ranks disagree bitwise"
@@ -86,11 +90,7 @@ def case_all_reduce_big_chunks(g):
         z = np.full(70_000, g.rank, np.int64)
         g.all_reduce(z, op)
         assert (z == f(range(g.size))).all(), op
-    rng = np.random.default_rng(g.rank)
-    r = rng.standard_normal(300_000).astype(np.float32)
-    g.all_reduce(r)
-    allr = g.all_gather_object(r.tobytes())
-    assert all(b == allr[0] for b in allr), "ranks disagree bitwise"
+    _assert_bitwise_equal_sums(g, 300_000)
 
 
 def case_all_reduce_coalesced(g):

@@ -44,22 +44,28 @@ def test_mpi_world_group_and_size_check(monkeypatch):
         world_group()
 
 
+def skip_on_last_rank(g, call):
+    """The last rank does not call (it waits where the others' watchdogs
+    can see it); the others must raise a timeout within a few seconds.
+    Returns their error, None on the last rank."""
+    if g.rank == g.size - 1:
+        time.sleep(2.5)
+        return None
+    t = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError) as ei:
+        call()
+    assert time.monotonic() - t < 6
+    return ei.value
+
+
 @pytest.mark.mpi(min_size=2)
 def test_mpi_poll_timeout_reports_every_rank():
     from collectives.mpi import MPIGroup
     g = MPIGroup(wait='poll', timeout=1.0, name='skip')
     last = g.size - 1
     g.all_reduce(np.ones(4))
-    if g.rank == last:
-        # do not call: wait where the others can see us (watchdog answers)
-        time.sleep(2.5)
-        err = None
-    else:
-        t = time.monotonic()
-        with pytest.raises(CollectiveTimeoutError) as ei:
-            g.all_reduce(np.ones(1024, np.float32))
-        assert time.monotonic() - t < 6
-        err = ei.value
+    err = skip_on_last_rank(
+        g, lambda: g.all_reduce(np.ones(1024, np.float32)))
     # join the abandoned all_reduce so that MPI can finish cleanly (a
     # nonblocking collective only matches a nonblocking one)
     if g.rank == last:
@@ -103,15 +109,8 @@ def test_mpi_shared_memory_all_reduce_and_its_timeout():
     g.all_reduce(xs[1])                # plain all_reduce: MPI
     assert len(calls) == 1 and (xs[1] == g.size * (g.size + 1) / 2).all()
     last = g.size - 1
-    if g.rank == last:
-        time.sleep(2.5)
-        err = None
-    else:
-        t = time.monotonic()
-        with pytest.raises(CollectiveTimeoutError) as ei:
-            g.all_reduce_coalesced([np.ones(1000, np.float32)])
-        assert time.monotonic() - t < 6
-        err = ei.value
+    err = skip_on_last_rank(
+        g, lambda: g.all_reduce_coalesced([np.ones(1000, np.float32)]))
     group('blocking').barrier()
     g.destroy()
     if err is not None:

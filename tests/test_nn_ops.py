@@ -47,6 +47,16 @@ CONV_CASES = [
 ]
 
 
+def ref_pads(case, kshape):
+    """(before, after) padding per spatial axis of a conv test case."""
+    if case["padding"] == "same":
+        d = F._pair(case["dilation"])
+        return [(dd * (k - 1) // 2, dd * (k - 1) - dd * (k - 1) // 2)
+                for dd, k in zip(d, kshape)]
+    p = F._pair(case["padding"])
+    return [(p[0], p[0]), (p[1], p[1])]
+
+
 @pytest.mark.parametrize("case", CONV_CASES)
 def test_conv2d_matches_reference_and_gradcheck(case):
     x = t64(2, 4, 7, 6, seed=1)
@@ -54,13 +64,7 @@ def test_conv2d_matches_reference_and_gradcheck(case):
     w = t64(4, 4 // case["groups"], *kshape, seed=2)
     b = t64(4, seed=3)
     out = F.conv2d(x, w, b, **case)
-    if case["padding"] == "same":
-        d = F._pair(case["dilation"])
-        pads = [(dd * (k - 1) // 2, dd * (k - 1) - dd * (k - 1) // 2)
-                for dd, k in zip(d, kshape)]
-    else:
-        p = F._pair(case["padding"])
-        pads = [(p[0], p[0]), (p[1], p[1])]
+    pads = ref_pads(case, kshape)
     ref = conv2d_ref(x.detach().numpy(), w.detach().numpy(),
                      b.detach().numpy(), F._pair(case["stride"]), pads,
                      F._pair(case["dilation"]), case["groups"])
@@ -104,13 +108,7 @@ def test_conv2d_channels_last_path_in_chunks(case, monkeypatch):
     kshape = (2, 3) if case["padding"] == "same" else (3, 3)
     w, b = t64(3, 24, *kshape, seed=2, scale=0.3), t64(3, seed=3)
     out = F.conv2d(x, w, b, **case)
-    if case["padding"] == "same":
-        d = F._pair(case["dilation"])
-        pads = [(dd * (k - 1) // 2, dd * (k - 1) - dd * (k - 1) // 2)
-                for dd, k in zip(d, kshape)]
-    else:
-        p = F._pair(case["padding"])
-        pads = [(p[0], p[0]), (p[1], p[1])]
+    pads = ref_pads(case, kshape)
     ref = conv2d_ref(x.detach().numpy(), w.detach().numpy(),
                      b.detach().numpy(), F._pair(case["stride"]), pads,
                      F._pair(case["dilation"]), 1)

@@ -510,16 +510,20 @@ def dropout1d(input, p=0.5, training=True, inplace=False):
     return _feature_dropout(input, p, training, inplace, batched=nd == 3)
 
 
+def _warn_feature_dims(name, nd, dims):
+    if nd not in dims:
+        warnings.warn(
+            f"{name}: Received a {nd}-D input to {name}, which is "
+            f"deprecated and will result in an error in a future release. "
+            f"To retain the behavior and silence this warning, please use "
+            f"dropout instead.", stacklevel=3)
+
+
 def dropout2d(input, p=0.5, training=True, inplace=False):
     """Zero whole channels of (N, C, H, W) input. As in PyTorch, a 3-D
     input is taken as (N, C, L), with a warning."""
     nd = input.dim()
-    if nd not in (3, 4):
-        warnings.warn(
-            f"dropout2d: Received a {nd}-D input to dropout2d, which is "
-            f"deprecated and will result in an error in a future release. "
-            f"To retain the behavior and silence this warning, please use "
-            f"dropout instead.", stacklevel=2)
+    _warn_feature_dims("dropout2d", nd, (3, 4))
     if nd == 3:
         warnings.warn(
             "dropout2d: Received a 3D input to dropout2d and assuming that "
@@ -532,12 +536,7 @@ def dropout2d(input, p=0.5, training=True, inplace=False):
 def dropout3d(input, p=0.5, training=True, inplace=False):
     """Zero whole channels of (N, C, D, H, W) or (C, D, H, W) input."""
     nd = input.dim()
-    if nd not in (4, 5):
-        warnings.warn(
-            f"dropout3d: Received a {nd}-D input to dropout3d, which is "
-            f"deprecated and will result in an error in a future release. "
-            f"To retain the behavior and silence this warning, please use "
-            f"dropout instead.", stacklevel=2)
+    _warn_feature_dims("dropout3d", nd, (4, 5))
     return _feature_dropout(input, p, training, inplace, batched=nd != 4)
 
 
