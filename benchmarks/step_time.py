@@ -15,7 +15,12 @@ thread variables before NumPy loads and calls ``torch.set_num_threads``.
 Time: both frameworks in one process from the same initial weights and data,
 turns interleaved (dtorch, torch, torch, dtorch, ...) after a warm-up, so
 that machine noise hits both alike; the median ms/step is reported, with the
-interquartile range. With more than one thread each turn starts after a
+interquartile range. Sharing the process does not favour either side:
+importing dtorch tunes glibc's malloc process-wide, but torch's MLP step
+took the same time with and without dtorch imported (30.4-31.1 ms, one
+pinned core); torch alone in a process that the scheduler moves between
+the two cores measured 36-45 ms, which is where higher standalone figures
+for torch come from. With more than one thread each turn starts after a
 short idle pause and one untimed step: worker threads of OpenBLAS and of
 torch's OpenMP spin-wait for a while after their last job, and on a 2-core
 machine the other library's spinning threads would otherwise steal a core
