@@ -588,12 +588,17 @@ class Softmax(Op):
         return gy - y * gy.sum(axis=ctx.dim, keepdims=True)
 
 
+def _log_softmax(x, dim):
+    xp = get_array_module(x)
+    s = x - x.max(axis=dim, keepdims=True)
+    s -= xp.log(xp.exp(s).sum(axis=dim, keepdims=True))
+    return s
+
+
 class LogSoftmax(Op):
     @staticmethod
     def forward(ctx, x, dim=-1):
-        xp = get_array_module(x)
-        s = x - x.max(axis=dim, keepdims=True)
-        s -= xp.log(xp.exp(s).sum(axis=dim, keepdims=True))
+        s = _log_softmax(x, dim)
         ctx.save_for_backward(s)
         ctx.dim = dim
         return s
@@ -653,10 +658,7 @@ class CrossEntropy(NllLoss):
     @staticmethod
     def forward(ctx, x, target, weight=None, ignore_index=-100,
                 reduction="mean"):
-        xp = get_array_module(x)
-        logp = x - x.max(axis=1, keepdims=True)
-        logp -= xp.log(xp.exp(logp).sum(axis=1, keepdims=True))
-        ctx.logp = logp
+        logp = ctx.logp = _log_softmax(x, 1)
         return NllLoss.forward(ctx, logp, target, weight, ignore_index,
                                reduction)
 
