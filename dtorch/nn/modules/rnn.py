@@ -5,9 +5,10 @@ projections of all time steps, then one fused recurrence primitive
 (``dtorch/ops/nn_ops.py``) that loops over time in forward and backward.
 
 Embedding straight into the first layer: when the input is the output of an
-``Embedding`` (its grad_fn, with a leaf weight and no padding_idx) and the
-table has fewer rows than the input has tokens, the input projections are
-taken from the projected *table*: ``(E @ W_ih.T + b)[idx]`` instead of
+``Embedding`` (its grad_fn, with a leaf weight, no padding_idx, no
+scale_grad_by_freq) and the table has at most a quarter as many rows as the
+input has tokens, the input projections are taken from the projected
+*table*: ``(E @ W_ih.T + b)[idx]`` instead of
 ``E[idx] @ W_ih.T + b``, the same values, with the GEMM over V rows instead
 of T * N (a char-level model: 256 rows against 2048 tokens, 8x fewer
 FLOPs, forward and backward). Autograd then takes the gradients of E and
