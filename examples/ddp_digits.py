@@ -26,7 +26,8 @@ from dtorch import nn  # noqa: E402
 from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
-from digits_common import DigitsCNN, load_digits_split  # noqa: E402
+from digits_common import (DigitsCNN, distributed_accuracy,  # noqa: E402
+                           load_digits_split)
 
 _stop = [False]
 
@@ -104,7 +105,7 @@ def main(argv=None):
             return 0
         sched.step()
         sampler.set_epoch(epoch + 1)
-        acc = evaluate(model.module, test_loader)
+        acc = distributed_accuracy(model.module, test_loader)
         if rank == 0:
             print(f"epoch {epoch + 1:2d}  test acc {100 * acc:.2f}%  "
                   f"({time.time() - t0:.1f} s, {world} ranks)", flush=True)
@@ -114,17 +115,6 @@ def main(argv=None):
               flush=True)
     dist.barrier()
     return acc
-
-
-@torch.no_grad()
-def evaluate(model, loader):
-    model.eval()
-    m = dist.metrics.MetricSum()
-    for x, y in loader:
-        m.update(correct=(model(x).argmax(1) == y).sum(), total=len(y))
-    model.train()
-    r = m.compute()
-    return r["correct"] / r["total"]
 
 
 def save(args, model, opt, sched, sampler, epoch, rank):

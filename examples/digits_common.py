@@ -50,3 +50,17 @@ def evaluate(model, loader):
         total += len(y)
     model.train()
     return correct, total, loss
+
+
+@torch.no_grad()
+def distributed_accuracy(model, loader, group=None):
+    """Accuracy over every rank's shard of a loader, the same on all ranks
+    (``group``: the ranks whose shards differ, default the world)."""
+    from dtorch.distributed.metrics import MetricSum
+    model.eval()
+    m = MetricSum(group=group)
+    for x, y in loader:
+        m.update(correct=(model(x).argmax(1) == y).sum(), total=len(y))
+    model.train()
+    r = m.compute()
+    return r["correct"] / r["total"]

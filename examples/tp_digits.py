@@ -37,7 +37,8 @@ from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.nn.parallel import tensor_parallel as tp  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
-from digits_common import load_digits_split  # noqa: E402
+from digits_common import (distributed_accuracy,  # noqa: E402
+                           load_digits_split)
 
 _stop = [False]
 
@@ -144,7 +145,9 @@ def main(argv=None):
             return 0
         sched.step()
         sampler.set_epoch(epoch + 1)
-        acc = evaluate(model.module, test_loader, dp_group)
+        # every TP rank of a replica computes the same predictions: count
+        # over the DP group only
+        acc = distributed_accuracy(model.module, test_loader, dp_group)
         if rank == 0:
             print(f"epoch {epoch + 1:2d}  loss {loss.item():.4f}  test acc "
                   f"{100 * acc:.2f}%  ({time.time() - t0:.1f} s)",
@@ -163,19 +166,6 @@ def _everyone_stops():
     flag = torch.tensor([1.0 if _stop[0] else 0.0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag.item() > 0
-
-
-@torch.no_grad()
-def evaluate(model, loader, dp_group):
-    # every TP rank of a replica computes the same predictions: count
-    # over the DP group only
-    model.eval()
-    m = dist.metrics.MetricSum(group=dp_group)
-    for x, y in loader:
-        m.update(correct=(model(x).argmax(1) == y).sum(), total=len(y))
-    model.train()
-    r = m.compute()
-    return r["correct"] / r["total"]
 
 
 def save(args, mlp, opt, sched, sampler, epoch, rank):
