@@ -145,6 +145,15 @@ def describe(arr):
     return f"{list(arr.shape)} {arr.dtype}"
 
 
+def row(buf, i):
+    """Writable view of entry i of a per-rank buffer: a list's item, or
+    ``buf[i, ...]`` of an array (plain ``buf[i]`` of a 1-D array is a
+    NumPy scalar: assigning into it or reshaping it writes nothing)."""
+    if isinstance(buf, (list, tuple)):
+        return buf[i]
+    return buf[i, ...]
+
+
 def check_buffer(arr, what='arr'):
     """Raise TypeError / ValueError unless arr is a contiguous array."""
     if not isinstance(arr, np.ndarray) and not is_cupy(arr):
@@ -297,11 +306,17 @@ class ProcessGroup:
         lines = [self.format_status(r, sts.get(r))
                  for r in range(self.size)]
         waited = self.timeout if waited is None else waited
+        if missing:
+            who = f"ranks that did not arrive: {sorted(missing)}"
+        else:
+            # an empty list would read as "nobody is to blame"
+            who = (f"every rank arrived at {op} #{seq}, but the transfer "
+                   f"did not complete (a stalled connection or a backend "
+                   f"fault, not a missing rank)")
         msg = (f"{op} #{seq} {describe(rec[2])} on group {self.name!r} "
                f"(backend {self.backend}, global ranks {self.ranks}) timed "
-               f"out after {waited:.1f} s on rank {self.rank}; ranks that "
-               f"did not arrive: {sorted(missing)}. Desync report: "
-               + '; '.join(lines))
+               f"out after {waited:.1f} s on rank {self.rank}; {who}. "
+               f"Desync report: " + '; '.join(lines))
         err = CollectiveTimeoutError(
             msg, op=op, group=self.name, seq=seq, missing=missing,
             statuses={r: self.format_status(r, sts.get(r))
@@ -679,7 +694,7 @@ class ProcessGroup:
             self._complete(fin, dl)
             if self.rank == dst:
                 for r in range(self.size):
-                    out[r][...] = full[r]
+                    row(out, r)[...] = full[r]
         return done
 
     def _start_scatter(self, out, inp, src, deadline):
@@ -719,7 +734,7 @@ class ProcessGroup:
         def done(dl):
             self._complete(fin, dl)
             for r in range(self.size):
-                out[r][...] = full[r, self.rank]
+                row(out, r)[...] = full[r, self.rank]
         return done
 
     def _start_barrier(self, deadline):

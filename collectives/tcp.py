@@ -45,7 +45,7 @@ import numpy as np
 
 from .base import (CollectiveMismatchError, ProcessGroup, RankFailureError,
                    ReduceOp, _Expired, divide_avg, get_array_module,
-                   reduce_into, watchdog)
+                   reduce_into, row, watchdog)
 from . import shm
 from .store import _recv_exact, client_handshake, server_handshake
 
@@ -66,6 +66,13 @@ _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add,
 def _mv(arr):
     """A flat byte memoryview of a contiguous array, whatever its dtype."""
     return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def _nonempty(bufs):
+    """The buffers with bytes in them: a 0-byte buffer (an empty array's
+    payload) never completes a send or a receive, so a loop that waits
+    for it to would wait for the timeout."""
+    return [b for b in bufs if len(b)]
 
 
 def _advance(bufs, n):
@@ -329,7 +336,7 @@ class TCPGroup(ProcessGroup):
 
     def _pump(self, so, out_bufs, pout, si, in_bufs, pin, deadline,
               expect=None):
-        out_bufs, in_bufs = list(out_bufs), list(in_bufs)
+        out_bufs, in_bufs = _nonempty(out_bufs), _nonempty(in_bufs)
         hdr = in_bufs[0] if expect is not None else None
         got = 0
         while out_bufs or in_bufs:
@@ -403,7 +410,7 @@ class TCPGroup(ProcessGroup):
         oq, src, opos = [], None, 0          # socket bytes, shm payload
         if send_arr is not None:
             oq.append(memoryview(_HDR.pack(tag, send_arr.nbytes)))
-            if w is None:
+            if w is None and send_arr.nbytes:
                 oq.append(_mv(send_arr))
             else:
                 src = send_arr.reshape(-1).view(np.uint8)
@@ -417,7 +424,8 @@ class TCPGroup(ProcessGroup):
             dst8 = dst.view(np.uint8)
             if rd is None:
                 tmp = dst if op is None else np.empty_like(dst)
-                iq.append(_mv(tmp))
+                if nin:
+                    iq.append(_mv(tmp))
             toks = bytearray(64)
         while True:
             moved = False
@@ -631,7 +639,7 @@ class TCPGroup(ProcessGroup):
         seq = self._seq
 
         def job(dl):
-            blocks = [out[r].reshape(-1) for r in range(self.size)]
+            blocks = [row(out, r).reshape(-1) for r in range(self.size)]
             self._ring_gather(blocks, inp.reshape(-1), dl, seq)
         return self._launch(job, 'coll')
 

@@ -19,7 +19,7 @@ import time
 
 
 from .base import (CollectiveMismatchError, ProcessGroup, RankFailureError,
-                   _Expired, as_seconds, reduce_into)
+                   _Expired, as_seconds, reduce_into, row)
 
 
 class _World:
@@ -146,14 +146,14 @@ class ThreadGroup(ProcessGroup):
     def _start_all_gather(self, out, inp, deadline):
         def then(v):
             for r in range(self.size):
-                out[r][...] = v[r]
+                row(out, r)[...] = v[r]
         return self._exchange(inp.copy(), 'all_gather', then)
 
     def _start_gather(self, out, inp, dst, deadline):
         def then(v):
             if self.rank == dst:
                 for r in range(self.size):
-                    out[r][...] = v[r]
+                    row(out, r)[...] = v[r]
         return self._exchange(inp.copy(), 'gather', then)
 
     def _start_scatter(self, out, inp, src, deadline):
@@ -172,7 +172,7 @@ class ThreadGroup(ProcessGroup):
     def _start_all_to_all(self, out, inp, deadline):
         def then(v):
             for r in range(self.size):
-                out[r][...] = v[r][self.rank]
+                row(out, r)[...] = v[r][self.rank]
         return self._exchange([a.copy() for a in inp], 'all_to_all', then)
 
     def _start_barrier(self, deadline):

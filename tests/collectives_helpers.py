@@ -265,6 +265,105 @@ def case_bad_input(g):
     g.barrier()   # the failed avg must not have desynchronised the ranks
 
 
+def _empty_and_scalar_ops(g, shape):
+    """Every op with buffers of `shape`: (0,), (2, 0) (empty) or ()
+    (a 0-d scalar). Values are exact, so equality is the check."""
+    n, r = g.size, g.rank
+    tri = n * (n - 1) / 2
+    full = np.zeros(shape).size > 0
+    for dtype in (np.float32, np.float64, np.int64, np.bool_):
+        ops = ('sum', 'avg', 'max', 'min', 'product')
+        for op in ops:
+            if op == 'avg' and dtype in (np.int64, np.bool_):
+                continue
+            x = np.full(shape, r + 1, dtype)
+            g.all_reduce(x, op=op)
+            assert x.shape == shape and x.dtype == dtype, (op, x)
+            if full and dtype is not np.bool_:
+                want = {'sum': n * (n + 1) / 2, 'avg': (n + 1) / 2,
+                        'max': n, 'min': 1,
+                        'product': float(np.prod(np.arange(1, n + 1)))}[op]
+                assert (x == want).all(), (op, dtype, x, want)
+    x = np.full(shape, r, np.float32)
+    g.all_reduce(x, async_op=True).wait()
+    assert x.shape == shape and (not full or (x == tri).all())
+    for src in range(n):
+        b = np.full(shape, r, np.int32)
+        g.broadcast(b, src=src)
+        assert b.shape == shape and (not full or (b == src).all())
+    b = np.full(shape, r, np.int32)
+    g.broadcast(b, src=n - 1, async_op=True).wait()
+    assert not full or (b == n - 1).all()
+    x = np.full(shape, r + 1.0)
+    g.reduce(x, dst=n - 1)
+    assert not full or (x == (n * (n + 1) / 2 if r == n - 1 else r + 1)).all()
+    inp = np.full(shape, r, np.float32)
+    out = np.full((n,) + shape, -1, np.float32)
+    g.all_gather(out, inp)
+    assert out.shape == (n,) + shape
+    assert not full or all((out[q] == q).all() for q in range(n))
+    outl = [np.full(shape, -1, np.float32) for _ in range(n)]
+    g.all_gather(outl, inp, async_op=True).wait()
+    assert not full or [float(o) for o in outl] == list(range(n))
+    out = np.full((n,) + shape, -1, np.float32) if r == 0 else None
+    g.gather(out, inp, dst=0)
+    if r == 0 and full:
+        assert [float(o) for o in out] == list(range(n))
+    sc = np.arange(n, dtype=np.float64).reshape((n,) + (1,) * len(shape)) \
+        * np.ones(shape)
+    got = np.full(shape, -1.0)
+    g.scatter(got, sc if r == n - 1 else None, src=n - 1)
+    assert got.shape == shape and (not full or (got == r).all())
+    rs_in = np.full((n,) + shape, r + 1, np.float32)
+    rs_out = np.full(shape, -1, np.float32)
+    g.reduce_scatter(rs_out, rs_in)
+    assert not full or (rs_out == n * (n + 1) / 2).all()
+    g.reduce_scatter(rs_out, [rs_in[q, ...].copy() for q in range(n)],
+                     op='avg',
+                     async_op=True).wait()
+    assert not full or (rs_out == (n + 1) / 2).all()
+    a_in = np.full((n,) + shape, r, np.int64)
+    a_out = np.full((n,) + shape, -1, np.int64)
+    g.all_to_all(a_out, a_in)
+    assert not full or [int(o) for o in a_out] == list(range(n))
+    c = [np.full(shape, r + 1.0, np.float32), np.full(3, r + 1.0, np.float32),
+         np.full(shape, r + 1.0, np.float32)]
+    g.all_reduce_coalesced(c)
+    assert [a.shape for a in c] == [shape, (3,), shape]
+    assert all((a == n * (n + 1) / 2).all() for a in c)
+    c = [np.full(shape, r + 1.0) for _ in range(3)]
+    g.all_reduce_coalesced(c, 'avg', async_op=True).wait()
+    assert all((a == (n + 1) / 2).all() for a in c)
+    g.barrier()
+    if n > 1:
+        right, left = (r + 1) % n, (r - 1) % n
+        s = np.full(shape, r, np.float32)
+        g.send(s, right, tag=3)
+        g.send(np.full(4, r, np.float32), right, tag=4)
+        g.isend(s, right, tag=5).wait()
+        got4 = np.zeros(4, np.float32)
+        w = g.irecv(got4, left, tag=4)
+        got = np.full(shape, -1, np.float32)
+        g.recv(got, left, tag=3)
+        got5 = np.full(shape, -1, np.float32)
+        g.irecv(got5, left, tag=5).wait()
+        w.wait()
+        assert (got4 == left).all() and got.shape == shape
+        assert not full or ((got == left).all() and (got5 == left).all())
+    g.barrier()
+
+
+def case_empty_tensors(g):
+    # 0-element buffers move nothing, but every rank must still agree
+    # and return at once (tcp used to wait for bytes that never came)
+    _empty_and_scalar_ops(g, (0,))
+    _empty_and_scalar_ops(g, (2, 0))
+
+
+def case_scalar_tensors(g):
+    _empty_and_scalar_ops(g, ())
+
+
 CASES = {k[5:]: v for k, v in sorted(globals().items())
          if k.startswith('case_')}
 
