@@ -1,12 +1,33 @@
 """Shared fixtures: the devices every device-parametrised test runs on (cpu
-always, cuda when CuPy sees a GPU), so the same suite is the GPU check."""
+always, cuda when CuPy sees a GPU), so the same suite is the GPU check.
+
+DTORCH_FAKE_CUDA=1 puts tests/fakecupy (a strict NumPy-backed CuPy stand-in)
+first on the path, so the cuda half of the suite runs on a CPU machine: it
+checks that the CUDA path uses CuPy's API correctly, not GPU results.
+Every test that runs on the cuda device is marked ``gpu``
+(``pytest -m gpu`` selects them)."""
 import os
+import sys
 
 import pytest
 
 # one BLAS thread per process keeps the 2-core CI machine predictable
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+FAKE_CUDA = os.environ.get("DTORCH_FAKE_CUDA", "") not in ("", "0")
+if FAKE_CUDA:
+    _fake = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                         "fakecupy")
+    if "cupy" in sys.modules and not getattr(sys.modules["cupy"], "_FAKE",
+                                             False):
+        raise RuntimeError("DTORCH_FAKE_CUDA=1 but the real CuPy is "
+                           "already imported")
+    sys.path.insert(0, _fake)
+    # child processes (DataLoader workers, launched ranks) see it too
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [_fake] + [p for p in os.environ.get("PYTHONPATH", "").split(
+            os.pathsep) if p])
 
 import dtorch  # noqa: E402
 
@@ -16,6 +37,18 @@ DEVICES = ["cpu"] + (["cuda"] if dtorch.cuda.is_available() else [])
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    # the gpu marker: every test that runs on a cuda device (the device
+    # fixture's cuda half, or a test parametrised with a 'cuda...' value)
+    for item in items:
+        cs = getattr(item, "callspec", None)
+        if cs is None:
+            continue
+        if any(isinstance(v, str) and v.startswith("cuda")
+               for v in cs.params.values()):
+            item.add_marker(pytest.mark.gpu)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,1 @@
+"""cupyx of the NumPy-backed CuPy stand-in: only what dtorch uses."""
