@@ -18,8 +18,22 @@ RUNNERS = ("local", "mpi", "ray", "slurm")
 BACKENDS = ("auto", "mpi", "tcp", "nccl")
 
 
+EXAMPLE = "dtorch-launch --nproc-per-node 2 examples/ddp_digits.py"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse says "required: script, args" for a bare dtorch-launch;
+        # show what a command line looks like instead.
+        if "required: script" in message:
+            message = "no training script given"
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n"
+                     f"example: {EXAMPLE}\n")
+
+
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="dtorch-launch",
         description="Start the ranks of a dtorch job.",
         epilog="Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, "
@@ -68,9 +82,14 @@ def _target(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    if args.max_restarts < 0:
-        sys.exit("dtorch-launch: --max-restarts must be >= 0")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag, value, low in (("--nproc-per-node", args.nproc_per_node, 1),
+                             ("--nnodes", args.nnodes, 1),
+                             ("--max-restarts", args.max_restarts, 0),
+                             ("--grace-period", args.grace_period, 0)):
+        if value is not None and value < low:
+            parser.error(f"{flag} must be >= {low} (got {value})")
     try:
         code = run(args)
     except (ValueError, FileNotFoundError, ImportError) as err:
@@ -140,8 +159,10 @@ def _run_external(args, backend):
                 mpi4py=args.runner == "mpi")
         if args.master_port is None:
             env["MASTER_PORT"] = str(renv.free_port(args.master_addr))
+        ext.allow_root(env)
         export = ["MASTER_ADDR", "MASTER_PORT", "DTORCH_RDZV_TOKEN",
-                  "DTORCH_RESTART_COUNT", "PYTHONUNBUFFERED"]
+                  "DTORCH_RESTART_COUNT", "PYTHONUNBUFFERED",
+                  ext.STARTED_VAR]
         export += [v for v in ("DTORCH_BACKEND",) + renv.THREAD_VARS
                    if v in env]
         return ext.mpiexec_command(_target(args), world, export=export)

@@ -15,10 +15,16 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 
 from launch import env as renv
 from launch import procs
+
+
+# A directory where each rank's launch.rank leaves a file as it starts, so
+# that a failure of mpiexec/srun itself is not blamed on a rank.
+STARTED_VAR = "DTORCH_LAUNCH_STARTED_DIR"
 
 
 def _say(msg):
@@ -88,6 +94,15 @@ def srun_command(target, nprocs=None, nnodes=None, ntasks_per_node=None,
     return cmd + rank_command(target, mpi4py=mpi4py)
 
 
+def allow_root(env, euid=None):
+    """Open MPI refuses to run as root unless told twice; a launcher run
+    as root (containers, CI) means it.  A value the user set wins."""
+    if (os.geteuid() if euid is None else euid) == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
 class ExternalRunner:
     """Run a command line built per attempt by `build(attempt, env)`,
     with signal forwarding and whole-job restarts."""
@@ -100,36 +115,52 @@ class ExternalRunner:
         self.grace, self.max_restarts = grace, max_restarts
 
     def run(self):
-        with procs.SignalTrap() as trap:
+        with procs.SignalTrap() as trap, \
+                procs.Reaper(self.grace) as reaper:
             for attempt in range(self.max_restarts + 1):
                 env = dict(self.base_env)
                 env["DTORCH_RESTART_COUNT"] = str(attempt)
                 cmd = self.build(attempt, env)
-                t0 = time.monotonic()
-                proc = procs.spawn(cmd, env, capture=False)
-                status = None
-                while status is None and trap.signum is None:
-                    status = procs.peek(proc.pid)
-                    time.sleep(0.02)
-                if trap.signum is not None:
-                    _say(f"got {procs.signal_name(trap.signum)}; passing "
-                         f"it to {self.name}")
-                    # srun treats a single SIGINT as "print status":
-                    # SIGTERM is what makes both launchers end the job.
-                    procs.stop_groups([proc.pid], signal.SIGTERM,
-                                      self.grace,
-                                      hurry=lambda: trap.urgent)
+                with tempfile.TemporaryDirectory(
+                        prefix="dtorch-started-") as started:
+                    # each rank's launch.rank leaves a file here
+                    env[STARTED_VAR] = started
+                    t0 = time.monotonic()
+                    proc = procs.spawn(cmd, env, capture=False)
+                    reaper.watch(proc.pid)
+                    status = None
+                    while status is None and trap.signum is None:
+                        status = procs.peek(proc.pid)
+                        time.sleep(0.02)
+                    if trap.signum is not None:
+                        _say(f"got {procs.signal_name(trap.signum)}; "
+                             f"passing it to {self.name}")
+                        # srun treats a single SIGINT as "print status":
+                        # SIGTERM is what makes both launchers end the job.
+                        procs.stop_groups([proc.pid], signal.SIGTERM,
+                                          self.grace,
+                                          hurry=lambda: trap.urgent)
+                        reaper.forget(proc.pid)
+                        proc.wait()
+                        return 128 + trap.signum
+                    # mpiexec/srun have ended the ranks; anything left in
+                    # their group (a stray child) goes now.
+                    procs.stop_groups([proc.pid], grace=self.grace)
+                    reaper.forget(proc.pid)
                     proc.wait()
-                    return 128 + trap.signum
-                # mpiexec/srun have ended the ranks; anything left in
-                # their group (a stray child) goes now.
-                procs.stop_groups([proc.pid], grace=self.grace)
-                proc.wait()
+                    ranks_started = bool(os.listdir(started))
                 if status == ("exit", 0):
                     return 0
-                _say(f"{self.name} {procs.describe_status(status)} after "
-                     f"{time.monotonic() - t0:.1f} s (its output above "
-                     f"names the failing rank)")
+                secs = time.monotonic() - t0
+                if ranks_started:
+                    _say(f"{self.name} {procs.describe_status(status)} "
+                         f"after {secs:.1f} s (its output above names the "
+                         f"failing rank)")
+                else:
+                    _say(f"{self.name} {procs.describe_status(status)} "
+                         f"after {secs:.1f} s before any rank started on "
+                         f"this host: {self.name} itself failed (its own "
+                         f"message above says why)")
                 if attempt < self.max_restarts:
                     _say(f"restarting the job ({attempt + 1} of "
                          f"{self.max_restarts} restarts)")

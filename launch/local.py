@@ -31,6 +31,15 @@ def _say(msg):
     print(f"dtorch-launch: {msg}", file=sys.stderr, flush=True)
 
 
+def _stopping(others):
+    """'; stopping the other 2 ranks' for a failure report."""
+    if others == 0:
+        return ""
+    if others == 1:
+        return "; stopping the other running rank"
+    return f"; stopping the other {others} running ranks"
+
+
 class _Console:
     """Serialises prefixed lines from the reader threads."""
 
@@ -150,6 +159,7 @@ class LocalRunner:
         self.base_env.setdefault("PYTHONUNBUFFERED", "1")
         self.console = console or _Console()
         self.ranks = []
+        self._reaper = None
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
 
@@ -157,7 +167,8 @@ class LocalRunner:
     def run(self):
         """Run the job, restarting up to max_restarts times; returns the
         launcher's exit code."""
-        with procs.SignalTrap() as trap:
+        with procs.SignalTrap() as trap, \
+                procs.Reaper(self.grace) as self._reaper:
             for attempt in range(self.max_restarts + 1):
                 t0 = time.monotonic()
                 result = self._attempt(attempt, trap)
@@ -207,6 +218,8 @@ class LocalRunner:
                     f.write(f"=== dtorch-launch: rank {rank}, restart "
                             f"{attempt}, {time.ctime()} ===\n")
             proc = procs.spawn(self.cmd, env)
+            if self._reaper is not None:
+                self._reaper.watch(proc.pid)
             echo = not self.only_rank0 or rank == 0
             self.ranks.append(
                 _Rank(rank, local, proc, log_path, self.console, echo))
@@ -243,14 +256,16 @@ class LocalRunner:
         procs.stop_groups(pgids, signum or signal.SIGTERM, grace,
                           hurry)
         for r in self.ranks:
+            if self._reaper is not None:
+                self._reaper.forget(r.pid)  # its id is free once reaped
             r.finish()
 
     def _on_failure(self, failed):
         first = failed[0]
         others = sum(1 for r in self.ranks if r.status is None)
         _say(f"rank {first.rank} (local rank {first.local_rank}, pid "
-             f"{first.pid}) {procs.describe_status(first.status)}; "
-             f"stopping the other {others} rank(s)")
+             f"{first.pid}) {procs.describe_status(first.status)}"
+             f"{_stopping(others)}")
         self._stop(self.grace)
         teardown = time.monotonic() - first.failed_at
         for r in failed[1:]:
@@ -268,8 +283,9 @@ class LocalRunner:
 
     def _on_signal(self, trap):
         signum = trap.signum
+        n = len(self.ranks)
         _say(f"got {procs.signal_name(signum)}; passing it to "
-             f"{len(self.ranks)} rank(s)")
+             + ("the rank" if n == 1 else f"the {n} ranks"))
         # a second Ctrl-C skips the rest of the grace period
         self._stop(self.grace, signum, hurry=lambda: trap.urgent)
         return JobResult(signum=signum)

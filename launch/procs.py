@@ -154,6 +154,68 @@ def stop_groups(sessions, signum=signal.SIGTERM, grace=5.0, hurry=None):
     return killed
 
 
+class Reaper:
+    """The launcher's insurance against its own sudden death: a
+    `python -m launch.reaper` process in a session of its own that stops
+    the ranks' sessions (SIGTERM, SIGKILL after `grace`) once the launcher
+    is gone, even if it was SIGKILLed.  Use as a context manager around a
+    job; `watch(pid)` after each spawn(), `forget(pid)` before the rank is
+    reaped."""
+
+    def __init__(self, grace=5.0):
+        self.grace = grace
+        self._proc = None
+
+    def __enter__(self):
+        import sys
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "launch.reaper", str(self.grace)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                start_new_session=True, text=True,
+                env=dict(os.environ, PYTHONPATH=_launch_root()))
+        except OSError:  # no reaper: the ranks still get PDEATHSIG
+            self._proc = None
+        return self
+
+    def _send(self, line):
+        if self._proc is None:
+            return
+        try:
+            self._proc.stdin.write(line + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            self._proc = None    # the reaper died: carry on without it
+
+    def watch(self, sid):
+        self._send(f"+{sid}")
+
+    def forget(self, sid):
+        self._send(f"-{sid}")
+
+    def __exit__(self, *exc):
+        if self._proc is not None:
+            try:
+                self._proc.stdin.close()  # EOF: "the launcher is done"
+            except (BrokenPipeError, ValueError):
+                pass
+            try:
+                self._proc.wait(timeout=self.grace + 10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        return False
+
+
+def _launch_root():
+    """The directory holding the `launch` package, so the reaper imports
+    this very copy whatever the working directory."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    old = os.environ.get("PYTHONPATH")
+    return here + (os.pathsep + old if old else "")
+
+
 class SignalTrap:
     """Catch SIGINT/SIGTERM/SIGHUP while a job runs; the runner polls
     `.signum` and forwards it.  A second signal while stopping means

@@ -11,6 +11,21 @@ import os
 import sys
 
 from launch.env import detect
+from launch.external import STARTED_VAR
+
+
+def _mark_started():
+    """Tell the launcher that this rank got as far as running (see
+    launch.external: a failure before any rank started is the MPI
+    launcher's own)."""
+    where = os.environ.pop(STARTED_VAR, None)
+    if where:
+        try:
+            with open(os.path.join(where, os.environ.get("RANK", "x")),
+                      "w"):
+                pass
+        except OSError:  # another host, or the launcher is gone
+            pass
 
 
 def main(argv=None):
@@ -23,6 +38,7 @@ def main(argv=None):
         os.environ.update(detect())
     except ValueError as err:
         sys.exit(f"launch.rank: {err}")
+    _mark_started()
     try:
         os.execvp(argv[0], argv)
     except OSError as err:

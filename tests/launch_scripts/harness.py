@@ -65,8 +65,9 @@ def finish(proc, timeout):
     return out, err
 
 
-def launch(args, timeout=30, env=None):
-    """Run the launcher to the end: (returncode, stdout, stderr, secs)."""
+def launch(args, timeout=120, env=None):
+    """Run the launcher to the end: (returncode, stdout, stderr, secs).
+    The timeout only stops a hang: a loaded 2-core machine is slow."""
     t0 = time.monotonic()
     proc = start(args, env)
     out, err = finish(proc, timeout)
