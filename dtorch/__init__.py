@@ -69,6 +69,21 @@ def numel(t):
     return t.numel()
 
 
+from ._tensor_more import (  # noqa: E402
+    tril, triu, sort, argsort, msort, topk, kthvalue, median, quantile,
+    nanquantile, gather, take_along_dim, take, scatter, scatter_add,
+    scatter_reduce, index_select, index_add, index_copy, index_fill,
+    index_put, masked_select, masked_scatter, cumprod, cummax, cummin,
+    logcumsumexp, diff, diagonal, diag, diag_embed, trace, outer, movedim,
+    repeat_interleave, erf, erfc, erfinv, asin, acos, atan, sinh, cosh,
+    asinh, acosh, atanh, exp2, frac, sinc, logit, atan2, hypot, xlogy,
+    remainder, fmod, floor_divide, float_power, logical_xor, bitwise_and,
+    bitwise_or, bitwise_xor, bitwise_not, signbit, heaviside, copysign,
+    nansum, nanmean, mv, addmm, baddbmm, addbmm, addmv, tile, unique,
+    unique_consecutive, multinomial, bernoulli)
+from ._functions import *  # noqa: F401,F403,E402
+arctan2, arcsin, arccos, arctan, moveaxis = atan2, asin, acos, atan, movedim
+
 __version__ = "0.1.0"
 
 from .serialization import save, load

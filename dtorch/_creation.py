@@ -178,6 +178,9 @@ def rand(*size, generator=None, dtype=None, device=None,
 
 def randint(low, high=None, size=None, generator=None, dtype=None,
             device=None, requires_grad=False):
+    if size is None and isinstance(high, (tuple, list)):
+        # randint(high, size): PyTorch's two-argument form
+        low, high, size = 0, low, high
     if high is None:
         low, high = 0, low
     if size is None:
@@ -299,7 +302,11 @@ def where(condition, input=None, other=None):
         ref = other
     from .tensor import _operand
     if not isinstance(ref, Tensor):
-        ref = Tensor._wrap(B.get_array_module(cond).asarray(ref))
+        # two Python numbers: PyTorch's dtype of the pair (where(c, 1, 0)
+        # is int64, where(c, 1., 0) the default float dtype)
+        dt = B.result_type(type(input), type(other), False, False)
+        ref = Tensor._wrap(B.get_array_module(cond).asarray(input, dt.np))
+        other = Tensor._wrap(B.get_array_module(cond).asarray(other, dt.np))
     return P.Where.apply(cond, _operand(input, ref), _operand(other, ref))
 
 

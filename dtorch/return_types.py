@@ -3,3 +3,4 @@ from collections import namedtuple
 
 MinMax = namedtuple("MinMax", ["values", "indices"])
 max = min = sort = topk = MinMax
+kthvalue = median = mode = cummax = cummin = MinMax

@@ -1505,6 +1505,30 @@ class Tensor:
                       device=device or self.device,
                       requires_grad=requires_grad)
 
+    # ------------- selection, scatter, triangles, scans, sampling, maths --
+    # (dtorch/_tensor_more.py: each is also dtorch.<name>(input, ...))
+    from ._tensor_more import (  # noqa: E402
+        tril, triu, tril_, triu_, sort, argsort, msort, topk, kthvalue,
+        median, quantile, nanquantile, gather, take_along_dim, take, scatter,
+        scatter_add, scatter_, scatter_add_, scatter_reduce, index_select,
+        index_add, index_copy, index_fill, index_add_, index_copy_,
+        index_fill_, index_put, index_put_, masked_select, masked_scatter,
+        cumprod, cummax, cummin, logcumsumexp, diff, diagonal, diag,
+        diag_embed, trace, outer, movedim, repeat_interleave, unfold,
+        sum_to_size, erf, erfc, erfinv, asin, acos, atan, sinh, cosh, asinh,
+        acosh, atanh, exp2, frac, sinc, logit, atan2, hypot, xlogy,
+        remainder, fmod, floor_divide, float_power, logical_xor, bitwise_and,
+        bitwise_or, bitwise_xor, bitwise_not, signbit, heaviside, copysign,
+        nansum, nanmean, mv, addmm, baddbmm, addbmm, addmv, tile, unique,
+        unique_consecutive, multinomial, bernoulli, exponential_, geometric_,
+        log_normal_, cauchy_, squeeze_, unsqueeze_, t_, transpose_,
+        is_complex, is_pinned, storage_offset, H)
+    H = property(H)
+    arctan2, arcsin, arccos, arctan = atan2, asin, acos, atan
+    moveaxis = movedim
+    # dtorch has strided dense CPU/GPU tensors only
+    is_sparse = is_quantized = is_meta = is_mkldnn = False
+
     # --------------------------------------------------------- printing ---
     def __repr__(self):
         from ._format import format_tensor
