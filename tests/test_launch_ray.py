@@ -2,7 +2,6 @@
 job that rendezvouses, failures naming the rank, `--runner ray`."""
 import importlib.util
 import json
-import re
 import subprocess
 import sys
 import time
@@ -25,16 +24,21 @@ if importlib.util.find_spec("ray") is None:
                 "the Ray runner tests", allow_module_level=True)
 
 
+SLOW = 60   # a loaded 2-core machine: catches a hang, not a slow start
+
+
 @pytest.fixture(scope="module")
-def ray_cases():
+def ray_cases(tmp_path_factory):
+    results = tmp_path_factory.mktemp("ray") / "results.json"
     env = clean_env(RAY_DISABLE_USAGE_STATS=1)
-    proc = subprocess.Popen([sys.executable, script("ray_job.py")],
+    proc = subprocess.Popen([sys.executable, script("ray_job.py"),
+                             str(results)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     t0 = time.monotonic()
     try:
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
         out = ""
     finally:
@@ -42,8 +46,8 @@ def ray_cases():
         # session is left (only processes this fixture started).
         kill_session(proc.pid)
         proc.wait()
-    cases = {m[0]: json.loads(m[1])
-             for m in re.findall(r"^CASE (\w+) (.*)$", out, re.M)}
+    # results come through a file: Ray's log lines share the stdout
+    cases = json.loads(results.read_text()) if results.exists() else {}
     cases["_out"], cases["_secs"] = out, time.monotonic() - t0
     return cases
 
@@ -83,4 +87,4 @@ def test_failure_names_rank(ray_cases, case, rank, text):
     assert isinstance(got, dict), ray_cases["_out"][-3000:]
     assert got["rank"] == rank
     assert f"rank {rank} failed" in got["msg"] and text in got["msg"]
-    assert got["secs"] < 10
+    assert got["secs"] < SLOW

@@ -1,6 +1,11 @@
-"""Ray runner scenarios against a local 2-CPU Ray, one per line of output
-(run by tests/test_launch_ray.py in its own session, so that Ray's
-daemons are the test's to clean up)."""
+"""Ray runner scenarios against a local 2-CPU Ray (run by
+tests/test_launch_ray.py in its own session, so that Ray's daemons are the
+test's to clean up).
+
+usage: ray_job.py RESULTS.json
+Each case's result goes into RESULTS.json (rewritten after every case),
+never onto stdout: Ray's own log lines interleave with the driver's
+output, even within a line."""
 import json
 import os
 import shutil
@@ -29,8 +34,16 @@ def crash_rank1():
     time.sleep(60)
 
 
+RESULTS_PATH = sys.argv[1]
+results = {}
+
+
 def report(name, value):
-    print(f"CASE {name} {json.dumps(value)}", flush=True)
+    results[name] = value
+    tmp = RESULTS_PATH + ".tmp"
+    with open(tmp, "w") as f:          # write-then-rename: never torn
+        json.dump(results, f)
+    os.replace(tmp, RESULTS_PATH)
 
 
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
