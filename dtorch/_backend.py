@@ -39,6 +39,47 @@ def cupy_available():
     return _load_cupy() is not None
 
 
+def current_cuda_index():
+    """The CUDA device current in this thread (CuPy's ``Device().id``)."""
+    return check_cuda_available().cuda.Device().id
+
+
+# --------------------------------------------- CuPy version differences ----
+# dtorch supports CuPy 13.x and 14.x (pyproject's cuda extras); these shims
+# cover what 13.x lacks, so an op body is written once for both.
+
+def put_along_axis(xp, arr, indices, values, axis):
+    """``xp.put_along_axis`` (CuPy has it from 14.0 only)."""
+    f = getattr(xp, "put_along_axis", None)
+    if f is not None:
+        return f(arr, indices, values, axis=axis)
+    # NumPy's construction: an open mesh of aranges, `indices` along axis
+    axis = axis % arr.ndim
+    idx = []
+    for d, n in enumerate(arr.shape):
+        if d == axis:
+            idx.append(indices)
+        else:
+            shape = [1] * arr.ndim
+            shape[d] = n
+            idx.append(xp.arange(n).reshape(shape))
+    arr[tuple(idx)] = values
+
+
+def reshape_view(a, shape):
+    """A view of `a` with `shape`, or ValueError when that needs a copy
+    (``reshape(copy=False)`` is NumPy >= 2.1 and CuPy >= 14.2 only; setting
+    the shape of a view is the old spelling both libraries have)."""
+    if type(a) is np.ndarray:
+        return a.reshape(shape, copy=False)
+    v = a.view()
+    try:
+        v.shape = shape
+    except AttributeError as e:   # CuPy and NumPy say "incompatible shape"
+        raise ValueError(str(e)) from None
+    return v
+
+
 def check_cuda_available():
     """Return the cupy module or raise with an install hint."""
     cp = _load_cupy()
@@ -225,6 +266,16 @@ def numpy_dtype(d):
     return to_dtype(d).np
 
 
+def check_cuda_dtype(d):
+    """Raise for a dtype that CuPy cannot hold (bfloat16: no CuPy release
+    up to 14.x has it)."""
+    if d is bfloat16:
+        raise TypeError(
+            "bfloat16 tensors are not supported on CUDA devices: CuPy has "
+            "no bfloat16 dtype; use float16 (with amp.GradScaler) or float32 "
+            "on the GPU")
+
+
 # ------------------------------------------------------------- devices ----
 
 class device:
@@ -261,14 +312,27 @@ class device:
     def xp(self):
         return np if self.type == "cpu" else check_cuda_available()
 
+    def resolve(self):
+        """This device with its index: 'cuda' means the current device."""
+        if self.type == "cpu" or self.index is not None:
+            return self
+        return cuda_device(current_cuda_index())
+
     def send(self, array):
-        """Move an array to this device (no copy when already there)."""
+        """Move an array to this device (no copy when already there);
+        'cuda' is the current device, 'cuda:i' device i."""
         if self.type == "cpu":
             if is_cupy_array(array):
                 return array.get()
             return np.asarray(array)
         cp = check_cuda_available()
-        with cp.cuda.Device(self.index or 0):
+        if getattr(array, "dtype", None) == _np_bfloat16:
+            check_cuda_dtype(bfloat16)
+        if self.index is None:
+            return cp.asarray(array)
+        if is_cupy_array(array) and array.device.id == self.index:
+            return array
+        with cp.cuda.Device(self.index):
             return cp.asarray(array)
 
     def __eq__(self, other):
@@ -297,15 +361,19 @@ CPU = device("cpu")
 _cuda_devices = {}
 
 
-def device_of(array):
-    """The dtorch device that holds an array."""
-    if type(array) is np.ndarray or not is_cupy_array(array):
-        return CPU
-    i = array.device.id
+def cuda_device(i):
+    """The (shared) dtorch device object for cuda:i."""
     d = _cuda_devices.get(i)
     if d is None:
         d = _cuda_devices[i] = device("cuda", i)
     return d
+
+
+def device_of(array):
+    """The dtorch device that holds an array."""
+    if type(array) is np.ndarray or not is_cupy_array(array):
+        return CPU
+    return cuda_device(array.device.id)
 
 
 def to_device(d):

@@ -11,9 +11,9 @@ from .tensor import Tensor, _dims
 
 def _finish(data, dtype, device, requires_grad):
     if device is not None:
-        dev = B.to_device(device)
-        if dev.type != "cpu":
-            data = dev.send(data)
+        # to any device, cpu included: tensor(cuda_t, device='cpu') copies
+        # to the host; 'cuda:i' allocates on device i
+        data = B.to_device(device).send(data)
     t = Tensor._make(data, False, None)
     if requires_grad:
         t.requires_grad_(True)
@@ -213,9 +213,12 @@ def randint_like(t, low, high=None, dtype=None, device=None):
 
 def normal(mean, std, size=None, generator=None, dtype=None, device=None):
     if isinstance(mean, Tensor) or isinstance(std, Tensor):
-        shape = np.broadcast_shapes(np.shape(getattr(mean, "_data", mean)),
-                                    np.shape(getattr(std, "_data", std)))
-        return randn(shape, generator=generator) * std + mean
+        shape = np.broadcast_shapes(tuple(getattr(mean, "shape", ())),
+                                    tuple(getattr(std, "shape", ())))
+        ref = mean if isinstance(mean, Tensor) else std
+        # drawn on the device of the mean/std tensor, in its dtype
+        return randn(shape, generator=generator, dtype=ref.dtype,
+                     device=ref.device) * std + mean
     return randn(size, generator=generator, dtype=dtype,
                  device=device) * std + mean
 

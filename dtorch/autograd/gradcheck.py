@@ -13,6 +13,14 @@ class GradcheckError(RuntimeError):
     pass
 
 
+def _host(a):
+    """A float64 NumPy copy of a NumPy or CuPy array (CuPy refuses
+    np.asarray: device arrays come back through .get())."""
+    if hasattr(a, "get") and not isinstance(a, np.ndarray):
+        a = a.get()
+    return np.asarray(a, dtype=np.float64)
+
+
 def _outputs(fn, inputs):
     out = fn(*inputs)
     if isinstance(out, (list, tuple)):
@@ -63,8 +71,7 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
                           allow_unused=True)
             for i, gi in zip(diff, grads):
                 if gi is not None:
-                    analytical[i][:, j] = np.asarray(
-                        gi.detach().cpu()._data).reshape(-1)
+                    analytical[i][:, j] = _host(gi.detach()._data).reshape(-1)
         # numerical Jacobian, central differences
         for i in diff:
             x = inputs[i]
@@ -80,9 +87,7 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
                     data[idx] = orig - eps
                     lo = _outputs(func, inputs)[k]._data.reshape(-1).copy()
                     data[idx] = orig
-                    numerical[e] = np.asarray(
-                        (hi - lo) / (2 * eps)).astype(np.float64).get() \
-                        if hasattr(hi, "get") else (hi - lo) / (2 * eps)
+                    numerical[e] = _host((hi - lo) / (2 * eps))
             a = analytical[i]
             if not np.allclose(a, numerical, rtol=rtol, atol=atol):
                 bad = np.unravel_index(np.argmax(np.abs(a - numerical)),

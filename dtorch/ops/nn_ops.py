@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from .._backend import get_array_module
+from .._backend import get_array_module, put_along_axis
 from .primitives import Op, index_add0
 
 
@@ -645,8 +645,8 @@ class NllLoss(Op):
         else:
             coef = -(w * g)
         gx = xp.zeros(ctx.shape, coef.dtype)
-        xp.put_along_axis(gx, xp.expand_dims(ctx.t, 1),
-                          xp.expand_dims(coef, 1), axis=1)
+        put_along_axis(xp, gx, xp.expand_dims(ctx.t, 1),
+                       xp.expand_dims(coef, 1), axis=1)
         return gx, None, None
 
 
@@ -671,8 +671,8 @@ class CrossEntropy(NllLoss):
         gx = xp.exp(ctx.logp)
         gx *= coef
         t = xp.expand_dims(ctx.t, 1)
-        xp.put_along_axis(gx, t, xp.take_along_axis(gx, t, axis=1) - coef,
-                          axis=1)
+        put_along_axis(xp, gx, t, xp.take_along_axis(gx, t, axis=1) - coef,
+                       axis=1)
         return gx, None, None
 
 

@@ -7,6 +7,7 @@ undoes the broadcast in one place, ``unbroadcast``.
 """
 import numpy as np
 
+from .._backend import put_along_axis
 from .._backend import get_array_module, from_np, result_type, \
     get_default_dtype, device_of
 from ..autograd.function import Function
@@ -201,7 +202,8 @@ class Pow(Op):
             with np.errstate(divide="ignore", invalid="ignore"):
                 lx = xp.log(x) if type(x) not in _SCALARS else np.log(x)
             # d/dy x**y = x**y log x, taken as 0 where x == 0 (PyTorch)
-            gy = xp.where(x == 0, 0, g * out * lx)
+            # (x may be a Python scalar: CuPy's where needs an array)
+            gy = xp.where(xp.asarray(x == 0), 0, g * out * lx)
             gy = unbroadcast(gy, ctx.ys, ctx.yd)
         return gx, gy
 
@@ -601,7 +603,7 @@ class MaxDim(Op):
         xp = get_array_module(g)
         gx = xp.zeros(ctx.shape, g.dtype)
         g = g.reshape(ctx.idx.shape)
-        xp.put_along_axis(gx, ctx.idx, g, axis=ctx.axis)
+        put_along_axis(xp, gx, ctx.idx, g, axis=ctx.axis)
         return gx
 
 

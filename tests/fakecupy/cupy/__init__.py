@@ -116,15 +116,23 @@ def _wrap(x, dev=None):
 
 def _unwrap(x, dev, allow_numpy=False):
     """Stand-in arrays -> NumPy (checked to be on `dev`); NumPy arrays are
-    refused, as CuPy's functions refuse them."""
+    refused as data, as CuPy's functions refuse them (an integer vector
+    is accepted where a shape, axes or indices go: allow_numpy)."""
     if isinstance(x, ndarray):
         _check_dev(x, dev)
         return x._a
-    if isinstance(x, _np.ndarray) and not allow_numpy:
+    if isinstance(x, _np.ndarray) and not (
+            allow_numpy and x.ndim <= 1 and x.dtype.kind in "iu"):
         raise TypeError(f"Unsupported type {type(x)}")
     if isinstance(x, (list, tuple)):
         return type(x)(_unwrap(v, dev, allow_numpy) for v in x)
     return x
+
+
+def _unwrap_args(args, kw, dev):
+    """The first argument is data; later ones may be shapes/axes/indices."""
+    args = [_unwrap(a, dev, i > 0) for i, a in enumerate(args)]
+    return args, {k: _unwrap(v, dev, True) for k, v in kw.items()}
 
 
 class _MemoryPointer:
@@ -280,7 +288,8 @@ class ndarray:
             if name not in _VIEWS:
                 _check_dev(self, dev)
             out = kw.get("out")
-            r = meth(*_unwrap(args, dev), **_unwrap(kw, dev))
+            a, k = _unwrap_args((None,) + args, kw, dev)
+            r = meth(*a[1:], **k)
             if out is not None:
                 return out
             if name == "astype" and r is self._a:
@@ -457,15 +466,16 @@ class _ufunc:
         a_kind = _bi.max((_kind_score(a.dtype) for a in arrays), default=-1)
         s_kind = _bi.max(_kind_score(_np.asarray(s).dtype) for s in scalars)
         use_min = arrays and a_kind >= s_kind
-        out = []
-        for x in ins:
-            if isinstance(x, ndarray):
-                out.append(x._a)
-            elif use_min:
-                out.append(_np.asarray(x, dtype=_min_scalar_type(x)))
-            else:
-                out.append(_np.asarray(x))
-        return out
+        if not use_min:
+            return [x._a if isinstance(x, ndarray) else _np.asarray(x)
+                    for x in ins]
+        # the scalar's minimal type only chooses the routine; its value is
+        # passed at the routine's input type (the common type), not rounded
+        # to the minimal type
+        common = _np.result_type(*[a.dtype for a in arrays],
+                                 *[_min_scalar_type(s) for s in scalars])
+        return [x._a if isinstance(x, ndarray) else
+                _np.asarray(x, dtype=common) for x in ins]
 
     def __call__(self, *args, out=None, dtype=None, **kw):
         dev = _cur()
@@ -562,7 +572,8 @@ def _fn(npf, name):
             if "dtype" in kw:
                 _check_dtype(kw["dtype"])
             out = kw.get("out")
-            r = npf(*_unwrap(args, dev), **_unwrap(kw, dev))
+            a, k = _unwrap_args(args, kw, dev)
+            r = npf(*a, **k)
             if out is not None:
                 return out
             return _wrap(r, dev)
