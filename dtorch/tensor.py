@@ -254,8 +254,9 @@ class Tensor:
         if B.is_cupy_array(self._data):
             if not force:
                 raise TypeError(
-                    "can't convert cuda:0 device type tensor to numpy. Use "
-                    "Tensor.cpu() to copy the tensor to host memory first.")
+                    f"can't convert {self.device} device type tensor to "
+                    f"numpy. Use Tensor.cpu() to copy the tensor to host "
+                    f"memory first.")
             return self._data.get()
         return self._data
 
@@ -278,12 +279,14 @@ class Tensor:
                 dev = a
         t = self
         if dev is not None:
-            dev = B.to_device(dev)
+            dev = B.to_device(dev).resolve()   # 'cuda': the current device
             if dev != t.device:
                 t = P.ToDevice.apply(t, device=dev)
         if dt is not None:
             dt = B.to_dtype(dt)
             if dt.np != t._data.dtype:
+                if dt is B.bfloat16 and t.is_cuda:
+                    B.check_cuda_dtype(dt)
                 t = P.Cast.apply(t, np_dtype=dt.np)
         if copy and t is self:
             t = self.clone()
@@ -880,8 +883,8 @@ class Tensor:
         shape = _dims(shape)
         if not self._data.flags.c_contiguous and self.numel() > 1:
             try:
-                self._data.view().reshape(shape, copy=False)
-            except (ValueError, TypeError, AttributeError):
+                B.reshape_view(self._data, self._infer(shape))
+            except ValueError:
                 raise RuntimeError(
                     "view size is not compatible with input tensor's size "
                     "and stride (at least one dimension spans across two "
