@@ -22,22 +22,30 @@ def _params(parameters):
 
 
 def _vector_norm(a, p):
-    """The p-norm of an array as a 0-d array of its dtype."""
+    """The p-norm of an array as a 0-d array of its dtype. Half-precision
+    input is accumulated in float32 and the result cast back, as PyTorch
+    does: a float16 gradient of norm 300 has a sum of squares (90000) past
+    float16's largest value."""
     xp = get_array_module(a)
     a = a.reshape(-1)
+    dt = a.dtype
     if a.size == 0:
-        return xp.zeros((), a.dtype)
+        return xp.zeros((), dt)
     if p == math.inf:
         return xp.abs(a).max()
     if p == -math.inf:
         return xp.abs(a).min()
     if p == 0:
-        return (a != 0).sum().astype(a.dtype)
+        return (a != 0).sum().astype(dt)
+    if (dt.itemsize < 4 and dt.kind == "f") or dt.name == "bfloat16":
+        a = a.astype(np.float32)
     if p == 2:
-        return xp.sqrt(xp.dot(a, a))
-    if p == 1:
-        return xp.abs(a).sum()
-    return (xp.abs(a) ** p).sum() ** (1.0 / p)
+        r = xp.sqrt(xp.dot(a, a))
+    elif p == 1:
+        r = xp.abs(a).sum()
+    else:
+        r = (xp.abs(a) ** p).sum() ** (1.0 / p)
+    return r.astype(dt)
 
 
 def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False,
@@ -55,7 +63,10 @@ def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False,
              for n in norms]
     xp = get_array_module(first._data)
     dt = np.result_type(*[n.dtype for n in norms])
-    total = _vector_norm(xp.stack([n.astype(dt) for n in norms]), norm_type)
+    # the norms are combined in float32 at least (half is cast back)
+    acc = np.promote_types(dt, np.float32)
+    total = _vector_norm(xp.stack([n.astype(acc) for n in norms]),
+                         norm_type).astype(dt)
     total_t = Tensor._wrap(xp.asarray(total))
     if error_if_nonfinite and not bool(xp.isfinite(total)):
         raise RuntimeError(
