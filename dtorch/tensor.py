@@ -852,6 +852,10 @@ class Tensor:
             self._data, axis=dim), dtype=np.int64))
 
     def norm(self, p="fro", dim=None, keepdim=False):
+        if self.dtype in (B.float16, B.bfloat16):
+            # accumulate in float32 (a sum of squares overflows float16
+            # above a norm of 256), return the input's dtype, as PyTorch
+            return self.float().norm(p, dim, keepdim).to(self.dtype)
         if p in ("fro", 2, 2.0):
             return (self * self).sum(dim, keepdim).sqrt()
         if p == float("inf"):
