@@ -235,17 +235,14 @@ def meshgrid(*tensors, indexing=None):
             raise RuntimeError("torch.meshgrid: Expected 0D or 1D tensor in "
                                "the tensor list")
     ts = [t.reshape(-1) for t in ts]
-    swap = indexing == "xy" and len(ts) >= 2
-    if swap:
-        ts[0], ts[1] = ts[1], ts[0]
     shape = [t.shape[0] for t in ts]
     out = []
     for i, t in enumerate(ts):
         v = [1] * len(ts)
         v[i] = shape[i]
         out.append(t.reshape(v).expand(shape))
-    if swap:
-        out[0], out[1] = out[1], out[0]
+    if indexing == "xy" and len(ts) >= 2:
+        # 'xy' is 'ij' with the first two dims swapped
         out = [o.transpose(0, 1) for o in out]
     return tuple(out)
 

@@ -303,6 +303,7 @@ def index_fill(self, dim, index, value):
     xp = self._xp()
     shape = [1] * max(self.ndim, 1)
     n = self.shape[d] if self.ndim else 1
+    shape[d] = n
     S._check_index(idx, n, "index_fill", d)
     m = xp.zeros(n, bool)
     m[idx] = True

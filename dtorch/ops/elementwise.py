@@ -181,8 +181,8 @@ class Xlogy(Op):
         xp = get_array_module(g)
         n = ctx.needs_input_grad
         with np.errstate(all="ignore"):
-            gx = xp.where((x == 0) & ~xp.isnan(y), 0, g * xp.log(y)) \
-                if n[0] else None
+            # PyTorch's gradient is g * log(y) even where x == 0
+            gx = g * xp.log(y) if n[0] else None
             gy = g * x / y if n[1] else None
         return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None,
                 unbroadcast(gy, ctx.ys, ctx.yd) if n[1] else None)
