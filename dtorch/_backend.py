@@ -278,6 +278,16 @@ def check_cuda_dtype(d):
 
 # ------------------------------------------------------------- devices ----
 
+class _NullContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL_CONTEXT = _NullContext()
+
 class device:
     """``dtorch.device('cpu')``, ``device('cuda')``, ``device('cuda', 1)``.
 
@@ -317,6 +327,13 @@ class device:
         if self.type == "cpu" or self.index is not None:
             return self
         return cuda_device(current_cuda_index())
+
+    def context(self):
+        """A context in which CuPy allocates and runs on this device (the
+        current device for 'cuda'; nothing to do for 'cpu')."""
+        if self.type == "cpu" or self.index is None:
+            return _NULL_CONTEXT
+        return check_cuda_available().cuda.Device(self.index)
 
     def send(self, array):
         """Move an array to this device (no copy when already there);

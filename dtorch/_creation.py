@@ -105,9 +105,13 @@ def from_numpy(a):
 
 def _fill(fill, size, dtype, device, requires_grad):
     shape = _dims(size)
-    a = np.full(shape, fill, dtype=_np_dtype(dtype)) if device is None or \
-        B.to_device(device).type == "cpu" else \
-        B.to_device(device).xp.full(shape, fill, dtype=_np_dtype(dtype))
+    dev = B.to_device(device)
+    if dev is None or dev.type == "cpu":
+        a = np.full(shape, fill, dtype=_np_dtype(dtype))
+    else:
+        B.check_cuda_dtype(B.to_dtype(dtype))
+        with dev.context():     # cuda:i allocates on device i
+            a = dev.xp.full(shape, fill, dtype=_np_dtype(dtype))
     t = Tensor._make(a, False, None)
     if requires_grad:
         t.requires_grad_(True)
