@@ -61,7 +61,10 @@ def _keep_mask(x, p, generator=None, shape=None):
     shape = x.shape if shape is None else shape
     if xp is np:
         return _rng(generator).random(shape) >= p
-    return xp.random.random_sample(shape) >= p
+    from ..random import cuda_random_state
+    with x.device.context():    # drawn on x's device, by its generator
+        return cuda_random_state(x.device).random_sample(
+            shape, dtype=np.float32) >= p
 
 
 # ============================================================ linear ==
