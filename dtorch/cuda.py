@@ -47,11 +47,59 @@ def max_memory_allocated(device=None):
 
 
 def manual_seed(seed):
-    if B._load_cupy() is not None:
-        B._cupy.random.seed(int(seed) & 0xFFFF_FFFF)
+    """Seed the current device's generator (lazily, at its first draw)."""
+    from . import random as R
+    if B._cupy is None:   # no device in use yet: seed them all, as PyTorch
+        R.cuda_manual_seed(seed, all_devices=True)   # defers the same way
+    else:
+        R.cuda_manual_seed(seed)
 
 
-manual_seed_all = manual_seed
+def manual_seed_all(seed):
+    from . import random as R
+    R.cuda_manual_seed(seed, all_devices=True)
+
+
+def get_rng_state(device="cuda"):
+    """The generator state of a device, a small JSON-friendly dict."""
+    from . import random as R
+    return R.cuda_get_rng_state(device)
+
+
+def set_rng_state(new_state, device="cuda"):
+    from . import random as R
+    R.cuda_set_rng_state(new_state, device)
+
+
+def get_rng_state_all():
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states):
+    for i, s in enumerate(new_states):
+        set_rng_state(s, i)
+
+
+class device:
+    """``with dtorch.cuda.device(i):`` makes device i current inside the
+    block ('cuda' tensors and CuPy work go there), as torch.cuda.device."""
+
+    def __init__(self, device):
+        self.idx = device if isinstance(device, int) else (
+            -1 if device is None else B.device(device).index or 0)
+        self._prev = -1
+
+    def __enter__(self):
+        if self.idx >= 0:
+            cp = B.check_cuda_available()
+            self._prev = cp.cuda.Device().id
+            cp.cuda.Device(self.idx).use()
+        return self
+
+    def __exit__(self, *exc):
+        if self._prev >= 0:
+            B._cupy.cuda.Device(self._prev).use()
+        return False
 
 
 def get_device_name(device=None):

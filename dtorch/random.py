@@ -65,11 +65,85 @@ class Generator:
 default_generator = Generator()
 
 
+# ------------------------------------------------------------- CUDA ----
+# One generator per CUDA device (a CuPy RandomState, as PyTorch keeps one
+# per device), created and seeded lazily on its first draw: manual_seed
+# works before CuPy is loaded and never initialises a device. cuRAND's state
+# cannot be read back, so a captured state is a (seed, epoch) key: capturing
+# re-keys the live generator to it, and restoring the same key gives the
+# same continuation.
+
+_CUDA_DEFAULT_SEED = 67280421310721
+
+
+class _CudaGen:
+    __slots__ = ("seed", "epoch", "rs")
+
+    def __init__(self, seed):
+        self.seed, self.epoch, self.rs = seed, 0, None
+
+
+_cuda_gens = {}
+_cuda_seed = [_CUDA_DEFAULT_SEED]
+
+
+def _cuda_gen(index):
+    g = _cuda_gens.get(index)
+    if g is None:
+        g = _cuda_gens[index] = _CudaGen(_cuda_seed[0])
+    return g
+
+
+def _cuda_index(device):
+    d = _backend.to_device(device) if device is not None else None
+    if d is None or d.index is None:
+        return _backend.current_cuda_index()
+    return d.index
+
+
+def cuda_random_state(device=None):
+    """The CuPy RandomState of a CUDA device (the current one by default),
+    seeded on first use from manual_seed's seed. Draw from it inside the
+    device's context (``with device.context():``)."""
+    cp = _backend.check_cuda_available()
+    index = _cuda_index(device)
+    g = _cuda_gen(index)
+    if g.rs is None:
+        key = (g.seed + g.epoch * 0x9E3779B97F4A7C15) & (2 ** 63 - 1)
+        with cp.cuda.Device(index):
+            g.rs = cp.random.RandomState(key)
+    return g.rs
+
+
+def cuda_manual_seed(seed, device=None, all_devices=False):
+    seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+    if all_devices:
+        _cuda_seed[0] = seed
+        gens = list(_cuda_gens.values())
+    else:
+        gens = [_cuda_gen(_cuda_index(device))]
+    for g in gens:
+        g.seed, g.epoch, g.rs = seed, 0, None
+
+
+def cuda_get_rng_state(device=None):
+    """A JSON-friendly key of a CUDA device's generator state."""
+    g = _cuda_gen(_cuda_index(device))
+    g.epoch += 1
+    g.rs = None     # re-keyed at the next draw
+    return {"seed": g.seed, "epoch": g.epoch}
+
+
+def cuda_set_rng_state(state, device=None):
+    g = _cuda_gen(_cuda_index(device))
+    g.seed, g.epoch, g.rs = int(state["seed"]), int(state["epoch"]), None
+
+
 def manual_seed(seed):
-    """Seed the default generator (and CuPy's, when it is in use)."""
+    """Seed the default generator and every CUDA device's (lazily: no CuPy
+    import here, the devices are seeded at their first draw)."""
     default_generator.manual_seed(seed)
-    if _backend._cupy is not None:
-        _backend._cupy.random.seed(int(seed) & 0xFFFF_FFFF)
+    cuda_manual_seed(seed, all_devices=True)
     return default_generator
 
 
