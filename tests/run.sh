@@ -19,6 +19,11 @@ status=0
 echo "== single-process tests"
 "$PY" -m pytest -q -m "not mpi" "$@" tests || status=1
 
+# The cuda half of the device-parametrised tests (marker gpu) on the strict
+# CuPy stand-in (tests/fakecupy): checks the CUDA path's API use without a GPU.
+echo "== cuda tests on the CuPy stand-in (DTORCH_FAKE_CUDA=1)"
+DTORCH_FAKE_CUDA=1 "$PY" -m pytest -q -m "gpu and not mpi" "$@" tests || status=1
+
 run_mpi() {  # $1 = number of ranks
     echo "== multi-rank tests: mpiexec -n $1"
     # python -m mpi4py: an uncaught exception in one rank aborts the job instead of hanging it
