@@ -88,4 +88,6 @@ __version__ = "0.1.0"
 
 from .serialization import save, load
 from . import optim, utils
+from . import accelerator, backends, multiprocessing  # noqa: E402
+from .utils import checkpoint as _ckpt  # noqa: E402,F401
 from . import nn  # noqa: E402

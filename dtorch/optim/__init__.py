@@ -5,7 +5,9 @@ from .sgd import SGD
 from .adam import Adam, AdamW
 from .rmsprop import RMSprop
 from .adagrad import Adagrad
+from .adadelta import Adadelta
+from .lbfgs import LBFGS
 from . import lr_scheduler
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad",
-           "lr_scheduler"]
+           "Adadelta", "LBFGS", "lr_scheduler"]

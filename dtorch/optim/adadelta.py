@@ -1,0 +1,54 @@
+"""Adadelta, as ``torch.optim.Adadelta``."""
+from .. import _backend as B
+from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
+    _zeros
+
+__all__ = ["Adadelta"]
+
+
+class Adadelta(Optimizer):
+    """Adadelta (Zeiler, 2012): steps scaled by the ratio of the running
+    RMS of past updates to the running RMS of gradients, then by ``lr``.
+
+    Example::
+
+        opt = dtorch.optim.Adadelta(model.parameters(), lr=1.0)
+    """
+
+    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0,
+                 foreach=None, *, capturable=False, maximize=False,
+                 differentiable=False):
+        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
+        _check(0.0 <= rho <= 1.0, f"Invalid rho value: {rho}")
+        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
+        _check(0.0 <= weight_decay,
+               f"Invalid weight_decay value: {weight_decay}")
+        # foreach/capturable/differentiable select PyTorch kernels; dtorch
+        # has one implementation
+        defaults = dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay,
+                        maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _update(self, p, group):
+        state = self.state[p]
+        if not state:
+            state["step"] = _step_tensor()
+            state["square_avg"] = _zeros(p)
+            state["acc_delta"] = _zeros(p)
+        _next_step(state)
+        rho, eps = group["rho"], group["eps"]
+        x, g = p._data, p.grad._data
+        xp = B.get_array_module(x)
+        if group["maximize"]:
+            g = -g
+        if group["weight_decay"] != 0:
+            g = g + group["weight_decay"] * x
+        sq = state["square_avg"]._data
+        acc = state["acc_delta"]._data
+        sq *= rho
+        sq += (1 - rho) * (g * g)
+        delta = xp.sqrt(acc + eps) / xp.sqrt(sq + eps) * g
+        acc *= rho
+        acc += (1 - rho) * (delta * delta)
+        x -= group["lr"] * delta
+        _bump(p)
