@@ -7,11 +7,23 @@ the client answers HMAC-SHA256(token, nonce), so the token never crosses the
 wire. A wrong token is refused with RendezvousAuthError on the client.
 
 Frames are length-prefixed bytes, never pickles: a store must not execute
-what a stranger sends it.
+what a stranger sends it, and their lengths are capped (MAX_KEY, MAX_VALUE)
+so that a frame's claimed length cannot make the server allocate memory.
+
+Strangers: a connection is only a file descriptor until it proves the
+token. New connections wait in a `HandshakeGate`, one thread for all of
+them, at most DTORCH_RDZV_MAX_PENDING (64) at a time (a new one evicts the
+oldest) and for at most DTORCH_RDZV_HANDSHAKE_TIMEOUT (5) seconds each; only
+an authenticated connection gets a thread. So idle connections cannot
+exhaust the rank's threads or descriptors, and an accept() that fails
+(EMFILE: the process is out of descriptors) pauses the gate briefly instead
+of ending it. The tcp backend's data-plane listeners use the same gate.
 """
+import errno
 import hashlib
 import hmac
 import os
+import select
 import socket
 import struct
 import threading
@@ -20,6 +32,11 @@ import time
 from .base import CollectiveError, CollectiveTimeoutError
 
 _OK, _NO = b'OK', b'NO'
+MAX_CMD = 16
+MAX_KEY = 64 * 1024
+MAX_VALUE = 256 * 1024 * 1024
+# accept() errors that say "no resources now", not "the socket is gone"
+_SCARCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class RendezvousError(CollectiveError):
@@ -41,14 +58,23 @@ def _recv_exact(sock, n):
     return bytes(buf)
 
 
+class FrameTooLarge(ConnectionError):
+    """A frame claims more bytes than the protocol allows."""
+
+
 def _send_frame(sock, *parts):
     sock.sendall(b''.join(struct.pack('<Q', len(p)) + p for p in parts))
 
 
-def _recv_frame(sock, nparts):
+def _recv_frame(sock, limits):
+    """One part per entry of `limits` (the most bytes each may have); a
+    longer claim raises FrameTooLarge before anything is allocated."""
     out = []
-    for _ in range(nparts):
+    for cap in limits:
         (n,) = struct.unpack('<Q', _recv_exact(sock, 8))
+        if n > cap:
+            raise FrameTooLarge(f"a frame part claims {n} bytes; the "
+                                f"limit is {cap}")
         out.append(_recv_exact(sock, n))
     return out
 
@@ -77,6 +103,184 @@ def client_handshake(sock, token, where):
             f"the job)")
 
 
+def _env_number(name, default, kind=float):
+    v = os.environ.get(name)
+    if not v:
+        return default
+    try:
+        x = kind(v)
+    except ValueError:
+        x = 0
+    if not x > 0:
+        raise ValueError(f"{name}={v!r} must be a positive number")
+    return x
+
+
+class _Pending:
+    __slots__ = ('sock', 'nonce', 'buf', 'need', 'authed', 'deadline')
+
+    def __init__(self, sock, nonce, deadline):
+        self.sock, self.nonce, self.deadline = sock, nonce, deadline
+        self.buf, self.need, self.authed = bytearray(), 32, False
+
+
+class HandshakeGate:
+    """Accepts connections on `lsock` and authenticates them in one
+    thread, without blocking on any of them: a connection gets the nonce,
+    must answer HMAC(token, nonce) and then send `extra` bytes, all within
+    `timeout` seconds, or it is closed. At most `max_pending` connections
+    wait at once (a new one evicts the oldest). `on_ready(sock, extra)`
+    gets each authenticated (blocking) socket; it must not block.
+
+    Why: a thread and a 30 s wait per connection let ~1000 idle strangers
+    take every descriptor of the rank (and a failed accept() ended the
+    loop for good)."""
+
+    def __init__(self, lsock, token, on_ready, name, extra=0,
+                 max_pending=None, timeout=None):
+        self.lsock, self.token, self.on_ready = lsock, token, on_ready
+        self.extra = extra
+        self.max_pending = max_pending or _env_number(
+            'DTORCH_RDZV_MAX_PENDING', 64, int)
+        self.timeout = timeout or _env_number(
+            'DTORCH_RDZV_HANDSHAKE_TIMEOUT', 5.0)
+        self.pending = {}          # fd -> _Pending, oldest first
+        self.closed = False
+        self.refused = 0           # connections dropped (cap, deadline)
+        self.accept_errors = 0     # accept() failures survived
+        lsock.setblocking(False)
+        self.thread = threading.Thread(target=self._loop, daemon=True,
+                                       name=name)
+        self.thread.start()
+
+    def close(self):
+        """Stop listening now (the port is free at once); the loop drops
+        the strangers still waiting within a quarter of a second."""
+        self.closed = True
+        try:
+            self.lsock.close()
+        except OSError:
+            pass
+
+    # ---- the loop
+    def _loop(self):
+        paused_until = 0.0
+        try:
+            while not self.closed:
+                now = time.monotonic()
+                self._expire(now)
+                poller = select.poll()
+                listening = now >= paused_until
+                if listening:
+                    try:
+                        poller.register(self.lsock, select.POLLIN)
+                    except (OSError, ValueError):   # closed meanwhile
+                        return
+                for fd in self.pending:
+                    poller.register(fd, select.POLLIN)
+                wait = 0.25 if listening else min(0.25, paused_until - now)
+                if self.pending:
+                    first = min(p.deadline for p in self.pending.values())
+                    wait = min(wait, max(0.0, first - now))
+                try:
+                    events = poller.poll(wait * 1000)
+                except OSError:
+                    if self.closed:
+                        return
+                    events = []
+                for fd, ev in events:
+                    if fd == self.lsock.fileno() or fd < 0:
+                        if not self._accept():
+                            # out of descriptors (or the like): shed the
+                            # oldest stranger and try again shortly
+                            self._evict_oldest()
+                            paused_until = time.monotonic() + 0.05
+                    elif fd in self.pending:
+                        self._advance(self.pending[fd])
+        finally:
+            for p in list(self.pending.values()):
+                self._drop(p)
+            try:
+                self.lsock.close()
+            except OSError:
+                pass
+
+    def _accept(self):
+        """Accept what is waiting; False when accept() ran out of
+        resources (the caller backs off), True otherwise."""
+        while True:
+            try:
+                s, _ = self.lsock.accept()
+            except BlockingIOError:
+                return True
+            except OSError as e:
+                if self.closed or e.errno == errno.EBADF:
+                    self.closed = True
+                    return True
+                self.accept_errors += 1
+                # ECONNABORTED and the like concern one connection only
+                return e.errno not in _SCARCE
+            if len(self.pending) >= self.max_pending:
+                self._evict_oldest()
+            nonce = os.urandom(16)
+            try:
+                s.setblocking(False)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s.send(nonce)     # 16 bytes into an empty send buffer
+            except OSError:
+                s.close()
+                continue
+            p = _Pending(s, nonce, time.monotonic() + self.timeout)
+            self.pending[s.fileno()] = p
+
+    def _advance(self, p):
+        try:
+            chunk = p.sock.recv(p.need - len(p.buf))
+        except BlockingIOError:
+            return
+        except OSError:
+            return self._drop(p)
+        if not chunk:
+            return self._drop(p)
+        p.buf += chunk
+        if len(p.buf) < p.need:
+            return
+        if not p.authed:
+            ok = hmac.compare_digest(bytes(p.buf),
+                                     token_digest(self.token, p.nonce))
+            try:
+                p.sock.send(_OK if ok else _NO)
+            except OSError:
+                ok = False
+            if not ok:
+                return self._drop(p)
+            p.authed, p.buf, p.need = True, bytearray(), self.extra
+            if self.extra:
+                return
+        del self.pending[p.sock.fileno()]
+        try:
+            p.sock.setblocking(True)
+            self.on_ready(p.sock, bytes(p.buf))
+        except Exception:
+            p.sock.close()
+
+    def _expire(self, now):
+        for p in [p for p in self.pending.values() if p.deadline <= now]:
+            self._drop(p)
+
+    def _evict_oldest(self):
+        if self.pending:
+            self._drop(next(iter(self.pending.values())))
+
+    def _drop(self, p):
+        self.pending.pop(p.sock.fileno(), None)
+        self.refused += 1
+        try:
+            p.sock.close()
+        except OSError:
+            pass
+
+
 class _Server:
     def __init__(self, host, port, token):
         self.token = token
@@ -94,29 +298,22 @@ class _Server:
         self.sock.listen(128)
         self.port = self.sock.getsockname()[1]
         self.closed = False
-        threading.Thread(target=self._accept, daemon=True,
-                         name='dtorch-store-server').start()
+        self.gate = HandshakeGate(self.sock, token, self._ready,
+                                  'dtorch-store-server')
 
-    def _accept(self):
-        while not self.closed:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,),
-                             daemon=True).start()
+    def _ready(self, conn, _):
+        # authenticated: a member of the job gets its own thread
+        threading.Thread(target=self._serve, args=(conn,),
+                         daemon=True).start()
 
     def _serve(self, conn):
         try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(30)
-            if not server_handshake(conn, self.token):
-                return
             conn.settimeout(None)
             while True:
-                cmd, key, val = _recv_frame(conn, 3)
+                cmd, key, val = _recv_frame(conn, (MAX_CMD, MAX_KEY,
+                                                   MAX_VALUE))
                 _send_frame(conn, *self._do(cmd, key.decode(), val))
-        except (OSError, ConnectionError, struct.error):
+        except (OSError, ConnectionError, struct.error, UnicodeError):
             pass
         finally:
             conn.close()
@@ -148,10 +345,7 @@ class _Server:
 
     def close(self):
         self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        self.gate.close()
 
 
 class TCPStore:
@@ -177,36 +371,10 @@ class TCPStore:
         self.sock = self._connect()
 
     def _connect(self):
-        where = f"rendezvous store at {self.host}:{self.port}"
-        end = time.monotonic() + self.timeout
-        delay = 0.01
-        while True:
-            try:
-                s = socket.create_connection((self.host, self.port),
-                                             timeout=10)
-                break
-            except OSError as e:
-                # rank 0 may not be listening yet: retry until the timeout
-                if time.monotonic() + delay > end:
-                    raise CollectiveTimeoutError(
-                        f"could not reach the {where} within "
-                        f"{self.timeout:.0f} s ({e}); is rank 0 running and "
-                        f"MASTER_ADDR/MASTER_PORT right?", op='rendezvous'
-                    ) from e
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            client_handshake(s, self.token, where)
-        except (ConnectionError, OSError) as e:
-            s.close()
-            raise RendezvousError(f"handshake with the {where} failed: "
-                                  f"{e}") from e
-        except RendezvousAuthError:
-            s.close()
-            raise
-        s.settimeout(None)
-        return s
+        where = (f"rendezvous store at {self.host}:{self.port} (served by "
+                 f"rank 0 at MASTER_ADDR:MASTER_PORT)")
+        return connect_authenticated(self.host, self.port, self.token,
+                                     time.monotonic() + self.timeout, where)
 
     def clone(self):
         """Another connection to the same server (for another thread)."""
@@ -217,10 +385,18 @@ class TCPStore:
         return c
 
     def _request(self, cmd, key, val=b''):
+        k = key.encode()
+        if len(k) > MAX_KEY or len(val) > MAX_VALUE:
+            raise ValueError(
+                f"rendezvous store {cmd.decode()} of key {key[:80]!r}: the "
+                f"key has {len(k)} bytes (limit {MAX_KEY}) and the value "
+                f"{len(val)} (limit {MAX_VALUE}); the store is for small "
+                f"coordination data, send tensors through a collective")
         with self.lock:
             try:
-                _send_frame(self.sock, cmd, key.encode(), val)
-                status, payload = _recv_frame(self.sock, 2)
+                _send_frame(self.sock, cmd, k, val)
+                status, payload = _recv_frame(self.sock,
+                                              (MAX_CMD, MAX_VALUE))
             except (OSError, ConnectionError) as e:
                 raise RendezvousError(
                     f"lost the rendezvous store at {self.host}:{self.port} "
@@ -257,6 +433,42 @@ class TCPStore:
             pass
         if self.server is not None:
             self.server.close()
+
+
+def connect_authenticated(host, port, token, deadline, where):
+    """A socket to host:port that passed the token handshake, retrying
+    until `deadline` (monotonic) while the server is not listening yet or
+    drops the connection (a listener flooded by strangers evicts its
+    oldest unauthenticated connections). A wrong token raises
+    RendezvousAuthError at once; running out of time raises
+    CollectiveTimeoutError (op 'rendezvous') naming `where`."""
+    delay, last = 0.01, None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CollectiveTimeoutError(
+                f"could not connect to the {where} ({last}); is it "
+                f"running, and are the address and port right?",
+                op='rendezvous')
+        s = None
+        try:
+            s = socket.create_connection((host, int(port)),
+                                         timeout=min(left, 10))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.settimeout(min(deadline - time.monotonic(), 10))
+            client_handshake(s, token, where)
+            s.settimeout(None)
+            return s
+        except RendezvousAuthError:
+            s.close()
+            raise
+        except (OSError, ConnectionError, ValueError) as e:
+            # not listening yet, refused, dropped or timed out: again
+            if s is not None:
+                s.close()
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.5)
 
 
 def _as_bytes(v):

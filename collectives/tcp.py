@@ -43,11 +43,13 @@ import time
 
 import numpy as np
 
-from .base import (CollectiveMismatchError, ProcessGroup, RankFailureError,
-                   ReduceOp, _Expired, divide_avg, get_array_module,
+from .base import (CollectiveMismatchError, CollectiveTimeoutError,
+                   ProcessGroup, RankFailureError,
+                   ReduceOp, _Expired, describe, divide_avg,
+                   get_array_module,
                    reduce_into, row, watchdog)
 from . import shm
-from .store import _recv_exact, client_handshake, server_handshake
+from .store import HandshakeGate, connect_authenticated
 
 SMALL = 64 * 1024
 SHM_MIN = 64 * 1024        # messages this big take the shm path
@@ -55,6 +57,7 @@ SHM_SLOT = 256 * 1024      # bytes per slot: a token per 256 KiB is cheap
 SHM_SLOTS = 8              # 2 MiB ring: both ends stay in L2/L3
 _SHM_DIR = '/dev/shm'
 _HDR = struct.Struct('<qq')
+_PIECE = 1 << 20           # a stashed message is read this much at a time
 # shm offer: path, cookie, slots, slot bytes (empty path: no offer)
 _OFFER = struct.Struct('<96s16sII')
 _POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
@@ -173,17 +176,29 @@ class TCPGroup(ProcessGroup):
         host = store.sock.getsockname()[0]
         self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._lsock.bind((host, 0))
-        self._lsock.listen(size + 8)
+        self._lsock.listen(128)
         port = self._lsock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True,
-                         name=f"dtorch-tcp-accept-{name}").start()
+        # peers authenticate off the accept path: strangers that connect
+        # and say nothing cannot hold up a peer's connection
+        self._gate = HandshakeGate(self._lsock, store.token, self._accepted,
+                                   f"dtorch-tcp-accept-{name}", extra=5)
         store.set(f"{self._prefix}addr/{rank}", f"{host}:{port}")
         self._right = (rank + 1) % size
         self._left = (rank - 1) % size
-        self._rsock = self._connect('r', self._right)
         deadline = time.monotonic() + self.timeout
-        self._lsock_in = self._wait_incoming('r', self._left, deadline)
-        self._shm_setup(deadline)
+        try:
+            self._rsock = self._connect('r', self._right, deadline)
+            self._lsock_in = self._wait_incoming('r', self._left, deadline)
+            self._shm_setup(deadline)
+        except _Expired as e:
+            self._gate.close()
+            self._close_sockets()
+            raise CollectiveTimeoutError(
+                f"tcp group {name!r} set-up on rank {rank} (global ranks "
+                f"{self.ranks}) timed out after {self.timeout:.1f} s "
+                f"waiting for rank(s) {e.missing}: did they start, and can "
+                f"they reach this host?", op='init', group=name,
+                missing=e.missing or ()) from None
         # all ranks on this host: all_reduce_coalesced (DDP's buckets)
         # goes through one shared file (collectives.shm); the set-up talks
         # through the store, so that it is not a collective of the group
@@ -241,42 +256,48 @@ class TCPGroup(ProcessGroup):
                    for r in range(self.size))
 
     # ---- connections
-    def _accept(self):
-        while not self._closed:
-            try:
-                s, _ = self._lsock.accept()
-            except OSError:
-                return
-            try:
-                s.settimeout(30)
-                if not server_handshake(s, self.store.token):
-                    s.close()
-                    continue
-                chan, peer = struct.unpack('<ci', _recv_exact(s, 5))
-            except (OSError, ConnectionError, struct.error):
-                s.close()
-                continue
-            self._tune(s)
-            with self._cond:
-                self._incoming[(chan.decode(), peer)] = s
-                self._cond.notify_all()
+    def _accepted(self, s, hello):
+        """An authenticated peer's connection: channel and group rank."""
+        chan, peer = struct.unpack('<ci', hello)
+        chan = chan.decode()
+        if chan not in ('r', 'p') or not 0 <= peer < self.size \
+                or self._closed:
+            s.close()
+            return
+        self._tune(s)
+        with self._cond:
+            old = self._incoming.get((chan, peer))
+            self._incoming[(chan, peer)] = s
+            self._cond.notify_all()
+        if old is not None:   # the peer reconnected: the old one is dead
+            old.close()
 
     @staticmethod
     def _tune(s):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.setblocking(False)
 
-    def _connect(self, chan, peer):
+    def _connect(self, chan, peer, deadline):
+        """The outgoing socket to group rank `peer`; _Expired([peer]) when
+        it cannot be had by the deadline (the caller's op reports it)."""
         key = (chan, peer)
         s = self._out.get(key)
         if s is not None:
             return s
-        addr = self.store.get(f"{self._prefix}addr/{peer}",
-                              timeout=self.timeout).decode()
-        host, port = addr.rsplit(':', 1)
-        s = socket.create_connection((host, int(port)), timeout=30)
-        client_handshake(s, self.store.token, f"rank {peer} at {addr}")
-        s.sendall(struct.pack('<ci', chan.encode(), self.rank))
+        left = deadline - time.monotonic()
+        try:
+            addr = self.store.get(f"{self._prefix}addr/{peer}",
+                                  timeout=max(left, 0.01)).decode()
+            host, port = addr.rsplit(':', 1)
+            s = connect_authenticated(
+                host, port, self.store.token, deadline,
+                f"rank {peer} (global {self.ranks[peer]}) of group "
+                f"{self.name!r} at {addr}")
+            s.sendall(struct.pack('<ci', chan.encode(), self.rank))
+        except CollectiveTimeoutError:
+            raise _Expired([peer]) from None
+        except OSError as e:
+            raise self._fail(peer, f"could not be opened ({e})") from None
         self._tune(s)
         self._out[key] = s
         return s
@@ -366,16 +387,36 @@ class TCPGroup(ProcessGroup):
             poller.poll(min(left, 0.5) * 1000)
 
     def _check_header(self, hdr, expect, peer):
-        seq, nbytes = _HDR.unpack(bytes(hdr))
-        if (seq, nbytes) != expect:
-            err = CollectiveMismatchError(
-                f"rank {peer} of group {self.name!r} sent message #{seq} of "
-                f"{nbytes} bytes where rank {self.rank} expects #{expect[0]}"
-                f" of {expect[1]} bytes: the ranks called different "
-                f"collectives or buffer sizes (DTORCH_DISTRIBUTED_DEBUG="
-                f"DETAIL names the op)", rank=peer)
+        tag, nbytes = _HDR.unpack(bytes(hdr))
+        if (tag, nbytes) != expect:
+            err = self._mismatch(peer, expect, tag, nbytes)
             self._broken = err
+            self._close_sockets()   # the streams are out of step for good
             raise err
+
+    def _mismatch(self, peer, expect, tag, nbytes):
+        """The error for a ring message that is not the one expected. A
+        message tag is seq * 4096 + step, so tag // 4096 is the sender's
+        collective number; what each rank is calling (op, shape, dtype)
+        comes from the ranks' own status reports, as in a timeout."""
+        seq = expect[0] // 4096
+        rec = self._pending.get(seq) or (seq, '?', None)
+        try:
+            sts = self._peer_statuses(min(2.0, max(0.3, self.timeout / 4)))
+        except Exception:    # the report must not mask the mismatch
+            sts = {self.rank: self.status()}
+        where = '; '.join(self.format_status(r, sts.get(r))
+                          for r in range(self.size))
+        theirs = (f"{nbytes} bytes of its collective #{tag // 4096}"
+                  if nbytes >= 0 else f"a malformed header ({nbytes} "
+                  f"bytes)")
+        return CollectiveMismatchError(
+            f"collective mismatch on group {self.name!r} (backend tcp, "
+            f"global ranks {self.ranks}): rank {self.rank} in {rec[1]} "
+            f"#{seq} {describe(rec[2])} expected {expect[1]} bytes from "
+            f"rank {peer}, which sent {theirs}: the ranks called different"
+            f" collectives, shapes or dtypes. Where each rank is: {where}",
+            rank=peer)
 
     def _step(self, send_arr, recv_arr, deadline, tag, in_tag=None,
               op=None):
@@ -691,7 +732,7 @@ class TCPGroup(ProcessGroup):
     # ---- point to point
     def _start_send(self, arr, dst, tag, deadline):
         def job(dl):
-            s = self._connect('p', dst)
+            s = self._connect('p', dst, dl)
             self._pump(s, [_HDR.pack(tag, arr.nbytes), _mv(arr)], dst,
                        None, [], None, dl)
         return self._launch(job, 'send')
@@ -709,13 +750,23 @@ class TCPGroup(ProcessGroup):
                 hb = bytearray(16)
                 self._pump(None, [], None, s, [memoryview(hb)], src, dl)
                 t, nbytes = _HDR.unpack(bytes(hb))
+                if nbytes < 0:
+                    raise self._fail(src, f"sent a malformed header "
+                                     f"({nbytes} bytes)")
                 if t == tag:
+                    # checked against the buffer before a byte is read
                     self._check_size(nbytes, arr, src, tag)
                     self._pump(None, [], None, s, [_mv(arr)], src, dl)
                     return
-                # a message with another tag: keep it for its recv
-                other = bytearray(nbytes)
-                self._pump(None, [], None, s, [memoryview(other)], src, dl)
+                # a message with another tag: keep it for its recv. Its
+                # size is the sender's claim, so memory grows with the
+                # bytes that really arrive, never with the claim
+                other = bytearray()
+                while len(other) < nbytes:
+                    piece = bytearray(min(_PIECE, nbytes - len(other)))
+                    self._pump(None, [], None, s, [memoryview(piece)], src,
+                               dl)
+                    other += piece
                 self._stash.setdefault((src, t), []).append(bytes(other))
         return self._launch(job, 'recv')
 
@@ -795,7 +846,7 @@ class TCPGroup(ProcessGroup):
             self._red.close()
             self._red = None
         if self.size > 1:
-            self._lsock.close()
+            self._gate.close()
         ProcessGroup.destroy(self)
 
 
