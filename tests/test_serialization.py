@@ -5,13 +5,16 @@ import io
 import json
 import os
 import struct
+import zlib
 
 import numpy as np
 import pytest
 import safetensors.numpy
 
 import dtorch
-from dtorch.serialization import SerializationError
+from dtorch.serialization import ChecksumError, SerializationError
+
+HCRC = "dtorch.header_crc32"
 
 
 def _same(a, b):
@@ -208,14 +211,32 @@ def test_garbage_and_foreign_files(tmp_path):
         dtorch.load(tmp_path / "pickle.pt")
 
 
-def _rewrite_header(path, edit):
-    data = path.read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    edit(header)
-    raw = json.dumps(header).encode()
+def _header_bytes(header, seal=True):
+    """Header bytes as dtorch writes them; ``seal``: with a header
+    checksum that matches (the raw bytes' CRC-32 with its own digits read
+    as zeros), so that a test's edit reaches the checks behind it."""
+    meta = header.get("__metadata__")
+    sealed = seal and isinstance(meta, dict) and HCRC in meta
+    if sealed:
+        meta[HCRC] = "00000000"
+    raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+    if sealed:
+        at = b'"%s":"00000000"' % HCRC.encode()
+        crc = b'"%s":"%08x"' % (HCRC.encode(), zlib.crc32(raw))
+        raw = raw.replace(at, crc)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _split(data):
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def _rewrite_header(path, edit, seal=True):
+    header, body = _split(path.read_bytes())
+    edit(header)
+    path.write_bytes(_header_bytes(header, seal) + body)
 
 
 def test_offsets_out_of_bounds(good):
@@ -268,7 +289,7 @@ def test_failed_save_keeps_old_file(tmp_path, monkeypatch):
 
     def crash(*args, **kwargs):
         raise OSError("disk full")
-    monkeypatch.setattr(safetensors.numpy, "save_file", crash)
+    monkeypatch.setattr(dtorch.serialization, "_write", crash)
     with pytest.raises(OSError, match="disk full"):
         dtorch.save({"v": dtorch.zeros(3)}, path)
     monkeypatch.undo()

@@ -1,0 +1,151 @@
+"""dtorch.save / dtorch.load throughput, optionally side by side with the
+serialization module of another git revision (e.g. before a change).
+
+Workloads: ``large`` (a ~100 MB float32 state dict of 1M-element tensors)
+and ``small`` (an optimizer-like state: 3,900 tensors of 256 elements in
+nested dicts, ~4 MB). Each run saves to a real file in ``--dir`` (fsync
+included, as dtorch.save does) and loads it back; the implementations are
+interleaved run by run so that load from other processes hits them alike.
+Reports the median and the range (min..max) of MB/s over ``--repeats``.
+
+    python benchmarks/save_load.py [--baseline REV] [--repeats 9]
+        [--dir DIR] [--out benchmarks/results/save_load.json]
+
+``--baseline REV`` loads ``dtorch/serialization.py`` as of REV (git show)
+as a second module of the dtorch package and times it the same way.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import dtorch  # noqa: E402
+import dtorch.serialization  # noqa: E402
+
+
+def workloads():
+    g = np.random.default_rng(0)
+    large = {f"layer{i}.weight": dtorch.from_numpy(
+        g.standard_normal(2 ** 20, dtype=np.float32)) for i in range(25)}
+    small = {"state": {i: {"step": dtorch.tensor(float(i)),
+                           "exp_avg": dtorch.from_numpy(
+                               g.standard_normal(256, dtype=np.float32)),
+                           "exp_avg_sq": dtorch.from_numpy(
+                               g.standard_normal(256, dtype=np.float32))}
+                       for i in range(1300)},
+             "param_groups": [{"lr": 1e-3, "params": list(range(1300))}]}
+    return {"large": large, "small": small}
+
+
+def nbytes(obj):
+    if isinstance(obj, dtorch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    return 0
+
+
+def baseline_module(rev):
+    src = subprocess.run(["git", "show", f"{rev}:dtorch/serialization.py"],
+                         check=True, capture_output=True, text=True).stdout
+    fd, path = tempfile.mkstemp(suffix=".py")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(src)
+    # a module of the dtorch package, so its relative imports resolve
+    name = "dtorch._serialization_baseline"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "dtorch"
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    os.unlink(path)
+    return mod
+
+
+def one_run(mod, obj, path):
+    t0 = time.perf_counter()
+    mod.save(obj, path)
+    t1 = time.perf_counter()
+    mod.load(path)
+    t2 = time.perf_counter()
+    os.unlink(path)
+    return t1 - t0, t2 - t1
+
+
+def summary(times, size):
+    rates = sorted(size / t / 1e6 for t in times)
+    return {"median_MBps": round(statistics.median(rates), 1),
+            "min_MBps": round(rates[0], 1), "max_MBps": round(rates[-1], 1)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", default=None,
+                    help="git revision whose serialization.py to compare")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--out", default="benchmarks/results/save_load.json")
+    args = ap.parse_args()
+
+    impls = {"current": dtorch.serialization}
+    if args.baseline:
+        impls[f"baseline {args.baseline}"] = baseline_module(args.baseline)
+    results = {}
+    folder = tempfile.mkdtemp(dir=args.dir, prefix="dtorch-bench-")
+    try:
+        for wname, obj in workloads().items():
+            size = nbytes(obj)
+            times = {k: ([], []) for k in impls}
+            for k, mod in impls.items():          # warm up
+                one_run(mod, obj, os.path.join(folder, "w.pt"))
+            for _ in range(args.repeats):
+                for k, mod in impls.items():
+                    s, ld = one_run(mod, obj, os.path.join(folder, "c.pt"))
+                    times[k][0].append(s)
+                    times[k][1].append(ld)
+            for k in impls:
+                results[f"{wname} {k}"] = {
+                    "MB": round(size / 1e6, 1),
+                    "save": summary(times[k][0], size),
+                    "load": summary(times[k][1], size)}
+    finally:
+        for f in os.listdir(folder):
+            os.unlink(os.path.join(folder, f))
+        os.rmdir(folder)
+
+    # the checksum's own rate on this machine, for scale
+    a = np.random.default_rng(1).standard_normal(2 ** 24)
+    crc = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        zlib.crc32(memoryview(a).cast("B"))
+        crc.append(time.perf_counter() - t0)
+    results["zlib.crc32"] = summary(crc, a.nbytes)
+
+    for k, r in results.items():
+        if "save" in r:
+            print(f"{k:28s} {r['MB']:6.1f} MB  save {r['save']['median_MBps']:7.1f}"
+                  f" MB/s [{r['save']['min_MBps']}..{r['save']['max_MBps']}]"
+                  f"  load {r['load']['median_MBps']:7.1f} MB/s"
+                  f" [{r['load']['min_MBps']}..{r['load']['max_MBps']}]")
+        else:
+            print(f"{k:28s} {r['median_MBps']:7.1f} MB/s "
+                  f"[{r['min_MBps']}..{r['max_MBps']}]")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
