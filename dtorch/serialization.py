@@ -653,13 +653,17 @@ def _read_header(src, where):
             continue
         if not (isinstance(info, dict)
                 and set(info) == {"dtype", "shape", "data_offsets"}
-                and info["dtype"] in _DTYPES
+                and isinstance(info["dtype"], str)
                 and _ints(info["shape"])
                 and _ints(info["data_offsets"])
                 and len(info["data_offsets"]) == 2):
             raise SerializationError(
                 f"{where}: tensor {name!r} has a bad header entry "
-                f"{_short(info)} (or a dtype dtorch cannot read)")
+                f"{_short(info)}")
+        if info["dtype"] not in _DTYPES:
+            raise SerializationError(
+                f"{where}: tensor {name!r} has dtype {info['dtype']!r}, "
+                f"which dtorch cannot read (it reads {sorted(_DTYPES)})")
         begin, end = info["data_offsets"]
         shape = info["shape"]
         need = math.prod(shape) * _DTYPES[info["dtype"]].itemsize

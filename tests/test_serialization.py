@@ -1,10 +1,15 @@
 """dtorch.save / dtorch.load: round trips, safetensors format, clear errors
 for bad files, atomic writes, map_location."""
 import collections
+import contextlib
+import errno
 import io
 import json
 import os
+import stat
 import struct
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -216,7 +221,8 @@ def _header_bytes(header, seal=True):
     checksum that matches (the raw bytes' CRC-32 with its own digits read
     as zeros), so that a test's edit reaches the checks behind it."""
     meta = header.get("__metadata__")
-    sealed = seal and isinstance(meta, dict) and HCRC in meta
+    sealed = seal and isinstance(meta, dict) and isinstance(meta.get(HCRC),
+                                                            str)
     if sealed:
         meta[HCRC] = "00000000"
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -308,3 +314,391 @@ def test_overwrite(tmp_path):
     dtorch.save({"v": 1}, path)
     dtorch.save({"v": 2}, path)
     assert dtorch.load(path) == {"v": 2}
+
+
+# ------------------------------------------- header length is not a magic --
+
+def _obj_with_header_length(match, bufsize=600):
+    """A saved object whose 8-byte header length ``n`` has ``match(n)``:
+    grow a string in the structure until the length hits."""
+    for k in range(0, 8 * bufsize, 1):
+        obj = {"w": dtorch.arange(6.0).reshape(2, 3), "pad": "x" * k,
+               "state": {0: {"step": dtorch.tensor(3.0)}}}
+        buf = io.BytesIO()
+        dtorch.save(obj, buf)
+        (n,) = struct.unpack("<Q", buf.getvalue()[:8])
+        if match(n):
+            return obj, buf.getvalue()
+    raise AssertionError("no padding hits the header length")
+
+
+@pytest.mark.parametrize("what,match", [
+    ("low byte 0x80 (pickle's first byte)", lambda n: n & 0xFF == 0x80),
+    ("low half 0x4B50 ('PK', zip's)", lambda n: n & 0xFFFF == 0x4B50),
+])
+def test_header_lengths_that_look_like_magic_numbers_load(tmp_path, what,
+                                                          match):
+    obj, data = _obj_with_header_length(match, 3000)
+    _same(obj, dtorch.load(io.BytesIO(data)))
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(data)
+    _same(obj, dtorch.load(path))
+    _same(obj, dtorch.load(path, mmap=True))
+
+
+def test_foreign_safetensors_with_magic_looking_length(tmp_path):
+    # a file from another tool, whose header length starts with 0x80
+    for k in range(400):
+        data = safetensors.numpy.save({"emb": np.ones(3, np.float32)},
+                                      metadata={"note": "x" * k})
+        if data[0] == 0x80:
+            break
+    else:
+        raise AssertionError("no metadata length gives a 0x80 low byte")
+    (tmp_path / "hf.safetensors").write_bytes(data)
+    out = dtorch.load(tmp_path / "hf.safetensors")
+    assert out["emb"].tolist() == [1.0, 1.0, 1.0]
+
+
+# ------------------------------------------------------------ checksums --
+
+def _small_file(tmp_path):
+    path = tmp_path / "small.pt"
+    obj = {"model": {"fc.weight": dtorch.arange(6.0).reshape(2, 3),
+                     "fc.bias": dtorch.tensor([1, 2], dtype=dtorch.int16)},
+           "step": 3}
+    dtorch.save(obj, path)
+    return path, obj
+
+
+def test_flipped_data_byte_names_file_and_tensor(tmp_path):
+    path, obj = _small_file(tmp_path)
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    # which saved tensor sits where in the data section
+    labels = {"F32": r"obj\['model'\]\['fc.weight'\]",
+              "I16": r"obj\['model'\]\['fc.bias'\]"}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        for pos in range(begin, end):
+            bad = bytearray(data)
+            bad[8 + n + pos] ^= 0x10
+            path.write_bytes(bytes(bad))
+            with pytest.raises(ChecksumError, match=r"small\.pt.*checksum "
+                               r"mismatch in tensor " + labels[info["dtype"]]):
+                dtorch.load(path)
+
+
+def test_every_single_byte_flip_is_caught(tmp_path):
+    """No flipped byte anywhere in a file (length, header, data) loads:
+    each fails with a SerializationError that names the file."""
+    path, obj = _small_file(tmp_path)
+    data = path.read_bytes()
+    for pos in range(len(data)):
+        for flip in (0x01, 0x80):
+            bad = bytearray(data)
+            bad[pos] ^= flip
+            path.write_bytes(bytes(bad))
+            with pytest.raises(SerializationError, match="small.pt"):
+                dtorch.load(path)
+    path.write_bytes(data)
+    _same(obj, dtorch.load(path))
+
+
+def test_header_checksum_catches_altered_names(tmp_path):
+    path, obj = _small_file(tmp_path)
+    _rewrite_header(path, lambda h: h["__metadata__"].update(
+        dtorch=h["__metadata__"]["dtorch"].replace("fc.bias", "fc.bias2")),
+        seal=False)
+    with pytest.raises(ChecksumError, match="small.pt.*header checksum"):
+        dtorch.load(path)
+
+
+def test_tensor_checksum_definition(tmp_path):
+    """The stored checksum, computed here from its definition: little-
+    endian 64-bit words in rows of 512 (the last zero-padded), each row's
+    sum with weights w_j (mod 2**64), CRC-32 of the row sums."""
+    x = np.random.default_rng(0).standard_normal(1000)    # 2 rows
+    dtorch.save({"x": x}, tmp_path / "c.pt")
+    header, _ = _split((tmp_path / "c.pt").read_bytes())
+    stored = json.loads(header["__metadata__"]["dtorch.checksums"])
+    w = [int(v) for v in dtorch.serialization._WEIGHTS]
+    assert all(v % 2 == 1 for v in w) and len(set(w)) == 512
+    raw = x.tobytes() + bytes(8 * 1024 - x.nbytes)
+    words = struct.unpack("<1024Q", raw)
+    sums = [sum(a * b for a, b in zip(words[r * 512:(r + 1) * 512], w))
+            % 2 ** 64 for r in range(2)]
+    assert stored == {"0": "%08x" % zlib.crc32(struct.pack("<2Q", *sums))}
+
+
+def test_files_without_checksums_load(tmp_path):
+    # as dtorch wrote them before checksums: safetensors + structure
+    w = np.arange(4, dtype=np.float32)
+    tree = {"dict": [["w", {"tensor": "0"}], ["epoch", 2]]}
+    safetensors.numpy.save_file(
+        {"0": w}, str(tmp_path / "old.pt"),
+        metadata={"format": "dtorch.save/1", "dtorch": json.dumps(tree)})
+    out = dtorch.load(tmp_path / "old.pt")
+    assert out["epoch"] == 2 and out["w"].tolist() == [0, 1, 2, 3]
+
+
+def test_checksums_on_large_tensors_and_all_io_paths(tmp_path):
+    # several 1 MiB I/O pieces, a ragged last row, every dtype width
+    g = np.random.default_rng(1)
+    obj = {"big": dtorch.from_numpy(g.standard_normal(300_001)),
+           "half": dtorch.from_numpy(g.standard_normal(1001)).half(),
+           "flags": dtorch.from_numpy(g.random(77) > 0.5)}
+    path = tmp_path / "big.pt"
+    dtorch.save(obj, path)
+    buf = io.BytesIO()
+    dtorch.save(obj, buf)
+    assert buf.getvalue() == path.read_bytes()     # same bytes both ways
+    for out in (dtorch.load(path), dtorch.load(path, mmap=True),
+                dtorch.load(io.BytesIO(buf.getvalue()))):
+        _same(obj, out)
+    data = bytearray(path.read_bytes())
+    data[-5000] ^= 4                                # inside "big"
+    path.write_bytes(bytes(data))
+    for kw in ({}, {"mmap": True}):
+        with pytest.raises(ChecksumError, match=r"big.pt.*obj\['big'\]"):
+            dtorch.load(path, **kw)
+
+
+# ------------------------------------------------ malformed files: fuzz --
+
+def _mutations():
+    """(label, edit of the parsed header) for every way a crafted header
+    can lie; each must fail with a SerializationError naming the file."""
+    def entry(h):
+        return h[next(k for k in sorted(h) if k != "__metadata__")]
+
+    def tree_edit(new):
+        return lambda h: h["__metadata__"].update(dtorch=new)
+
+    out = []
+    for field in ("dtype", "shape", "data_offsets"):
+        for bad in (None, "F32x", 3, -1, 2.5, True, [], {}, ["a"],
+                    [1, -2], [2 ** 70, 0], [[1]]):
+            out.append((f"{field}={bad!r}",
+                        lambda h, f=field, b=bad: entry(h).__setitem__(f, b)))
+        out.append((f"no {field}",
+                    lambda h, f=field: entry(h).pop(f)))
+    out += [
+        ("entry not a dict", lambda h: h.__setitem__("0", [1, 2])),
+        ("extra field", lambda h: entry(h).__setitem__("x", 1)),
+        ("offsets beyond", lambda h: entry(h)["data_offsets"].__setitem__(
+            1, entry(h)["data_offsets"][1] + 10 ** 9)),
+        ("offsets reversed", lambda h: entry(h)["data_offsets"].reverse()),
+        ("overlap", lambda h: [h[k].__setitem__("data_offsets", [0, 64])
+                               for k in h if k != "__metadata__"]),
+        ("shape mismatch", lambda h: entry(h).__setitem__("shape", [3])),
+        ("huge shape", lambda h: entry(h).__setitem__("shape",
+                                                      [2 ** 40, 2 ** 40])),
+        ("metadata list", lambda h: h.__setitem__("__metadata__", [1])),
+        ("metadata int value", lambda h: h["__metadata__"].__setitem__(
+            "dtorch", 5)),
+        ("unknown dtorch key", lambda h: h["__metadata__"].__setitem__(
+            "dtorch.extra", "1")),
+        ("checksums not JSON", lambda h: h["__metadata__"].__setitem__(
+            "dtorch.checksums", "{")),
+        ("checksums list", lambda h: h["__metadata__"].__setitem__(
+            "dtorch.checksums", "[1]")),
+        ("checksum missing", lambda h: h["__metadata__"].__setitem__(
+            "dtorch.checksums", "{}")),
+        ("checksum not hex", lambda h: h["__metadata__"].__setitem__(
+            "dtorch.checksums", json.dumps(
+                {k: "zz" for k in h if k != "__metadata__"}))),
+        ("checksum wrong", lambda h: h["__metadata__"].__setitem__(
+            "dtorch.checksums", json.dumps(
+                {k: "00000001" for k in h if k != "__metadata__"}))),
+        ("header crc not hex", lambda h: h["__metadata__"].__setitem__(
+            HCRC, 7)),
+    ]
+    for tree in ("{", "[" * 100000 + "]" * 100000, "[1, {}]", '{"tensor": 1}',
+                 '{"tensor": ["0"]}', '{"tensor": "0", "device": 3}',
+                 '{"tensor": "0", "device": "tpu:9"}',
+                 '{"tensor": "0", "requires_grad": "yes"}',
+                 '{"tensor": "0", "x": 1}', '{"ndarray": {}}',
+                 '{"dict": 3}', '{"dict": [[1]]}', '{"dict": [1]}',
+                 '{"dict": [[{"dict": []}, 1]]}', '{"odict": [[[], 2, 3]]}',
+                 '{"tuple": 5}', '{"float": "abc"}', '{"float": 2}',
+                 '{"dtype": "float99"}', '{"dtype": []}',
+                 '{"device": "warp:1"}', '{"device": 7}', '{}',
+                 '{"a": 1, "b": 2}', '{"dict": [["k", {"nope": 1}]]}'):
+        out.append((f"tree {tree[:30]}", tree_edit(tree)))
+    return out
+
+
+@pytest.mark.parametrize("seal", [True, False])
+def test_crafted_headers_raise_serialization_errors(tmp_path, seal):
+    src = tmp_path / "src.pt"
+    dtorch.save({"w": dtorch.randn(4, 4), "b": dtorch.zeros(4),
+                 "n": dtorch.tensor([1, 2], dtype=dtorch.int8)}, src)
+    header, body = _split(src.read_bytes())
+    for i, (label, edit) in enumerate(_mutations()):
+        h = json.loads(json.dumps(header))
+        edit(h)
+        path = tmp_path / f"crafted{i}.pt"
+        path.write_bytes(_header_bytes(h, seal) + body)
+        with pytest.raises(SerializationError, match=f"crafted{i}.pt"):
+            dtorch.load(path)
+        path.unlink()
+
+
+def test_truncated_and_huge_lengths_raise_serialization_errors(tmp_path):
+    data = _small_file(tmp_path)[0].read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    cases = [data[:cut] for cut in range(0, len(data), 7)]
+    cases += [struct.pack("<Q", v) + data[8:]
+              for v in (0, 1, n - 8, n + 8, 2 ** 31, 2 ** 63, 2 ** 64 - 1)]
+    cases += [struct.pack("<Q", 2 ** 40) + b"{" + b" " * 100]
+    for i, bad in enumerate(cases):
+        path = tmp_path / f"t{i}.pt"
+        path.write_bytes(bad)
+        with pytest.raises(SerializationError, match=f"t{i}.pt"):
+            dtorch.load(path)
+        with pytest.raises(SerializationError, match=f"t{i}.pt"):
+            dtorch.load(path, mmap=True)
+
+
+# ------------------------------------------------- disk full, temp files --
+
+def test_full_disk_raises_oserror_naming_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    dtorch.save({"v": dtorch.ones(3)}, path)
+    before = path.read_bytes()
+    real_write = dtorch.serialization._write
+
+    def full(fh, *args):
+        real_write(fh, *args)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(dtorch.serialization, "_write", full)
+    with pytest.raises(OSError, match="No space left") as e:
+        dtorch.save({"v": dtorch.zeros(1000)}, path)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(path)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_full_device_file_object_names_it():
+    fh = open("/dev/full", "wb")
+    try:
+        with pytest.raises(OSError, match="/dev/full") as e:
+            dtorch.save({"v": dtorch.ones(3)}, fh)
+        assert e.value.errno == errno.ENOSPC
+    finally:
+        with contextlib.suppress(OSError):
+            fh.close()
+
+
+def _tmp_name(target, pid):
+    return (f".{target}.dtorch-{dtorch.serialization._host_tag()}-{pid}-"
+            "0123abcd.tmp")
+
+
+def test_stale_temp_files_of_dead_savers_are_removed(tmp_path):
+    # a save killed between writing and renaming leaves its temp file
+    script = ("import os, sys, dtorch, dtorch.serialization as s\n"
+              "s.os.replace = lambda *a: os._exit(9)\n"
+              "dtorch.save({'x': dtorch.ones(1000)}, sys.argv[1])\n")
+    r = subprocess.run([sys.executable, "-c", script,
+                        str(tmp_path / "ckpt.pt")], timeout=120)
+    assert r.returncode == 9
+    left = os.listdir(tmp_path)
+    assert len(left) == 1 and left[0].endswith(".tmp")
+    live = subprocess.Popen([sys.executable, "-c",
+                             "import time; time.sleep(120)"])
+    try:
+        keep = [_tmp_name("ckpt.pt", live.pid),          # a live saver
+                _tmp_name("other.pt", os.getpid()),      # this process
+                ".ckpt.pt.dtorch-00000000-1-0123abcd.tmp",  # another host
+                ".ckpt.pt.k3j4h5.tmp",                   # not dtorch's
+                "notes.tmp"]
+        for name in keep:
+            (tmp_path / name).write_bytes(b"x")
+        dtorch.save({"x": dtorch.zeros(2)}, tmp_path / "ckpt.pt")
+        assert sorted(os.listdir(tmp_path)) == sorted(keep + ["ckpt.pt"])
+        assert dtorch.load(tmp_path / "ckpt.pt")["x"].tolist() == [0, 0]
+    finally:
+        live.kill()
+        live.wait()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
+def test_saved_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        for mask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+            os.umask(mask)
+            path = tmp_path / f"m{mask:o}.pt"
+            dtorch.save({"x": 1}, path)
+            assert stat.S_IMODE(os.stat(path).st_mode) == mode
+        # overwriting keeps the mode the file had, as open(path, "wb")
+        os.umask(0o022)
+        path = tmp_path / "keep.pt"
+        dtorch.save({"x": 1}, path)
+        os.chmod(path, 0o640)
+        dtorch.save({"x": 2}, path)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+    finally:
+        os.umask(old)
+
+
+# ------------------------------------------------- PyTorch's signatures --
+
+def test_whole_module_is_refused_with_the_state_dict_way(tmp_path):
+    model = dtorch.nn.Linear(2, 3)
+    with pytest.raises(SerializationError) as e:
+        dtorch.save(model, tmp_path / "m.pt")
+    msg = str(e.value)
+    assert "dtorch.save(model.state_dict(), PATH)" in msg
+    assert "model.load_state_dict(dtorch.load(PATH))" in msg
+    assert "\n" not in msg
+    opt = dtorch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(SerializationError,
+                       match=r"optimizer\.state_dict\(\)"):
+        dtorch.save({"opt": opt}, tmp_path / "o.pt")
+    assert not os.listdir(tmp_path)
+
+
+def test_safe_globals_are_recorded_no_ops(tmp_path):
+    ser = dtorch.serialization
+    path = tmp_path / "x.pt"
+    dtorch.save({"x": dtorch.ones(2)}, path)
+
+    class Config:
+        pass
+    ser.clear_safe_globals()
+    with ser.safe_globals([Config]):
+        assert ser.get_safe_globals() == [Config]
+        assert dtorch.load(path)["x"].tolist() == [1, 1]
+    assert ser.get_safe_globals() == []
+    ser.add_safe_globals([Config, np.dtype])
+    try:
+        assert ser.get_safe_globals() == [Config, np.dtype]
+    finally:
+        ser.clear_safe_globals()
+    assert ser.get_safe_globals() == []
+
+
+def test_load_keywords_as_pytorch(tmp_path):
+    path = tmp_path / "k.pt"
+    obj = {"w": dtorch.arange(4.0), "n": 1}
+    dtorch.save(obj, path, pickle_protocol=4,
+                _use_new_zipfile_serialization=True)
+    for kw in ({"weights_only": True}, {"weights_only": False},
+               {"weights_only": None}, {"mmap": False},
+               {"mmap": True, "weights_only": True, "map_location": "cpu"},
+               {"map_location": dtorch.device("cpu"), "encoding": "latin1"}):
+        _same(obj, dtorch.load(path, **kw))
+    before = path.read_bytes()
+    mapped = dtorch.load(path, mmap=True)
+    mapped["w"].add_(1)                       # copy-on-write
+    assert mapped["w"].tolist() == [1, 2, 3, 4]
+    assert path.read_bytes() == before
+    with pytest.raises(ValueError, match="file path.*mmap"):
+        dtorch.load(io.BytesIO(before), mmap=True)
