@@ -584,7 +584,7 @@ class Tensor:
     absolute = abs
 
     def reciprocal(self):
-        return 1.0 / self
+        return P.Reciprocal.apply(self)
 
     def sin(self):
         return P.Sin.apply(self)
@@ -609,12 +609,9 @@ class Tensor:
             raise RuntimeError("torch.clamp: At least one of 'min' or 'max' "
                                "must not be None")
         if isinstance(min, Tensor) or isinstance(max, Tensor):
-            t = self
-            if min is not None:
-                t = P.Maximum.apply(t, _operand(min, self))
-            if max is not None:
-                t = P.Minimum.apply(t, _operand(max, self))
-            return t
+            return P.ClampT.apply(
+                self, None if min is None else _operand(min, self),
+                None if max is None else _operand(max, self))
         return P.Clamp.apply(self, min=min, max=max)
 
     clip = clamp
@@ -781,7 +778,7 @@ class Tensor:
                                             else float("nan"))
 
     def std(self, dim=None, unbiased=None, keepdim=False, correction=None):
-        return self.var(dim, unbiased, keepdim, correction).sqrt()
+        return P.StdSqrt.apply(self.var(dim, unbiased, keepdim, correction))
 
     def prod(self, dim=None, keepdim=False, dtype=None):
         t = self if dtype is None else self.to(dtype)
@@ -793,7 +790,7 @@ class Tensor:
 
     def _minmax(self, dim, keepdim, is_min):
         if dim is None:
-            return P.Amax.apply(self, is_min=is_min)
+            return P.Amax.apply(self, is_min=is_min, evenly=True)
         if isinstance(dim, Tensor):   # max(other): elementwise
             return (P.Minimum if is_min else P.Maximum).apply(self, dim)
         vals = P.MaxDim.apply(self, dim=dim, keepdim=keepdim, is_min=is_min)
@@ -856,15 +853,9 @@ class Tensor:
             # accumulate in float32 (a sum of squares overflows float16
             # above a norm of 256), return the input's dtype, as PyTorch
             return self.float().norm(p, dim, keepdim).to(self.dtype)
-        if p in ("fro", 2, 2.0):
-            return (self * self).sum(dim, keepdim).sqrt()
-        if p == float("inf"):
-            return self.abs().amax(dim, keepdim)
-        if p == float("-inf"):
-            return self.abs().amin(dim, keepdim)
-        if p == 1:
-            return self.abs().sum(dim, keepdim)
-        return (self.abs() ** p).sum(dim, keepdim) ** (1.0 / p)
+        # one node with PyTorch's backward (0 at a zero norm, not NaN)
+        return P.Norm.apply(self, p=2.0 if p == "fro" else float(p),
+                            dim=dim, keepdim=keepdim)
 
     def logsumexp(self, dim, keepdim=False):
         m = self.detach().amax(dim, keepdim=True)

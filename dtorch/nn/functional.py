@@ -267,7 +267,14 @@ def _max_pool_indices(x, k, s, p, d, ohw):
     pw = max(0, (ow - 1) * s[1] + d[1] * (k[1] - 1) + 1 - w - p[1])
     xpad = N._pad2d(xp, x, ((p[0], ph), (p[1], pw)), lo)
     win = N._windows(xp, xpad, k, s, d, ohw).transpose(0, 1, 4, 5, 2, 3)
-    am = win.reshape(x.shape[:2] + (oh, ow, -1)).argmax(-1)
+    win = win.reshape(x.shape[:2] + (oh, ow, -1))
+    am = win.argmax(-1)
+    if x.dtype.kind == "f":
+        # PyTorch takes the last NaN of a window (argmax finds the first)
+        isn = xp.isnan(win)
+        if bool(isn.any()):
+            lastnan = win.shape[-1] - 1 - isn[..., ::-1].argmax(-1)
+            am = xp.where(isn.any(-1), lastnan, am)
     rows = xp.arange(oh)[:, None] * s[0] + (am // k[1]) * d[0] - p[0]
     cols = xp.arange(ow)[None, :] * s[1] + (am % k[1]) * d[1] - p[1]
     return Tensor._wrap((rows * w + cols).astype(np.int64))
@@ -370,28 +377,40 @@ def relu(input, inplace=False):
     return input.relu()
 
 
+def _inplace(input, fn):
+    """``fn(input)`` written into input: PyTorch's in-place activations.
+    Under autograd the input takes over the new graph node (a copy_ under
+    no_grad would leave backward with the old one)."""
+    if input._tracked():
+        return input._rebase(fn)
+    with no_grad():
+        out = fn(input)
+    input._data[...] = out._data
+    input._vc[0] += 1
+    return input
+
+
 def relu6(input, inplace=False):
     return hardtanh(input, 0.0, 6.0, inplace)
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    """clamp, but with no gradient at the bounds themselves (PyTorch)."""
     if inplace:
-        return input.clamp_(min_val, max_val)
-    return input.clamp(min_val, max_val)
+        return _inplace(input, lambda t: hardtanh(t, min_val, max_val))
+    return P.Hardtanh.apply(input, min=min_val, max=max_val)
 
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):
-    out = P.Where.apply(input._data > 0, input, input * negative_slope)
     if inplace:
-        with no_grad():
-            input.copy_(out)
-        return input
-    return out
+        return _inplace(input, lambda t: leaky_relu(t, negative_slope))
+    return N.LeakyRelu.apply(input, slope=negative_slope)
 
 
 def elu(input, alpha=1.0, inplace=False):
-    return P.Where.apply(input._data > 0, input,
-                         (input.exp() - 1) * alpha)
+    if inplace:
+        return _inplace(input, lambda t: elu(t, alpha))
+    return N.Elu.apply(input, alpha=alpha)
 
 
 def gelu(input, approximate="none"):
@@ -402,11 +421,15 @@ def gelu(input, approximate="none"):
 
 
 def silu(input, inplace=False):
-    return input * input.sigmoid()
+    if inplace:
+        return _inplace(input, silu)
+    return N.Silu.apply(input)
 
 
 def mish(input, inplace=False):
-    return input * softplus(input).tanh()
+    if inplace:
+        return _inplace(input, mish)
+    return N.Mish.apply(input)
 
 
 def sigmoid(input):
@@ -418,16 +441,11 @@ def tanh(input):
 
 
 def softplus(input, beta=1.0, threshold=20.0):
-    z = input * beta
-    # log(1 + e^z) = max(z, 0) + log1p(e^-|z|): never overflows
-    sp = z.relu() + ((-z.abs()).exp() + 1).log()
-    if beta != 1:
-        sp = sp / beta
-    return P.Where.apply(z._data > threshold, input, sp)
+    return N.Softplus.apply(input, beta=beta, threshold=threshold)
 
 
 def logsigmoid(input):
-    return -softplus(-input)
+    return N.LogSigmoid.apply(input)
 
 
 def _softmax_dim(ndim):
@@ -697,19 +715,13 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None,
                    reduction="mean", beta=1.0):
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_same_size(input, target, "smooth_l1_loss")
-    d = (input - target).abs()
-    if beta == 0:
-        return _reduce(d, reduction)
-    quad = d * d * (0.5 / beta)
-    return _reduce(P.Where.apply(d._data < beta, quad, d - 0.5 * beta),
-                   reduction)
+    if beta == 0:      # PyTorch runs l1_loss then
+        return _reduce((input - target).abs(), reduction)
+    return _reduce(N.SmoothL1.apply(input, target, beta=beta), reduction)
 
 
 def huber_loss(input, target, reduction="mean", delta=1.0):
-    d = (input - target).abs()
-    loss = P.Where.apply(d._data < delta, d * d * 0.5,
-                         (d - 0.5 * delta) * delta)
-    return _reduce(loss, reduction)
+    return _reduce(N.Huber.apply(input, target, delta=delta), reduction)
 
 
 def _check_targets(t, c, ignore_index):
@@ -806,7 +818,9 @@ def cross_entropy(input, target, weight=None, size_average=None,
     else:
         smooth = -logp.sum(cdim)
     keep = target._data != ignore_index
-    smooth = smooth * Tensor._wrap(keep.astype(smooth._data.dtype))
+    # masked_fill, not a product with the mask: an ignored row may hold
+    # -inf log-probabilities, and inf * 0 is NaN
+    smooth = P.Where.apply(keep, smooth, 0.0)
     if reduction == "none":
         red = smooth
     elif reduction == "sum":
@@ -828,14 +842,16 @@ def binary_cross_entropy(input, target, weight=None, size_average=None,
             f"input size ({input.shape}) is deprecated. Please ensure they "
             f"have the same size.")
     a = input._data
-    if a.size and (bool((a < 0).any()) or bool((a > 1).any())):
+    # NaN is out of range too (PyTorch checks 0 <= x <= 1)
+    if a.size and not bool(((a >= 0) & (a <= 1)).all()):
         raise RuntimeError("all elements of input should be between 0 and 1")
-    # PyTorch clamps the logs at -100 so that 0 * log 0 stays finite
-    loss = -(target * input.log().clamp_min(-100.0)
-             + (1 - target) * (1 - input).log().clamp_min(-100.0))
-    if weight is not None:
-        loss = loss * weight
-    return _reduce(loss, reduction)
+    b = target._data
+    if b.size and not bool(((b >= 0) & (b <= 1)).all()):
+        raise RuntimeError("all elements of target should be between 0 and 1")
+    if weight is not None and tuple(weight.shape) != tuple(input.shape):
+        weight = weight.expand(input.shape)
+    return _reduce(N.BinaryCrossEntropy.apply(input, target, weight),
+                   reduction)
 
 
 def binary_cross_entropy_with_logits(input, target, weight=None,
@@ -846,16 +862,8 @@ def binary_cross_entropy_with_logits(input, target, weight=None,
         raise ValueError(
             f"Target size ({target.shape}) must be the same as input size "
             f"({input.shape})")
-    # log(1 + e^-x) computed without overflow: relu(-x) + log1p(e^-|x|)
-    sp = (-input).relu() + ((-input.abs()).exp() + 1).log()
-    if pos_weight is not None:
-        lw = (pos_weight - 1) * target + 1
-        loss = (1 - target) * input + lw * sp
-    else:
-        loss = (1 - target) * input + sp
-    if weight is not None:
-        loss = loss * weight
-    return _reduce(loss, reduction)
+    return _reduce(N.BinaryCrossEntropyWithLogits.apply(
+        input, target, weight, pos_weight), reduction)
 
 
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean",
@@ -864,10 +872,9 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean",
     if log_target:
         loss = target.exp() * (target - input)
     else:
-        t = target._data
-        logt = Tensor._wrap(target._xp().log(
-            target._xp().where(t > 0, t, 1)))
-        loss = target * (logt - input)
+        # PyTorch's xlogy(t, t) - t * x: 0 where t == 0, NaN where t < 0,
+        # and differentiable in the target too
+        loss = P.XLogY.apply(target, target) - target * input
     if reduction == "batchmean":
         return loss.sum() / input.shape[0]
     return _reduce(loss, reduction)

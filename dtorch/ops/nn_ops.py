@@ -398,8 +398,13 @@ class MaxPool2d(Op):
     over the two rows and over the two columns, four products in all
     instead of a dozen comparisons and masks (benchmark CNN, forward +
     backward: 64x32x28x28 6.7 -> 5.2 ms; 64x64x14x14, rows of 7, 2.7 ->
-    2.9 ms). A window holding NaN sends its
-    gradient to one of its cells, not necessarily the NaN one."""
+    2.9 ms).
+
+    PyTorch's rule in a window: a cell wins if it is greater than the best
+    so far or if it is NaN, so ties go to the first maximum and a window
+    holding NaN sends its gradient to its last NaN cell. Backward masks
+    with where() when g holds inf or NaN (g * 0 would be NaN); with a
+    finite g the products are exact and faster."""
     @staticmethod
     def forward(ctx, x, k=(2, 2), stride=(2, 2), pads=((0, 0), (0, 0)),
                 dilation=(1, 1), out_hw=None):
@@ -427,6 +432,9 @@ class MaxPool2d(Op):
             rows = xp.maximum(cells[:, 0], cells[:, 1])
             rows = rows.reshape(n * c * oh, 2, ow)
             low = rows[:, 1] > rows[:, 0]           # the lower row won
+            if x.dtype.kind == "f":                 # a later NaN wins
+                col |= xp.isnan(cells[:, 1])
+                low |= xp.isnan(rows[:, 1])
             best = xp.maximum(rows[:, 0], rows[:, 1])
             ctx.save_for_backward(col, low)
             return best.reshape(n, c, oh, ow)
@@ -463,20 +471,30 @@ class MaxPool2d(Op):
     def backward(ctx, g):
         xp = get_array_module(g)
         shape, k, stride, pads, dilation, ohw = ctx.meta
+        finite = bool(xp.isfinite(g).all()) if g.dtype.kind == "f" else True
         if ctx.pairs:
             col, low = ctx.to_save
             n, c, h, w = shape
             g2 = g.reshape(-1, ohw[1])
             # g to the winning row of each window, then to its winning cell
-            # (g - g * mask: exact, one product per pair instead of two)
+            # (g - g * mask: exact for a finite g, one product per pair
+            # instead of two)
             gr = xp.empty((g2.shape[0], 2, ohw[1]), g.dtype)
-            xp.multiply(g2, low, out=gr[:, 1])
-            xp.subtract(g2, gr[:, 1], out=gr[:, 0])
-            gr = gr.reshape(-1)
             gx = xp.empty(shape, g.dtype)
             cells = gx.reshape(-1, 2)
-            xp.multiply(gr, col, out=cells[:, 1])
-            xp.subtract(gr, cells[:, 1], out=cells[:, 0])
+            if finite:
+                xp.multiply(g2, low, out=gr[:, 1])
+                xp.subtract(g2, gr[:, 1], out=gr[:, 0])
+                gr = gr.reshape(-1)
+                xp.multiply(gr, col, out=cells[:, 1])
+                xp.subtract(gr, cells[:, 1], out=cells[:, 0])
+                return gx
+            zero = xp.zeros((), g.dtype)
+            gr[:, 1] = xp.where(low, g2, zero)
+            gr[:, 0] = xp.where(low, zero, g2)
+            gr = gr.reshape(-1)
+            cells[:, 1] = xp.where(col, gr, zero)
+            cells[:, 0] = xp.where(col, zero, gr)
             return gx
         xin, best = ctx.to_save
         n, c = shape[:2]
@@ -492,11 +510,28 @@ class MaxPool2d(Op):
             gx = xp.zeros(xin.shape, g.dtype)
             srcs = [(xin[:, :, hs, ws], gx[:, :, hs, ws])
                     for hs, ws in offs]
-        taken = None
+        zero = xp.zeros((), g.dtype)
+
+        def put(dst, e):
+            if e is None:
+                dst[...] = g
+            elif ctx.tiled:
+                if finite:
+                    xp.multiply(g, e, out=dst)
+                else:
+                    dst[...] = xp.where(e, g, zero)
+            else:
+                dst += g * e if finite else xp.where(e, g, zero)
+
+        # windows whose maximum is NaN are served last, by their last NaN
+        nanw = xp.isnan(best) if best.dtype.kind == "f" else None
+        if nanw is not None and not bool(nanw.any()):
+            nanw = None
+        taken = None if nanw is None else nanw.copy()
         last = len(srcs) - 1
         for o, (v, dst) in enumerate(srcs):
             if o == last and ctx.tiled:
-                # the only window cells left are the maxima (or NaN ones)
+                # the only window cells left are the maxima
                 e = ~taken if taken is not None else None
             else:
                 e = v == best
@@ -505,12 +540,16 @@ class MaxPool2d(Op):
                 else:
                     xp.greater(e, taken, out=e)   # e and not taken
                     taken |= e
-            if e is None:
-                dst[...] = g
-            elif ctx.tiled:
-                xp.multiply(g, e, out=dst)
-            else:
-                dst += g * e
+            put(dst, e)
+        if nanw is not None:
+            taken = ~nanw
+            for v, dst in reversed(srcs):
+                e = xp.isnan(v) & ~taken
+                taken |= e
+                if ctx.tiled:
+                    dst[...] = xp.where(e, g, dst)
+                else:
+                    dst += xp.where(e, g, zero)
         return gx if ctx.tiled else _unpad2d(gx, pads)
 
 
@@ -625,8 +664,9 @@ class NllLoss(Op):
         w = keep.astype(logp.dtype)
         if weight is not None:
             w = w * weight[t]
-        loss = -(picked * w)
-        ctx.t, ctx.w, ctx.shape = t, w, logp.shape
+        # ignored targets give 0, even where their log-probability is -inf
+        loss = xp.where(keep, -(picked * w), xp.zeros((), logp.dtype))
+        ctx.t, ctx.w, ctx.shape, ctx.keep = t, w, logp.shape, keep
         ctx.reduction = reduction
         if reduction == "none":
             return loss
@@ -640,10 +680,13 @@ class NllLoss(Op):
     def backward(ctx, g):
         xp = get_array_module(g)
         w = ctx.w
-        if ctx.reduction == "mean":
-            coef = -(w * (g / ctx.denom))
-        else:
-            coef = -(w * g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if ctx.reduction == "mean":
+                coef = -(w * (g / ctx.denom))
+            else:
+                coef = -(w * g)
+        # ignored targets get 0 whatever g is (PyTorch skips them)
+        coef = xp.where(ctx.keep, coef, xp.zeros((), coef.dtype))
         gx = xp.zeros(ctx.shape, coef.dtype)
         put_along_axis(xp, gx, xp.expand_dims(ctx.t, 1),
                        xp.expand_dims(coef, 1), axis=1)
@@ -666,7 +709,9 @@ class CrossEntropy(NllLoss):
     def backward(ctx, g):
         xp = get_array_module(g)
         w = ctx.w
-        coef = w * (g / ctx.denom) if ctx.reduction == "mean" else w * g
+        with np.errstate(divide="ignore", invalid="ignore"):
+            coef = w * (g / ctx.denom) if ctx.reduction == "mean" else w * g
+        coef = xp.where(ctx.keep, coef, xp.zeros((), coef.dtype))
         coef = xp.expand_dims(coef, 1)
         gx = xp.exp(ctx.logp)
         gx *= coef
@@ -856,6 +901,279 @@ class Gelu(Op):
             pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
             d = ctx.cdf + x * pdf
         return (g * d).astype(g.dtype, copy=False)
+
+
+# ============================================================ activations ==
+# Each activation is one node with PyTorch's own backward formula. Composed
+# from relu / abs / where pieces, a function takes those pieces'
+# subgradients at its kinks (softplus'(0) came out 0, not 1/2), and a branch
+# that where() discards but that overflows (elu's exp at +inf) turns its
+# zero gradient into 0 * inf = NaN.
+
+def _zero(xp, g):
+    return xp.zeros((), g.dtype)
+
+
+class LeakyRelu(Op):
+    @staticmethod
+    def forward(ctx, x, slope=0.01):
+        ctx.save_for_backward(x)
+        ctx.slope = slope
+        return get_array_module(x).where(x > 0, x, x * slope)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        return get_array_module(g).where(x > 0, g, g * ctx.slope)
+
+
+class Elu(Op):
+    """x for x > 0, alpha (e^x - 1) otherwise (NaN takes the exp branch,
+    so its gradient is NaN, as in PyTorch)."""
+    @staticmethod
+    def forward(ctx, x, alpha=1.0):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        ctx.alpha = alpha
+        with np.errstate(over="ignore", invalid="ignore"):
+            return xp.where(x > 0, x, xp.expm1(x) * alpha)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return xp.where(x > 0, g, g * (ctx.alpha * xp.exp(x)))
+
+
+class Softplus(Op):
+    """log(1 + e^(beta x)) / beta, and x itself where beta x > threshold."""
+    @staticmethod
+    def forward(ctx, x, beta=1.0, threshold=20.0):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        ctx.beta, ctx.threshold = beta, threshold
+        z = x * beta
+        with np.errstate(over="ignore", invalid="ignore"):
+            sp = xp.log1p(xp.exp(z))
+            if beta != 1:
+                sp /= beta
+            return xp.where(z > threshold, x, sp).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        z = x * ctx.beta
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = xp.exp(z)
+            return xp.where(z > ctx.threshold, g, g * e / (e + 1))
+
+
+class Silu(Op):
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x / (1 + xp.exp(-x))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = 1 / (1 + xp.exp(-x))
+            return g * s * (1 + x * (1 - s))
+
+
+class Mish(Op):
+    """x tanh(softplus(x))."""
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x * xp.tanh(xp.log1p(xp.exp(x)))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = 1 / (1 + xp.exp(-x))
+            t = xp.tanh(xp.log1p(xp.exp(x)))
+            return g * (t + x * s * (1 - t * t))
+
+
+def _log_sigmoid(xp, x):
+    """log(sigmoid(x)) = min(x, 0) - log1p(e^-|x|): never overflows."""
+    return xp.minimum(x, 0) - xp.log1p(xp.exp(-abs(x)))
+
+
+def _log_sigmoid_grad(xp, x):
+    """d/dx log(sigmoid(x)) = 1 - sigmoid(x), PyTorch's way (exactly 1/2
+    at 0, finite at +-inf)."""
+    neg = x < 0
+    e = xp.exp(-abs(x))
+    r = e / (1 + e)
+    return xp.where(neg, 1 - r, r)
+
+
+class LogSigmoid(Op):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _log_sigmoid(get_array_module(x), x)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        return g * _log_sigmoid_grad(get_array_module(g), x)
+
+
+# ============================================================== losses ==
+# Unreduced per-element losses, each with PyTorch's backward formula (the
+# functional API reduces them). Gradients are returned for every input that
+# asks, target included, as in PyTorch.
+
+def _unb(g, shape):
+    """Sum a gradient down to a broadcast operand's shape."""
+    from .primitives import unbroadcast
+    return unbroadcast(g, shape)
+
+
+_BCE_EPS = np.float32(1e-12)
+
+
+class BinaryCrossEntropy(Op):
+    """-w (t log x + (1 - t) log(1 - x)), the logs clamped at -100 as in
+    PyTorch. Backward: g w (x - t) / max(x (1 - x), 1e-12) for x, which is
+    finite at x = 0 and 1 exactly (a float32 sigmoid rounds to 1.0 from
+    about 17), and -g w logit(x) for t. Like PyTorch, no gradient for
+    the weight."""
+    @staticmethod
+    def forward(ctx, x, t, w=None):
+        xp = get_array_module(x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lx = xp.maximum(xp.log(x), -100)
+            l1x = xp.maximum(xp.log1p(-x), -100)
+        loss = (t - 1) * l1x - t * lx
+        ctx.save_for_backward(x, t, w)
+        if w is not None:
+            loss = loss * w
+        return loss.astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t, w = ctx.to_save
+        xp = get_array_module(g)
+        n = ctx.needs_input_grad
+        gw = g if w is None else g * w
+        gx = gt = None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if n[0]:
+                # PyTorch's EPSILON is the float 1e-12 (9.9999999600e-13)
+                gx = gw * (x - t) / xp.maximum((1 - x) * x,
+                                               x.dtype.type(_BCE_EPS))
+                gx = _unb(gx.astype(g.dtype, copy=False), x.shape)
+            if n[1]:
+                gt = _unb(-xp.log(x / (1 - x)) * gw, t.shape)
+        return gx, gt, None
+
+
+class BinaryCrossEntropyWithLogits(Op):
+    """(1 - t) x - lw log(sigmoid(x)), lw = (pos_weight - 1) t + 1, times
+    w, with PyTorch's backward: g w ((pw t + 1 - t) sigmoid(x) - pw t)
+    (sigmoid(x) - t without pos_weight) for x, exactly 0 at x = 0 for
+    t = 1/2 (a composition took relu'(0) = abs'(0) = 0 there and gave
+    g / 2); g w (log_sigmoid(-x) - pw log_sigmoid(x)) (-x g w without
+    pos_weight) for t. Like PyTorch, no gradient for weight and
+    pos_weight."""
+    @staticmethod
+    def forward(ctx, x, t, w=None, pw=None):
+        xp = get_array_module(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            ls = _log_sigmoid(xp, x)
+            lw = None if pw is None else (pw - 1) * t + 1
+            loss = (1 - t) * x - (ls if lw is None else ls * lw)
+            ctx.save_for_backward(x, t, w, pw)
+            ctx.ls = ls
+            if w is not None:
+                loss = loss * w
+        return loss.astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t, w, pw = ctx.to_save
+        xp = get_array_module(g)
+        n = ctx.needs_input_grad
+        out = [None] * 4
+        with np.errstate(over="ignore", invalid="ignore"):
+            if n[0]:
+                s = 1 / (1 + xp.exp(-x))
+                if pw is None:
+                    gx = s - t
+                else:
+                    pt = pw * t
+                    gx = (pt + 1 - t) * s - pt
+                gx = gx * g
+                if w is not None:
+                    gx = gx * w
+                out[0] = _unb(gx, x.shape)
+            if n[1]:
+                if pw is None:
+                    gt = -x * g
+                else:
+                    gt = (_log_sigmoid(xp, -x) - ctx.ls * pw) * g
+                if w is not None:
+                    gt = gt * w
+                out[1] = _unb(gt, t.shape)
+        return tuple(out)
+
+
+class SmoothL1(Op):
+    """|d| < beta: d^2 / (2 beta), else |d| - beta / 2 (d = x - t); the
+    gradient is d / beta inside, sign(d) from the kinks on (PyTorch)."""
+    @staticmethod
+    def forward(ctx, x, t, beta=1.0):
+        xp = get_array_module(x, t)
+        d = x - t
+        z = abs(d)
+        ctx.d, ctx.beta = d, beta
+        ctx.shapes = (getattr(x, "shape", ()), getattr(t, "shape", ()))
+        return xp.where(z < beta, (0.5 / beta) * z * z, z - 0.5 * beta)
+
+    @staticmethod
+    def backward(ctx, g):
+        d, b = ctx.d, ctx.beta
+        xp = get_array_module(g)
+        gd = xp.where(d <= -b, -g, xp.where(d >= b, g, d * g / b))
+        n = ctx.needs_input_grad
+        return (_unb(gd, ctx.shapes[0]) if n[0] else None,
+                _unb(-gd, ctx.shapes[1]) if n[1] else None)
+
+
+class Huber(Op):
+    """|d| < delta: d^2 / 2, else delta (|d| - delta / 2); the gradient is
+    d inside, delta sign(d) from the kinks on (PyTorch)."""
+    @staticmethod
+    def forward(ctx, x, t, delta=1.0):
+        xp = get_array_module(x, t)
+        d = x - t
+        z = abs(d)
+        ctx.d, ctx.delta = d, delta
+        ctx.shapes = (getattr(x, "shape", ()), getattr(t, "shape", ()))
+        return xp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta))
+
+    @staticmethod
+    def backward(ctx, g):
+        d, c = ctx.d, ctx.delta
+        xp = get_array_module(g)
+        gd = xp.where(d <= -c, -c * g, xp.where(d >= c, c * g, d * g))
+        n = ctx.needs_input_grad
+        return (_unb(gd, ctx.shapes[0]) if n[0] else None,
+                _unb(-gd, ctx.shapes[1]) if n[1] else None)
 
 
 # ========================================================== recurrences ==

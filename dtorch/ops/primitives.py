@@ -99,6 +99,44 @@ def _meta(ctx, x, y):
     ctx.yd = getattr(y, "dtype", None)
 
 
+def keep_grad(xp, cond, g):
+    """g where ``cond``, else 0: PyTorch's masking in backward. Never
+    ``g * cond``: an infinite or NaN upstream gradient times a 0 mask is
+    NaN, where PyTorch gives 0."""
+    return xp.where(cond, g, xp.zeros((), g.dtype))
+
+
+def sgn(xp, x):
+    """PyTorch's sign for gradients: -1, 0 or 1, and 0 at NaN."""
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def pow_scalar(xp, x, e):
+    """x ** e for a float array and a Python number, by the kernels that
+    PyTorch picks for special exponents (sqrt for 0.5, rsqrt for -0.5,
+    products for 2, 3, -2, reciprocal for -1), so that values at -0.0
+    and -inf agree with it (rsqrt(-0.0) is -inf, pow(-0.0, -0.5) is
+    inf)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if e == 0:
+            return xp.ones_like(x)
+        if e == 1:
+            return x.copy()
+        if e == 0.5:
+            return xp.sqrt(x)
+        if e == -0.5:
+            return (1 / xp.sqrt(x)).astype(x.dtype, copy=False)
+        if e == -1:
+            return (1 / x).astype(x.dtype, copy=False)
+        if e == 2:
+            return x * x
+        if e == 3:
+            return x * x * x
+        if e == -2:
+            return (1 / (x * x)).astype(x.dtype, copy=False)
+        return x ** e
+
+
 # ============================================================ elementwise ==
 
 class Add(Op):
@@ -182,35 +220,48 @@ class Pow(Op):
     def forward(ctx, x, y):
         x2, y2 = promote(x, y, "pow")
         _meta(ctx, x, y)
-        out = x2 ** y2
+        if type(y2) in _SCALARS and type(x2) not in _SCALARS \
+                and x2.dtype.kind == "f":
+            out = pow_scalar(get_array_module(x2), x2, y2)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out = x2 ** y2
         ctx.save_for_backward(x2, y2, out)
         return out
 
     @staticmethod
     def backward(ctx, g):
+        # PyTorch's pow_backward_self / pow_backward_exponent
         x, y, out = ctx.to_save
         n = ctx.needs_input_grad
         xp = get_array_module(g)
         gx = gy = None
-        if n[0]:
-            if type(y) in _SCALARS:
-                gx = g * y * x ** (y - 1) if y != 0 else g * 0
-            else:
-                gx = g * y * x ** (y - 1)
-            gx = unbroadcast(gx, ctx.xs, ctx.xd)
-        if n[1]:
-            with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if n[0]:
+                if type(y) in _SCALARS:
+                    # a zero exponent gives zeros, whatever g holds
+                    gx = xp.zeros_like(g) if y == 0 else \
+                        g * (y * pow_scalar(xp, x, y - 1))
+                else:
+                    gx = xp.where(y == 0, xp.zeros((), g.dtype),
+                                  g * (y * x ** (y - 1)))
+                gx = unbroadcast(gx, ctx.xs, ctx.xd)
+            if n[1]:
                 lx = xp.log(x) if type(x) not in _SCALARS else np.log(x)
-            # d/dy x**y = x**y log x, taken as 0 where x == 0 (PyTorch)
-            # (x may be a Python scalar: CuPy's where needs an array)
-            gy = xp.where(xp.asarray(x == 0), 0, g * out * lx)
-            gy = unbroadcast(gy, ctx.ys, ctx.yd)
+                # d/dy x**y = x**y log x, taken as 0 where x == 0 and
+                # y >= 0 (there x**y is 0 or 1 on both sides)
+                # (x may be a Python scalar: CuPy's where needs an array)
+                zero = xp.asarray((x == 0) & (y >= 0))
+                gy = g * xp.where(zero, xp.zeros((), g.dtype), out * lx)
+                gy = unbroadcast(gy, ctx.ys, ctx.yd)
         return gx, gy
 
 
 class Maximum(Op):
-    """Elementwise maximum; ties split the gradient evenly (PyTorch)."""
-    _pick = staticmethod(np.greater)
+    """Elementwise maximum; ties split the gradient evenly, and where
+    either side is NaN both get the whole gradient (PyTorch: g, halved
+    where x == y, zeroed where the other side wins)."""
+    _lose = staticmethod(np.less)        # x loses where x < y
 
     @classmethod
     def forward(cls, ctx, x, y):
@@ -223,15 +274,23 @@ class Maximum(Op):
     @classmethod
     def backward(cls, ctx, g):
         x, y = ctx.to_save
-        w = cls._pick(x, y) + 0.5 * (x == y)
+        xp = get_array_module(g)
+        zero = xp.zeros((), g.dtype)
+        g = xp.where(x == y, g / 2, g)
         n = ctx.needs_input_grad
-        return (unbroadcast(g * w, ctx.xs, ctx.xd) if n[0] else None,
-                unbroadcast(g * (1 - w), ctx.ys, ctx.yd) if n[1] else None)
+        gx = gy = None
+        if n[0]:
+            gx = unbroadcast(xp.where(cls._lose(x, y), zero, g), ctx.xs,
+                             ctx.xd)
+        if n[1]:
+            gy = unbroadcast(xp.where(cls._lose(y, x), zero, g), ctx.ys,
+                             ctx.yd)
+        return gx, gy
 
 
 class Minimum(Maximum):
     """Elementwise minimum; ties split the gradient evenly."""
-    _pick = staticmethod(np.less)
+    _lose = staticmethod(np.greater)
 
 
 def _float_input(x):
@@ -295,6 +354,17 @@ class Sqrt(Op):
             return g / (2 * ctx.to_save[0])
 
 
+class StdSqrt(Sqrt):
+    """sqrt of a variance: std(). The gradient is 0 where the std is 0
+    (PyTorch's std_backward), not g / 0 times a zero deviation (NaN)."""
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.to_save[0]
+        xp = get_array_module(g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return xp.where(out == 0, xp.zeros((), g.dtype), g / (2 * out))
+
+
 class Rsqrt(Op):
     @staticmethod
     def forward(ctx, x):
@@ -306,7 +376,9 @@ class Rsqrt(Op):
     @staticmethod
     def backward(ctx, g):
         out = ctx.to_save[0]
-        return g * (-0.5) * out * out * out
+        # PyTorch's order: out^3 may overflow where g is 0 (NaN there too)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return (-0.5 * g) * (out * out * out)
 
 
 class Abs(Op):
@@ -317,7 +389,53 @@ class Abs(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return g * get_array_module(g).sign(ctx.to_save[0])
+        # a product, as in PyTorch (inf * 0 is NaN there too); sgn(NaN) = 0
+        return g * sgn(get_array_module(g), ctx.to_save[0])
+
+
+class XLogY(Op):
+    """x log y, 0 where x == 0 (unless y is NaN), PyTorch's xlogy; its
+    gradients g xlogy(x != 0, y) and g x / y."""
+    @staticmethod
+    def forward(ctx, x, y):
+        x2, y2 = promote(x, y, "xlogy", true_div=True)
+        xp = get_array_module(x2, y2)
+        _meta(ctx, x, y)
+        ctx.save_for_backward(x2, y2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = xp.where(x2 == 0, xp.zeros((), x2.dtype), x2 * xp.log(y2))
+            return xp.where(xp.isnan(y2), y2, out)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.to_save
+        xp = get_array_module(g)
+        n = ctx.needs_input_grad
+        gx = gy = None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if n[0]:
+                ly = xp.where(x == 0, xp.zeros((), g.dtype), xp.log(y))
+                ly = xp.where(xp.isnan(y), y, ly)
+                gx = unbroadcast(g * ly, ctx.xs, ctx.xd)
+            if n[1]:
+                gy = unbroadcast(g * x / y, ctx.ys, ctx.yd)
+        return gx, gy
+
+
+class Reciprocal(Op):
+    """1 / x, with PyTorch's backward -g (out * out)."""
+    @staticmethod
+    def forward(ctx, x):
+        with np.errstate(divide="ignore"):
+            out = 1 / _float_input(x)
+        ctx.save_for_backward(out)
+        return out.astype(_float_input(x).dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.to_save[0]
+        with np.errstate(over="ignore", invalid="ignore"):
+            return -g * (out * out)
 
 
 class Sin(Op):
@@ -362,9 +480,10 @@ class Sigmoid(Op):
     def forward(ctx, x):
         xp = get_array_module(x)
         x = _float_input(x)
-        # the two-sided form never overflows in exp
-        e = xp.exp(-abs(x))
-        out = xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+        # PyTorch's 1 / (1 + e^-x): e^-x overflows to inf below about -88
+        # (float32), giving exactly 0 there as in PyTorch (no denormals)
+        with np.errstate(over="ignore"):
+            out = (1 / (1 + xp.exp(-x))).astype(x.dtype, copy=False)
         ctx.save_for_backward(out)
         return out
 
@@ -383,7 +502,9 @@ class Relu(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return g * (ctx.to_save[0] > 0)
+        # PyTorch's threshold_backward: 0 where out <= 0 (NaN passes g)
+        out = ctx.to_save[0]
+        return get_array_module(g).where(out <= 0, g.dtype.type(0), g)
 
 
 class Clamp(Op):
@@ -405,13 +526,80 @@ class Clamp(Op):
 
     @staticmethod
     def backward(ctx, g):
+        # g where lo <= x <= hi (bounds included; NaN gets 0), as PyTorch
         x = ctx.to_save[0]
-        keep = True
-        if ctx.lo is not None:
+        if ctx.lo is not None and ctx.hi is not None:
+            keep = (x >= ctx.lo) & (x <= ctx.hi)
+        elif ctx.lo is not None:
             keep = x >= ctx.lo
-        if ctx.hi is not None:
-            keep = keep & (x <= ctx.hi)
-        return g * keep
+        else:
+            keep = x <= ctx.hi
+        return keep_grad(get_array_module(g), keep, g)
+
+
+class Hardtanh(Clamp):
+    """clamp(x, lo, hi) whose gradient is 0 at the bounds themselves
+    (PyTorch's hardtanh_backward: g only where lo < x < hi); relu6 is
+    hardtanh(0, 6)."""
+    @staticmethod
+    def backward(ctx, g):
+        x = ctx.to_save[0]
+        xp = get_array_module(g)
+        # NaN gets 0 too (PyTorch)
+        return xp.where((x > ctx.lo) & (x < ctx.hi), g,
+                        xp.zeros((), g.dtype))
+
+
+class ClampT(Op):
+    """clamp(x, lo, hi) with tensor bounds (either may be None), PyTorch's
+    clamp_backward_min_max: x gets g where lo <= x <= hi; lo where x < lo
+    (and lo < hi); hi where x > hi, or everywhere if hi < lo (then hi is
+    the result)."""
+    @staticmethod
+    def forward(ctx, x, lo=None, hi=None):
+        xp = get_array_module(x)
+        _meta(ctx, x, lo if lo is not None else hi)
+        ctx.ls = getattr(lo, "shape", None)      # a bound may be a number
+        ctx.hs = getattr(hi, "shape", None)
+        ctx.ld = getattr(lo, "dtype", None)
+        ctx.hd = getattr(hi, "dtype", None)
+        out = x
+        if lo is not None:
+            out, lo = promote(out, lo, "clamp")
+            out = xp.maximum(out, lo)
+        if hi is not None:
+            out, hi = promote(out, hi, "clamp")
+            out = xp.minimum(out, hi)
+        ctx.save_for_backward(x, lo, hi)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, lo, hi = ctx.to_save
+        xp = get_array_module(g)
+        zero = xp.zeros((), g.dtype)
+        n = ctx.needs_input_grad
+        gx = glo = ghi = None
+        if lo is not None and hi is not None:
+            if n[0]:
+                gx = xp.where((x >= lo) & (x <= hi), g, zero)
+            if n[1]:
+                glo = xp.where((x < lo) & (lo < hi), g, zero)
+            if n[2]:
+                ghi = xp.where((x > hi) | (hi < lo), g, zero)
+        elif lo is not None:
+            if n[0]:
+                gx = xp.where(x >= lo, g, zero)
+            if n[1]:
+                glo = xp.where(x < lo, g, zero)
+        else:
+            if n[0]:
+                gx = xp.where(x <= hi, g, zero)
+            if n[2]:
+                ghi = xp.where(x > hi, g, zero)
+        return (None if gx is None else unbroadcast(gx, ctx.xs, ctx.xd),
+                None if glo is None else unbroadcast(glo, ctx.ls, ctx.ld),
+                None if ghi is None else unbroadcast(ghi, ctx.hs, ctx.hd))
 
 
 class Copy(Op):
@@ -461,9 +649,13 @@ class Where(Op):
     def backward(ctx, g):
         cond = ctx.to_save[0]
         n = ctx.needs_input_grad
+        xp = get_array_module(g)
+        zero = xp.zeros((), g.dtype)
         return (None,
-                unbroadcast(g * cond, ctx.xs, ctx.xd) if n[1] else None,
-                unbroadcast(g * ~cond, ctx.ys, ctx.yd) if n[2] else None)
+                unbroadcast(xp.where(cond, g, zero), ctx.xs, ctx.xd)
+                if n[1] else None,
+                unbroadcast(xp.where(cond, zero, g), ctx.ys, ctx.yd)
+                if n[2] else None)
 
 
 # ============================================================ reductions ==
@@ -526,6 +718,16 @@ class Prod(Op):
         x = ctx.to_save[0]
         xp = get_array_module(x)
         axis = ctx.axis
+        if x.ndim == 0:
+            return g
+        if not bool((x == 0).any()):
+            # PyTorch: g * prod / x when no element (in the whole tensor)
+            # is 0; so an infinite factor gets inf / inf = NaN there too
+            out = xp.prod(x, axis=axis, keepdims=True)
+            if axis is not None and not ctx.keepdim:
+                g = xp.expand_dims(g, axis)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return g * (out / x)
         flat = axis is None
         if flat:
             shape = x.shape
@@ -550,9 +752,12 @@ class Prod(Op):
 
 
 class Amax(Op):
-    """max/min over dims; ties share the gradient evenly (PyTorch amax)."""
+    """max/min over dims; ties share the gradient evenly (PyTorch amax:
+    (g / count) * mask). ``evenly`` is max()/min() over everything, whose
+    PyTorch backward (evenly_distribute_backward) also shares it among
+    the NaN entries when the result is NaN, and writes zeros elsewhere."""
     @staticmethod
-    def forward(ctx, x, dim=None, keepdim=False, is_min=False):
+    def forward(ctx, x, dim=None, keepdim=False, is_min=False, evenly=False):
         if x.size == 0:
             raise RuntimeError(
                 "max(): Expected reduction dim to be specified for input."
@@ -563,17 +768,80 @@ class Amax(Op):
         f = xp.amin if is_min else xp.amax
         out = f(x, axis=axes, keepdims=keepdim)
         ctx.save_for_backward(x, out)
-        ctx.axes, ctx.keepdim = axes, keepdim
+        ctx.axes, ctx.keepdim, ctx.evenly = axes, keepdim, evenly
         return out
 
     @staticmethod
     def backward(ctx, g):
         x, out = ctx.to_save
+        xp = get_array_module(g)
         o = _expand_back(out, x.shape, ctx.axes, ctx.keepdim)
         g = _expand_back(g, x.shape, ctx.axes, ctx.keepdim)
-        mask = x == o
-        count = mask.sum(axis=ctx.axes, keepdims=True)
-        return g * mask / count
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if ctx.evenly:
+                mask = xp.isnan(x) if bool(xp.isnan(out)) else x == o
+                return keep_grad(xp, mask, g / mask.sum())
+            mask = x == o
+            count = mask.sum(axis=ctx.axes, keepdims=True)
+            return g / count * mask
+
+
+class Norm(Op):
+    """Vector p-norm over ``dim`` (all dims when None): PyTorch's
+    linalg.vector_norm, with its norm_backward as one node: the gradient
+    at a zero norm is 0 (composing sqrt(sum(x * x)) gives 0 * inf = NaN);
+    p = +-inf share it evenly among the entries of largest (smallest)
+    magnitude, or among NaN ones; p = 0 counts non-zeros (no gradient)."""
+    @staticmethod
+    def forward(ctx, x, p=2.0, dim=None, keepdim=False):
+        xp = get_array_module(x)
+        x = _float_input(x)
+        axes = _axes(dim, x.ndim) if x.ndim else None
+        a = abs(x)
+        kw = dict(axis=axes, keepdims=keepdim)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if p == np.inf:
+                out = xp.amax(a, **kw)
+            elif p == -np.inf:
+                out = xp.amin(a, **kw)
+            elif p == 0:
+                out = (a != 0).sum(**kw).astype(x.dtype)
+            elif p == 1:
+                out = a.sum(**kw)
+            elif p == 2:
+                out = xp.sqrt((x * x).sum(**kw))
+            else:
+                out = (a ** p).sum(**kw) ** (1.0 / p)
+        out = xp.asarray(out, dtype=x.dtype)
+        ctx.save_for_backward(x, out)
+        ctx.p, ctx.axes, ctx.keepdim = p, axes, keepdim
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.to_save
+        xp = get_array_module(g)
+        p, axes = ctx.p, ctx.axes
+        g = _expand_back(g, x.shape, axes, ctx.keepdim)
+        n = _expand_back(out, x.shape, axes, ctx.keepdim)
+        zero = xp.zeros((), g.dtype)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if p == 0:
+                return xp.zeros(x.shape, g.dtype)
+            if p == 1:
+                return sgn(xp, x) * g
+            if p == 2:
+                return g * xp.where(n == 0, zero, x / n)
+            a = abs(x)
+            if p in (np.inf, -np.inf):
+                mask = (a == n) | xp.isnan(a)
+                count = mask.sum(axis=axes, keepdims=True)
+                return sgn(xp, x) * ((g / count) * mask)
+            if p < 1:
+                s = sgn(xp, x) * xp.where(x == 0, zero, a ** (p - 1))
+                return s * g * n ** (1 - p)
+            s = sgn(xp, x) * a ** (p - 1) if p < 2 else x * a ** (p - 2)
+            return s * xp.where(n == 0, zero, g / n ** (p - 1))
 
 
 class MaxDim(Op):

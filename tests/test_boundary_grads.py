@@ -1,0 +1,478 @@
+"""Forward values and gradients at boundary points, against PyTorch.
+
+The table ``CASES`` is the spec: every activation, loss and reduction that
+dtorch has, run at its kinks, saturation and threshold points, at 0, +-1,
++-inf and NaN, with ties and with empty tensors, in float32 and float64.
+Each case is one function ``fn(M, *inputs)`` written against the common API,
+run once with ``M = dtorch`` and once with ``M = torch``; forward values,
+dtypes and the gradient of every input are compared with NaN equal to NaN
+and infinities equal only to themselves.
+
+Upstream gradients matter as much as inputs: a backward that multiplies by
+a 0/1 mask turns an infinite upstream gradient into NaN where PyTorch's
+masking gives 0. Unary cases therefore pair every point with every
+upstream value of ``UP`` (``unary``); other cases cycle ``UP`` over the
+output (``up="cycle"``) or use ones.
+
+Not matched, on purpose: PyTorch's float32 GELU (both approximations) is
+NaN at +inf when its vectorised kernel runs (tensors of 3 or more
+elements) and inf otherwise; dtorch gives inf, the limit, for every size.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import dtorch
+
+torch = pytest.importorskip("torch")
+
+INF, NAN = math.inf, math.nan
+# points where activations have kinks, saturate, overflow exp() in float32
+# (88.8) or underflow
+EDGE = [0.0, -0.0, 1.0, -1.0, INF, -INF, NAN, 1e-30, -1e-30, 0.5, -0.5,
+        3.0, -3.0, 20.0, -20.0, 88.8, -88.8, 100.0, -100.0, 1e10, -1e10]
+UP = [1.0, -2.5, 0.0, INF, NAN]
+
+
+class In:
+    """One input: values, whether it requires grad, its dtype (None: the
+    case's float dtype)."""
+    def __init__(self, values, grad=True, dtype=None):
+        self.values, self.grad, self.dtype = values, grad, dtype
+
+
+class Case:
+    def __init__(self, id, fn, inputs, up="ones", raises=False,
+                 dtypes=("float32", "float64"), rtol=None):
+        self.id, self.fn, self.inputs, self.up = id, fn, inputs, up
+        self.raises, self.dtypes, self.rtol = raises, dtypes, rtol
+
+
+def F(M):
+    return M.nn.functional
+
+
+def unary(id, fn, extra=(), points=None, dtypes=("float32", "float64")):
+    """An elementwise case: every point meets every upstream value."""
+    pts = list(EDGE if points is None else points) + list(extra)
+    x = [p for p in pts for _ in UP]
+    up = [u for _ in pts for u in UP]
+    return Case(id, fn, [In(x)], up=up, dtypes=dtypes)
+
+
+def grid(*axes):
+    """Cartesian product of value lists, one flat list per axis."""
+    mesh = np.meshgrid(*[np.array(a, dtype=np.float64) for a in axes],
+                       indexing="ij")
+    return [m.reshape(-1).tolist() for m in mesh]
+
+
+CASES = []
+add = CASES.append
+
+# ------------------------------------------------------------ activations --
+add(unary("relu", lambda M, x: F(M).relu(x)))
+add(unary("relu_method", lambda M, x: x.relu()))
+add(unary("relu_inplace", lambda M, x: F(M).relu(x * 1, inplace=True)))
+add(unary("relu6", lambda M, x: F(M).relu6(x), extra=[6.0, -6.0, 5.999]))
+add(unary("hardtanh", lambda M, x: F(M).hardtanh(x)))
+add(unary("hardtanh_-2_3", lambda M, x: F(M).hardtanh(x, -2.0, 3.0),
+          extra=[-2.0, 2.0, -3.0]))
+add(unary("hardtanh_inplace",
+          lambda M, x: F(M).hardtanh(x * 1, inplace=True)))
+add(unary("leaky_relu", lambda M, x: F(M).leaky_relu(x)))
+add(unary("leaky_relu_0.2", lambda M, x: F(M).leaky_relu(x, 0.2)))
+add(unary("leaky_relu_neg", lambda M, x: F(M).leaky_relu(x, -0.5)))
+add(unary("leaky_relu_inplace",
+          lambda M, x: F(M).leaky_relu(x * 1, 0.2, inplace=True)))
+add(unary("elu", lambda M, x: F(M).elu(x)))
+add(unary("elu_0.5", lambda M, x: F(M).elu(x, 0.5)))
+# PyTorch's vectorised float32 GELU gives NaN at +inf (a 1-element tensor
+# gives inf); dtorch gives the limit, inf: not matched (see the docstring)
+add(unary("gelu", lambda M, x: F(M).gelu(x), dtypes=("float64",)))
+add(unary("gelu_tanh", lambda M, x: F(M).gelu(x, approximate="tanh"),
+          dtypes=("float64",)))
+add(unary("gelu_f32", lambda M, x: F(M).gelu(x), dtypes=("float32",),
+          points=[p for p in EDGE if p != INF]))
+add(unary("gelu_tanh_f32", lambda M, x: F(M).gelu(x, approximate="tanh"),
+          dtypes=("float32",), points=[p for p in EDGE if p != INF]))
+add(unary("silu", lambda M, x: F(M).silu(x)))
+add(unary("mish", lambda M, x: F(M).mish(x)))
+add(unary("softplus", lambda M, x: F(M).softplus(x),
+          extra=[19.999, 20.001]))
+add(unary("softplus_beta2_thr1", lambda M, x: F(M).softplus(x, 2.0, 1.0),
+          extra=[0.4999, 0.5001]))
+add(unary("softplus_beta0.5", lambda M, x: F(M).softplus(x, 0.5),
+          extra=[40.0, 39.99]))
+add(unary("sigmoid", lambda M, x: F(M).sigmoid(x)))
+add(unary("tanh", lambda M, x: F(M).tanh(x)))
+add(unary("logsigmoid", lambda M, x: F(M).logsigmoid(x)))
+
+# modules call the functional versions; one each to pin that down
+add(unary("nn.ReLU6", lambda M, x: M.nn.ReLU6()(x), extra=[6.0]))
+add(unary("nn.Hardtanh", lambda M, x: M.nn.Hardtanh(-0.5, 0.5)(x)))
+add(unary("nn.Softplus", lambda M, x: M.nn.Softplus(2.0, 1.0)(x),
+          extra=[0.5]))
+add(unary("nn.LogSigmoid", lambda M, x: M.nn.LogSigmoid()(x)))
+add(unary("nn.ELU", lambda M, x: M.nn.ELU(2.0)(x)))
+add(unary("nn.LeakyReLU", lambda M, x: M.nn.LeakyReLU(0.1)(x)))
+add(unary("nn.Mish", lambda M, x: M.nn.Mish()(x)))
+add(unary("nn.SiLU", lambda M, x: M.nn.SiLU()(x)))
+
+SOFT_ROWS = [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [-INF, 0.0, 1.0],
+             [INF, 0.0, 1.0], [-INF, -INF, -INF], [NAN, 0.0, 1.0],
+             [100.0, -100.0, 0.0], [88.8, 0.0, 0.0], [-INF, -INF, 5.0]]
+for name in ("softmax", "log_softmax", "softmin"):
+    add(Case(name, lambda M, x, n=name: getattr(F(M), n)(x, dim=1),
+             [In(SOFT_ROWS)], up="cycle"))
+    add(Case(name + "_empty", lambda M, x, n=name: getattr(F(M), n)(x, 1),
+             [In(np.zeros((0, 3)))]))
+add(Case("softmax_dim0", lambda M, x: F(M).softmax(x, dim=0),
+         [In(SOFT_ROWS)], up="cycle"))
+add(Case("logsumexp", lambda M, x: M.logsumexp(x, 1), [In(SOFT_ROWS)],
+         up="cycle"))
+add(unary("relu_empty", lambda M, x: F(M).relu(x), points=[]))
+add(unary("gelu_empty", lambda M, x: F(M).gelu(x), points=[]))
+
+# ---------------------------------------------------------- elementwise --
+add(unary("abs", lambda M, x: x.abs()))
+add(unary("sqrt", lambda M, x: x.sqrt()))
+add(unary("rsqrt", lambda M, x: x.rsqrt()))
+add(unary("exp", lambda M, x: x.exp()))
+add(unary("log", lambda M, x: x.log()))
+add(unary("square", lambda M, x: x.square()))
+add(unary("reciprocal", lambda M, x: x.reciprocal()))
+for e in (0, 1, 2, 3, 0.5, -1, -0.5, 2.5, -2):
+    add(unary(f"pow_{e}", lambda M, x, e=e: x ** e))
+for b in (0.0, 2.0, 1.0, -2.0):
+    add(unary(f"rpow_{b}", lambda M, x, b=b: b ** x,
+              points=[0.0, 1.0, -1.0, 2.0, 0.5, -0.5, INF, -INF, NAN]))
+PB, PE = grid([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, INF, -INF, NAN],
+              [0.0, 1.0, 2.0, 3.0, -1.0, 0.5, -0.5, INF, -INF, NAN])
+add(Case("pow_tensor", lambda M, x, y: x ** y, [In(PB), In(PE)],
+         up="cycle"))
+add(unary("clamp_-1_1", lambda M, x: x.clamp(-1.0, 1.0)))
+add(unary("clamp_min0", lambda M, x: x.clamp(min=0.0)))
+add(unary("clamp_max0", lambda M, x: x.clamp(max=0.0)))
+add(unary("clamp_min_gt_max", lambda M, x: x.clamp(1.0, -1.0)))
+add(unary("clamp_min", lambda M, x: x.clamp_min(0.5)))
+add(unary("clip", lambda M, x: M.clip(x, -3.0, 3.0)))
+add(unary("clamp_inplace", lambda M, x: (x * 1).clamp_(-1.0, 1.0)))
+CX, CLO, CHI = grid([0.0, 1.0, -1.0, 2.0, INF, -INF, NAN],
+                    [0.0, 1.0, -INF, NAN], [1.0, 0.0, INF])
+add(Case("clamp_tensor", lambda M, x, lo, hi: x.clamp(lo, hi),
+         [In(CX), In(CLO), In(CHI)], up="cycle"))
+add(Case("clamp_tensor_min", lambda M, x, lo: x.clamp(min=lo),
+         [In(CX), In(CLO)], up="cycle"))
+add(Case("clamp_tensor_max", lambda M, x, hi: M.clamp(x, max=hi),
+         [In(CX), In(CHI)], up="cycle"))
+MX, MY = grid([0.0, -0.0, 1.0, -1.0, INF, -INF, NAN],
+              [0.0, 1.0, -1.0, INF, -INF, NAN])
+for name in ("maximum", "minimum"):
+    add(Case(name, lambda M, x, y, n=name: getattr(M, n)(x, y),
+             [In(MX), In(MY)], up="cycle"))
+    add(Case(name + "_bcast", lambda M, x, y, n=name: getattr(M, n)(x, y),
+             [In([[1.0, 2.0, 1.0], [NAN, 0.0, 3.0]]), In([1.0])],
+             up="cycle"))
+add(Case("where", lambda M, x, y: M.where(x > 0, x, y),
+         [In(MX), In(MY)], up="cycle"))
+
+# ----------------------------------------------------------- reductions --
+TIES = [[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [NAN, 1.0, NAN, 5.0],
+        [-INF, -INF, -INF, -INF], [INF, 1.0, INF, 0.0], [0.0, -0.0, -1, -1]]
+for name in ("max", "min", "amax", "amin"):
+    add(Case(name + "_all", lambda M, x, n=name: getattr(x, n)(),
+             [In(TIES[:2] + TIES[4:])]))
+    add(Case(name + "_all_nan", lambda M, x, n=name: getattr(x, n)(),
+             [In(TIES)]))
+    add(Case(name + "_empty", lambda M, x, n=name: getattr(x, n)(),
+             [In([])], raises=True))
+for name in ("amax", "amin"):
+    add(Case(name + "_dim", lambda M, x, n=name: getattr(x, n)(1),
+             [In(TIES)], up="cycle"))
+    add(Case(name + "_dim0_keep", lambda M, x, n=name: getattr(x, n)(0, True),
+             [In(TIES)], up="cycle"))
+for name in ("max", "min"):
+    add(Case(name + "_dim", lambda M, x, n=name: tuple(getattr(x, n)(1)),
+             [In(TIES)], up="cycle"))
+    add(Case(name + "_dim0", lambda M, x, n=name: tuple(getattr(x, n)(0)),
+             [In(TIES)], up="cycle"))
+NORM_ROWS = [[0.0, 0.0, 0.0], [3.0, -4.0, 0.0], [-2.0, 2.0, 1.0],
+             [1e-30, 0.0, 0.0], [INF, 1.0, 0.0]]
+for p in (2, 1, INF, -INF, 3, 0.5, "fro"):
+    add(Case(f"norm_{p}_dim", lambda M, x, p=p: x.norm(p, 1),
+             [In(NORM_ROWS)], up="cycle"))
+    add(Case(f"norm_{p}_zero", lambda M, x, p=p: x.norm(p),
+             [In([[0.0, 0.0], [0.0, -0.0]])]))
+add(Case("normalize_zero", lambda M, x: F(M).normalize(x, dim=1),
+         [In(NORM_ROWS)], up="cycle"))
+PROD_ROWS = [[1.0, 2.0, 3.0], [0.0, 2.0, 3.0], [0.0, 0.0, 3.0],
+             [INF, 2.0, 1.0], [INF, 0.0, 1.0], [NAN, 1.0, 2.0]]
+add(Case("prod_dim", lambda M, x: x.prod(1), [In(PROD_ROWS)], up="cycle"))
+add(Case("prod_dim_nozero", lambda M, x: x.prod(1),
+         [In([[1.0, 2.0, 3.0], [INF, 2.0, 1.0], [-1.0, 0.5, 4.0]])],
+         up="cycle"))
+add(Case("prod_all_one_zero", lambda M, x: x.prod(),
+         [In([1.0, 0.0, 3.0, -2.0])]))
+add(Case("prod_all_two_zeros", lambda M, x: x.prod(),
+         [In([1.0, 0.0, 3.0, 0.0])]))
+add(Case("prod_all_inf", lambda M, x: x.prod(), [In([1.0, INF, 3.0])]))
+add(Case("sum_empty", lambda M, x: x.sum(), [In([])]))
+add(Case("mean_empty", lambda M, x: x.mean(), [In([])]))
+add(Case("mean_inf", lambda M, x: x.mean(1), [In(SOFT_ROWS)], up="cycle"))
+add(Case("var_const", lambda M, x: x.var(1), [In(TIES)], up="cycle"))
+add(Case("std_const", lambda M, x: x.std(1), [In(TIES)], up="cycle"))
+add(Case("var_one", lambda M, x: x.var(), [In([2.0])]))
+
+# -------------------------------------------------------------- pooling --
+POOL = [[[[1.0, 1.0, 2.0, 2.0], [1.0, 1.0, 2.0, 2.0],
+          [NAN, 0.0, -INF, -INF], [3.0, NAN, -INF, -INF]],
+         [[INF, INF, 0.0, 5.0], [0.0, 0.0, 5.0, 5.0],
+          [-1.0, -2.0, 7.0, 7.0], [-2.0, -1.0, 6.0, 7.0]]]]
+add(Case("max_pool2d_2x2", lambda M, x: F(M).max_pool2d(x, 2),
+         [In(POOL)], up="cycle"))
+add(Case("max_pool2d_3s1", lambda M, x: F(M).max_pool2d(x, 3, 1),
+         [In(POOL)], up="cycle"))
+add(Case("max_pool2d_2s1", lambda M, x: F(M).max_pool2d(x, 2, 1),
+         [In(POOL)], up="cycle"))
+add(Case("max_pool2d_pad", lambda M, x: F(M).max_pool2d(x, 3, 2, 1),
+         [In(POOL)], up="cycle"))
+add(Case("max_pool2d_ceil", lambda M, x: F(M).max_pool2d(
+    x, 3, 2, ceil_mode=True), [In(POOL)], up="cycle"))
+add(Case("max_pool2d_idx", lambda M, x: tuple(F(M).max_pool2d(
+    x, 2, 1, return_indices=True)), [In(POOL)], up="cycle"))
+add(Case("max_pool1d", lambda M, x: F(M).max_pool1d(x, 2),
+         [In([[[1.0, 1.0, NAN, 0.0, -INF, -INF, INF, INF]]])],
+         up="cycle"))
+add(Case("avg_pool2d", lambda M, x: F(M).avg_pool2d(x, 2),
+         [In(POOL)], up="cycle"))
+
+# --------------------------------------------------------------- losses --
+RED = ("none", "mean", "sum")
+LX, LT = grid([0.0, 1.0, -1.0, 2.0, INF, -INF, NAN, 0.5],
+              [0.0, 1.0, -1.0, 0.5, INF, NAN])
+for r in RED:
+    add(Case(f"mse_{r}", lambda M, x, t, r=r: F(M).mse_loss(x, t, reduction=r),
+             [In(LX), In(LT)], up="cycle"))
+    add(Case(f"l1_{r}", lambda M, x, t, r=r: F(M).l1_loss(x, t, reduction=r),
+             [In(LX), In(LT)], up="cycle"))
+    for beta in (1.0, 0.5, 0.0):
+        add(Case(f"smooth_l1_b{beta}_{r}",
+                 lambda M, x, t, r=r, b=beta: F(M).smooth_l1_loss(
+                     x, t, reduction=r, beta=b),
+                 [In(LX), In(LT)], up="cycle"))
+    for delta in (1.0, 0.5):
+        add(Case(f"huber_d{delta}_{r}",
+                 lambda M, x, t, r=r, d=delta: F(M).huber_loss(
+                     x, t, reduction=r, delta=d),
+                 [In(LX), In(LT)], up="cycle"))
+    add(Case(f"mse_empty_{r}",
+             lambda M, x, t, r=r: F(M).mse_loss(x, t, reduction=r),
+             [In([]), In([])]))
+    add(Case(f"l1_empty_{r}",
+             lambda M, x, t, r=r: F(M).l1_loss(x, t, reduction=r),
+             [In([]), In([])]))
+    add(Case(f"smooth_l1_empty_{r}",
+             lambda M, x, t, r=r: F(M).smooth_l1_loss(x, t, reduction=r),
+             [In([]), In([])]))
+
+# binary cross-entropy: probabilities at 0 and 1 exactly (a float32
+# sigmoid rounds to 1.0 from x ~ 17), against targets 0, 1 and between
+BX, BT = grid([0.0, 1.0, 0.5, 1e-30, 1e-7, 0.9999999, 0.25, 1e-45],
+              [0.0, 1.0, 0.5, 0.3])
+BW = [0.5 + (i % 3) for i in range(len(BX))]
+for r in RED:
+    add(Case(f"bce_{r}", lambda M, x, t, r=r:
+             F(M).binary_cross_entropy(x, t, reduction=r),
+             [In(BX), In(BT)], up="cycle"))
+    add(Case(f"bce_weight_{r}", lambda M, x, t, w, r=r:
+             F(M).binary_cross_entropy(x, t, w, reduction=r),
+             [In(BX), In(BT), In(BW, grad=False)], up="cycle"))
+    add(Case(f"bce_empty_{r}", lambda M, x, t, r=r:
+             F(M).binary_cross_entropy(x, t, reduction=r),
+             [In([]), In([])]))
+add(Case("bce_nan_input", lambda M, x, t: F(M).binary_cross_entropy(
+    x, t), [In([NAN, 0.5]), In([1.0, 0.0])], raises=True))
+add(Case("bce_nan_target", lambda M, x, t: F(M).binary_cross_entropy(
+    x, t), [In([0.0, 0.5, 1.0]), In([NAN, 0.0, 1.0])], raises=True))
+add(Case("bce_target_above_1", lambda M, x, t: F(M).binary_cross_entropy(
+    x, t), [In([0.0, 0.5, 1.0]), In([1.5, 0.0, 1.0])], raises=True))
+add(Case("nn.BCELoss", lambda M, x, t: M.nn.BCELoss()(x, t),
+         [In(BX), In(BT, grad=False)]))
+add(Case("nn.BCELoss_sigmoid_rounds_to_1",
+         lambda M, z, t: M.nn.BCELoss()(M.sigmoid(z), t),
+         [In([20.0, -120.0, 0.0, 17.0]), In([0.0, 1.0, 1.0, 1.0], False)],
+         dtypes=("float32",)))
+
+ZX, ZT = grid([0.0, -0.0, 1.0, -1.0, 100.0, -100.0, INF, -INF, NAN, 40.0],
+              [0.0, 0.5, 1.0, 0.25])
+ZW = [0.5 + (i % 3) for i in range(len(ZX))]
+for r in RED:
+    add(Case(f"bce_logits_{r}", lambda M, x, t, r=r:
+             F(M).binary_cross_entropy_with_logits(x, t, reduction=r),
+             [In(ZX), In(ZT)], up="cycle"))
+    add(Case(f"bce_logits_weight_{r}", lambda M, x, t, w, r=r:
+             F(M).binary_cross_entropy_with_logits(x, t, w, reduction=r),
+             [In(ZX), In(ZT), In(ZW, grad=False)], up="cycle"))
+    add(Case(f"bce_logits_posw_{r}", lambda M, x, t, pw, r=r:
+             F(M).binary_cross_entropy_with_logits(
+                 x, t, reduction=r, pos_weight=pw),
+             [In([ZX[i:i + 4] for i in range(0, len(ZX), 4)]),
+              In([ZT[i:i + 4] for i in range(0, len(ZT), 4)]),
+              In([2.0, 0.5, 1.0, 0.0], grad=False)], up="cycle"))
+    add(Case(f"bce_logits_empty_{r}", lambda M, x, t, r=r:
+             F(M).binary_cross_entropy_with_logits(x, t, reduction=r),
+             [In([]), In([])]))
+add(Case("bce_logits_posw_weight_grad", lambda M, x, t, w, pw:
+         F(M).binary_cross_entropy_with_logits(x, t, w, pos_weight=pw),
+         [In([[0.0, 1.0, -3.0], [INF, -INF, 2.0]]),
+          In([[0.5, 1.0, 0.0], [1.0, 0.0, 0.25]]),
+          In([[1.0, 2.0, 0.5], [1.0, 1.0, 3.0]], grad=False),
+          In([3.0, 0.5, 1.0], grad=False)]))
+add(Case("nn.BCEWithLogitsLoss", lambda M, x, t, pw:
+         M.nn.BCEWithLogitsLoss(pos_weight=pw)(x, t),
+         [In([ZX[i:i + 4] for i in range(0, len(ZX), 4)]),
+          In([ZT[i:i + 4] for i in range(0, len(ZT), 4)]),
+          In([2.0, 0.5, 1.0, 0.0], grad=False)]))
+add(Case("nn.BCEWithLogitsLoss_zero_head",
+         lambda M, x, t: M.nn.BCEWithLogitsLoss()(x, t),
+         [In([0.0] * 6), In([0.5, 0.5, 0.0, 1.0, 0.5, 0.5], False)]))
+
+LOGITS = [[0.0, 0.0, 0.0], [1.0, -INF, 2.0], [-INF, 0.0, 1.0],
+          [100.0, -100.0, 0.0], [1.0, 1.0, 1.0]]
+TGT = In([0, 1, 2, 1, 2], grad=False, dtype="int64")
+TGT_IGN = In([0, -100, 2, 1, -100], grad=False, dtype="int64")
+TGT_ALL_IGN = In([-100] * 5, grad=False, dtype="int64")
+CW = In([1.0, 0.0, 2.0], grad=False)
+PROBS = In([[0.2, 0.3, 0.5], [0.0, 0.0, 1.0], [0.0, 0.5, 0.5],
+            [1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]], grad=False)
+for r in RED:
+    ce = "cross_entropy"
+    add(Case(f"ce_{r}", lambda M, x, t, r=r: F(M).cross_entropy(
+        x, t, reduction=r), [In(LOGITS), TGT], up="cycle"))
+    add(Case(f"ce_ignore_{r}", lambda M, x, t, r=r: F(M).cross_entropy(
+        x, t, reduction=r), [In(LOGITS), TGT_IGN], up="cycle"))
+    add(Case(f"ce_all_ignored_{r}", lambda M, x, t, r=r: F(M).cross_entropy(
+        x, t, reduction=r), [In(LOGITS), TGT_ALL_IGN], up="cycle"))
+    add(Case(f"ce_weight_{r}", lambda M, x, t, w, r=r: F(M).cross_entropy(
+        x, t, w, reduction=r), [In(LOGITS), TGT_IGN, CW], up="cycle"))
+    add(Case(f"ce_smooth_{r}", lambda M, x, t, r=r: F(M).cross_entropy(
+        x, t, reduction=r, label_smoothing=0.1), [In(LOGITS), TGT_IGN],
+        up="cycle"))
+    add(Case(f"ce_smooth_weight_{r}", lambda M, x, t, w, r=r:
+             F(M).cross_entropy(x, t, w, reduction=r, label_smoothing=0.2),
+             [In(LOGITS), TGT_IGN, CW], up="cycle"))
+    add(Case(f"ce_smooth_all_ignored_{r}", lambda M, x, t, r=r:
+             F(M).cross_entropy(x, t, reduction=r, label_smoothing=0.1),
+             [In(LOGITS), TGT_ALL_IGN], up="cycle"))
+    add(Case(f"ce_probs_{r}", lambda M, x, t, r=r: F(M).cross_entropy(
+        x, t, reduction=r), [In(LOGITS), PROBS], up="cycle"))
+    add(Case(f"ce_probs_smooth_weight_{r}", lambda M, x, t, w, r=r:
+             F(M).cross_entropy(x, t, w, reduction=r, label_smoothing=0.3),
+             [In(LOGITS), PROBS, CW], up="cycle"))
+    add(Case(f"ce_empty_{r}", lambda M, x, t, r=r: F(M).cross_entropy(
+        x, t, reduction=r), [In(np.zeros((0, 3))),
+                             In([], grad=False, dtype="int64")]))
+    add(Case(f"nll_{r}", lambda M, x, t, w, r=r: F(M).nll_loss(
+        x, t, w, reduction=r), [In(LOGITS), TGT_IGN, CW], up="cycle"))
+    add(Case(f"nll_all_ignored_{r}", lambda M, x, t, r=r: F(M).nll_loss(
+        x, t, reduction=r), [In(LOGITS), TGT_ALL_IGN], up="cycle"))
+    add(Case(f"nll_zero_weight_{r}", lambda M, x, t, w, r=r: F(M).nll_loss(
+        x, t, w, reduction=r),
+        [In(LOGITS), In([1, 1, 1, 1, 1], False, "int64"), CW],
+        up="cycle"))
+
+KX, KT = grid([0.0, -1.0, 1.0, -INF, INF, NAN, -100.0],
+              [0.0, 1.0, 0.5, 1e-30])
+for r in ("none", "mean", "sum", "batchmean"):
+    add(Case(f"kl_div_{r}", lambda M, x, t, r=r: F(M).kl_div(
+        x, t, reduction=r), [In(KX), In(KT)], up="cycle"))
+    add(Case(f"kl_div_log_target_{r}", lambda M, x, t, r=r: F(M).kl_div(
+        x, t, reduction=r, log_target=True),
+        [In(KX), In([-INF if v == 0 else math.log(v) for v in KT])],
+        up="cycle"))
+add(Case("kl_div_negative_target", lambda M, x, t: F(M).kl_div(
+    x, t, reduction="none"), [In([0.0, 1.0]), In([-1.0, -0.0])],
+    up="cycle"))
+
+
+# ------------------------------------------------------------ the runner --
+
+def _array(v):
+    if v is None:
+        return None
+    return np.asarray(v.detach().numpy() if hasattr(v, "detach")
+                      else v).copy()
+
+
+def _run(M, case, dtype):
+    ts = []
+    for spec in case.inputs:
+        name = spec.dtype or dtype
+        # through NumPy, so that empty inputs keep their shape (0, 3)
+        arr = np.asarray(spec.values, dtype=getattr(np, name))
+        t = M.tensor(arr, dtype=getattr(M, name))
+        if spec.grad:
+            t.requires_grad_(True)
+        ts.append(t)
+    out = case.fn(M, *ts)
+    outs = out if isinstance(out, tuple) else (out,)
+    fwd = [(_array(o), str(o.dtype).split(".")[-1]) for o in outs]
+    grads = []
+    head = outs[0]
+    if head.requires_grad:
+        if isinstance(case.up, list):
+            up = np.asarray(case.up, dtype=np.float64).reshape(head.shape)
+        elif case.up == "cycle":
+            up = np.resize(np.asarray(UP), tuple(head.shape))
+        else:
+            up = np.ones(tuple(head.shape))
+        head.backward(M.tensor(up, dtype=head.dtype))
+        for t in ts:
+            if t.requires_grad:
+                grads.append(None if t.grad is None else _array(t.grad))
+    return fwd, grads
+
+
+def _close(a, b, dtype, what, rtol=None):
+    assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
+    if a.dtype.kind in "biu" or b.dtype.kind in "biu":
+        np.testing.assert_array_equal(a, b, err_msg=what)
+        return
+    if rtol is None:
+        rtol = 2e-5 if dtype == "float32" else 1e-10
+    atol = 1e-6 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64),
+                               rtol=rtol, atol=atol, equal_nan=True,
+                               err_msg=what)
+
+
+PARAMS = [pytest.param(c, d, id=f"{c.id}-{d}")
+          for c in CASES for d in c.dtypes]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("case,dtype", PARAMS)
+def test_matches_pytorch(case, dtype):
+    if case.raises:
+        with pytest.raises(Exception):
+            _run(torch, case, dtype)
+        with pytest.raises(Exception):
+            _run(dtorch, case, dtype)
+        return
+    with np.errstate(all="ignore"):
+        tf, tg = _run(torch, case, dtype)
+        df, dg = _run(dtorch, case, dtype)
+    assert len(df) == len(tf)
+    for i, ((d, ddt), (t, tdt)) in enumerate(zip(df, tf)):
+        assert ddt == tdt, f"output {i} dtype {ddt} != {tdt}"
+        _close(d, t, dtype, f"{case.id}: forward output {i}", case.rtol)
+    assert len(dg) == len(tg)
+    for i, (d, t) in enumerate(zip(dg, tg)):
+        if d is None and t is None:
+            continue
+        shape = (t if t is not None else d).shape
+        d = np.zeros(shape) if d is None else d
+        t = np.zeros(shape) if t is None else t
+        _close(d, t, dtype, f"{case.id}: gradient of input {i}", case.rtol)
