@@ -988,3 +988,8 @@ def multi_head_attention_forward(
     if average_attn_weights:
         w = w.mean(1)
     return out, w
+
+
+# group/instance norm, distances, more activations, losses, interpolate,
+# fold/unfold, ... (issue 14)
+from ._functional_more import *  # noqa: F401,F403,E402

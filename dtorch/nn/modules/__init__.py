@@ -11,7 +11,11 @@ from .dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
 from .flatten import Flatten, Unflatten
 from .sparse import Embedding
 from .normalization import (LayerNorm, BatchNorm1d, BatchNorm2d,
-                            BatchNorm3d)
+                            BatchNorm3d, GroupNorm)
+from .instancenorm import InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
+from .transformer import (Transformer, TransformerEncoder,
+                          TransformerDecoder, TransformerEncoderLayer,
+                          TransformerDecoderLayer)
 from .container import (Sequential, ModuleList, ModuleDict, ParameterList,
                         ParameterDict)
 from .rnn import RNNBase, RNN, LSTM, GRU, RNNCell, LSTMCell, GRUCell

@@ -126,3 +126,39 @@ class BatchNorm2d(_BatchNorm):
 
 class BatchNorm3d(_BatchNorm):
     _dims = (5,)
+
+
+class GroupNorm(Module):
+    """Normalise each sample's channels in ``num_groups`` groups, then scale
+    and shift per channel (weight ones, bias zeros), as ``nn.GroupNorm``."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True,
+                 device=None, dtype=None):
+        super().__init__()
+        if num_channels % num_groups != 0:
+            raise ValueError("num_channels must be divisible by num_groups")
+        fk = {"device": device, "dtype": dtype}
+        self.num_groups = num_groups
+        self.num_channels = num_channels
+        self.eps = eps
+        self.affine = affine
+        if affine:
+            self.weight = Parameter(empty(num_channels, **fk))
+            self.bias = Parameter(empty(num_channels, **fk))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, input):
+        return F.group_norm(input, self.num_groups, self.weight, self.bias,
+                            self.eps)
+
+    def extra_repr(self):
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, "
+                f"affine={self.affine}")
