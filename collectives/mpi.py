@@ -40,7 +40,7 @@ from .base import (CollectiveError, ProcessGroup, ReduceOp, _Expired,
 _MPI = None
 # dtype chars MPI reduces natively (bool is not: MPI_ERR_OP)
 _NATIVE = set('bhilqBHILQefdFD')
-_QTAG, _RTAG = 7001, 7002
+_QTAG, _RTAG, _XTAG = 7001, 7002, 7003
 
 
 def import_mpi():
@@ -259,12 +259,12 @@ class MPIGroup(ProcessGroup):
         return None
 
     def _host(self, arrs, fn):
-        """Stage CuPy buffers through host memory unless MPI is
-        CUDA-aware: copy in, run fn on host arrays, copy back."""
+        """Stage CuPy buffers through host memory: copy in, run fn on host
+        arrays, copy back."""
         import cupy
-        if self._cuda_aware:
-            cupy.cuda.get_current_stream().synchronize()
-            return fn(*arrs)
+        # even under CUDA-aware MPI: the paths fn takes are NumPy code
+        # (stacking buffers, dtype staging), and calling fn with the device
+        # arrays re-entered _host forever
 
         def h(a):
             if isinstance(a, (list, tuple)):
@@ -586,4 +586,97 @@ def world_group(timeout=None, wait=None, check_env=True):
                     f"{hint}")
     if abort_on_error_enabled() and size > 1:
         install_excepthook()
-    return MPIGroup(None, 'world', timeout, None, wait)
+    g = MPIGroup(None, 'world', timeout, None, wait)
+    if abort_on_error_enabled() and size > 1 and g._threads_ok:
+        _check_exit_at_exit(g)
+    return g
+
+
+_exit_world = None
+
+
+def _check_exit_at_exit(world):
+    """Register `_exit_check` for this world group (once per process).
+    Registered after the group, so after the watchdog's stop and mpi4py's
+    MPI_Finalize: atexit runs it before both."""
+    global _exit_world
+    first = _exit_world is None
+    _exit_world = world
+    if first:
+        atexit.register(_exit_check)
+
+
+def _exit_check(poll=0.02, every=0.25):
+    """At interpreter exit, before MPI_Finalize: abort the job if a peer
+    waits in a collective that this rank never entered.
+
+    Why: a rank that leaves by SystemExit (``sys.exit(3)``), or whose
+    script simply ends early, never reaches the excepthook; it blocks in
+    MPI_Finalize while its peers block in a collective, and the job hangs
+    until the collective timeout. ``python -m mpi4py`` aborts on a
+    non-zero SystemExit because it wraps the script; a plain ``mpiexec
+    python script.py`` has no such wrapper, and Python tells an atexit
+    hook nothing about the exit status. So the rule here does not need
+    it: each exiting rank tells the others so (a message on the world's
+    side communicator), then waits until all have said so - MPI_Finalize
+    waits for them anyway - while asking the ones still running where
+    they are. A rank found inside a collective past the last one this
+    rank entered can never finish it: the job is aborted, naming both."""
+    world = _exit_world
+    MPI = _MPI
+    if world is None or MPI is None or not MPI.Is_initialized() \
+            or MPI.Is_finalized() or world._broken is not None:
+        return
+    side, me, n = world._side, world.rank, world.size
+    reqs = [side.isend(('exit', world._seq), r, _XTAG)
+            for r in range(n) if r != me]
+    left, st = set(), MPI.Status()
+    next_look = 0.0
+    while len(left) < n - 1:
+        while side.iprobe(MPI.ANY_SOURCE, _XTAG, st):
+            side.recv(None, st.Get_source(), _XTAG)
+            left.add(st.Get_source())
+        if len(left) == n - 1:
+            break
+        if time.monotonic() >= next_look:
+            stuck = _peer_stuck(world.ranks[me], left)
+            if stuck is not None:
+                _abort_for_exit(MPI, me, *stuck)
+            next_look = time.monotonic() + every
+        time.sleep(poll)
+    MPI.Request.Waitall(reqs)
+
+
+def _peer_stuck(me_global, exited):
+    """(group, rank, status) of a peer that waits in a collective this
+    rank never entered, over every live MPI group of this process; None
+    when there is none. Ranks in `exited` (global) are not asked."""
+    groups = [g for g in list(watchdog.groups)
+              if isinstance(g, MPIGroup) and g._broken is None
+              and g._threads_ok]
+    for g in groups:
+        if all(g.ranks[r] in exited for r in range(g.size)
+               if r != g.rank):
+            continue
+        for r, st in sorted(g._peer_statuses(0.2).items()):
+            if r == g.rank or st is None or g.ranks[r] in exited:
+                continue
+            busy, seq = st[0], st[1]
+            if busy and seq > g._seq:     # p2p ops have seq < 0
+                return g, r, st
+    return None
+
+
+def _abort_for_exit(MPI, me, g, r, st):
+    _, seq, op, desc = st
+    mine = g.status()
+    last = (f"{mine[2]} #{mine[1]} {mine[3]}".rstrip() if mine[2]
+            else 'none')
+    sys.stderr.write(
+        f"dtorch: MPI rank {me} is exiting (its script ended or raised "
+        f"SystemExit; its last collective on group {g.name!r}: {last}) "
+        f"while rank {g.ranks[r]} waits in {op} #{seq} {desc}".rstrip()
+        + f", which rank {me} never entered: aborting the job "
+        f"(DTORCH_ABORT_ON_ERROR=0 disables)\n")
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)

@@ -10,7 +10,7 @@ Importing this module never imports CuPy: the group does, when made.
 """
 import time
 
-from .base import ProcessGroup, ReduceOp, _Expired, divide_avg
+from .base import ProcessGroup, ReduceOp, _Expired, divide_avg, is_cupy
 
 _NCCL_DTYPES = {'b': 0, 'B': 1, 'i': 2, 'I': 3, 'l': 4, 'q': 4, 'L': 5,
                 'Q': 5, 'e': 6, 'f': 7, 'd': 8}
@@ -35,6 +35,32 @@ def is_available():
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False
+
+
+def _on_host(arr):
+    if isinstance(arr, (list, tuple)):
+        return bool(arr) and _on_host(arr[0])
+    return arr is not None and not is_cupy(arr)
+
+
+def _host_via_bootstrap(start):
+    """NCCL moves device memory only: a collective on host (NumPy) arrays -
+    a CPU model on a GPU host, DDP's join flags, metrics, object transport -
+    runs on the bootstrap (CPU) group of the same ranks instead."""
+    name = start.__name__
+
+    def run(self, *args):
+        if _on_host(args[0]):
+            if self._bootstrap is None:
+                raise TypeError(
+                    f"the NCCL group {self.name!r} moves CuPy arrays only, "
+                    f"got a host array ({type(args[0]).__name__}) and has "
+                    f"no bootstrap group for host data")
+            return getattr(self._bootstrap, name)(*args)
+        return start(self, *args)
+    run.__name__ = name
+    return run
+
 
 
 class NCCLGroup(ProcessGroup):
@@ -75,15 +101,20 @@ class NCCLGroup(ProcessGroup):
         try:
             return _NCCL_DTYPES[arr.dtype.char]
         except KeyError:
-            raise TypeError(f"NCCL cannot move {arr.dtype}; cast to a "
-                            f"supported dtype first") from None
+            raise TypeError(
+                f"NCCL cannot move {arr.dtype} arrays (dtorch's NCCL dtypes: "
+                f"int8, uint8, int32, uint32, int64, uint64, float16, "
+                f"float32, float64; CuPy has no bfloat16); cast to a "
+                f"supported dtype first") from None
 
+    @_host_via_bootstrap
     def _start_all_reduce(self, arr, op, deadline):
         self.comm.allReduce(arr.data.ptr, arr.data.ptr, arr.size,
                             self._dt(arr), _NCCL_OPS[op], self._stream().ptr)
         return self._fin((lambda: divide_avg(arr, self.size))
                          if op is ReduceOp.AVG else None)
 
+    @_host_via_bootstrap
     def _start_reduce(self, arr, dst, op, deadline):
         self.comm.reduce(arr.data.ptr, arr.data.ptr, arr.size, self._dt(arr),
                          _NCCL_OPS[op], dst, self._stream().ptr)
@@ -91,11 +122,13 @@ class NCCLGroup(ProcessGroup):
                          if op is ReduceOp.AVG and self.rank == dst
                          else None)
 
+    @_host_via_bootstrap
     def _start_broadcast(self, arr, src, deadline):
         self.comm.bcast(arr.data.ptr, arr.size, self._dt(arr), src,
                         self._stream().ptr)
         return self._fin()
 
+    @_host_via_bootstrap
     def _start_all_gather(self, out, inp, deadline):
         cp = self._cp
         full = out if not isinstance(out, (list, tuple)) else cp.empty(
@@ -107,6 +140,7 @@ class NCCLGroup(ProcessGroup):
                 out[r][...] = full[r]
         return self._fin()
 
+    @_host_via_bootstrap
     def _start_reduce_scatter(self, out, inp, op, deadline):
         cp = self._cp
         full = inp if not isinstance(inp, (list, tuple)) else cp.stack(inp)
@@ -116,11 +150,13 @@ class NCCLGroup(ProcessGroup):
         return self._fin((lambda: divide_avg(out, self.size))
                          if op is ReduceOp.AVG else None)
 
+    @_host_via_bootstrap
     def _start_send(self, arr, dst, tag, deadline):
         self.comm.send(arr.data.ptr, arr.size, self._dt(arr), dst,
                        self._stream().ptr)
         return self._fin()
 
+    @_host_via_bootstrap
     def _start_recv(self, arr, src, tag, deadline):
         self.comm.recv(arr.data.ptr, arr.size, self._dt(arr), src,
                        self._stream().ptr)

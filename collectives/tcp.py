@@ -634,6 +634,11 @@ class TCPGroup(ProcessGroup):
             divide_avg(arr, n)   # raises the TypeError
         if n == 1:
             return
+        if get_array_module(arr) is not np:   # CuPy: sockets move host memory
+            host = arr.get()
+            self._all_reduce(host, op, deadline, seq)
+            arr.set(host)
+            return
         flat = arr.reshape(-1)
         if arr.nbytes <= SMALL or flat.size < n or \
                 get_array_module(arr) is not np or flat.dtype.kind == 'b':
@@ -708,6 +713,11 @@ class TCPGroup(ProcessGroup):
         """A pipelined chain round the ring, starting at src."""
         n, r = self.size, self.rank
         if n == 1:
+            return
+        if get_array_module(arr) is not np:   # CuPy: sockets move host memory
+            host = arr.get()
+            self._broadcast(host, src, deadline, seq)
+            arr.set(host)
             return
         flat = arr.reshape(-1).view(np.uint8)
         piece = 1 << 20

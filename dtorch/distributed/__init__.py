@@ -109,11 +109,15 @@ def init_process_group(backend=None, init_method=None, timeout=None,
     elif init_method and not init_method.startswith("env://"):
         raise ValueError(f"unsupported init_method {init_method!r}: use "
                          f"'env://' or 'tcp://host:port'")
-    if b is None:
-        from .. import cuda
-        info = _c.discover()
-        if cuda.is_available() and info.world_size > 1:
-            b = "nccl"
+    from .. import cuda
+    info = _c.discover()
+    if b is None and cuda.is_available() and info.world_size > 1:
+        b = "nccl"
+    if b == "nccl" and cuda.is_available():
+        # one GPU per local rank (LOCAL_RANK, or MPI's/SLURM's local rank),
+        # before the communicator binds to the current device: without this
+        # every rank of a node would run on GPU 0
+        cuda.set_device(info.local_rank % max(cuda.device_count(), 1))
     kw = {}
     if rank is not None and rank >= 0:
         kw["rank"] = rank
