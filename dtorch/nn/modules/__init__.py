@@ -13,6 +13,24 @@ from .sparse import Embedding
 from .normalization import (LayerNorm, BatchNorm1d, BatchNorm2d,
                             BatchNorm3d, GroupNorm)
 from .instancenorm import InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
+from .padding import (ZeroPad1d, ZeroPad2d, ZeroPad3d, ConstantPad1d,
+                      ConstantPad2d, ConstantPad3d, ReflectionPad1d,
+                      ReflectionPad2d, ReflectionPad3d, ReplicationPad1d,
+                      ReplicationPad2d, ReplicationPad3d, CircularPad1d,
+                      CircularPad2d, CircularPad3d)
+from .pixelshuffle import PixelShuffle, PixelUnshuffle
+from .upsampling import Upsample, UpsamplingNearest2d, UpsamplingBilinear2d
+from .distance import CosineSimilarity, PairwiseDistance
+from .fold import Fold, Unfold
+from ._more import (PReLU, Hardswish, Hardsigmoid, SELU, CELU, Softsign,
+                    Tanhshrink, Hardshrink, Softshrink, GLU, RReLU,
+                    Threshold, AlphaDropout, FeatureAlphaDropout,
+                    ChannelShuffle, AdaptiveMaxPool1d, AdaptiveMaxPool2d,
+                    LPPool1d, LPPool2d, LocalResponseNorm, MarginRankingLoss,
+                    HingeEmbeddingLoss, SoftMarginLoss, CosineEmbeddingLoss,
+                    TripletMarginLoss, TripletMarginWithDistanceLoss,
+                    PoissonNLLLoss, GaussianNLLLoss, MultiLabelSoftMarginLoss,
+                    MultiMarginLoss)
 from .transformer import (Transformer, TransformerEncoder,
                           TransformerDecoder, TransformerEncoderLayer,
                           TransformerDecoderLayer)

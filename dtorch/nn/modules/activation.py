@@ -1,7 +1,7 @@
 """Activation modules and MultiheadAttention."""
 
 from .module import Module
-from .linear import Linear
+from .linear import NonDynamicallyQuantizableLinear
 from ..parameter import Parameter
 from .. import functional as F
 from .. import init
@@ -241,6 +241,3 @@ class MultiheadAttention(Module):
             out = out.transpose(1, 0)
         return out, w
 
-
-class NonDynamicallyQuantizableLinear(Linear):
-    """PyTorch's name for MultiheadAttention.out_proj's class."""

@@ -64,6 +64,11 @@ class Linear(Module):
                 f"bias={self.bias is not None}")
 
 
+class NonDynamicallyQuantizableLinear(Linear):
+    """PyTorch's name for MultiheadAttention.out_proj's class (it lives in
+    ``nn.modules.linear``, where scripts import it from)."""
+
+
 class LazyLinear(Linear):
     def __init__(self, *args, **kwargs):
         raise NotImplementedError("lazy modules are not supported by dtorch")

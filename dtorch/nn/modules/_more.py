@@ -1,0 +1,260 @@
+"""Activations, losses, pooling and dropout layers added for issue 14 (each
+over its ``nn.functional`` counterpart). The classes are re-exported from
+the PyTorch module paths (``nn.modules.activation``, ``.loss``, ...)."""
+from .module import Module
+from .loss import _Loss, _WeightedLoss
+from ..parameter import Parameter
+from .. import functional as F
+from ..._creation import empty
+
+
+# ============================================================ activations ==
+
+class PReLU(Module):
+    """max(0, x) + weight * min(0, x); one weight, or one per channel."""
+
+    def __init__(self, num_parameters=1, init=0.25, device=None, dtype=None):
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.init = init
+        self.weight = Parameter(empty(num_parameters, device=device,
+                                      dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        self.weight.data.fill_(self.init)
+
+    def forward(self, input):
+        return F.prelu(input, self.weight)
+
+    def extra_repr(self):
+        return f"num_parameters={self.num_parameters}"
+
+
+def _simple(name, fn_name, params=(), doc=""):
+    """A parameter-free activation module calling F.<fn_name>."""
+    def __init__(self, *args, **kwargs):
+        Module.__init__(self)
+        names = [p for p, _ in params]
+        vals = dict(params)
+        for k, v in zip(names, args):
+            vals[k] = v
+        vals.update(kwargs)
+        for k, v in vals.items():
+            setattr(self, k, v)
+
+    def forward(self, input):
+        kw = {p: getattr(self, p) for p, _ in params if p != "inplace"}
+        return getattr(F, fn_name)(input, **kw)
+
+    def extra_repr(self):
+        return ", ".join(f"{p}={getattr(self, p)}" for p, _ in params
+                         if p != "inplace")
+
+    return type(name, (Module,), {"__init__": __init__, "forward": forward,
+                                  "extra_repr": extra_repr, "__doc__": doc})
+
+
+Hardswish = _simple("Hardswish", "hardswish", (("inplace", False),))
+Hardsigmoid = _simple("Hardsigmoid", "hardsigmoid", (("inplace", False),))
+SELU = _simple("SELU", "selu", (("inplace", False),))
+CELU = _simple("CELU", "celu", (("alpha", 1.0), ("inplace", False)))
+Softsign = _simple("Softsign", "softsign")
+Tanhshrink = _simple("Tanhshrink", "tanhshrink")
+Hardshrink = _simple("Hardshrink", "hardshrink", (("lambd", 0.5),))
+Softshrink = _simple("Softshrink", "softshrink", (("lambd", 0.5),))
+GLU = _simple("GLU", "glu", (("dim", -1),))
+RReLU = _simple("RReLU", "rrelu", (("lower", 1.0 / 8), ("upper", 1.0 / 3),
+                                   ("inplace", False)))
+
+
+class Threshold(Module):
+    def __init__(self, threshold, value, inplace=False):
+        super().__init__()
+        self.threshold, self.value, self.inplace = threshold, value, inplace
+
+    def forward(self, input):
+        return F.threshold(input, self.threshold, self.value)
+
+    def extra_repr(self):
+        return f"threshold={self.threshold}, value={self.value}"
+
+
+def _rrelu_forward(self, input):
+    return F.rrelu(input, self.lower, self.upper, self.training)
+
+
+RReLU.forward = _rrelu_forward
+
+
+class AlphaDropout(Module):
+    def __init__(self, p=0.5, inplace=False):
+        super().__init__()
+        self.p, self.inplace = p, inplace
+
+    def forward(self, input):
+        return F.alpha_dropout(input, self.p, self.training)
+
+
+class FeatureAlphaDropout(AlphaDropout):
+    def forward(self, input):
+        return F.feature_alpha_dropout(input, self.p, self.training)
+
+
+class ChannelShuffle(Module):
+    def __init__(self, groups):
+        super().__init__()
+        self.groups = groups
+
+    def forward(self, input):
+        return F.channel_shuffle(input, self.groups)
+
+
+# ================================================================ pooling ==
+
+class AdaptiveMaxPool2d(Module):
+    def __init__(self, output_size, return_indices=False):
+        super().__init__()
+        self.output_size, self.return_indices = output_size, return_indices
+
+    def forward(self, input):
+        return F.adaptive_max_pool2d(input, self.output_size,
+                                     self.return_indices)
+
+
+class AdaptiveMaxPool1d(AdaptiveMaxPool2d):
+    def forward(self, input):
+        return F.adaptive_max_pool1d(input, self.output_size,
+                                     self.return_indices)
+
+
+class LPPool2d(Module):
+    def __init__(self, norm_type, kernel_size, stride=None, ceil_mode=False):
+        super().__init__()
+        self.norm_type, self.kernel_size = norm_type, kernel_size
+        self.stride, self.ceil_mode = stride, ceil_mode
+
+    def forward(self, input):
+        return F.lp_pool2d(input, self.norm_type, self.kernel_size,
+                           self.stride, self.ceil_mode)
+
+
+class LPPool1d(LPPool2d):
+    def forward(self, input):
+        return F.lp_pool1d(input, self.norm_type, self.kernel_size,
+                           self.stride, self.ceil_mode)
+
+
+class LocalResponseNorm(Module):
+    def __init__(self, size, alpha=1e-4, beta=0.75, k=1.0):
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+
+    def forward(self, input):
+        return F.local_response_norm(input, self.size, self.alpha, self.beta,
+                                     self.k)
+
+
+# ================================================================= losses ==
+
+class MarginRankingLoss(_Loss):
+    def __init__(self, margin=0.0, size_average=None, reduce=None,
+                 reduction="mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.margin = margin
+
+    def forward(self, input1, input2, target):
+        return F.margin_ranking_loss(input1, input2, target, self.margin,
+                                     reduction=self.reduction)
+
+
+class HingeEmbeddingLoss(_Loss):
+    def __init__(self, margin=1.0, size_average=None, reduce=None,
+                 reduction="mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.margin = margin
+
+    def forward(self, input, target):
+        return F.hinge_embedding_loss(input, target, self.margin,
+                                      reduction=self.reduction)
+
+
+class SoftMarginLoss(_Loss):
+    def forward(self, input, target):
+        return F.soft_margin_loss(input, target, reduction=self.reduction)
+
+
+class CosineEmbeddingLoss(_Loss):
+    def __init__(self, margin=0.0, size_average=None, reduce=None,
+                 reduction="mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.margin = margin
+
+    def forward(self, input1, input2, target):
+        return F.cosine_embedding_loss(input1, input2, target, self.margin,
+                                       reduction=self.reduction)
+
+
+class TripletMarginLoss(_Loss):
+    def __init__(self, margin=1.0, p=2.0, eps=1e-6, swap=False,
+                 size_average=None, reduce=None, reduction="mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.margin, self.p, self.eps, self.swap = margin, p, eps, swap
+
+    def forward(self, anchor, positive, negative):
+        return F.triplet_margin_loss(anchor, positive, negative, self.margin,
+                                     self.p, self.eps, self.swap,
+                                     reduction=self.reduction)
+
+
+class TripletMarginWithDistanceLoss(_Loss):
+    def __init__(self, *, distance_function=None, margin=1.0, swap=False,
+                 reduction="mean"):
+        super().__init__(reduction=reduction)
+        self.distance_function = distance_function
+        self.margin, self.swap = margin, swap
+
+    def forward(self, anchor, positive, negative):
+        return F.triplet_margin_with_distance_loss(
+            anchor, positive, negative,
+            distance_function=self.distance_function, margin=self.margin,
+            swap=self.swap, reduction=self.reduction)
+
+
+class PoissonNLLLoss(_Loss):
+    def __init__(self, log_input=True, full=False, size_average=None,
+                 eps=1e-8, reduce=None, reduction="mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.log_input, self.full, self.eps = log_input, full, eps
+
+    def forward(self, log_input, target):
+        return F.poisson_nll_loss(log_input, target, self.log_input,
+                                  self.full, eps=self.eps,
+                                  reduction=self.reduction)
+
+
+class GaussianNLLLoss(_Loss):
+    def __init__(self, *, full=False, eps=1e-6, reduction="mean"):
+        super().__init__(reduction=reduction)
+        self.full, self.eps = full, eps
+
+    def forward(self, input, target, var):
+        return F.gaussian_nll_loss(input, target, var, self.full, self.eps,
+                                   self.reduction)
+
+
+class MultiLabelSoftMarginLoss(_WeightedLoss):
+    def forward(self, input, target):
+        return F.multilabel_soft_margin_loss(input, target, self.weight,
+                                             reduction=self.reduction)
+
+
+class MultiMarginLoss(_WeightedLoss):
+    def __init__(self, p=1, margin=1.0, weight=None, size_average=None,
+                 reduce=None, reduction="mean"):
+        super().__init__(weight, size_average, reduce, reduction)
+        self.p, self.margin = p, margin
+
+    def forward(self, input, target):
+        return F.multi_margin_loss(input, target, self.p, self.margin,
+                                   self.weight, reduction=self.reduction)
