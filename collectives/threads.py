@@ -14,6 +14,7 @@ so results are bitwise equal across ranks, as the real backends promise.
     results = spawn_threads(fn, world_size=4)   # one result per rank
 """
 import collections
+import sys
 import threading
 import time
 
@@ -108,7 +109,7 @@ class ThreadGroup(ProcessGroup):
         seq = self._post(payload, opname)
 
         def fin(deadline):
-            then(self._collect(seq, deadline))
+            then(_on_current_device(self._collect(seq, deadline)))
         return fin
 
     def _peer_statuses(self, grace):
@@ -208,6 +209,23 @@ class ThreadGroup(ProcessGroup):
             arr[...] = msg
         fin.test = lambda: bool(box)
         return fin
+
+
+def _on_current_device(vals):
+    """Rank threads may work on different GPUs (the current device is per
+    thread): peers' CuPy arrays come to this thread's device as copies."""
+    cp = sys.modules.get('cupy')
+    if cp is None:
+        return vals
+    here = cp.cuda.Device().id
+
+    def move(v):
+        if isinstance(v, cp.ndarray) and v.device.id != here:
+            return cp.asarray(v)
+        if isinstance(v, list):
+            return [move(x) for x in v]
+        return v
+    return [move(v) for v in vals]
 
 
 def spawn_threads(fn, world_size, timeout=None, args=()):

@@ -354,3 +354,34 @@ def test_bfloat16_on_cuda_is_a_clear_error():
         dtorch.ones(2, device="cuda").to(dtorch.bfloat16)
     with pytest.raises(TypeError, match="bfloat16.*CUDA"):
         dtorch.ones(2, dtype=dtorch.bfloat16).cuda()
+
+
+def _ddp_rank_on_own_gpu(rank, ws, init, x, y):
+    # as under dtorch-launch: each rank makes its GPU current, then works
+    # on 'cuda' (here ranks are threads: the current device is per thread)
+    dtorch.cuda.set_device(rank)
+    return _ddp_body(rank, ws, "cuda", init, x, y)
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_ddp_ranks_on_different_gpus_reduce_on_their_devices():
+    """DDP's communication thread works on its rank's device (a new thread
+    starts on device 0) and orders its stream after the compute stream."""
+    if dtorch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    dtorch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).to(F64)
+    init = {k: host(v).copy() for k, v in ref.state_dict().items()}
+    x, y = rnd(8, 5, seed=7, grad=False), rnd(8, 3, seed=8, grad=False)
+    opt = dtorch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        opt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        opt.step()
+    res = dist.spawn_threads(
+        lambda r, n: _ddp_rank_on_own_gpu(r, n, init, x, y), 2, timeout=60)
+    for r in res:
+        for k, v in ref.state_dict().items():
+            np.testing.assert_allclose(r[k], host(v), rtol=0, atol=1e-10,
+                                       err_msg=k)

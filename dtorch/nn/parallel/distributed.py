@@ -35,6 +35,8 @@ from ... import distributed as dist
 from ...autograd import engine as _engine
 from ...autograd.function import AccumulateGrad
 from ...autograd.grad_mode import is_grad_enabled, no_grad
+from ... import _backend as B
+from ..._backend import device_of
 from ...tensor import Tensor
 from ..modules.module import Module
 
@@ -365,7 +367,7 @@ class DistributedDataParallel(Module):
                 stats["comm_s"] += time.perf_counter() - t0
                 stats["buckets"] += 1
                 return arrs
-            b.future = self._comm.submit(direct)
+            b.future = self._comm.submit(direct, device_of(b.flat))
             return
         bucket = GradBucket(b.index, b.flat, b.params, b.offsets)
         hook, state = self._comm_hook, self._comm_state
@@ -376,7 +378,7 @@ class DistributedDataParallel(Module):
             stats["comm_s"] += time.perf_counter() - t0
             stats["buckets"] += 1
             return out
-        b.future = self._comm.submit(run)
+        b.future = self._comm.submit(run, device_of(b.flat))
 
     def _finish_backward(self):
         missing = []
@@ -395,7 +397,7 @@ class DistributedDataParallel(Module):
         for b in self._buckets:
             if b.future is None:
                 continue
-            result = b.future.result()
+            result = self._comm.result(b.future)
             self.stats["wait_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             if self._direct:
@@ -578,10 +580,17 @@ def _broadcast_coalesced(group, tensors, cap_mb, src=0):
 
 class _CommThread:
     """One thread that runs a rank's bucket reductions in order, so that
-    communication proceeds while the main thread computes."""
+    communication proceeds while the main thread computes.
+
+    For a CUDA bucket the thread works on the bucket's device (the current
+    device is per thread, and a new thread starts on device 0) and on its
+    own stream, which first waits for an event recorded on the submitting
+    thread's stream (the gradients are computed there); ``result`` makes the
+    caller's stream wait for the reduction's event in turn."""
 
     def __init__(self, name):
         self._q = queue.Queue()
+        self._streams = {}     # device index -> this thread's CUDA stream
         self._t = threading.Thread(target=self._loop, name=name, daemon=True)
         self._t.start()
 
@@ -590,17 +599,48 @@ class _CommThread:
             item = self._q.get()
             if item is None:
                 return
-            fn, fut = item
+            fn, fut, dev, ready = item
             try:
-                fut.set_result(fn())
+                if ready is None:
+                    fut.set_result(fn())
+                else:
+                    fut.set_result(self._on_device(fn, fut, dev, ready))
             except BaseException as e:   # re-raised in the main thread
                 fut.set_exception(e)
 
-    def submit(self, fn):
+    def _on_device(self, fn, fut, dev, ready):
+        cp = B.check_cuda_available()
+        with cp.cuda.Device(dev.index):
+            s = self._streams.get(dev.index)
+            if s is None:
+                s = self._streams[dev.index] = cp.cuda.Stream(
+                    non_blocking=True)
+            s.wait_event(ready)
+            with s:
+                out = fn()
+            fut.dtorch_done = (dev.index, s.record())
+        return out
+
+    def submit(self, fn, device=None):
         from concurrent.futures import Future
         fut = Future()
-        self._q.put((fn, fut))
+        ready = None
+        if device is not None and device.type == "cuda":
+            cp = B.check_cuda_available()
+            with cp.cuda.Device(device.index):
+                ready = cp.cuda.Event(disable_timing=True)
+                ready.record(cp.cuda.get_current_stream())
+        self._q.put((fn, fut, device, ready))
         return fut
+
+    def result(self, fut):
+        out = fut.result()
+        done = getattr(fut, "dtorch_done", None)
+        if done is not None:
+            index, ev = done
+            with B.check_cuda_available().cuda.Device(index):
+                B._cupy.cuda.get_current_stream().wait_event(ev)
+        return out
 
     def close(self):
         self._q.put(None)
