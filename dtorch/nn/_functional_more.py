@@ -349,9 +349,10 @@ def poisson_nll_loss(input, target, log_input=True, full=False,
     else:
         loss = input - target * (input + eps).log()
     if full:
-        t = target.detach()
-        stirling = t * t.clamp(min=1).log() - t + 0.5 * (
-            2 * math.pi * t.clamp(min=1)).log()
+        # Stirling's term for log(target!), only where target > 1; as in
+        # PyTorch it is differentiable in target
+        t = target
+        stirling = t * t.log() - t + 0.5 * (2 * math.pi * t).log()
         loss = loss + stirling.masked_fill(t <= 1, 0)
     return _reduce(loss, reduction)
 
