@@ -469,3 +469,83 @@ def test_gru_and_rnn_layers_gradcheck():
                          (xr, h0, wr, br))
         assert gradcheck(lambda *a: N.RNNLayer.apply(
             *a, reverse=True, nonlinearity=act), (xr, h0, wr, br))
+
+
+# ------------------------------------------- gradients at boundary values --
+# (issue 21 item 3; the full sweep against PyTorch is test_boundary_grads.py)
+
+def test_bce_saturated_sigmoid_trains_without_nan():
+    """A float32 sigmoid rounds to exactly 1.0 from about 17: BCELoss's
+    gradient must stay finite there (it was 0 / 0 = NaN, and the run
+    turned NaN at step 2)."""
+    dtorch.manual_seed(0)
+    lin = dtorch.nn.Linear(1, 1)
+    with dtorch.no_grad():
+        lin.weight.fill_(20.0)
+        lin.bias.fill_(0.0)
+    opt = dtorch.optim.SGD(lin.parameters(), lr=0.1)
+    x = dtorch.ones(4, 1)
+    target = dtorch.tensor([[1.0], [1.0], [0.0], [1.0]])
+    for _ in range(3):
+        p = dtorch.sigmoid(lin(x))
+        assert p[0].item() == 1.0          # saturated, as in the report
+        loss = dtorch.nn.BCELoss()(p, target)
+        opt.zero_grad()
+        loss.backward()
+        assert np.isfinite(lin.weight.grad.numpy()).all()
+        opt.step()
+        assert np.isfinite(lin.weight.detach().numpy()).all()
+
+
+def test_bce_gradient_at_exact_0_and_1():
+    x = dtorch.tensor([0.0, 1.0, 0.0, 1.0], requires_grad=True)
+    t = dtorch.tensor([0.0, 1.0, 1.0, 0.0])
+    F.binary_cross_entropy(x, t, reduction="sum").backward()
+    # (x - t) / max(x (1 - x), 1e-12): 0 where right, +-1e12 where wrong
+    np.testing.assert_allclose(x.grad.numpy(), [0, 0, -1e12, 1e12],
+                               rtol=1e-6)
+
+
+def test_bce_with_logits_zero_logit_gradient():
+    """A zero-initialised head gives logits exactly 0: the gradient is
+    sigmoid(0) - t (0 for t = 1/2), not the g / 2 that relu'(0) and
+    abs'(0) composed to."""
+    x = dtorch.zeros(4, requires_grad=True)
+    t = dtorch.tensor([0.5, 1.0, 0.0, 0.25])
+    F.binary_cross_entropy_with_logits(x, t, reduction="sum").backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [0.0, -0.5, 0.5, 0.25])
+    x.grad = None
+    pw = dtorch.tensor([2.0, 2.0, 2.0, 2.0])
+    F.binary_cross_entropy_with_logits(x, t, reduction="sum",
+                                       pos_weight=pw).backward()
+    # (pw t + 1 - t) sigmoid(x) - pw t
+    np.testing.assert_array_equal(x.grad.numpy(),
+                                  [-0.25, -1.0, 0.5, 0.125])
+
+
+def test_softplus_and_logsigmoid_at_zero():
+    x = dtorch.zeros(2, requires_grad=True)
+    (F.softplus(x) + F.logsigmoid(x)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [1.0, 1.0])
+
+
+def test_masked_gradients_ignore_infinite_upstream():
+    """A backward that multiplies by a 0/1 mask gives inf * 0 = NaN;
+    PyTorch masks (0 there)."""
+    x = dtorch.tensor([-1.0, 2.0, 0.5], requires_grad=True)
+    up = dtorch.tensor([float("inf"), 1.0, 1.0])
+    for f in (F.relu, lambda t: t.clamp(0.0, 1.0), F.relu6, F.hardtanh,
+              lambda t: dtorch.maximum(t, dtorch.zeros(3)),
+              lambda t: dtorch.where(t > 0, t, dtorch.zeros(3))):
+        x.grad = None
+        f(x).backward(up)
+        assert x.grad[0].item() == 0.0
+
+
+def test_norm_and_std_gradient_at_zero():
+    x = dtorch.zeros(2, 3, requires_grad=True)
+    (x.norm(dim=1).sum() + x.std(1).sum() + x.norm()).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros((2, 3)))
+    z = dtorch.zeros(1, 3, requires_grad=True)
+    F.normalize(z, dim=1).sum().backward()
+    assert np.isfinite(z.grad.numpy()).all()

@@ -842,7 +842,9 @@ class Embedding(Op):
 
 
 class Dropout(Op):
-    """x * mask / (1 - p) with a given boolean keep-mask."""
+    """x * mask / (1 - p) with a given boolean keep-mask. Backward is a
+    product with the mask too, as PyTorch's (an infinite gradient at a
+    dropped element gives NaN in both)."""
     @staticmethod
     def forward(ctx, x, keep=None, p=0.5):
         scale = x.dtype.type(1.0 / (1.0 - p)) if x.dtype.kind == "f" else \
@@ -1217,10 +1219,14 @@ class RNNLayer(Op):
         da = xp.empty(out[:T].shape, g.dtype)
         dh = g[T].copy()
         steps = range(T) if reverse else range(T - 1, -1, -1)
+        zero = xp.zeros((), g.dtype)
         for t in steps:
             dh += g[t]
             h = out[t]
-            da[t] = dh * (1 - h * h) if ctx.act == "tanh" else dh * (h > 0)
+            # relu: PyTorch's threshold_backward, g where h > 0 (a 0/1
+            # product would turn an infinite dh into NaN)
+            da[t] = dh * (1 - h * h) if ctx.act == "tanh" else \
+                xp.where(h <= 0, zero, dh)
             dh = da[t] @ w_hh
         return _rnn_grads(ctx, xp, da, dh, (out[:T], h0, reverse))
 
