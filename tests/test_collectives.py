@@ -242,12 +242,34 @@ if g.rank == 1:
     raise ValueError('boom')
 g.all_reduce(np.ones(8))
 """,
+    # sys.exit(3) under a plain `mpiexec python` (no -m mpi4py): the
+    # excepthook never sees a SystemExit; the exit check does
+    'sysexit': """
+import sys, numpy as np
+from collectives.mpi import world_group
+g = world_group(timeout=100)
+g.all_reduce(np.ones(4))
+if g.rank == 1:
+    sys.exit(3)
+g.all_reduce(np.ones(8))
+""",
 }
 
+# ranks that end at different times without anyone waiting: no abort
+EARLY_EXIT_OK = """
+import sys, time, numpy as np
+from collectives.mpi import world_group
+g = world_group(timeout=100)
+g.all_reduce(np.ones(4))
+if g.rank == 1:
+    sys.exit(0)
+time.sleep(1.0)
+print('rank', g.rank, 'finished', flush=True)
+"""
 
-@pytest.mark.skipif(not os.path.exists(MPIEXEC), reason='no mpiexec')
-@pytest.mark.parametrize('what', sorted(ABORT_SCRIPTS))
-def test_mpi_job_aborts_instead_of_hanging(what):
+
+def run_mpi_job(script, n=2, timeout=40):
+    """(returncode, output, seconds) of `mpiexec -n n python -c script`."""
     import signal
     import subprocess
     env = dict(os.environ, PYTHONPATH=ROOT, OMPI_ALLOW_RUN_AS_ROOT='1',
@@ -258,20 +280,40 @@ def test_mpi_job_aborts_instead_of_hanging(what):
               'SLURM_NTASKS'):
         env.pop(k, None)
     t = time.monotonic()
-    p = subprocess.Popen([MPIEXEC, '-n', '2', sys.executable, '-c',
-                          ABORT_SCRIPTS[what]], env=env, cwd=ROOT,
+    p = subprocess.Popen([MPIEXEC, '-n', str(n), sys.executable, '-c',
+                          script], env=env, cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, start_new_session=True)
     try:
-        out, _ = p.communicate(timeout=40)
+        out, _ = p.communicate(timeout=timeout)
     finally:
         if p.poll() is None:       # only the job this test started
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-    assert p.returncode != 0 and time.monotonic() - t < 30, out
+    return p.returncode, out, time.monotonic() - t
+
+
+@pytest.mark.skipif(not os.path.exists(MPIEXEC), reason='no mpiexec')
+@pytest.mark.parametrize('what', sorted(ABORT_SCRIPTS))
+def test_mpi_job_aborts_instead_of_hanging(what):
+    rc, out, took = run_mpi_job(ABORT_SCRIPTS[what])
+    # the collective timeouts are 100 s (1 s for 'timeout'): ending
+    # well before says the job was aborted, not timed out
+    assert rc != 0 and took < 30, out
+    if what == 'sysexit':
+        assert 'MPI rank 1 is exiting' in out, out
+        assert 'rank 0 waits in all_reduce #2 [8] float64' in out, out
+        assert 'last collective' in out and 'all_reduce #1' in out
     if what == 'timeout':
         assert 'CollectiveTimeoutError' in out
         assert 'ranks that did not arrive: [1]' in out
         assert 'rank 1 is not in a collective (last: all_reduce #1' in out
-    else:
+    if what == 'exception':
         assert 'uncaught ValueError on MPI rank 1' in out
+
+
+@pytest.mark.skipif(not os.path.exists(MPIEXEC), reason='no mpiexec')
+def test_mpi_ranks_exiting_at_different_times_is_not_an_error():
+    rc, out, _ = run_mpi_job(EARLY_EXIT_OK, n=3)
+    assert rc == 0, out
+    assert out.count('finished') == 2 and 'aborting' not in out, out
