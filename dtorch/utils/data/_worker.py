@@ -98,12 +98,39 @@ class _ResumeIteration:
     """Sent to persistent workers at the start of a new epoch."""
 
 
+_CUDA_IN_WORKER = (
+    "a DataLoader worker process cannot use CUDA (it was forked from a "
+    "process that had initialised CUDA, whose context a child cannot use): "
+    "let the dataset return CPU tensors and move batches to the GPU in the "
+    "main process, or pass multiprocessing_context='spawn' with a picklable "
+    "dataset")
+
+
+_cuda_forbidden = False
+
+
+def _forbid_cuda_after_fork():
+    """In a worker forked from a process where CuPy was loaded: any CUDA
+    use fails at once with a clear error instead of hanging in the driver
+    (PyTorch: "Cannot re-initialize CUDA in forked subprocess")."""
+    global _cuda_forbidden
+    if B._cupy is not None:
+        _cuda_forbidden = True
+        B._cupy = None
+        B._cupy_tried = True
+        B._cupy_error = RuntimeError(_CUDA_IN_WORKER)
+
+
 def to_payload(obj):
     """Replace tensors in a nested batch by picklable payloads."""
     if isinstance(obj, Tensor):
         a = obj._data
-        return _TensorPayload(a.get() if B.is_cupy_array(a) else a,
-                              obj.requires_grad)
+        if type(a) is not np.ndarray:
+            if _cuda_forbidden or not B.is_cupy_array(a):
+                raise RuntimeError(_CUDA_IN_WORKER + f" (got a {obj.device}"
+                                   f" tensor)")
+            a = a.get()
+        return _TensorPayload(a, obj.requires_grad)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return type(obj)(*(to_payload(o) for o in obj))
     if isinstance(obj, (list, tuple)):
@@ -148,6 +175,7 @@ def worker_loop(make_fetcher, dataset, index_queue, data_queue, done_event,
     """The body of one worker process: seed, init, then fetch batches for
     the indices that arrive until told to stop (``None``) or orphaned."""
     global _worker_info
+    _forbid_cuda_after_fork()
     seed = base_seed + worker_id
     _seed_everything(seed, base_seed, worker_id)
     _worker_info = WorkerInfo(id=worker_id, num_workers=num_workers,

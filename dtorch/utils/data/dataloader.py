@@ -261,7 +261,10 @@ class _MultiProcessIter(_BaseIter):
         self._timeout = loader.timeout
         ctx = loader.multiprocessing_context
         if ctx is None:
-            # fork: the dataset is inherited, not pickled
+            # fork: the dataset is inherited, not pickled (dtorch tensors
+            # are not picklable). Forking after CUDA is initialised is safe
+            # as long as the workers leave CUDA alone: _worker makes sure
+            # they do, with a clear error otherwise (PyTorch's rule)
             methods = multiprocessing.get_all_start_methods()
             ctx = "fork" if "fork" in methods else None
         if ctx is None or isinstance(ctx, str):
