@@ -5,9 +5,11 @@
     srun --mpi=pmix python -m mpi4py examples/ddp_digits.py   (slurm/train.sbatch)
 
 Each rank trains on its DistributedSampler shard; gradients are averaged by
-DDP. Rank 0 shows the progress bar and writes the checkpoint after every
-epoch; a restarted job (dtorch-launch --max-restarts, SLURM requeue) resumes
-from it, also on a different number of ranks. SIGUSR1 (SLURM's warning
+DDP. Rank 0 shows the progress bar (on a terminal) and writes the checkpoint
+after every epoch; a restarted job (dtorch-launch --max-restarts, SLURM
+requeue) resumes from it, also on a different number of ranks, and so does
+--resume. Otherwise a run starts fresh: running the example twice trains
+twice. SIGUSR1 (SLURM's warning
 before preemption) makes the job checkpoint at the next step and exit 0 so
 the batch script can requeue it.
 """
@@ -26,25 +28,38 @@ from dtorch import nn  # noqa: E402
 from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
-from digits_common import (DigitsCNN, distributed_accuracy,  # noqa: E402
-                           load_digits_split)
+from digits_common import (DigitsCNN, discard,  # noqa: E402
+                           distributed_accuracy, load_digits_split,
+                           plan_start, restart_count)
 
 _stop = [False]
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--epochs", type=int, default=15)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=15, help="epochs to train")
     ap.add_argument("--batch-size", type=int, default=16,
-                    help="per rank")
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint", default="runs/ddp_digits.safetensors")
-    ap.add_argument("--no-resume", action="store_true")
+                    help="batch size per rank")
+    ap.add_argument("--lr", type=float, default=2e-3,
+                    help="Adam's learning rate at 1 rank (times "
+                         "sqrt(ranks); cosine schedule)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the model, the data split and order")
+    ap.add_argument("--checkpoint", default="runs/ddp_digits.safetensors",
+                    help="written by rank 0 after every epoch")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from --checkpoint (a finished run is "
+                         "only reported); a restarted job "
+                         "(DTORCH_RESTART_COUNT > 0) always does")
     ap.add_argument("--fail-at-epoch", type=int, default=-1,
-                    help="testing: rank 1 exits 3 at this epoch on the "
-                         "first attempt (DTORCH_RESTART_COUNT=0)")
-    ap.add_argument("--quiet", action="store_true")
+                    help="testing: the last rank exits 3 at the start of "
+                         "this epoch (0-based) on the first attempt "
+                         "(DTORCH_RESTART_COUNT=0)")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bar (there is none when stderr is "
+                         "not a terminal)")
     args = ap.parse_args(argv)
 
     dist.init_process_group()
@@ -54,41 +69,61 @@ def main(argv=None):
     xtr, ytr, xte, yte = load_digits_split(seed=args.seed)
     train_ds = TensorDataset(xtr, ytr)
     sampler = DistributedSampler(train_ds, shuffle=True, seed=args.seed)
+    # The loaders draw from their own generator, so the global stream is
+    # dropout's alone and its state in the checkpoint is all a resumed run
+    # needs to continue bitwise as the uninterrupted one.
+    loader_g = torch.Generator().manual_seed(args.seed)
     loader = DataLoader(train_ds, batch_size=args.batch_size,
-                        sampler=sampler, drop_last=True)
+                        sampler=sampler, drop_last=True, generator=loader_g)
     test_sampler = DistributedSampler(TensorDataset(xte, yte),
                                       shuffle=False, pad=False)
     test_loader = DataLoader(TensorDataset(xte, yte), batch_size=256,
-                             sampler=test_sampler)
+                             sampler=test_sampler, generator=loader_g)
     model = DDP(DigitsCNN())
     opt = torch.optim.Adam(model.parameters(), lr=args.lr * world ** 0.5)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
 
-    start = 0
-    if not args.no_resume and os.path.exists(args.checkpoint):
-        ck = torch.load(args.checkpoint)
+    ck, finished, message = plan_start(args.checkpoint, args.epochs,
+                                       args.resume)
+    if message and rank == 0:
+        print(message, flush=True)
+    if finished:
+        if rank == 0:
+            print(f"final test accuracy {100 * ck['test_acc']:.2f}% on "
+                  f"{ck.get('world', '?')} ranks (from the checkpoint)",
+                  flush=True)
+        dist.barrier()
+        return ck["test_acc"]
+    start, acc = 0, 0.0
+    if ck is not None:
         model.module.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         sched.load_state_dict(ck["scheduler"])
         sampler.load_state_dict(ck["sampler"])
-        start = ck["epoch"]
-        if rank == 0:
-            print(f"resumed from {args.checkpoint} at epoch {start + 1} "
-                  f"(after {ck['sampler']['consumed']} samples of it)",
-                  flush=True)
+        # every rank seeds alike and draws alike: rank 0's state is theirs
+        torch.set_rng_state(ck["rng"])
+        loader_g.set_state(ck["loader_rng"])
+        start, acc = ck["epoch"], ck["test_acc"]
+        if rank == 0 and ck["sampler"]["consumed"]:
+            print(f"(after {ck['sampler']['consumed']} samples of epoch "
+                  f"{start + 1})", flush=True)
+    dist.barrier()           # every rank has read the checkpoint
+    if ck is None and rank == 0:
+        discard(args.checkpoint)
 
     t0 = time.time()
-    acc = 0.0
     for epoch in range(start, args.epochs):
         if epoch != sampler.epoch:
             sampler.set_epoch(epoch)
         if (epoch == args.fail_at_epoch and rank == world - 1
-                and os.environ.get("DTORCH_RESTART_COUNT", "0") == "0"):
+                and restart_count() == 0):
             print(f"rank {rank}: failing on purpose at epoch {epoch}",
                   flush=True)
             os._exit(3)
+        # disable=None: no bar when stderr is not a terminal (log files)
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}",
-                   disable=args.quiet or rank != 0, leave=False)
+                   disable=True if args.quiet or rank != 0 else None,
+                   leave=False)
         for step, (x, y) in enumerate(bar):
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
@@ -97,7 +132,8 @@ def main(argv=None):
             if _stop[0]:
                 break
         if _stop[0]:
-            save(args, model, opt, sched, sampler, epoch, rank)
+            save(args, model, opt, sched, sampler, loader_g, epoch, acc,
+                 rank, world)
             if rank == 0:
                 print("SIGUSR1: checkpointed, exiting for requeue",
                       flush=True)
@@ -109,7 +145,8 @@ def main(argv=None):
         if rank == 0:
             print(f"epoch {epoch + 1:2d}  test acc {100 * acc:.2f}%  "
                   f"({time.time() - t0:.1f} s, {world} ranks)", flush=True)
-        save(args, model, opt, sched, sampler, epoch + 1, rank)
+        save(args, model, opt, sched, sampler, loader_g, epoch + 1, acc,
+             rank, world)
     if rank == 0:
         print(f"final test accuracy {100 * acc:.2f}% on {world} ranks",
               flush=True)
@@ -117,16 +154,19 @@ def main(argv=None):
     return acc
 
 
-def save(args, model, opt, sched, sampler, epoch, rank):
+def save(args, model, opt, sched, sampler, loader_g, epoch, acc, rank,
+         world):
     if rank == 0:
         os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
         torch.save({"model": model.module.state_dict(),
                     "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(),
-                    "sampler": sampler.state_dict(), "epoch": epoch},
+                    "sampler": sampler.state_dict(),
+                    "rng": torch.get_rng_state(),
+                    "loader_rng": loader_g.get_state(),
+                    "epoch": epoch, "test_acc": acc, "world": world},
                    args.checkpoint)
     dist.barrier()
-
 
 if __name__ == "__main__":
     main()

@@ -4,8 +4,11 @@
     python examples/digits.py --resume          # continue from the checkpoint
 
 Plain PyTorch code with ``import dtorch as torch``; prints per-epoch metrics
-under a tqdm progress bar and saves a checkpoint (model, optimizer, epoch,
-RNG state) after every epoch.
+under a tqdm progress bar (on a terminal only) and saves a checkpoint
+(model, optimizer, scheduler, epoch, both RNG streams) after every epoch.
+Without --resume a run starts fresh; with it, an unfinished run continues
+exactly where the uninterrupted run would be (bitwise) and a finished one
+is only reported.
 """
 import argparse
 import os
@@ -18,19 +21,31 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dtorch as torch  # noqa: E402
 from dtorch import nn  # noqa: E402
 from dtorch.utils.data import DataLoader, TensorDataset  # noqa: E402
-from digits_common import DigitsCNN, evaluate, load_digits_split  # noqa
+from digits_common import (DigitsCNN, discard, evaluate,  # noqa: E402
+                           load_digits_split, plan_start)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--epochs", type=int, default=15)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint", default="runs/digits.safetensors")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=15, help="epochs to train")
+    ap.add_argument("--batch-size", type=int, default=32, help="batch size")
+    ap.add_argument("--lr", type=float, default=2e-3,
+                    help="Adam's learning rate (cosine schedule)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the model, the data split and order")
+    ap.add_argument("--checkpoint", default="runs/digits.safetensors",
+                    help="written after every epoch")
     ap.add_argument("--resume", action="store_true",
-                    help="continue from --checkpoint")
-    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+                    help="continue from --checkpoint (a finished run is "
+                         "only reported); without it a run starts fresh")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bar (there is none when stderr is "
+                         "not a terminal)")
+    ap.add_argument("--fail-at-epoch", type=int, default=-1,
+                    help="testing: exit 3 at the start of this epoch "
+                         "(0-based), as an interrupted run would")
     args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -38,33 +53,48 @@ def main(argv=None):
     g = torch.Generator().manual_seed(args.seed)
     train = DataLoader(TensorDataset(xtr, ytr), batch_size=args.batch_size,
                        shuffle=True, generator=g)
-    test = DataLoader(TensorDataset(xte, yte), batch_size=256)
+    # its own generator: the test loader draws no number from the global
+    # stream, which is dropout's alone
+    test = DataLoader(TensorDataset(xte, yte), batch_size=256,
+                      generator=torch.Generator().manual_seed(args.seed))
     model = DigitsCNN()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
+    ck, finished, message = plan_start(args.checkpoint, args.epochs,
+                                       args.resume)
+    if message:
+        print(message, flush=True)
+    if finished:
+        print(f"final test accuracy {100 * ck['test_acc']:.2f}% (from the "
+              f"checkpoint); checkpoint: {args.checkpoint}", flush=True)
+        return ck["test_acc"]
     start = 0
-    if args.resume:
-        if not os.path.exists(args.checkpoint):
-            sys.exit(f"--resume: no checkpoint at {args.checkpoint}")
-        ck = torch.load(args.checkpoint)
+    if ck is not None:
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         sched.load_state_dict(ck["scheduler"])
         g.set_state(ck["loader_rng"])
-        start = ck["epoch"] + 1
-        print(f"resumed from {args.checkpoint} at epoch {start + 1}")
+        # dropout's stream: without it a resumed run differs from an
+        # uninterrupted one
+        torch.set_rng_state(ck["rng"])
+        start = ck["epoch"]
+    elif os.path.exists(args.checkpoint):
+        discard(args.checkpoint)
 
     t0 = time.time()
     acc = 0.0
     for epoch in range(start, args.epochs):
+        if epoch == args.fail_at_epoch:
+            print(f"failing on purpose at epoch {epoch}", flush=True)
+            sys.exit(3)
         bar = tqdm(train, desc=f"epoch {epoch + 1}/{args.epochs}",
-                   disable=args.quiet, leave=False)
+                   disable=True if args.quiet else None, leave=False)
         for x, y in bar:
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         sched.step()
         correct, total, test_loss = evaluate(model, test)
         acc = correct / total
@@ -75,12 +105,11 @@ def main(argv=None):
         torch.save({"model": model.state_dict(),
                     "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(),
-                    "loader_rng": g.get_state(), "epoch": epoch,
-                    "test_acc": acc}, args.checkpoint)
+                    "loader_rng": g.get_state(), "rng": torch.get_rng_state(),
+                    "epoch": epoch + 1, "test_acc": acc}, args.checkpoint)
     print(f"final test accuracy {100 * acc:.2f}% in "
           f"{time.time() - t0:.1f} s; checkpoint: {args.checkpoint}")
     return acc
-
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,8 @@
 """What the digits examples share: the data (scikit-learn's bundled 8x8
-digits, no download), the CNN, and evaluation. PyTorch code with
-``import dtorch as torch``."""
+digits, no download), the CNN, evaluation, and when to resume from a
+checkpoint. PyTorch code with ``import dtorch as torch``."""
+import os
+
 import numpy as np
 
 import dtorch as torch
@@ -64,3 +66,52 @@ def distributed_accuracy(model, loader, group=None):
     model.train()
     r = m.compute()
     return r["correct"] / r["total"]
+
+
+def restart_count():
+    """0 on a first run, n after n restarts of the job (dtorch-launch
+    --max-restarts, a SLURM requeue: DTORCH_RESTART_COUNT)."""
+    return int(os.environ.get("DTORCH_RESTART_COUNT") or 0)
+
+
+def plan_start(path, epochs, resume):
+    """Where a run starts: ``(checkpoint or None, finished, message)``.
+
+    A checkpoint is resumed only when asked (``--resume``) or on a restart
+    of the job, so running an example twice trains twice instead of
+    resuming a finished run and training nothing. Asked to resume a
+    finished run (``epoch >= epochs``), the run only reports it
+    (``finished``); not asked, it starts fresh and says that it replaces
+    the checkpoint. ``message`` says which (None: a plain fresh start)."""
+    restarted = restart_count() > 0
+    asked = resume or restarted
+    if not os.path.exists(path):
+        if resume and not restarted:
+            raise SystemExit(f"--resume: no checkpoint at {path}")
+        return None, False, (f"restart {restart_count()}: no checkpoint at "
+                             f"{path} yet, starting fresh"
+                             if restarted else None)
+    ck = torch.load(path)
+    done = int(ck["epoch"])
+    if done >= epochs:
+        if asked:
+            return ck, True, (f"{path} holds a finished run ({done} "
+                              f"epochs): reporting it (without --resume "
+                              f"the run starts fresh)")
+        return None, False, (f"starting fresh: {path} holds a finished run "
+                             f"({done} epochs), which this run replaces "
+                             f"(--resume reports it instead)")
+    if asked:
+        return ck, False, f"resuming from {path} at epoch {done + 1}"
+    return None, False, (f"starting fresh: {path} holds an unfinished run "
+                         f"({done} epochs done), which this run replaces "
+                         f"(--resume continues it)")
+
+
+def discard(path):
+    """Remove a checkpoint that a fresh run replaces, so that a restart of
+    this run can never resume the earlier run's state."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

@@ -18,7 +18,8 @@ The checkpoint holds the FULL model and optimizer state (shards gathered
 over each TP group when saving, cut again when loading), so it resumes on
 any DP x TP layout, and its "model" entry loads into the same MLP at
 --tp-size 1 (plain nn.Linear layers, same keys). Rank 0 writes it after
-every epoch; SIGUSR1 (SLURM's warning before preemption) makes every rank
+every epoch; a restarted job or --resume continues from it (otherwise a run
+starts fresh); SIGUSR1 (SLURM's warning before preemption) makes every rank
 stop at the same step, checkpoint and exit 0 for the batch script's requeue.
 """
 import argparse
@@ -37,8 +38,8 @@ from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.nn.parallel import tensor_parallel as tp  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
-from digits_common import (distributed_accuracy,  # noqa: E402
-                           load_digits_split)
+from digits_common import (discard, distributed_accuracy,  # noqa: E402
+                           load_digits_split, plan_start)
 
 _stop = [False]
 
@@ -65,18 +66,30 @@ class DigitsMLP(nn.Module):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--tp-size", type=int, default=2,
                     help="ranks per tensor-parallel group")
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--epochs", type=int, default=10, help="epochs to train")
     ap.add_argument("--batch-size", type=int, default=32,
-                    help="per data-parallel replica")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint", default="runs/tp_digits.safetensors")
-    ap.add_argument("--no-resume", action="store_true")
-    ap.add_argument("--quiet", action="store_true")
+                    help="batch size per data-parallel replica")
+    ap.add_argument("--hidden", type=int, default=256,
+                    help="hidden units of the sharded layers")
+    ap.add_argument("--lr", type=float, default=2e-3,
+                    help="Adam's learning rate at 1 replica (times "
+                         "sqrt(replicas); cosine schedule)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the model, the data split and order")
+    ap.add_argument("--checkpoint", default="runs/tp_digits.safetensors",
+                    help="written by rank 0 after every epoch")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from --checkpoint (a finished run is "
+                         "only reported); a restarted job "
+                         "(DTORCH_RESTART_COUNT > 0) always does")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bar (there is none when stderr is "
+                         "not a terminal)")
     args = ap.parse_args(argv)
 
     dist.init_process_group()
@@ -95,39 +108,55 @@ def main(argv=None):
     # the same batch
     sampler = DistributedSampler(train_ds, num_replicas=dp_size,
                                  rank=dp_rank, shuffle=True, seed=args.seed)
+    # the loaders' own generator: the global stream stays the model's
+    loader_g = torch.Generator().manual_seed(args.seed)
     loader = DataLoader(train_ds, batch_size=args.batch_size,
-                        sampler=sampler, drop_last=True)
+                        sampler=sampler, drop_last=True, generator=loader_g)
     test_loader = DataLoader(test_ds, batch_size=256, sampler=(
         DistributedSampler(test_ds, num_replicas=dp_size, rank=dp_rank,
-                           shuffle=False, pad=False)))
+                           shuffle=False, pad=False)), generator=loader_g)
     mlp = DigitsMLP(tp_group, args.hidden)
     model = DDP(mlp, process_group=dp_group)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr * dp_size ** 0.5)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
 
-    start = 0
-    if not args.no_resume and os.path.exists(args.checkpoint):
-        ck = torch.load(args.checkpoint)
+    ck, finished, message = plan_start(args.checkpoint, args.epochs,
+                                       args.resume)
+    if message and rank == 0:
+        print(message, flush=True)
+    if finished:
+        if rank == 0:
+            print(f"final test accuracy {100 * ck['test_acc']:.2f}% on "
+                  f"{ck.get('world', '?')} ranks (TP "
+                  f"{ck.get('tp_size', '?')}; from the checkpoint)",
+                  flush=True)
+        dist.barrier()
+        return ck["test_acc"]
+    start, acc = 0, 0.0
+    if ck is not None:
         mlp.load_state_dict(tp.shard_state_dict(mlp, ck["model"]))
         opt.load_state_dict(tp.shard_optimizer_state_dict(
             mlp, ck["optimizer"]))
         sched.load_state_dict(ck["scheduler"])
         sampler.load_state_dict(ck["sampler"])
-        start = ck["epoch"]
-        if rank == 0:
-            print(f"resumed from {args.checkpoint} at epoch {start + 1}",
-                  flush=True)
+        torch.set_rng_state(ck["rng"])
+        loader_g.set_state(ck["loader_rng"])
+        start, acc = ck["epoch"], ck["test_acc"]
+    dist.barrier()           # every rank has read the checkpoint
+    if ck is None and rank == 0:
+        discard(args.checkpoint)
 
     if rank == 0:
         print(f"DP {dp_size} x TP {args.tp_size} on {world} ranks: {mlp}",
               flush=True)
     t0 = time.time()
-    acc = 0.0
     for epoch in range(start, args.epochs):
         if epoch != sampler.epoch:
             sampler.set_epoch(epoch)
+        # disable=None: no bar when stderr is not a terminal (log files)
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}",
-                   disable=args.quiet or rank != 0, leave=False)
+                   disable=True if args.quiet or rank != 0 else None,
+                   leave=False)
         stopped = False
         for x, y in bar:
             opt.zero_grad()
@@ -138,7 +167,8 @@ def main(argv=None):
                 stopped = True
                 break
         if stopped:
-            save(args, mlp, opt, sched, sampler, epoch, rank)
+            save(args, mlp, opt, sched, sampler, loader_g, epoch, acc,
+                 rank, world)
             if rank == 0:
                 print("SIGUSR1: checkpointed, exiting for requeue",
                       flush=True)
@@ -152,7 +182,8 @@ def main(argv=None):
             print(f"epoch {epoch + 1:2d}  loss {loss.item():.4f}  test acc "
                   f"{100 * acc:.2f}%  ({time.time() - t0:.1f} s)",
                   flush=True)
-        save(args, mlp, opt, sched, sampler, epoch + 1, rank)
+        save(args, mlp, opt, sched, sampler, loader_g, epoch + 1, acc,
+             rank, world)
     if rank == 0:
         print(f"final test accuracy {100 * acc:.2f}% on {world} ranks "
               f"(DP {dp_size} x TP {args.tp_size})", flush=True)
@@ -168,7 +199,8 @@ def _everyone_stops():
     return flag.item() > 0
 
 
-def save(args, mlp, opt, sched, sampler, epoch, rank):
+def save(args, mlp, opt, sched, sampler, loader_g, epoch, acc, rank,
+         world):
     # gathering is a collective over each TP group: every rank takes part,
     # rank 0 (holding the gathered copies of TP group 0) writes
     model_sd = tp.gather_state_dict(mlp)
@@ -177,10 +209,12 @@ def save(args, mlp, opt, sched, sampler, epoch, rank):
         os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
         torch.save({"model": model_sd, "optimizer": opt_sd,
                     "scheduler": sched.state_dict(),
-                    "sampler": sampler.state_dict(), "epoch": epoch,
+                    "sampler": sampler.state_dict(),
+                    "rng": torch.get_rng_state(),
+                    "loader_rng": loader_g.get_state(),
+                    "epoch": epoch, "test_acc": acc, "world": world,
                     "tp_size": args.tp_size}, args.checkpoint)
     dist.barrier()
-
 
 if __name__ == "__main__":
     main()

@@ -16,14 +16,23 @@ pytestmark = pytest.mark.skipif(
     reason="examples start their own jobs; run in the single-process phase")
 
 
-def run(cmd, timeout=240, **kw):
+def run(cmd, timeout=240, raw=False, **kw):
+    """stdout of a command that must succeed; raw: (stdout, stderr) as
+    bytes (text mode would turn a progress bar's \r into \n)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                       env=env, cwd=ROOT, **kw)
+    p = subprocess.run(cmd, capture_output=True, text=not raw,
+                       timeout=timeout, env=env, cwd=ROOT, **kw)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return p.stdout
+    return (p.stdout, p.stderr) if raw else p.stdout
+
+
+def assert_plain(*outputs):
+    """No progress bar or terminal escape codes: what a log file gets."""
+    for raw in outputs:
+        assert b"\r" not in raw and b"\x1b" not in raw, raw[-500:]
+        assert b"it/s" not in raw, raw[-500:]
 
 
 def accuracy(out):
@@ -38,7 +47,7 @@ def test_digits_main_job_trains_checkpoints_and_resumes(tmp_path):
     assert os.path.getsize(ck) > 10_000
     out = run([sys.executable, os.path.join(EX, "digits.py"), "--epochs",
                "4", "--quiet", "--checkpoint", ck, "--resume"])
-    assert "resumed from" in out and "at epoch 4" in out
+    assert "resuming from" in out and "at epoch 4" in out
     assert out.count("test loss") == 1       # only the remaining epoch
     assert accuracy(out) > 85.0
 
@@ -49,8 +58,97 @@ def test_ddp_digits_under_mpiexec(tmp_path):
         pytest.fail("mpiexec not found next to the interpreter: install "
                     "with pip install -e '.[dev]'")
     ck = str(tmp_path / "ddp.safetensors")
-    out = run([mpiexec, "-n", "2", sys.executable, "-m", "mpi4py",
-               os.path.join(EX, "ddp_digits.py"), "--epochs", "2",
-               "--quiet", "--checkpoint", ck])
+    # no --quiet: output redirected to a file must still be plain
+    out, err = run([mpiexec, "-n", "2", sys.executable, "-m", "mpi4py",
+                    os.path.join(EX, "ddp_digits.py"), "--epochs", "2",
+                    "--checkpoint", ck], raw=True)
+    assert_plain(out, err)
+    out = out.decode()
     assert "on 2 ranks" in out and accuracy(out) > 80.0
     assert os.path.exists(ck)
+
+
+def _launch(args, timeout=240):
+    return run([sys.executable, "-m", "launch"] + list(args),
+               timeout=timeout)
+
+
+def _same_parameters(a, b):
+    import numpy as np
+    import dtorch
+    sa, sb = dtorch.load(a)["model"], dtorch.load(b)["model"]
+    assert sorted(sa) == sorted(sb)
+    return all(np.array_equal(sa[k].numpy(), sb[k].numpy()) for k in sa)
+
+
+def test_digits_resume_is_bitwise(tmp_path):
+    # a run interrupted after epoch 1 and resumed ends with bitwise the
+    # parameters of the uninterrupted run (dropout's RNG stream included)
+    digits = os.path.join(EX, "digits.py")
+    whole, cut = str(tmp_path / "whole.st"), str(tmp_path / "cut.st")
+    run([sys.executable, digits, "--epochs", "3", "--quiet",
+         "--checkpoint", whole])
+    p = subprocess.run([sys.executable, digits, "--epochs", "3", "--quiet",
+                        "--checkpoint", cut, "--fail-at-epoch", "1"],
+                       capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert p.returncode == 3, p.stderr
+    out = run([sys.executable, digits, "--epochs", "3", "--quiet",
+               "--checkpoint", cut, "--resume"])
+    assert "resuming from" in out and out.count("test loss") == 2
+    assert _same_parameters(whole, cut)
+
+
+def test_ddp_digits_restart_is_bitwise(tmp_path):
+    # dtorch-launch --max-restarts: rank 1 dies at the start of epoch 1;
+    # the restarted job resumes and ends where the uninterrupted one does
+    ddp = os.path.join(EX, "ddp_digits.py")
+    whole, cut = str(tmp_path / "whole.st"), str(tmp_path / "cut.st")
+    _launch(["--nproc-per-node", "2", ddp, "--epochs", "2", "--quiet",
+             "--checkpoint", whole])
+    out = _launch(["--nproc-per-node", "2", "--max-restarts", "1", ddp,
+                   "--epochs", "2", "--quiet", "--checkpoint", cut,
+                   "--fail-at-epoch", "1"])
+    assert "failing on purpose" in out and "resuming from" in out, out
+    assert _same_parameters(whole, cut)
+
+
+def test_running_an_example_twice_trains_twice(tmp_path):
+    # README's run lines share a checkpoint path: the second run must
+    # train again (not resume a finished run and report 0.00%)
+    ck = str(tmp_path / "digits.st")
+    cmd = [sys.executable, os.path.join(EX, "digits.py"), "--epochs", "1",
+           "--quiet", "--checkpoint", ck]
+    first = accuracy(run(cmd))
+    again = run(cmd)
+    assert "starting fresh" in again and "finished run" in again
+    assert again.count("test loss") == 1 and accuracy(again) == first
+    report = run(cmd + ["--resume"])        # a finished run: reported
+    assert "test loss" not in report and "from the checkpoint" in report
+    assert accuracy(report) == first
+
+
+def test_ddp_digits_under_launcher_twice_trains_twice(tmp_path):
+    ck = str(tmp_path / "ddp.st")
+    args = ["--nproc-per-node", "2", os.path.join(EX, "ddp_digits.py"),
+            "--epochs", "1", "--quiet", "--checkpoint", ck]
+    first = accuracy(_launch(args))
+    again = _launch(args)
+    assert "starting fresh" in again and again.count("  test acc ") == 1
+    assert accuracy(again) == first > 50.0
+
+
+@pytest.mark.parametrize("name", ["digits.py", "ddp_digits.py",
+                                  "tp_digits.py"])
+def test_example_help_shows_defaults(name):
+    out = " ".join(run([sys.executable, os.path.join(EX, name),
+                        "--help"]).split())    # unwrap argparse's lines
+    assert "(default: runs/" in out and "(default: 0.002)" in out, out
+
+
+def test_no_progress_bar_or_escape_codes_in_redirected_output(tmp_path):
+    # output to a file (a SLURM .out, a redirected log): no tqdm bars
+    out, err = run([sys.executable, os.path.join(EX, "digits.py"),
+                    "--epochs", "1", "--checkpoint", str(tmp_path / "d.st")],
+                   raw=True)
+    assert_plain(out, err)
+    assert b"epoch  1" in out
