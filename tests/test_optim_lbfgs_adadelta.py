@@ -42,7 +42,7 @@ def _run(lib, opt_fn, steps, closure_opt=True):
         if closure_opt:
             losses.append(float(opt.step(closure).detach()))
         else:
-            losses.append(float(closure()))
+            losses.append(float(closure().detach()))
             opt.step()
         iterates.append([p.detach().numpy().copy() for p in params])
     return losses, iterates, opt
@@ -110,3 +110,33 @@ def test_adadelta_matches_torch(kw):
     assert set(od.state[p]) == set(ot.state[ot.param_groups[0]["params"][0]])
     with pytest.raises(ValueError, match="rho"):
         dtorch.optim.Adadelta([p], rho=1.5)
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("Adamax", {}), ("Adamax", dict(lr=0.01, weight_decay=0.1,
+                                    maximize=True)),
+    ("NAdam", {}), ("NAdam", dict(weight_decay=0.1)),
+    ("NAdam", dict(weight_decay=0.1, decoupled_weight_decay=True,
+                   momentum_decay=0.01)),
+    ("RAdam", {}), ("RAdam", dict(lr=0.01, weight_decay=0.1)),
+    ("RAdam", dict(weight_decay=0.1, decoupled_weight_decay=True)),
+    ("Rprop", {}), ("Rprop", dict(lr=0.05, etas=(0.3, 1.5),
+                                  step_sizes=(1e-3, 0.2))),
+    ("ASGD", {}), ("ASGD", dict(lr=0.05, t0=3, lambd=0.01,
+                                weight_decay=0.01)),
+])
+def test_more_optimizers_match_torch(name, kw):
+    def make(lib, params):
+        return getattr(lib.optim, name)(params, **kw)
+    ld, itd, od = _run(dtorch, make, 8, closure_opt=False)
+    lt, itt, ot = _run(torch, make, 8, closure_opt=False)
+    np.testing.assert_allclose(ld, lt, rtol=1e-12)
+    for a, b in zip(itd, itt):
+        for pa, pb in zip(a, b):
+            np.testing.assert_allclose(pa, pb, rtol=1e-12, atol=1e-14)
+    pd = od.param_groups[0]["params"][0]
+    pt = ot.param_groups[0]["params"][0]
+    assert set(od.state[pd]) == set(ot.state[pt])
+    for k, v in ot.state[pt].items():
+        np.testing.assert_allclose(np.asarray(od.state[pd][k]._data),
+                                   v.numpy(), rtol=1e-12, atol=1e-14)

@@ -7,7 +7,13 @@ from .rmsprop import RMSprop
 from .adagrad import Adagrad
 from .adadelta import Adadelta
 from .lbfgs import LBFGS
+from .adamax import Adamax
+from .nadam import NAdam
+from .radam import RAdam
+from .rprop import Rprop
+from .asgd import ASGD
 from . import lr_scheduler
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad",
-           "Adadelta", "LBFGS", "lr_scheduler"]
+           "Adadelta", "LBFGS", "Adamax", "NAdam", "RAdam", "Rprop", "ASGD",
+           "lr_scheduler"]

@@ -1,0 +1,49 @@
+"""Adamax, as ``torch.optim.Adamax``."""
+from .. import _backend as B
+from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
+    _zeros
+
+__all__ = ["Adamax"]
+
+
+class Adamax(Optimizer):
+    """Adam with the infinity norm: the second moment is replaced by a
+    running maximum of |gradient| (Kingma & Ba, section 7)."""
+
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0, foreach=None, *, maximize=False,
+                 differentiable=False, capturable=False):
+        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
+        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
+        _check(0.0 <= betas[0] < 1.0,
+               f"Invalid beta parameter at index 0: {betas[0]}")
+        _check(0.0 <= betas[1] < 1.0,
+               f"Invalid beta parameter at index 1: {betas[1]}")
+        _check(0.0 <= weight_decay,
+               f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps,
+                        weight_decay=weight_decay, maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _update(self, p, group):
+        state = self.state[p]
+        if not state:
+            state["step"] = _step_tensor()
+            state["exp_avg"] = _zeros(p)
+            state["exp_inf"] = _zeros(p)
+        step = _next_step(state)
+        beta1, beta2 = group["betas"]
+        x, g = p._data, p.grad._data
+        xp = B.get_array_module(x)
+        if group["maximize"]:
+            g = -g
+        if group["weight_decay"] != 0:
+            g = g + group["weight_decay"] * x
+        m = state["exp_avg"]._data
+        u = state["exp_inf"]._data
+        m += (1 - beta1) * (g - m)
+        u *= beta2
+        xp.maximum(u, xp.abs(g) + group["eps"], out=u)
+        clr = group["lr"] / (1 - beta1 ** step)
+        x -= clr * (m / u)
+        _bump(p)

@@ -1,0 +1,54 @@
+"""ASGD, as ``torch.optim.ASGD``: SGD with a decaying step and a running
+average of the iterates (``state['ax']``)."""
+import numpy as np
+
+from ..tensor import Tensor
+from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
+    _zeros
+
+__all__ = ["ASGD"]
+
+
+def _f32(v):
+    # eta and mu are float32 0-d tensors in PyTorch; keep their rounding
+    return Tensor._wrap(np.asarray(v, np.float32))
+
+
+class ASGD(Optimizer):
+    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6,
+                 weight_decay=0, foreach=None, maximize=False,
+                 differentiable=False, capturable=False):
+        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
+        _check(0.0 <= weight_decay,
+               f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0,
+                        weight_decay=weight_decay, maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _update(self, p, group):
+        state = self.state[p]
+        if not state:
+            state["step"] = _step_tensor()
+            state["eta"] = _f32(group["lr"])
+            state["mu"] = _f32(1.0)
+            state["ax"] = _zeros(p)
+        step = _next_step(state)
+        lr, lambd = group["lr"], group["lambd"]
+        x, g = p._data, p.grad._data
+        if group["maximize"]:
+            g = -g
+        if group["weight_decay"] != 0:
+            g = g + group["weight_decay"] * x
+        eta = float(state["eta"]._data)
+        x *= 1 - lambd * eta
+        x -= eta * g
+        ax = state["ax"]._data
+        mu = float(state["mu"]._data)
+        if mu != 1:
+            ax += (x - ax) * mu
+        else:
+            ax[...] = x
+        state["eta"]._data[...] = lr / ((1 + lambd * lr * step)
+                                        ** group["alpha"])
+        state["mu"]._data[...] = 1 / max(1, step - group["t0"])
+        _bump(p)

@@ -1,0 +1,70 @@
+"""NAdam, as ``torch.optim.NAdam`` (Adam with Nesterov momentum and
+Dozat's momentum schedule)."""
+import numpy as np
+
+from .. import _backend as B
+from ..tensor import Tensor
+from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
+    _zeros
+
+__all__ = ["NAdam"]
+
+
+class NAdam(Optimizer):
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0, momentum_decay=4e-3,
+                 decoupled_weight_decay=False, *, foreach=None,
+                 maximize=False, capturable=False, differentiable=False):
+        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
+        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
+        _check(0.0 <= betas[0] < 1.0,
+               f"Invalid beta parameter at index 0: {betas[0]}")
+        _check(0.0 <= betas[1] < 1.0,
+               f"Invalid beta parameter at index 1: {betas[1]}")
+        _check(0.0 <= weight_decay,
+               f"Invalid weight_decay value: {weight_decay}")
+        _check(0.0 <= momentum_decay,
+               f"Invalid momentum_decay value: {momentum_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps,
+                        weight_decay=weight_decay,
+                        momentum_decay=momentum_decay,
+                        decoupled_weight_decay=decoupled_weight_decay,
+                        maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _update(self, p, group):
+        state = self.state[p]
+        if not state:
+            state["step"] = _step_tensor()
+            # a float32 0-d tensor in PyTorch; its rounding is kept
+            state["mu_product"] = Tensor._wrap(np.ones((), np.float32))
+            state["exp_avg"] = _zeros(p)
+            state["exp_avg_sq"] = _zeros(p)
+        step = _next_step(state)
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        md = group["momentum_decay"]
+        x, g = p._data, p.grad._data
+        xp = B.get_array_module(x)
+        if group["maximize"]:
+            g = -g
+        if wd != 0:
+            if group["decoupled_weight_decay"]:
+                x *= 1 - lr * wd
+            else:
+                g = g + wd * x
+        bc2 = 1 - beta2 ** step
+        mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * md)))
+        mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * md)))
+        mp = state["mu_product"]._data
+        mp *= np.float32(mu)
+        mu_product = float(mp)
+        m = state["exp_avg"]._data
+        v = state["exp_avg_sq"]._data
+        m += (1 - beta1) * (g - m)
+        v *= beta2
+        v += (1 - beta2) * (g * g)
+        denom = xp.sqrt(v / bc2) + eps
+        x += (-lr * (1.0 - mu) / (1.0 - mu_product)) * (g / denom)
+        x += ((-lr * mu_next) / (1.0 - mu_product * mu_next)) * (m / denom)
+        _bump(p)

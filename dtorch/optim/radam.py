@@ -1,0 +1,66 @@
+"""RAdam, as ``torch.optim.RAdam`` (Adam with the variance of the adaptive
+learning rate rectified; plain momentum SGD while it is undefined)."""
+import math
+
+from .. import _backend as B
+from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
+    _zeros
+
+__all__ = ["RAdam"]
+
+
+class RAdam(Optimizer):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0, decoupled_weight_decay=False, *,
+                 foreach=None, maximize=False, capturable=False,
+                 differentiable=False):
+        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
+        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
+        _check(0.0 <= betas[0] < 1.0,
+               f"Invalid beta parameter at index 0: {betas[0]}")
+        _check(0.0 <= betas[1] < 1.0,
+               f"Invalid beta parameter at index 1: {betas[1]}")
+        _check(0.0 <= weight_decay,
+               f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps,
+                        weight_decay=weight_decay,
+                        decoupled_weight_decay=decoupled_weight_decay,
+                        maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _update(self, p, group):
+        state = self.state[p]
+        if not state:
+            state["step"] = _step_tensor()
+            state["exp_avg"] = _zeros(p)
+            state["exp_avg_sq"] = _zeros(p)
+        step = _next_step(state)
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        x, g = p._data, p.grad._data
+        xp = B.get_array_module(x)
+        if group["maximize"]:
+            g = -g
+        if wd != 0:
+            if group["decoupled_weight_decay"]:
+                x *= 1 - lr * wd
+            else:
+                g = g + wd * x
+        m = state["exp_avg"]._data
+        v = state["exp_avg_sq"]._data
+        m += (1 - beta1) * (g - m)
+        v *= beta2
+        v += (1 - beta2) * (g * g)
+        bc1 = 1 - beta1 ** step
+        bc2 = 1 - beta2 ** step
+        m_hat = m / bc1
+        rho_inf = 2 / (1 - beta2) - 1
+        rho_t = rho_inf - 2 * step * (beta2 ** step) / bc2
+        if rho_t > 5.0:
+            rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf
+                             / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+            adaptive = (bc2 ** 0.5) / (xp.sqrt(v) + eps)
+            x -= m_hat * lr * adaptive * rect
+        else:
+            x -= m_hat * lr
+        _bump(p)
