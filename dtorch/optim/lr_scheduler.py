@@ -536,3 +536,13 @@ class ReduceLROnPlateau(LRScheduler):
     def load_state_dict(self, state_dict):
         self.__dict__.update(state_dict)
         self._init_is_better(self.mode, self.threshold, self.threshold_mode)
+
+
+# PyTorch's old name of the base class, and the schedulers in _lr_more.py
+_LRScheduler = LRScheduler
+from ._lr_more import (ConstantLR, MultiplicativeLR, PolynomialLR,  # noqa
+                       CosineAnnealingWarmRestarts, CyclicLR, SequentialLR,
+                       ChainedScheduler)
+__all__ += ["ConstantLR", "MultiplicativeLR", "PolynomialLR",
+            "CosineAnnealingWarmRestarts", "CyclicLR", "SequentialLR",
+            "ChainedScheduler"]
