@@ -27,26 +27,53 @@ if UNDER_MPI:
                 allow_module_level=True)
 
 CLUSTER = os.path.join(ROOT, "slurm", "local-cluster.sh")
-# The fixture may have to install SLURM first (~20 s on a fresh machine).
-pytestmark = pytest.mark.timeout(180)
+# The fixture may have to install SLURM first (~20 s on a fresh machine);
+# jobs share 2 loaded cores with other test sessions.
+pytestmark = pytest.mark.timeout(300)
+# Deadlines catch a hung job, not a slow one: the margin of a loaded
+# 2-core machine (a job that "fails at once" took 12 s and more there).
+SLOW = 90
+SLURM_BINARIES = ("slurmctld", "slurmd", "sinfo", "srun", "sbatch",
+                  "munged", "munge")
 
 
 def _in_ci():
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def _can_start():
+def _missing(path=None):
+    return [b for b in SLURM_BINARIES if not shutil.which(b, path=path)]
+
+
+def _can_start(environ=None, path=None):
+    e = os.environ if environ is None else environ
     if os.geteuid() != 0:
         return "needs root"
-    if shutil.which("slurmctld") and shutil.which("munged"):
+    if not _missing(path):
         return None
-    if not shutil.which("apt-get"):
+    if e.get("SLURM_LOCAL_NO_INSTALL") == "1":
+        return ("SLURM is not installed and SLURM_LOCAL_NO_INSTALL=1 "
+                "forbids installing it")
+    if not shutil.which("apt-get", path=path):
         return "SLURM is not installed and apt-get is not available"
     return None
 
 
+def install_notice(environ=None, path=None):
+    """What the fixture prints before local-cluster.sh apt-installs SLURM
+    (None when nothing is missing)."""
+    missing = _missing(path)
+    if not missing:
+        return None
+    return ("tests/test_slurm.py: SLURM is not installed (no "
+            f"{', '.join(missing)}): slurm/local-cluster.sh now installs "
+            "slurmctld, slurmd, slurm-client, munge and libpmix with "
+            "apt-get (~25 Debian packages with their dependencies, 10-20 "
+            "s); SLURM_LOCAL_NO_INSTALL=1 skips the SLURM tests instead")
+
+
 @pytest.fixture(scope="session")
-def slurm_env():
+def slurm_env(pytestconfig):
     """Environment (SLURM_CONF & co.) of a running local cluster."""
     env = clean_env(PYTHON=sys.executable)
     if env.get("SLURM_CONF") and subprocess.run(
@@ -64,6 +91,13 @@ def slurm_env():
     # job (SlurmdParameters=config_overrides allows it)
     env.setdefault("SLURM_LOCAL_CPUS", str(max(4, os.cpu_count() or 1)))
     cluster_dir = env.get("SLURM_LOCAL_DIR", "/tmp/dtorch-slurm")
+    notice = install_notice()
+    if notice:   # say it on the terminal, past pytest's output capture
+        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(notice, yellow=True)
+        else:
+            print(notice, file=sys.__stderr__, flush=True)
     # Two test sessions on one machine share the cluster: each holds a
     # shared lock while it runs; start happens under the exclusive lock,
     # and only a session that can take it back exclusively (nobody else
@@ -116,7 +150,7 @@ def job_info(env, job):
     return dict(re.findall(r"(\w+)=(\S+)", out.stdout))
 
 
-def wait_job(env, job, timeout=60, until=("COMPLETED", "FAILED",
+def wait_job(env, job, timeout=SLOW, until=("COMPLETED", "FAILED",
                                           "CANCELLED", "TIMEOUT",
                                           "NODE_FAIL", "OUT_OF_MEMORY")):
     """Poll until the job reaches a state in `until`; scancel on timeout."""
@@ -150,6 +184,10 @@ def batch_jobs(slurm_env, tmp_path_factory):
                      **extra)
         jobs[name] = (job, out / f"{name}-{job}.out")
 
+    # README's line as shown: the script's own size (2 tasks, TP 2)
+    submit("tp_digits", ["slurm/train_tp.sbatch", "--epochs", "2",
+                         "--quiet", "--checkpoint",
+                         str(out / "tp_digits.safetensors")])
     submit("train", ["--ntasks=2", "--ntasks-per-node=2",
                      "slurm/train.sbatch", "x", "y"],
            SCRIPT=script("mpi_allreduce.py"))
@@ -160,12 +198,6 @@ def batch_jobs(slurm_env, tmp_path_factory):
         submit("tp", ["--ntasks=4", "--ntasks-per-node=4",
                       "slurm/train_tp.sbatch"],
                SCRIPT=script("mpi_allreduce.py"), TP_SIZE=2)
-        # the default script: examples/tp_digits.py, DP 2 x TP 2
-        submit("tp_digits", ["--ntasks=4", "--ntasks-per-node=4",
-                             "slurm/train_tp.sbatch", "--epochs", "2",
-                             "--quiet", "--checkpoint",
-                             str(out / "tp_digits.safetensors")],
-               TP_SIZE=2)
     yield jobs
     for job, _ in jobs.values():   # only if a test gave up on it
         if job_info(slurm_env, job).get("JobState") in ("PENDING",
@@ -199,17 +231,35 @@ def test_train_tp_sbatch_four_tasks(slurm_env, batch_jobs):
     assert "args=--tp-size 2" in out
 
 
-def test_train_tp_sbatch_trains_tp_digits(slurm_env, batch_jobs):
-    if "tp_digits" not in batch_jobs:
-        pytest.skip("the running cluster has fewer than 4 CPUs")
+def test_train_tp_sbatch_as_shown_fits_a_two_cpu_cluster(slurm_env,
+                                                         batch_jobs):
+    # `sbatch slurm/train_tp.sbatch` as README and slurm/README show it,
+    # on the local cluster they show it with (CPUs = nproc: 2 on CI)
     job, log = batch_jobs["tp_digits"]
-    info = wait_job(slurm_env, job, timeout=120)
+    info = wait_job(slurm_env, job, timeout=2 * SLOW)
     out = log.read_text()
+    assert int(info["NumCPUs"]) <= 2, info
     assert info["JobState"] == "COMPLETED", out
-    assert "script examples/tp_digits.py, TP 2 x DP 2" in out
-    acc = re.findall(r"final test accuracy ([\d.]+)% on 4 ranks "
-                     r"\(DP 2 x TP 2\)", out)
+    assert "script examples/tp_digits.py, TP 2 x DP 1" in out
+    acc = re.findall(r"final test accuracy ([\d.]+)% on 2 ranks "
+                     r"\(DP 1 x TP 2\)", out)
     assert acc and float(acc[0]) > 80.0, out
+    assert "it/s" not in out and "\r" not in out   # no progress bars
+
+
+def test_impossible_request_is_refused_at_once(slurm_env):
+    # more CPUs than the cluster has: sbatch fails loudly instead of
+    # leaving the job PENDING (PartitionConfig) forever
+    too_many = cluster_cpus(slurm_env) + 1
+    out = subprocess.run(["sbatch", "--parsable", f"--ntasks={too_many}",
+                          "--output=/dev/null", "slurm/train.sbatch"],
+                         cwd=ROOT, env=slurm_env, capture_output=True,
+                         text=True, timeout=SLOW)
+    if out.returncode == 0:    # do not leave it queued
+        subprocess.run(["scancel", out.stdout.strip().split(";")[0]],
+                       env=slurm_env, timeout=30)
+    assert out.returncode != 0, out.stdout
+    assert "More processors requested than permitted" in out.stderr
 
 
 def _secs(stamp):
@@ -218,7 +268,7 @@ def _secs(stamp):
 
 def test_sbatch_rank_failure_fails_job(slurm_env, batch_jobs):
     job, log = batch_jobs["fail"]
-    info = wait_job(slurm_env, job, timeout=30)
+    info = wait_job(slurm_env, job)
     out = log.read_text()
     assert info["JobState"] == "FAILED", out
     assert info["ExitCode"] != "0:0"
@@ -226,10 +276,12 @@ def test_sbatch_rank_failure_fails_job(slurm_env, batch_jobs):
     pids = reported_pids(out)
     assert len(pids["PID"]) == 2, out
     assert_gone(list(pids["PID"].values()) + list(pids["CHILD"].values()),
-                within=5)
-    # rank 1 fails ~1 s after the start; the rest is teardown
+                within=10)
+    # rank 1 fails ~1 s after the start; the rest is teardown.  The peer
+    # ranks sleep 120 s: ending well before that means the job was ended
+    # for the failure, not by the ranks finishing.
     secs = _secs(info["EndTime"]) - _secs(info["StartTime"])
-    assert secs < 12, f"job took {secs:.0f} s to fail"
+    assert secs < SLOW, f"job took {secs:.0f} s to fail"
 
 
 def test_sbatch_requeue_on_usr1_resumes(slurm_env, tmp_path):
@@ -238,7 +290,7 @@ def test_sbatch_requeue_on_usr1_resumes(slurm_env, tmp_path):
                              "slurm/train.sbatch", str(tmp_path)],
                  SCRIPT=script("requeue_job.py"))
     log = tmp_path / f"{job}.out"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + SLOW
     while time.monotonic() < deadline:
         if log.exists() and log.read_text().count("waiting for USR1") == 2:
             break
@@ -264,7 +316,7 @@ def test_sbatch_requeue_on_usr1_resumes(slurm_env, tmp_path):
     assert "RESUMED rank=1 restart=1 step=5 total=10" in out
 
 
-def _run(env, cmd, timeout=60):
+def _run(env, cmd, timeout=2 * SLOW):
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=timeout)
     return out.returncode, out.stdout, out.stderr
@@ -300,3 +352,52 @@ def test_launch_mpi_runner_inside_allocation(slurm_env):
     assert rc == 0, err
     assert out.count("size=2 sum=3") == 2, out + err
     assert renv.first_host(node_name(slurm_env)) in out
+
+
+# ---- without a cluster: the start script's interface and the opt-out ----
+
+def test_local_cluster_help_exits_0():
+    for flag in ("--help", "-h"):
+        out = subprocess.run(["bash", CLUSTER, flag], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("usage: slurm/local-cluster.sh start")
+        assert "SLURM_LOCAL_NO_INSTALL" in out.stdout
+    out = subprocess.run(["bash", CLUSTER, "bogus"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 1 and "unknown command 'bogus'" in out.stderr
+    assert "usage:" in out.stderr
+
+
+def test_no_install_opt_out(tmp_path):
+    # a PATH without SLURM: the fixture would say what it installs, and
+    # SLURM_LOCAL_NO_INSTALL=1 makes the tests skip instead
+    empty = str(tmp_path)
+    notice = install_notice(path=empty)
+    assert "apt-get" in notice and "SLURM_LOCAL_NO_INSTALL=1" in notice
+    if os.geteuid() == 0:
+        why = _can_start({"SLURM_LOCAL_NO_INSTALL": "1"}, path=empty)
+        assert "SLURM_LOCAL_NO_INSTALL=1" in why
+    # the start script itself refuses to install (and says why)
+    if os.geteuid() == 0:
+        env = dict(os.environ, SLURM_LOCAL_NO_INSTALL="1",
+                   PATH=f"{empty}:/usr/bin:/bin")
+        if _missing(env["PATH"]):
+            out = subprocess.run(["bash", CLUSTER, "start",
+                                  str(tmp_path / "c")], env=env,
+                                 capture_output=True, text=True, timeout=30)
+            assert out.returncode == 1, out.stderr
+            assert "SLURM_LOCAL_NO_INSTALL=1" in out.stderr
+
+
+def test_job_output_files_are_ignored_by_git():
+    # sbatch run from the repository root leaves its output there
+    if shutil.which("git") is None or not os.path.isdir(
+            os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    names = ["dtorch-dtorch-ddp-17.out", "dtorch-dtorch-tp-3.out",
+             "slurm-42.out"]
+    out = subprocess.run(["git", "check-ignore", "--no-index"] + names,
+                         cwd=ROOT, capture_output=True, text=True,
+                         timeout=30)
+    assert sorted(out.stdout.split()) == sorted(names), out.stderr
