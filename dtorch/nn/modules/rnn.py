@@ -118,6 +118,9 @@ class RNNBase(Module):
                                f"{list(h.shape)}")
 
     def forward(self, input, hx=None):
+        from ..utils.rnn import PackedSequence, packed_forward
+        if isinstance(input, PackedSequence):
+            return packed_forward(self, input, hx)
         name = "RNN" if self.mode.startswith("RNN") else self.mode
         if input.dim() not in (2, 3):
             raise ValueError(f"{name}: Expected input to be 2D or 3D, got "

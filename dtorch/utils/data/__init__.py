@@ -8,9 +8,11 @@ from ._collate import default_collate, default_convert
 from ._worker import get_worker_info, WorkerInfo
 from .dataloader import DataLoader
 from .distributed import DistributedSampler
+from ._more import WeightedRandomSampler, ChainDataset, StackDataset
 
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "ConcatDataset",
            "Subset", "random_split", "Sampler", "SequentialSampler",
            "RandomSampler", "SubsetRandomSampler", "BatchSampler",
            "default_collate", "default_convert", "get_worker_info",
-           "WorkerInfo", "DataLoader", "DistributedSampler"]
+           "WorkerInfo", "DataLoader", "DistributedSampler",
+           "WeightedRandomSampler", "ChainDataset", "StackDataset"]
