@@ -432,10 +432,10 @@ class MaxPool2d(Op):
             rows = xp.maximum(cells[:, 0], cells[:, 1])
             rows = rows.reshape(n * c * oh, 2, ow)
             low = rows[:, 1] > rows[:, 0]           # the lower row won
-            if x.dtype.kind == "f":                 # a later NaN wins
+            best = xp.maximum(rows[:, 0], rows[:, 1])
+            if _has_nan(xp, best):                  # a later NaN wins
                 col |= xp.isnan(cells[:, 1])
                 low |= xp.isnan(rows[:, 1])
-            best = xp.maximum(rows[:, 0], rows[:, 1])
             ctx.save_for_backward(col, low)
             return best.reshape(n, c, oh, ow)
         if tiled:
@@ -524,9 +524,7 @@ class MaxPool2d(Op):
                 dst += g * e if finite else xp.where(e, g, zero)
 
         # windows whose maximum is NaN are served last, by their last NaN
-        nanw = xp.isnan(best) if best.dtype.kind == "f" else None
-        if nanw is not None and not bool(nanw.any()):
-            nanw = None
+        nanw = xp.isnan(best) if _has_nan(xp, best) else None
         taken = None if nanw is None else nanw.copy()
         last = len(srcs) - 1
         for o, (v, dst) in enumerate(srcs):
@@ -551,6 +549,12 @@ class MaxPool2d(Op):
                 else:
                     dst += xp.where(e, g, zero)
         return gx if ctx.tiled else _unpad2d(gx, pads)
+
+
+def _has_nan(xp, a):
+    """Whether a float array holds a NaN: one max (NaN propagates), no
+    boolean array."""
+    return a.dtype.kind == "f" and a.size > 0 and bool(xp.isnan(a.max()))
 
 
 def _tiles(x, k, ohw):

