@@ -44,6 +44,41 @@ def current_cuda_index():
     return check_cuda_available().cuda.Device().id
 
 
+# ----------------------------------------------- deferred device checks ----
+# Input checks on device arrays (index ranges, target classes, probability
+# ranges) must not stop the host at every forward (a `bool(x.any())` waits
+# for the GPU). They are computed on the device and raised at the next point
+# where the host waits anyway (item(), tolist(), .cpu(), cuda.synchronize())
+# or every _CHECK_BATCH checks - PyTorch's CUDA kernels likewise report such
+# errors asynchronously. On the CPU the checks raise at once.
+
+_pending_checks = []
+_CHECK_BATCH = 64
+
+
+def check_or_defer(bad, make_error):
+    """Raise ``make_error()`` if the 0-d bool array ``bad`` is true: now for
+    a NumPy array, at the next synchronisation point for a device array."""
+    if type(bad) is np.ndarray or not is_cupy_array(bad):
+        if bad:
+            raise make_error()
+        return
+    _pending_checks.append((bad, make_error))
+    if len(_pending_checks) >= _CHECK_BATCH:
+        flush_checks()
+
+
+def flush_checks():
+    """Raise the first failed deferred check (all are cleared)."""
+    if not _pending_checks:
+        return
+    items = _pending_checks[:]
+    del _pending_checks[:len(items)]
+    for bad, make_error in items:
+        if bool(bad):
+            raise make_error()
+
+
 # --------------------------------------------- CuPy version differences ----
 # dtorch supports CuPy 13.x and 14.x (pyproject's cuda extras); these shims
 # cover what 13.x lacks, so an op body is written once for both.
@@ -340,6 +375,7 @@ class device:
         'cuda' is the current device, 'cuda:i' device i."""
         if self.type == "cpu":
             if is_cupy_array(array):
+                flush_checks()      # the host waits for the device here
                 return array.get()
             return np.asarray(array)
         cp = check_cuda_available()

@@ -27,6 +27,7 @@ def set_device(device):
 def synchronize(device=None):
     if B._load_cupy() is not None:
         B._cupy.cuda.Device().synchronize()
+        B.flush_checks()    # deferred device input checks raise here
 
 
 def empty_cache():

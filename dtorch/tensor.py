@@ -239,10 +239,13 @@ class Tensor:
             raise RuntimeError(
                 f"a Tensor with {self._data.size} elements cannot be "
                 f"converted to Scalar")
+        if B._pending_checks:
+            B.flush_checks()    # a host sync: deferred device checks raise
         return self._data.reshape(()).item()
 
     def tolist(self):
         if B.is_cupy_array(self._data):
+            B.flush_checks()
             return self._data.get().tolist()
         return self._data.tolist()
 
@@ -257,6 +260,7 @@ class Tensor:
                     f"can't convert {self.device} device type tensor to "
                     f"numpy. Use Tensor.cpu() to copy the tensor to host "
                     f"memory first.")
+            B.flush_checks()
             return self._data.get()
         return self._data
 

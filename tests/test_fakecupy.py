@@ -132,6 +132,15 @@ def test_cupy13_value_based_scalar_casting(cp):
     assert abs(float(x[0]) - 1 / 3e-6) < 1e-6
 
 
+def test_out_of_bounds_integer_indices_wrap(cp):
+    # difference.rst "Out-of-bounds indices": CuPy wraps around them
+    x = cp.array([0, 1, 2])
+    x[[1, 3]] = 10
+    assert x.get().tolist() == [10, 10, 2]
+    assert cp.arange(3)[cp.asarray([4])].get().tolist() == [1]
+    assert cp.take(cp.arange(3), cp.asarray([3])).get().tolist() == [0]
+
+
 def test_where_needs_an_array_condition(cp):
     # cupy/_sorting/search.py: _where_ufunc(condition.astype('?'), x, y)
     a = cp.arange(3.0)

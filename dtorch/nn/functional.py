@@ -573,8 +573,9 @@ def embedding(input, weight, padding_idx=None, max_norm=None,
             f"{B.from_np(idx.dtype)} instead (while checking arguments for "
             f"embedding)")
     n = weight.shape[0]
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-        raise IndexError("index out of range in self")
+    if idx.size:    # no host sync on a device (raised at the next one)
+        B.check_or_defer(((idx < 0) | (idx >= n)).any(),
+                         lambda: IndexError("index out of range in self"))
     if padding_idx is not None and padding_idx < 0:
         padding_idx += n
     if max_norm is not None:
@@ -735,10 +736,14 @@ def _check_targets(t, c, ignore_index):
     bad = (a < 0) | (a >= c)
     if ignore_index is not None:
         bad &= a != ignore_index
-    if bad.any():
+
+    def error():
         v = int(a[bad].reshape(-1)[0])
-        raise IndexError(f"Target {v} is out of bounds: the input has {c} "
-                         f"classes, so class indices must be in [0, {c - 1}]")
+        return IndexError(f"Target {v} is out of bounds: the input has {c} "
+                          f"classes, so class indices must be in "
+                          f"[0, {c - 1}]")
+    # no host sync on a device (raised at the next one)
+    B.check_or_defer(bad.any(), error)
 
 
 def nll_loss(input, target, weight=None, size_average=None,
@@ -843,11 +848,14 @@ def binary_cross_entropy(input, target, weight=None, size_average=None,
             f"have the same size.")
     a = input._data
     # NaN is out of range too (PyTorch checks 0 <= x <= 1)
-    if a.size and not bool(((a >= 0) & (a <= 1)).all()):
-        raise RuntimeError("all elements of input should be between 0 and 1")
+    # (no host sync on a device: raised at the next one)
+    if a.size:
+        B.check_or_defer(~((a >= 0) & (a <= 1)).all(), lambda: RuntimeError(
+            "all elements of input should be between 0 and 1"))
     b = target._data
-    if b.size and not bool(((b >= 0) & (b <= 1)).all()):
-        raise RuntimeError("all elements of target should be between 0 and 1")
+    if b.size:
+        B.check_or_defer(~((b >= 0) & (b <= 1)).all(), lambda: RuntimeError(
+            "all elements of target should be between 0 and 1"))
     if weight is not None and tuple(weight.shape) != tuple(input.shape):
         weight = weight.expand(input.shape)
     return _reduce(N.BinaryCrossEntropy.apply(input, target, weight),

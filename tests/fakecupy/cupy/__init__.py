@@ -371,8 +371,37 @@ class ndarray:
             return key
         return key
 
+    @staticmethod
+    def _wrap_oob(k, shape):
+        """CuPy wraps out-of-bounds integer array indices around (docs:
+        difference.rst "Out-of-bounds indices"); NumPy raises."""
+        ks = k if isinstance(k, tuple) else (k,)
+        if _bi.any(x is None or x is Ellipsis or (
+                isinstance(x, _np.ndarray) and x.dtype == bool) for x in ks):
+            return k
+        out = []
+        for i, x in enumerate(ks):
+            if isinstance(x, (_np.ndarray, list)) and i < len(shape) and \
+                    shape[i] and _np.asarray(x).dtype.kind in "iu":
+                x = _np.asarray(x) % shape[i]
+            out.append(x)
+        return tuple(out) if isinstance(k, tuple) else out[0]
+
+    def take(self, indices, axis=None, out=None):
+        dev = _cur()
+        _check_dev(self, dev)
+        idx = _unwrap(indices, dev, True)
+        n = self._a.size if axis is None else self._a.shape[axis]
+        if n:
+            idx = _np.asarray(idx) % n      # CuPy's take kernel wraps
+        r = self._a.take(idx, axis=axis)
+        if out is not None:
+            out._a[...] = r
+            return out
+        return ndarray._new(_np.asarray(r), dev)
+
     def __getitem__(self, key):
-        k = self._key(key, self._dev)
+        k = self._wrap_oob(self._key(key, self._dev), self._a.shape)
         r = self._a[k]
         if isinstance(r, _np.generic):
             r = _np.asarray(r)      # CuPy returns 0-d arrays
@@ -384,7 +413,7 @@ class ndarray:
     def __setitem__(self, key, value):
         dev = _cur()
         _check_dev(self, dev)
-        k = self._key(key, dev)
+        k = self._wrap_oob(self._key(key, dev), self._a.shape)
         if isinstance(value, ndarray):
             _check_dev(value, dev)
             value = value._a
@@ -610,6 +639,24 @@ def asarray(a, dtype=None, order=None, *, blocking=False):
 asanyarray = asarray
 
 
+def take(a, indices, axis=None, out=None):
+    return a.take(indices, axis, out)
+
+
+def take_along_axis(a, indices, axis):
+    # CuPy 13 indexes with the fancy index built from `indices`: wraps
+    dev = _cur()
+    _check_dev(a, dev)
+    _check_dev(indices, dev)
+    if axis is None:
+        arr, idx, axis = a._a.reshape(-1), indices._a, 0
+    else:
+        arr, idx = a._a, indices._a
+    n = arr.shape[axis]
+    return ndarray._new(_np.take_along_axis(arr, idx % n if n else idx,
+                                            axis), dev)
+
+
 def asnumpy(a, stream=None, order="C", out=None, blocking=True):
     if isinstance(a, ndarray):
         return a.get(stream=stream, order=order, out=out)
@@ -684,6 +731,7 @@ lib = _NS(stride_tricks=_NS(
 from numpy import newaxis, inf, nan, pi, e  # noqa: E402,F401
 
 _HAND = {"array", "asarray", "asanyarray", "asnumpy", "get_array_module",
+         "take", "take_along_axis",
          "where", "ndarray", "cuda", "random", "lib", "newaxis", "inf",
          "nan", "pi", "e", "is_available", "get_default_memory_pool",
          "get_default_pinned_memory_pool", "__version__"}
