@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
         cs = getattr(item, "callspec", None)
         if cs is None:
             continue
-        if any(isinstance(v, str) and v.startswith("cuda")
+        if any(isinstance(v, str) and (v == "cuda" or v.startswith("cuda:"))
                for v in cs.params.values()):
             item.add_marker(pytest.mark.gpu)
 
