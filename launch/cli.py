@@ -160,11 +160,12 @@ def _run_external(args, backend):
         if args.master_port is None:
             env["MASTER_PORT"] = str(renv.free_port(args.master_addr))
         ext.allow_root(env)
+        renv.no_color(env, sys.stdout)
         export = ["MASTER_ADDR", "MASTER_PORT", "DTORCH_RDZV_TOKEN",
                   "DTORCH_RESTART_COUNT", "PYTHONUNBUFFERED",
                   ext.STARTED_VAR]
-        export += [v for v in ("DTORCH_BACKEND",) + renv.THREAD_VARS
-                   if v in env]
+        export += [v for v in ("DTORCH_BACKEND", "NO_COLOR")
+                   + renv.THREAD_VARS if v in env]
         return ext.mpiexec_command(_target(args), world, export=export)
 
     name = "srun" if slurm else "mpiexec"

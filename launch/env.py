@@ -38,6 +38,26 @@ def cpu_count():
         return os.cpu_count() or 1
 
 
+def is_terminal(stream):
+    """Whether `stream` is a terminal (False for files, pipes, closed or
+    replaced streams)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def no_color(env, stream):
+    """Ask the ranks for plain output (NO_COLOR=1, the convention pytest,
+    Python 3.13+ and most tools follow) when the launcher's output is not
+    a terminal.  mpiexec gives each rank a pseudo-terminal for stdout even
+    when its own output goes to a file, so the ranks cannot tell by
+    themselves.  A value the user set wins."""
+    if not is_terminal(stream):
+        env.setdefault("NO_COLOR", "1")
+    return env
+
+
 def thread_budget(cores, local_world_size):
     """BLAS/OpenMP threads per rank: the node's cores split evenly."""
     return max(1, int(cores) // max(1, int(local_world_size)))

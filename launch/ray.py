@@ -145,6 +145,10 @@ def run(fn_or_script, world_size, args=(), *, num_cpus_per_rank=1,
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if isinstance(fn_or_script, str):
         fn_or_script = [fn_or_script]
+    if not renv.is_terminal(sys.stdout):
+        # Ray colours the "(_Rank pid=...)" prefix of every forwarded
+        # line; in a log file that is escape codes.  Read at print time.
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"))
     gpus = _gpus_per_rank(ray, world_size, num_gpus_per_rank)

@@ -10,6 +10,8 @@ BIN="$(dirname "$(command -v "$PY")")"
 MPIEXEC="${MPIEXEC:-$BIN/mpiexec}"
 [ -x "$MPIEXEC" ] || MPIEXEC="$(command -v mpiexec || true)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# mpiexec gives ranks a pseudo-terminal for stdout: without NO_COLOR their pytest colour codes land in a log
+[ -t 1 ] || export NO_COLOR=1
 # Two cores are all CI has: oversubscribing is expected, and one BLAS thread per rank.
 export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

@@ -73,3 +73,17 @@ def test_mpiexec_failing_before_any_rank_is_not_blamed_on_a_rank(
     assert "before any rank started" in err, err
     assert "mpiexec itself failed" in err
     assert "names the failing rank" not in err
+
+
+def test_no_colour_codes_in_redirected_output(tmp_path):
+    # mpiexec gives every rank a pseudo-terminal for stdout even when the
+    # job's output goes to a file, so tools in the ranks (pytest here)
+    # colour their output; the launcher's own output is not a terminal
+    # here, so the ranks must be asked for plain text
+    (tmp_path / "test_plain.py").write_text("def test_ok():\n    pass\n")
+    rc, out, err, _ = launch(["--runner", "mpi", "--nproc-per-node", "2",
+                              "-m", "pytest", "-p", "no:cacheprovider",
+                              str(tmp_path / "test_plain.py")])
+    assert rc == 0, err
+    assert out.count("1 passed") == 2, out
+    assert "\x1b" not in out + err, repr(out)

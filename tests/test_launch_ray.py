@@ -88,3 +88,10 @@ def test_failure_names_rank(ray_cases, case, rank, text):
     assert got["rank"] == rank
     assert f"rank {rank} failed" in got["msg"] and text in got["msg"]
     assert got["secs"] < SLOW
+
+
+def test_forwarded_output_has_no_colour_codes(ray_cases):
+    # the driver's stdout is a pipe here (a log file in real use): Ray's
+    # "(_Rank pid=...)" prefixes must come without escape codes
+    assert "(_Rank pid=" in ray_cases["_out"], ray_cases["_out"][-3000:]
+    assert "\x1b[" not in ray_cases["_out"], ray_cases["_out"][-3000:]
