@@ -36,6 +36,7 @@ import re
 import socket
 import stat
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -242,12 +243,13 @@ def _splitmix64(i):
 
 
 # Tensor checksum: the bytes as little-endian 64-bit words in rows of 512
-# (4 KiB, a disk block; the last row zero-padded); each row's sum with
-# fixed odd weights, mod 2**64 (one vectorized pass); CRC-32 of that
-# sequence of row sums. One changed word always changes its row's sum (an
-# odd weight is invertible mod 2**64); the CRC makes the order of rows
-# count. zlib.crc32 over all the data would cost as much as reading it
-# from the page cache (3-4 GB/s); this runs at memory speed.
+# (4 KiB, a disk block); each whole row's sum with fixed odd weights, mod
+# 2**64 (one vectorized pass); CRC-32 over those row sums (8 bytes each,
+# little-endian) followed by the bytes of the last, partial row. One
+# changed word always changes its row's sum (an odd weight is invertible
+# mod 2**64); the CRC makes the order of rows count. zlib.crc32 over all
+# the data would cost as much as reading it from the page cache (3-4
+# GB/s); this runs at memory speed, and a small tensor costs one CRC.
 _ROW = 512
 _ROW_BYTES = _ROW * 8
 _WEIGHTS = np.array([_splitmix64(j) | 1 for j in range(_ROW)], dtype="<u8")
@@ -261,24 +263,23 @@ class _Checksums:
         self.crc = {}
 
     def add(self, name, piece):
-        n = len(piece) // _ROW_BYTES * _ROW_BYTES
         crc = self.crc.get(name, 0)
+        n = len(piece) // _ROW_BYTES * _ROW_BYTES
         if n:
             rows = np.frombuffer(piece, "<u8", n // 8).reshape(-1, _ROW)
             # (einsum: twice matmul's speed for integers)
             sums = np.einsum("ij,j->i", rows, _WEIGHTS)
             crc = zlib.crc32(sums.astype("<u8"), crc)
-        if n < len(piece):
-            tail = np.zeros(_ROW_BYTES, np.uint8)
-            tail[:len(piece) - n] = np.frombuffer(piece[n:], np.uint8)
-            crc = zlib.crc32(np.array([tail.view("<u8") @ _WEIGHTS],
-                                      dtype="<u8"), crc)
-        self.crc[name] = crc
+            piece = piece[n:]
+        self.crc[name] = zlib.crc32(piece, crc)
 
 
 def _bytes_of(a):
-    """A flat uint8 view of a C-contiguous array (0-d ones too)."""
-    return memoryview(a.reshape(-1).view(np.uint8))
+    """A flat byte view of a C-contiguous array (0-d ones too)."""
+    try:
+        return memoryview(a).cast("B")
+    except (TypeError, ValueError):     # e.g. bfloat16: no buffer format
+        return memoryview(a.reshape(-1).view(np.uint8))
 
 
 # ----------------------------------------------------------------- save --
@@ -310,8 +311,9 @@ class _Header:
         self.head = head[:-2].encode()
 
     def bytes(self, crcs):
-        table = json.dumps({n: "%08x" % crcs[n] for n in self.names},
-                           separators=(",", ":"))
+        # names are the encoder's own ("0", "1", ...): nothing to escape
+        table = "{%s}" % ",".join(['"%s":"%08x"' % (n, crcs.get(n, 0))
+                                   for n in self.names])
         raw = b"".join((self.head, b",", json.dumps(_CRC_KEY).encode(),
                         b":", json.dumps(table).encode(), b",", _HCRC_AT,
                         _HCRC_ZERO, b'"}}'))
@@ -325,10 +327,14 @@ class _Header:
         return struct.pack("<Q", len(raw)) + raw
 
 
-def _write(fh, arrays, meta, seekable):
-    """Write the file to ``fh``. Seekable: a placeholder header, the data
-    with its checksums overlapping the writes, then the real header in the
-    same place. Otherwise the checksums come first."""
+def _write(fh, arrays, meta, seekable, durable=False):
+    """Write the file to ``fh``. Not seekable: checksums, header, data.
+    Seekable: a placeholder header, the data, then the real header in the
+    same place. ``durable`` (a file we fsync): the data go to disk on a
+    helper thread while this one computes the checksums, which then cost
+    no time where the disk is slower than memory; the caller's final fsync
+    writes the header page. Otherwise each piece is checksummed while it is
+    in cache, just before it is written."""
     order, entries = _layout(arrays)
     header = _Header(entries, meta)
     sums = _Checksums()
@@ -339,20 +345,54 @@ def _write(fh, arrays, meta, seekable):
         for n in order:
             fh.write(_bytes_of(arrays[n]))
         return
-    placeholder = header.bytes(dict.fromkeys(order, 0))
+    placeholder = header.bytes({})
     fh.write(placeholder)
+    overlap = durable and sum(a.nbytes for a in arrays.values()) >= _OVERLAP
     for n in order:
-        # checksum each piece while it is in cache, then write it
         data = _bytes_of(arrays[n])
-        sums.add(n, data[:0])
         for i in range(0, len(data), _CHUNK):
             piece = data[i:i + _CHUNK]
-            sums.add(n, piece)
+            if not overlap:
+                sums.add(n, piece)
             fh.write(piece)
+    if overlap:
+        fh.flush()
+        sync = _Background(_fdatasync, fh.fileno())
+        try:
+            for n in order:
+                data = _bytes_of(arrays[n])
+                for i in range(0, len(data), _CHUNK):
+                    sums.add(n, data[i:i + _CHUNK])
+        finally:
+            sync.join()
     head = header.bytes(sums.crc)
     assert len(head) == len(placeholder)
     fh.seek(0)
     fh.write(head)
+
+
+_OVERLAP = 16 << 20
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
+class _Background(threading.Thread):
+    """``fn(*args)`` on a thread; ``join`` re-raises its exception."""
+
+    def __init__(self, fn, *args):
+        super().__init__(daemon=True)
+        self.fn, self.args, self.error = fn, args, None
+        self.start()
+
+    def run(self):
+        try:
+            self.fn(*self.args)
+        except BaseException as e:      # handed to the joining thread
+            self.error = e
+
+    def join(self, timeout=None):
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 _TMP_RE = re.compile(r"^\..*\.dtorch-([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}\.tmp$")
@@ -449,7 +489,7 @@ def save(obj, f, pickle_module=None, pickle_protocol=None,
             with contextlib.suppress(FileNotFoundError):
                 # overwriting keeps the file's mode, as open(path, "wb")
                 os.fchmod(fh.fileno(), stat.S_IMODE(os.stat(path).st_mode))
-            _write(fh, enc.arrays, meta, True)
+            _write(fh, enc.arrays, meta, True, durable=True)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -574,7 +614,7 @@ class _BufferSource:
 
 
 def _load(src, where, map_location):
-    header, body = _read_header(src, where)
+    header, order = _read_header(src, where)
     meta = header.pop("__metadata__", None) or {}
     if not isinstance(meta, dict) or not all(
             isinstance(v, str) for v in meta.values()):
@@ -586,7 +626,7 @@ def _load(src, where, map_location):
     stored = meta.get(_CRC_KEY)
     if stored is not None:
         stored = _parse_crcs(stored, header, where)
-    arrays = _read_tensors(src, header, body, stored, meta, where)
+    arrays = _read_tensors(src, header, order, stored, meta, where)
     if not dtorch_file:
         # a foreign safetensors file: its tensors by name
         dec = _Decoder(arrays, where, map_location)
@@ -651,12 +691,17 @@ def _read_header(src, where):
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if not (isinstance(info, dict)
-                and set(info) == {"dtype", "shape", "data_offsets"}
-                and isinstance(info["dtype"], str)
-                and _ints(info["shape"])
-                and _ints(info["data_offsets"])
-                and len(info["data_offsets"]) == 2):
+        try:
+            dtype, shape = info["dtype"], info["shape"]
+            begin, end = info["data_offsets"]
+            ok = (len(info) == 3 and type(dtype) is str
+                  and type(shape) is list and type(begin) is int
+                  and type(end) is int
+                  and type(info["data_offsets"]) is list
+                  and all([type(d) is int and d >= 0 for d in shape]))
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
             raise SerializationError(
                 f"{where}: tensor {name!r} has a bad header entry "
                 f"{_short(info)}")
@@ -664,8 +709,6 @@ def _read_header(src, where):
             raise SerializationError(
                 f"{where}: tensor {name!r} has dtype {info['dtype']!r}, "
                 f"which dtorch cannot read (it reads {sorted(_DTYPES)})")
-        begin, end = info["data_offsets"]
-        shape = info["shape"]
         need = math.prod(shape) * _DTYPES[info["dtype"]].itemsize
         if not 0 <= begin <= end <= body:
             raise SerializationError(
@@ -678,8 +721,9 @@ def _read_header(src, where):
                 f"gives {end - begin}")
         extents.append((begin, end, name))
     # safetensors: the tensors tile the data section, no gap, no overlap
+    extents.sort()
     at = 0
-    for begin, end, name in sorted(extents):
+    for begin, end, name in extents:
         if begin != at:
             raise SerializationError(
                 f"{where} is corrupt: tensor {name!r} starts at byte "
@@ -690,12 +734,7 @@ def _read_header(src, where):
         raise SerializationError(
             f"{where} is corrupt: the tensors cover {at} bytes of a "
             f"{body}-byte data section")
-    return header, body
-
-
-def _ints(v):
-    return isinstance(v, list) and all(
-        type(x) is int and x >= 0 for x in v)
+    return header, [name for _, _, name in extents]
 
 
 def _short(v):
@@ -742,11 +781,11 @@ def _parse_crcs(text, header, where):
     return {k: int(v, 16) for k, v in stored.items()}
 
 
-def _read_tensors(src, header, body, stored, meta, where):
+def _read_tensors(src, header, order, stored, meta, where):
     arrays = {}
     sums = _Checksums()
-    for name, info in sorted(header.items(),
-                             key=lambda kv: kv[1]["data_offsets"]):
+    for name in order:
+        info = header[name]
         begin, end = info["data_offsets"]
         buf = src.tensor(end - begin, name, sums)
         if buf is None:
@@ -756,10 +795,9 @@ def _read_tensors(src, header, body, stored, meta, where):
             info["shape"])
     crcs = sums.crc
     if stored is not None:
-        for name, info in sorted(header.items(),
-                                 key=lambda kv: kv[1]["data_offsets"]):
+        for name in order:
             if crcs.get(name, 0) != stored[name]:
-                begin, end = info["data_offsets"]
+                begin, end = header[name]["data_offsets"]
                 raise ChecksumError(
                     f"{where} is corrupt: checksum mismatch in tensor "
                     f"{_tensor_label(meta, name)} (bytes [{begin}, {end}) "
@@ -863,8 +901,9 @@ class _Decoder:
         name = node["tensor"]
         saved = node.get("device", "cpu")
         grad = node.get("requires_grad", False)
-        if not (set(node) <= {"tensor", "device", "requires_grad"}
-                and isinstance(saved, str) and isinstance(grad, bool)):
+        if not (len(node) == 1 or (
+                set(node) <= {"tensor", "device", "requires_grad"}
+                and isinstance(saved, str) and isinstance(grad, bool))):
             raise self.bad(f"unexpected entry {_short(node)}")
         a = self.array(name)
         if name in self.done:     # the same tensor saved under two keys
@@ -893,6 +932,8 @@ def _place(t, saved, map_location):
     """Move a loaded CPU tensor where ``map_location`` says (torch's
     forms: None = the saved device, a device/str, a {from: to} dict, or a
     callable ``f(tensor, saved_location)``)."""
+    if map_location is None and saved == "cpu":
+        return t
     if callable(map_location):
         out = map_location(t, saved)
         return t if out is None else out

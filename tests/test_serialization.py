@@ -418,20 +418,21 @@ def test_header_checksum_catches_altered_names(tmp_path):
 
 
 def test_tensor_checksum_definition(tmp_path):
-    """The stored checksum, computed here from its definition: little-
-    endian 64-bit words in rows of 512 (the last zero-padded), each row's
-    sum with weights w_j (mod 2**64), CRC-32 of the row sums."""
-    x = np.random.default_rng(0).standard_normal(1000)    # 2 rows
+    """The stored checksum, computed here from its definition: the bytes
+    as little-endian 64-bit words in rows of 512; each whole row's sum with
+    weights w_j (odd, mod 2**64); CRC-32 over those sums (8 bytes each)
+    followed by the bytes of the partial last row."""
+    x = np.random.default_rng(0).standard_normal(1000)  # 1 row + 3904 B
     dtorch.save({"x": x}, tmp_path / "c.pt")
     header, _ = _split((tmp_path / "c.pt").read_bytes())
     stored = json.loads(header["__metadata__"]["dtorch.checksums"])
     w = [int(v) for v in dtorch.serialization._WEIGHTS]
     assert all(v % 2 == 1 for v in w) and len(set(w)) == 512
-    raw = x.tobytes() + bytes(8 * 1024 - x.nbytes)
-    words = struct.unpack("<1024Q", raw)
-    sums = [sum(a * b for a, b in zip(words[r * 512:(r + 1) * 512], w))
-            % 2 ** 64 for r in range(2)]
-    assert stored == {"0": "%08x" % zlib.crc32(struct.pack("<2Q", *sums))}
+    raw = x.tobytes()
+    words = struct.unpack("<512Q", raw[:4096])
+    row = sum(a * b for a, b in zip(words, w)) % 2 ** 64
+    want = zlib.crc32(struct.pack("<Q", row) + raw[4096:])
+    assert stored == {"0": "%08x" % want}
 
 
 def test_files_without_checksums_load(tmp_path):
@@ -445,8 +446,13 @@ def test_files_without_checksums_load(tmp_path):
     assert out["epoch"] == 2 and out["w"].tolist() == [0, 1, 2, 3]
 
 
-def test_checksums_on_large_tensors_and_all_io_paths(tmp_path):
-    # several 1 MiB I/O pieces, a ragged last row, every dtype width
+@pytest.mark.parametrize("overlap", [False, True])
+def test_checksums_on_large_tensors_and_all_io_paths(tmp_path, monkeypatch,
+                                                     overlap):
+    # several 1 MiB I/O pieces, a ragged last row, every dtype width;
+    # overlap: checksums computed while a thread syncs the data to disk
+    monkeypatch.setattr(dtorch.serialization, "_OVERLAP",
+                        0 if overlap else 2 ** 62)
     g = np.random.default_rng(1)
     obj = {"big": dtorch.from_numpy(g.standard_normal(300_001)),
            "half": dtorch.from_numpy(g.standard_normal(1001)).half(),
@@ -572,8 +578,8 @@ def test_full_disk_raises_oserror_naming_the_file(tmp_path, monkeypatch):
     before = path.read_bytes()
     real_write = dtorch.serialization._write
 
-    def full(fh, *args):
-        real_write(fh, *args)
+    def full(fh, *args, **kwargs):
+        real_write(fh, *args, **kwargs)
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(dtorch.serialization, "_write", full)
     with pytest.raises(OSError, match="No space left") as e:
