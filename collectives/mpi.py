@@ -34,8 +34,9 @@ import time
 import numpy as np
 
 from . import shm
-from .base import (CollectiveError, ProcessGroup, ReduceOp, _Expired,
-                   check_buffer, divide_avg, is_cupy, watchdog)
+from .base import (CollectiveError, CollectiveMismatchError, ProcessGroup,
+                   ReduceOp, _Expired, check_buffer, describe, divide_avg,
+                   is_cupy, watchdog)
 
 _MPI = None
 # dtype chars MPI reduces natively (bool is not: MPI_ERR_OP)
@@ -195,6 +196,7 @@ class MPIGroup(ProcessGroup):
         fast, allreduce, in_place = self._fast, self._Allreduce, \
             self._IN_PLACE
         ndarray, general = np.ndarray, ProcessGroup.all_reduce
+        mpi_error = _MPI.Exception
 
         def all_reduce(arr, op='sum', async_op=False):
             if not async_op and type(arr) is ndarray:
@@ -210,6 +212,9 @@ class MPIGroup(ProcessGroup):
                         self._inflight = None
                         check_buffer(arr)
                         raise
+                    except mpi_error as e:
+                        self._inflight = None
+                        raise self._translate(rec, e) from None
                     self._inflight = None
                     return None
             return general(self, arr, op, async_op)
@@ -229,6 +234,49 @@ class MPIGroup(ProcessGroup):
                                      p2p)
         finally:
             self._inflight = None
+
+    def _translate(self, rec, e):
+        if isinstance(e, _MPI.Exception):
+            return self._mpi_error(rec, e)
+        return ProcessGroup._translate(self, rec, e)
+
+    def _mpi_error(self, rec, e):
+        """The project's error for an MPI error in op `rec`: a truncated
+        message means the ranks passed different sizes (MPI does not
+        say which): the ranks' own status reports name op, shape and
+        dtype of each. A failed collective leaves the communicator
+        unusable, so the group is marked broken."""
+        MPI = _MPI
+        try:
+            cls = e.Get_error_class()
+        except Exception:
+            cls = None
+        try:
+            text = e.Get_error_string()
+        except Exception:
+            text = str(e)
+        try:
+            sts = self._peer_statuses(min(2.0, max(0.3, self.timeout / 4)))
+        except Exception:      # the report must not mask the error
+            sts = {self.rank: self.status()}
+        where = '; '.join(self.format_status(r, sts.get(r))
+                          for r in range(self.size))
+        seq, op = rec[0], rec[1]
+        name = f"{op} #{seq}" if seq > 0 else op
+        head = (f"{name} {describe(rec[2])} on group {self.name!r} "
+                f"(backend mpi, global ranks {self.ranks}) failed on rank "
+                f"{self.rank} with {text}")
+        if cls in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS, MPI.ERR_COUNT):
+            err = CollectiveMismatchError(
+                f"collective mismatch: {head}: a message was larger than "
+                f"the buffer this rank gave, so the ranks called different "
+                f"collectives, shapes or dtypes. Where each rank is: "
+                f"{where}")
+        else:
+            err = CollectiveError(f"{head}. Where each rank is: {where}")
+        if seq > 0:
+            self._broken = err
+        return err
 
     # ---- completion of nonblocking requests
     def _waiter(self, reqs, then=None, keep=()):

@@ -130,3 +130,55 @@ def test_mpi_debug_mode_mismatch(monkeypatch):
     assert ei.value.rank == 1
     assert 'rank 1 calls all_reduce [7] float32' in str(ei.value)
     group('blocking').barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize('wait', ['blocking', 'poll'])
+def test_mpi_shape_mismatch_names_op_shapes_and_ranks(wait):
+    """In a group of world ranks 0 and 1, rank 1 gathers 8 values and
+    rank 0 4: MPI reports a truncated message on a rank (MPI_ERR_TRUNCATE,
+    or MPI_ERR_IN_STATUS for a nonblocking call), which raises
+    CollectiveMismatchError naming the op and both ranks' shapes. (With
+    more ranks a mismatched blocking collective can also leave a rank
+    stuck inside MPI: the watchdog's timeout abort covers that.) Then a
+    recv into a buffer smaller than the message, the same way."""
+    from mpi4py import MPI
+    from collectives.mpi import MPIGroup
+    w = MPI.COMM_WORLD
+    sub = w.Split(0 if w.Get_rank() < 2 else MPI.UNDEFINED, w.Get_rank())
+    res = None
+    if w.Get_rank() < 2:
+        res = []
+        g = MPIGroup(sub, wait=wait, timeout=10, name=f'mismatch-{wait}')
+        n = 8 if g.rank == 1 else 4
+        try:
+            g.all_gather(np.zeros((g.size, n)), np.ones(n))
+        except CollectiveError as e:
+            res.append((type(e).__name__, str(e)))
+            with pytest.raises(CollectiveError, match='unusable'):
+                g.barrier()
+        g2 = MPIGroup(sub, wait=wait, timeout=10, name=f'p2p-{wait}')
+        try:
+            if g2.rank == 0:
+                g2.send(np.ones(8), 1)
+            else:
+                g2.recv(np.ones(4), 0)
+        except CollectiveError as e:
+            res.append((type(e).__name__, str(e)))
+        # status queries are answered while waiting here
+        results = group('blocking').all_gather_object(res)
+    else:
+        results = group('blocking').all_gather_object(None)
+    errs = [e for r in results[:2] for e in r]
+    assert any('all_gather' in m for _, m in errs), errs
+    assert any('recv' in m for _, m in errs), errs
+    for name, msg in errs:
+        assert name == 'CollectiveMismatchError', msg
+        assert 'MPI_ERR' in msg, msg
+        if 'all_gather' in msg:
+            assert "all_gather #1 [4] float64 on group 'mismatch-" in msg
+            assert 'rank 1 is not in a collective (last: all_gather #1 ' \
+                '[8] float64)' in msg, msg
+        else:
+            assert "recv [4] float64 on group 'p2p-" in msg, msg
+            assert 'failed on rank 1' in msg, msg
