@@ -80,7 +80,7 @@ from ._tensor_more import (  # noqa: E402
     remainder, fmod, floor_divide, float_power, logical_xor, bitwise_and,
     bitwise_or, bitwise_xor, bitwise_not, signbit, heaviside, copysign,
     nansum, nanmean, mv, addmm, baddbmm, addbmm, addmv, tile, unique,
-    unique_consecutive, multinomial, bernoulli)
+    unique_consecutive, multinomial, bernoulli, lgamma, digamma, mode)
 from ._functions import *  # noqa: F401,F403,E402
 arctan2, arcsin, arccos, arctan, moveaxis = atan2, asin, acos, atan, movedim
 

@@ -951,3 +951,82 @@ def storage_offset(self):
     return (self.data_ptr() - base.data_ptr()) // self._data.itemsize
 
 
+
+
+# ====================================================== issue 14, part 2 ==
+
+def lgamma(self):
+    return E.Lgamma.apply(self)
+
+
+def digamma(self):
+    return E.Digamma.apply(self)
+
+
+def nonzero(self, *, as_tuple=False):
+    from ._creation import nonzero as _nz
+    return _nz(self, as_tuple)
+
+
+def mode(self, dim=-1, keepdim=False):
+    """The most frequent value along dim (the smallest among ties) and the
+    index of its last occurrence, as PyTorch."""
+    from .return_types import mode as _rt
+    xp = self._xp()
+    if self.ndim == 0:
+        return _rt(self.clone(), _wrap(xp.zeros((), np.int64)))
+    axis = S.axis_of(dim, self.ndim)
+    x = xp.moveaxis(self._data, axis, -1)
+    n = x.shape[-1]
+    if n == 0:
+        raise IndexError("mode(): Expected reduction dim to have non-zero "
+                         "size.")
+    order = xp.argsort(x, axis=-1, kind="stable")
+    s = xp.take_along_axis(x, order, -1)
+    # run lengths: position minus the start of the run, + 1
+    new = xp.ones(s.shape, bool)
+    new[..., 1:] = s[..., 1:] != s[..., :-1]
+    pos = xp.broadcast_to(xp.arange(n), s.shape)
+    start = xp.maximum.accumulate(xp.where(new, pos, 0), axis=-1)
+    run = pos - start + 1
+    # a run's count is final at its end; the first maximum is the smallest
+    end = xp.ones(s.shape, bool)
+    end[..., :-1] = new[..., 1:]
+    best = xp.argmax(xp.where(end, run, 0), axis=-1)[..., None]
+    idx = xp.take_along_axis(order, best, -1).astype(np.int64)
+    idx = xp.moveaxis(idx, -1, axis)
+    return _rt(*_selected(self, idx, axis, keepdim))
+
+
+def put_(self, index, source, accumulate=False):
+    """self.view(-1)[index] = source (summed with ``accumulate``)."""
+    idx = _index_array(self, index, "put_").reshape(-1)
+    src = source.reshape(-1)
+    flat_n = self.numel()
+    S._check_index(idx, flat_n, "put_", 0)
+
+    def compute(t):
+        i64 = _wrap(idx.astype(np.int64))
+        flat = t.reshape(-1)
+        out = scatter_add(flat, 0, i64, src) if accumulate else \
+            scatter(flat, 0, i64, src)
+        return out.reshape(t.shape)
+    return _inplace(self, compute)
+
+
+def resize_(self, *sizes, memory_format=None):
+    """Reshape in place to ``sizes``, keeping the leading elements and
+    zero-filling new ones (PyTorch leaves them uninitialised)."""
+    from .tensor import _dims
+    shape = tuple(int(s) for s in _dims(sizes))
+    if self.requires_grad:
+        raise RuntimeError("cannot resize variables that require grad")
+    xp = self._xp()
+    n = int(np.prod(shape))
+    flat = self._data.reshape(-1)
+    new = xp.zeros(n, self._data.dtype)
+    k = min(n, flat.size)
+    new[:k] = flat[:k]
+    self._data = new.reshape(shape)
+    self._vc[0] += 1
+    return self

@@ -108,3 +108,11 @@ def get_device_name(device=None):
     idx = 0 if device is None else (device if isinstance(device, int)
                                     else B.device(device).index or 0)
     return cp.cuda.runtime.getDeviceProperties(idx)["name"].decode()
+
+
+def is_bf16_supported(including_emulation=True):
+    """bfloat16 on the GPU: CuPy devices of compute capability 8.0+."""
+    cp = B._load_cupy()
+    if cp is None:
+        return False
+    return int(cp.cuda.Device().compute_capability) >= 80

@@ -1524,7 +1524,8 @@ class Tensor:
         nansum, nanmean, mv, addmm, baddbmm, addbmm, addmv, tile, unique,
         unique_consecutive, multinomial, bernoulli, exponential_, geometric_,
         log_normal_, cauchy_, squeeze_, unsqueeze_, t_, transpose_,
-        is_complex, is_pinned, storage_offset, H)
+        is_complex, is_pinned, storage_offset, H, lgamma, digamma, nonzero,
+        mode, put_, resize_)
     H = property(H)
     arctan2, arcsin, arccos, arctan = atan2, asin, acos, atan
     moveaxis = movedim

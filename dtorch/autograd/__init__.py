@@ -6,6 +6,9 @@ from .grad_mode import (no_grad, enable_grad, set_grad_enabled,
 from . import engine as _engine
 from . import function as _fn
 from .gradcheck import gradcheck
+from .anomaly_mode import detect_anomaly, set_detect_anomaly  # noqa
+from .variable import Variable  # noqa: F401
+from . import functional  # noqa: F401
 
 __all__ = ["Function", "backward", "grad", "gradcheck", "no_grad",
            "enable_grad", "set_grad_enabled", "inference_mode"]

@@ -11,6 +11,7 @@ import weakref
 from . import function as _fn
 from .function import AccumulateGrad, _FREED_MSG
 from .grad_mode import _state
+from .anomaly_mode import _state as _anomaly, check_grads
 
 
 class _Callbacks(threading.local):
@@ -168,6 +169,8 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
     if node._versions:
         _check_versions(node)
     in_grads = node._run_backward(out_grads)
+    if _anomaly[0]:
+        check_grads(node, in_grads)
     if not retain_graph:
         node.__dict__.clear()
         node._freed = True

@@ -6,3 +6,4 @@ from .modules import Module  # noqa: F401
 from . import functional, init, utils  # noqa: F401
 from . import parallel  # noqa: F401,E402
 from .parallel.sync_batchnorm import SyncBatchNorm  # noqa: F401,E402
+from .parallel.data_parallel import DataParallel  # noqa: F401,E402

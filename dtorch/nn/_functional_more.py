@@ -19,7 +19,7 @@ __all__ = [
     "cosine_similarity", "pairwise_distance", "pdist",
     "hardswish", "hardsigmoid", "glu", "prelu", "rrelu", "selu", "celu",
     "threshold", "softsign", "tanhshrink", "hardshrink", "softshrink",
-    "log_sigmoid", "gumbel_softmax", "alpha_dropout",
+    "gumbel_softmax", "alpha_dropout",
     "feature_alpha_dropout", "silu_", "relu_", "elu_", "leaky_relu_",
     "hardtanh_", "threshold_",
     "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
@@ -223,11 +223,6 @@ def hardshrink(input, lambd=0.5):
 
 def softshrink(input, lambd=0.5):
     return (input - lambd).clamp(min=0) + (input + lambd).clamp(max=0)
-
-
-def log_sigmoid(input):
-    from .functional import logsigmoid
-    return logsigmoid(input)
 
 
 def gumbel_softmax(logits, tau=1.0, hard=False, eps=1e-10, dim=-1):
@@ -745,3 +740,79 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros",
            + tap(y0l + 1, x0l + 1) * wx1 * wy1)
     return out
 
+
+# ========================================================= embedding bags ==
+
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2,
+                  scale_grad_by_freq=False, mode="mean", sparse=False,
+                  per_sample_weights=None, include_last_offset=False,
+                  padding_idx=None):
+    """Sum, mean or max of the embeddings of each bag: the rows of a 2-D
+    ``input``, or the slices of a 1-D ``input`` that ``offsets`` start."""
+    from .functional import embedding
+    if mode not in ("sum", "mean", "max"):
+        raise ValueError(f"mode has to be one of sum, mean or max, got "
+                         f"{mode}")
+    if per_sample_weights is not None and mode != "sum":
+        raise NotImplementedError(
+            f"embedding_bag: per_sample_weights was not None. "
+            f"per_sample_weights is only supported for mode='sum' (got "
+            f"mode='{mode}'). Please open a feature request on GitHub.")
+    xp = input._xp()
+    if input.ndim == 2:
+        if offsets is not None:
+            raise ValueError("if input is 2D, then offsets has to be None, "
+                             "as input is treated is a mini-batch of fixed "
+                             "length sequences.")
+        nb, L = input.shape
+        off = np.arange(nb) * L
+        idx = input.reshape(-1)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.reshape(-1)
+    elif input.ndim == 1:
+        if offsets is None:
+            raise ValueError("offsets has to be a 1D Tensor but got None")
+        off = np.asarray(offsets.detach().cpu()._data, np.int64)
+        if include_last_offset:
+            off = off[:-1]
+        idx = input
+    else:
+        raise ValueError(f"input has to be 1D or 2D Tensor, but got Tensor "
+                         f"of dimension {input.ndim}")
+    nb = len(off)
+    n = idx.shape[0]
+    seg = np.searchsorted(off, np.arange(n), side="right") - 1
+    keep = np.ones(n, bool)
+    if padding_idx is not None:
+        pi = padding_idx % weight.shape[0]
+        keep = np.asarray(idx.cpu()._data) != pi
+    rows = embedding(idx, weight, None, max_norm, norm_type,
+                     scale_grad_by_freq)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(1)
+    sel = np.flatnonzero(keep)
+    seg_k = seg[sel]
+    rows = rows.index_select(0, Tensor._wrap(xp.asarray(sel)))
+    d = weight.shape[1]
+    segt = Tensor._wrap(xp.asarray(seg_k.astype(np.int64)))
+    if mode in ("sum", "mean"):
+        out = rows.new_zeros((nb, d)).index_add(0, segt, rows)
+        if mode == "mean":
+            cnt = np.bincount(seg_k, minlength=nb).astype(np.float64)
+            out = out / Tensor._wrap(xp.asarray(np.maximum(cnt, 1)[:, None]
+                                                 .astype(out._data.dtype)))
+        return out
+    # max: place each bag's rows in a dense (bags, longest, D) block
+    counts = np.bincount(seg_k, minlength=nb)
+    L = max(int(counts.max()) if counts.size else 0, 1)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    pos = np.arange(seg_k.size) - starts[seg_k]
+    dense = rows.new_full((nb * L, d), float("-inf")).index_copy(
+        0, Tensor._wrap(xp.asarray((seg_k * L + pos).astype(np.int64))),
+        rows)
+    out = dense.reshape(nb, L, d).amax(1)
+    empty = Tensor._wrap(xp.asarray((counts == 0)[:, None]))
+    return out.masked_fill(empty, 0.0)
+
+
+__all__ += ["embedding_bag"]

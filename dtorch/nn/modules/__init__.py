@@ -30,7 +30,7 @@ from ._more import (PReLU, Hardswish, Hardsigmoid, SELU, CELU, Softsign,
                     HingeEmbeddingLoss, SoftMarginLoss, CosineEmbeddingLoss,
                     TripletMarginLoss, TripletMarginWithDistanceLoss,
                     PoissonNLLLoss, GaussianNLLLoss, MultiLabelSoftMarginLoss,
-                    MultiMarginLoss)
+                    MultiMarginLoss, EmbeddingBag)
 from .transformer import (Transformer, TransformerEncoder,
                           TransformerDecoder, TransformerEncoderLayer,
                           TransformerDecoderLayer)

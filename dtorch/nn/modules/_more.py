@@ -258,3 +258,51 @@ class MultiMarginLoss(_WeightedLoss):
     def forward(self, input, target):
         return F.multi_margin_loss(input, target, self.p, self.margin,
                                    self.weight, reduction=self.reduction)
+
+
+class EmbeddingBag(Module):
+    """Sums, means or maxima of bags of embeddings (``weight``: N(0, 1)
+    rows; a ``padding_idx`` row is zero and skipped)."""
+
+    def __init__(self, num_embeddings, embedding_dim, max_norm=None,
+                 norm_type=2.0, scale_grad_by_freq=False, mode="mean",
+                 sparse=False, _weight=None, include_last_offset=False,
+                 padding_idx=None, device=None, dtype=None):
+        super().__init__()
+        if sparse:
+            raise NotImplementedError("sparse gradients are not supported "
+                                      "by dtorch")
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.max_norm, self.norm_type = max_norm, norm_type
+        self.scale_grad_by_freq = scale_grad_by_freq
+        self.mode = mode
+        self.sparse = sparse
+        self.include_last_offset = include_last_offset
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise AssertionError("padding_idx must be within "
+                                     "num_embeddings")
+            padding_idx %= num_embeddings
+        self.padding_idx = padding_idx
+        if _weight is None:
+            self.weight = Parameter(empty((num_embeddings, embedding_dim),
+                                          device=device, dtype=dtype))
+            self.reset_parameters()
+        else:
+            self.weight = Parameter(_weight)
+
+    def reset_parameters(self):
+        self.weight.data.normal_()
+        if self.padding_idx is not None:
+            self.weight.data[self.padding_idx] = 0.0
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        return F.embedding_bag(input, self.weight, offsets, self.max_norm,
+                               self.norm_type, self.scale_grad_by_freq,
+                               self.mode, self.sparse, per_sample_weights,
+                               self.include_last_offset, self.padding_idx)
+
+    def extra_repr(self):
+        return (f"{self.num_embeddings}, {self.embedding_dim}, "
+                f"mode='{self.mode}'")
