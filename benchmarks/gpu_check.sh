@@ -39,6 +39,15 @@ result() {  # $1 step, $2 PASS|FAIL|SKIP, $3 details
 }
 # CuPy versions dtorch supports (pyproject's cuda extras; README)
 CUPY_SPEC='>=13.0,<15'
+# the whole run stays under 8 minutes: each step's timeout is capped by
+# what is left of BUDGET (seconds), keeping 20 s for the steps after it
+BUDGET="${GPU_CHECK_BUDGET:-450}"
+cap() {  # $1 = the step's own limit; prints the timeout to use (>= 10)
+    local left=$(( BUDGET - ($(date +%s) - t_start) - 20 ))
+    [ "$left" -lt "$1" ] && set -- "$left"
+    [ "$1" -lt 10 ] && set -- 10
+    echo "$1"
+}
 
 say "== $(date -u) $(hostname)  repo $(git -C "$repo" rev-parse --short HEAD 2>/dev/null)"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version \
@@ -53,7 +62,7 @@ EOF
 )
 if [ -n "$missing" ]; then
     say "installing missing modules: $missing"
-    timeout 180 "$PY" -m pip install -q $missing >> "$log" 2>&1
+    timeout "$(cap 120)" "$PY" -m pip install -q $missing >> "$log" 2>&1
 fi
 missing=$("$PY" -c "import importlib.util as u; print(' '.join(m for m in ('numpy','safetensors','ml_dtypes','tqdm','pytest') if u.find_spec(m) is None))")
 if [ -n "$missing" ]; then
@@ -65,7 +74,7 @@ if ! "$PY" -c "import cupy" >/dev/null 2>&1; then
     pkg=cupy-cuda12x
     [ "${cuda_major:-12}" -ge 13 ] && pkg=cupy-cuda13x
     say "installing $pkg$CUPY_SPEC (driver CUDA ${cuda_major:-?})"
-    timeout 240 "$PY" -m pip install -q "$pkg$CUPY_SPEC" >> "$log" 2>&1
+    timeout "$(cap 150)" "$PY" -m pip install -q "$pkg$CUPY_SPEC" >> "$log" 2>&1
 fi
 info=$("$PY" - 2>&1 <<'EOF'
 import cupy
@@ -93,17 +102,18 @@ fi
 
 # ---- 2. the gpu-marked tests
 say "== pytest -m gpu"
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m "gpu and not mpi" \
+lim=$(cap 240)
+timeout "$lim" "$PY" -m pytest -q -p no:cacheprovider -m "gpu and not mpi" \
     --junitxml="$out/gpu_tests.xml" tests >> "$log" 2>&1
 rc=$?
 counts=$(tail -5 "$log" | grep -E "passed|failed|error" | tail -1)
 if [ $rc -eq 0 ]; then result gpu-tests PASS "$counts"
-elif [ $rc -eq 124 ]; then result gpu-tests FAIL "timed out after 300 s; $counts"
+elif [ $rc -eq 124 ]; then result gpu-tests FAIL "timed out after $lim s; $counts"
 else result gpu-tests FAIL "exit $rc: $counts (see gpu_check.log)"; fi
 
 # ---- 3. NCCL: one rank, then two ranks with DDP
 say "== one-rank NCCL"
-timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rs \
+timeout "$(cap 90)" "$PY" -m pytest -q -p no:cacheprovider -rs \
     "tests/test_collectives.py::test_nccl_imports_without_cupy" >> "$log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && ! tail -3 "$log" | grep -q skipped; then
@@ -113,7 +123,7 @@ else result nccl-1rank FAIL "exit $rc"; fi
 
 if [ "${ndev:-0}" -ge 2 ]; then
     say "== two-rank NCCL + DDP"
-    timeout 180 "$PY" -m launch --nproc-per-node 2 \
+    timeout "$(cap 120)" "$PY" -m launch --nproc-per-node 2 \
         benchmarks/gpu_ddp_check.py "$out/gpu_ddp.json" > "$out/gpu_ddp.log" 2>&1
     rc=$?
     cat "$out/gpu_ddp.log" >> "$log"
@@ -127,7 +137,7 @@ fi
 
 # ---- 4. benchmark
 say "== GPU benchmark (MLP step, dtorch cuda vs torch cuda when present)"
-timeout 120 "$PY" benchmarks/gpu_mlp.py --out "$out/gpu_mlp.json" >> "$log" 2>&1
+timeout "$(cap 90)" "$PY" benchmarks/gpu_mlp.py --out "$out/gpu_mlp.json" >> "$log" 2>&1
 rc=$?
 if [ $rc -eq 0 ]; then
     result gpu-mlp PASS "$("$PY" -c "import json; d=json.load(open('$out/gpu_mlp.json')); print(', '.join(f'{k}={v}' for k, v in d.items() if not isinstance(v, (list, dict))))" 2>/dev/null | cut -c1-300)"
