@@ -107,7 +107,7 @@ def slurm_env(pytestconfig):
     try:
         out = subprocess.run(["bash", CLUSTER, "start", cluster_dir],
                              env=env, capture_output=True, text=True,
-                             timeout=170)
+                             timeout=240)
         fcntl.flock(lock, fcntl.LOCK_SH)
     except BaseException:
         lock.close()

@@ -10,7 +10,7 @@ addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 token = os.environ["DTORCH_RDZV_TOKEN"]
 if rank == 0:
     srv = socket.create_server((addr, port))
-    srv.settimeout(30)
+    srv.settimeout(120)   # a loaded machine starts ranks slowly
     seen = [0]
     for _ in range(world - 1):
         conn, _ = srv.accept()
@@ -20,7 +20,7 @@ if rank == 0:
             seen.append(int(their_rank))
     print("JOINED " + " ".join(map(str, sorted(seen))), flush=True)
 else:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while True:
         try:
             with socket.create_connection((addr, port), timeout=5) as c:

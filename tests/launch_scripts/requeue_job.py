@@ -27,8 +27,10 @@ def on_usr1(signum, frame):
 if restart == 0:
     signal.signal(signal.SIGUSR1, on_usr1)
     print(f"rank {comm.rank}: waiting for USR1", flush=True)
-    time.sleep(60)
-    sys.exit(f"rank {comm.rank}: no USR1 within 60 s")
+    # long enough for a loaded machine to start the other rank and the
+    # test to see both lines; USR1 ends the wait
+    time.sleep(300)
+    sys.exit(f"rank {comm.rank}: no USR1 within 300 s")
 with open(ckpt) as f:
     step = json.load(f)["step"]
 total = comm.allreduce(step)
