@@ -190,7 +190,7 @@ EXCLUDED = {
 }
 
 # coverage measured when this test was written; raise it as names land
-FLOOR = 0.96
+FLOOR = 0.985
 
 NAMESPACES = [
     ("torch", "dtorch", "torch", TORCH),

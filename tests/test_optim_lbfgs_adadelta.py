@@ -140,3 +140,31 @@ def test_more_optimizers_match_torch(name, kw):
     for k, v in ot.state[pt].items():
         np.testing.assert_allclose(np.asarray(od.state[pd][k]._data),
                                    v.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_pytorchs_own_lbfgs_source_runs_on_dtorch():
+    """torch/optim/lbfgs.py with only its imports pointed at dtorch (as a
+    script that vendors it would): it needs Tensor.is_sparse,
+    torch.is_complex, torch.contiguous_format, add_(alpha=tensor), ..."""
+    import torch.optim.lbfgs as m
+    with open(m.__file__, encoding="utf-8") as f:
+        src = f.read()
+    src = src.replace("import torch\n", "import dtorch as torch\n", 1)
+    src = src.replace("from torch import Tensor\n",
+                      "from dtorch import Tensor\n")
+    src = src.replace(
+        "from .optimizer import _to_scalar, Optimizer, ParamsT\n",
+        "from dtorch.optim.optimizer import Optimizer\nParamsT = object\n"
+        "def _to_scalar(x):\n    return x.item() if isinstance(x, Tensor) "
+        "else x\n")
+    ns = {"__name__": "vendored_lbfgs"}
+    exec(compile(src, "vendored_lbfgs", "exec"), ns)
+
+    def make_src(lib, params):
+        return ns["LBFGS"](params, line_search_fn="strong_wolfe")
+
+    def make_ref(lib, params):
+        return lib.optim.LBFGS(params, line_search_fn="strong_wolfe")
+    ld, itd, _ = _run(dtorch, make_src, 2)
+    lt, itt, _ = _run(torch, make_ref, 2)
+    np.testing.assert_allclose(ld, lt, rtol=1e-9, atol=1e-12)
