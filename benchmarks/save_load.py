@@ -147,7 +147,8 @@ def main():
 
     for k, r in results.items():
         if "save" in r:
-            print(f"{k:28s} {r['MB']:6.1f} MB  save {r['save']['median_MBps']:7.1f}"
+            print(f"{k:28s} {r['MB']:6.1f} MB  save "
+                  f"{r['save']['median_MBps']:7.1f}"
                   f" MB/s [{r['save']['min_MBps']}..{r['save']['max_MBps']}]"
                   f"  load {r['load']['median_MBps']:7.1f} MB/s"
                   f" [{r['load']['min_MBps']}..{r['load']['max_MBps']}]")

@@ -219,6 +219,7 @@ class _Encoder:
 # ------------------------------------------------------------ checksums --
 
 _HCRC_AT = json.dumps(_HEADER_CRC_KEY).encode() + b':"'
+_HEX8 = re.compile("[0-9a-f]{8}").fullmatch
 _HCRC_ZERO = b"00000000"
 
 
@@ -253,6 +254,7 @@ def _splitmix64(i):
 _ROW = 512
 _ROW_BYTES = _ROW * 8
 _WEIGHTS = np.array([_splitmix64(j) | 1 for j in range(_ROW)], dtype="<u8")
+assert _CHUNK % _ROW_BYTES == 0     # pieces end on row boundaries
 
 
 class _Checksums:
@@ -476,7 +478,8 @@ def save(obj, f, pickle_module=None, pickle_protocol=None,
     path = os.fspath(f)
     folder = os.path.dirname(os.path.abspath(path))
     _remove_stale_tmps(folder)
-    tmp = os.path.join(folder, "." + os.path.basename(path) + ".dtorch-"
+    # (the name is cut so that the temporary name fits NAME_MAX)
+    tmp = os.path.join(folder, "." + os.path.basename(path)[:200] + ".dtorch-"
                        f"{_host_tag()}-{os.getpid()}-"
                        f"{os.urandom(4).hex()}.tmp")
     try:
@@ -486,7 +489,7 @@ def save(obj, f, pickle_module=None, pickle_protocol=None,
         raise _named(e, path) from e
     try:
         with os.fdopen(fd, "wb") as fh:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError, AttributeError):
                 # overwriting keeps the file's mode, as open(path, "wb")
                 os.fchmod(fh.fileno(), stat.S_IMODE(os.stat(path).st_mode))
             _write(fh, enc.arrays, meta, True, durable=True)
@@ -757,7 +760,7 @@ def _check_header_crc(meta, raw, where):
     if want is None:
         return
     got = None
-    if isinstance(want, str) and re.fullmatch("[0-9a-f]{8}", want):
+    if isinstance(want, str) and _HEX8(want):
         got = _header_crc(raw, want)
     if got is None or "%08x" % got != want:
         raise ChecksumError(
@@ -773,8 +776,8 @@ def _parse_crcs(text, header, where):
     except (ValueError, RecursionError):
         stored = None
     if (not isinstance(stored, dict) or set(stored) != set(header)
-            or not all(isinstance(v, str) and re.fullmatch("[0-9a-f]{8}", v)
-                       for v in stored.values())):
+            or not all([isinstance(v, str) and _HEX8(v)
+                        for v in stored.values()])):
         raise SerializationError(
             f"{where} is corrupt: the {_CRC_KEY} metadata does not list "
             "one checksum per tensor")

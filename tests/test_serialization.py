@@ -456,7 +456,9 @@ def test_checksums_on_large_tensors_and_all_io_paths(tmp_path, monkeypatch,
     g = np.random.default_rng(1)
     obj = {"big": dtorch.from_numpy(g.standard_normal(300_001)),
            "half": dtorch.from_numpy(g.standard_normal(1001)).half(),
-           "flags": dtorch.from_numpy(g.random(77) > 0.5)}
+           "flags": dtorch.from_numpy(g.random(77) > 0.5),
+           # starts at an odd offset: its words are read unaligned
+           "bytes": dtorch.from_numpy(g.integers(0, 256, 9001, np.uint8))}
     path = tmp_path / "big.pt"
     dtorch.save(obj, path)
     buf = io.BytesIO()
