@@ -17,6 +17,12 @@ output (``up="cycle"``) or use ones.
 Not matched, on purpose: PyTorch's float32 GELU (both approximations) is
 NaN at +inf when its vectorised kernel runs (tensors of 3 or more
 elements) and inf otherwise; dtorch gives inf, the limit, for every size.
+At a NaN input the gradient of PyTorch's elu / celu / selu, hardtanh /
+relu6, hardswish, hardshrink and softshrink also depends on the tensor's
+size (its vectorised and scalar loops disagree); dtorch follows the
+vectorised loop, which every tensor of 8 or more elements takes.
+F.adaptive_max_pool2d gives a window holding several NaN its first NaN's
+index (PyTorch: the last); its windows are gathered, padded with repeats.
 """
 import math
 
@@ -119,6 +125,33 @@ add(unary("nn.ELU", lambda M, x: M.nn.ELU(2.0)(x)))
 add(unary("nn.LeakyReLU", lambda M, x: M.nn.LeakyReLU(0.1)(x)))
 add(unary("nn.Mish", lambda M, x: M.nn.Mish()(x)))
 add(unary("nn.SiLU", lambda M, x: M.nn.SiLU()(x)))
+
+# more activations (dtorch/nn/_functional_more.py)
+add(unary("hardswish", lambda M, x: F(M).hardswish(x), extra=[3.0, -3.0]))
+add(unary("hardsigmoid", lambda M, x: F(M).hardsigmoid(x)))
+add(unary("selu", lambda M, x: F(M).selu(x)))
+add(unary("celu", lambda M, x: F(M).celu(x)))
+add(unary("celu_0.5", lambda M, x: F(M).celu(x, 0.5)))
+add(unary("softsign", lambda M, x: F(M).softsign(x)))
+add(unary("tanhshrink", lambda M, x: F(M).tanhshrink(x)))
+add(unary("hardshrink", lambda M, x: F(M).hardshrink(x)))
+add(unary("hardshrink_1", lambda M, x: F(M).hardshrink(x, 1.0)))
+add(unary("softshrink", lambda M, x: F(M).softshrink(x)))
+add(unary("softshrink_1", lambda M, x: F(M).softshrink(x, 1.0)))
+add(unary("threshold", lambda M, x: F(M).threshold(x, 1.0, -3.0)))
+add(unary("threshold_0", lambda M, x: F(M).threshold(x, 0.0, 0.0)))
+add(unary("rrelu_eval", lambda M, x: F(M).rrelu(x)))
+add(unary("nn.Hardswish", lambda M, x: M.nn.Hardswish()(x)))
+add(unary("nn.SELU", lambda M, x: M.nn.SELU()(x)))
+add(unary("nn.Softshrink", lambda M, x: M.nn.Softshrink(0.5)(x)))
+PX = [[p for p in EDGE[:12]]]
+add(Case("prelu", lambda M, x, w: F(M).prelu(x, w),
+         [In([[v, -v, 0.5 * v] for v in EDGE]), In([0.25, -1.0, 0.0])],
+         up="cycle"))
+add(Case("prelu_one", lambda M, x, w: F(M).prelu(x, w),
+         [In([[v, -v] for v in EDGE]), In([0.25])], up="cycle"))
+add(Case("glu", lambda M, x: F(M).glu(x, -1),
+         [In([[v, w] for v in EDGE[:9] for w in EDGE[:9]])], up="cycle"))
 
 SOFT_ROWS = [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [-INF, 0.0, 1.0],
              [INF, 0.0, 1.0], [-INF, -INF, -INF], [NAN, 0.0, 1.0],
@@ -397,6 +430,72 @@ for r in RED:
         x, t, w, reduction=r),
         [In(LOGITS), In([1, 1, 1, 1, 1], False, "int64"), CW],
         up="cycle"))
+
+# more losses and distances (dtorch/nn/_functional_more.py)
+M1, M2, MT = grid([0.0, 1.0, -1.0, INF, NAN, 0.5], [0.0, 1.0, 0.5, -INF],
+                  [1.0, -1.0])
+for r in RED:
+    add(Case(f"margin_ranking_{r}", lambda M, a, b, t, r=r:
+             F(M).margin_ranking_loss(a, b, t, margin=0.5, reduction=r),
+             [In(M1), In(M2), In(MT, grad=False)], up="cycle"))
+    add(Case(f"hinge_embedding_{r}", lambda M, a, t, r=r:
+             F(M).hinge_embedding_loss(a, t, reduction=r),
+             [In(M1), In(MT, grad=False)], up="cycle"))
+    add(Case(f"soft_margin_{r}", lambda M, a, t, r=r:
+             F(M).soft_margin_loss(a, t, reduction=r),
+             [In(M1), In(MT, grad=False)], up="cycle"))
+    add(Case(f"poisson_nll_{r}", lambda M, a, t, r=r:
+             F(M).poisson_nll_loss(a, t, reduction=r),
+             [In(M1), In([abs(v) for v in M2])], up="cycle"))
+    add(Case(f"poisson_nll_rate_full_{r}", lambda M, a, t, r=r:
+             F(M).poisson_nll_loss(a, t, log_input=False, full=True,
+                                   reduction=r),
+             [In([abs(v) for v in M1]), In([0.0, 1.0, 2.0, 0.5] * 12)],
+             up="cycle"))
+    add(Case(f"gaussian_nll_{r}", lambda M, a, t, v, r=r:
+             F(M).gaussian_nll_loss(a, t, v, reduction=r),
+             [In(M1), In(M2), In([0.0, 1e-7, 1e-6, 1.0] * 12)],
+             up="cycle"))
+    add(Case(f"multilabel_soft_margin_{r}", lambda M, a, t, r=r:
+             F(M).multilabel_soft_margin_loss(a, t, reduction=r),
+             [In([M1[i:i + 4] for i in range(0, 48, 4)]),
+              In([[1.0, 0.0, 1.0, 0.0]] * 12, grad=False)], up="cycle"))
+    for pp in (1, 2):
+        add(Case(f"multi_margin_p{pp}_{r}", lambda M, a, t, r=r, pp=pp:
+                 F(M).multi_margin_loss(a, t, p=pp, reduction=r),
+                 [In([[0.0, 1.0, 0.0], [1.0, 1.0, 1.0], [2.0, 0.0, 1.0],
+                      [INF, 0.0, 1.0], [0.5, -0.5, 0.0]]),
+                  In([0, 1, 2, 1, 0], grad=False, dtype="int64")],
+                 up="cycle"))
+    add(Case(f"cosine_embedding_{r}", lambda M, a, b, t, r=r:
+             F(M).cosine_embedding_loss(a, b, t, margin=0.5, reduction=r),
+             [In([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]]),
+              In([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]),
+              In([1.0, -1.0, -1.0, -1.0], grad=False)], up="cycle"))
+    add(Case(f"triplet_margin_{r}", lambda M, a, b, c, r=r:
+             F(M).triplet_margin_loss(a, b, c, reduction=r),
+             [In([[0.0, 0.0], [1.0, 2.0], [1.0, 1.0]]),
+              In([[0.0, 0.0], [1.0, 2.0], [0.0, 1.0]]),
+              In([[0.0, 0.0], [2.0, 2.0], [1.0, 1.0]])], up="cycle"))
+DIST_A = [[0.0, 0.0, 0.0], [1.0, 2.0, 3.0], [1.0, -1.0, 0.0], [0.0, 0.0, 1.0]]
+DIST_B = [[0.0, 0.0, 0.0], [1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [0.0, 0.0, 2.0]]
+add(Case("cosine_similarity", lambda M, a, b: F(M).cosine_similarity(a, b),
+         [In(DIST_A), In(DIST_B)], up="cycle"))
+for pp in (2.0, 1.0, INF, 3.0):
+    add(Case(f"pairwise_distance_{pp}", lambda M, a, b, pp=pp:
+             F(M).pairwise_distance(a, b, pp), [In(DIST_A), In(DIST_B)],
+             up="cycle"))
+    add(Case(f"pdist_{pp}", lambda M, a, pp=pp: F(M).pdist(a, pp),
+             [In(DIST_A + DIST_B[1:2])], up="cycle"))
+add(Case("adaptive_max_pool2d", lambda M, x: F(M).adaptive_max_pool2d(x, 2),
+         [In(POOL)], up="cycle"))
+# overlapping adaptive windows holding NaN: not matched (see the docstring)
+add(Case("adaptive_max_pool2d_3", lambda M, x: F(M).adaptive_max_pool2d(
+    x, 3), [In(np.nan_to_num(np.asarray(POOL), nan=-5.0))], up="cycle"))
+add(Case("lp_pool2d", lambda M, x: F(M).lp_pool2d(x, 2.0, 2),
+         [In([[[[0.0, 0.0, 1.0, 2.0], [0.0, 0.0, -1.0, 0.0],
+                [3.0, 4.0, INF, 0.0], [0.0, 0.0, 0.0, 1.0]]]])],
+         up="cycle"))
 
 KX, KT = grid([0.0, -1.0, 1.0, -INF, INF, NAN, -100.0],
               [0.0, 1.0, 0.5, 1e-30])

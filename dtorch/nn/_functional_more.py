@@ -156,12 +156,16 @@ def pdist(input, p=2.0):
 
 # ====================================================== activations =======
 
+# the piecewise activations are one node each with PyTorch's backward
+# (dtorch/ops/nn_ops.py): composed from clamp, their gradients at the kinks
+# and under an infinite upstream gradient differed (tests/test_boundary_grads)
+
 def hardswish(input, inplace=False):
-    return input * (input + 3).clamp(0, 6) / 6
+    return N.Hardswish.apply(input)
 
 
 def hardsigmoid(input, inplace=False):
-    return (input + 3).clamp(0, 6) / 6
+    return N.Hardsigmoid.apply(input)
 
 
 def glu(input, dim=-1):
@@ -177,16 +181,15 @@ def prelu(input, weight):
         w = weight.reshape((1, -1) + (1,) * (input.ndim - 2))
     else:
         w = weight.reshape(()) if weight.numel() == 1 else weight
-    return input.clamp(min=0) + w * input.clamp(max=0)
+    return N.PRelu.apply(input, w)
 
 
 def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False,
           inplace=False):
     if training:
         a = input.new_empty(input.shape).uniform_(lower, upper).detach()
-    else:
-        a = (lower + upper) / 2
-    return input.clamp(min=0) + input.clamp(max=0) * a
+        return N.PRelu.apply(input, a)
+    return N.LeakyRelu.apply(input, slope=(lower + upper) / 2)
 
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
@@ -199,12 +202,11 @@ def selu(input, inplace=False):
 
 
 def celu(input, alpha=1.0, inplace=False):
-    return input.clamp(min=0) + (alpha * ((input / alpha).clamp(max=0)
-                                          .exp() - 1))
+    return N.Elu.apply(input, alpha=alpha, input_scale=1.0 / alpha)
 
 
 def threshold(input, threshold, value, inplace=False):
-    return input.masked_fill(~(input > threshold).detach(), value) \
+    return N.Threshold.apply(input, threshold=threshold, value=value) \
         if isinstance(value, (int, float)) else \
         input.where(input > threshold, value)
 
@@ -218,11 +220,11 @@ def tanhshrink(input):
 
 
 def hardshrink(input, lambd=0.5):
-    return input * ((input > lambd) | (input < -lambd)).to(input.dtype)
+    return N.Shrink.apply(input, lambd=lambd)
 
 
 def softshrink(input, lambd=0.5):
-    return (input - lambd).clamp(min=0) + (input + lambd).clamp(max=0)
+    return N.Shrink.apply(input, lambd=lambd, soft=True)
 
 
 def gumbel_softmax(logits, tau=1.0, hard=False, eps=1e-10, dim=-1):
@@ -298,13 +300,12 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None,
 
 def soft_margin_loss(input, target, size_average=None, reduce=None,
                      reduction="mean"):
-    from .functional import softplus
-    return _reduce(softplus(-target * input), reduction)
+    return _reduce(N.SoftMargin.apply(input, target), reduction)
 
 
 def cosine_embedding_loss(input1, input2, target, margin=0.0,
                           size_average=None, reduce=None, reduction="mean"):
-    eps = 1e-12
+    eps = float(np.float32(1e-12))      # PyTorch's EPSILON is a float
     prod = (input1 * input2).sum(-1)
     m1 = (input1 * input1).sum(-1) + eps
     m2 = (input2 * input2).sum(-1) + eps
@@ -385,16 +386,9 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None,
     if p not in (1, 2):
         raise ValueError("only p == 1 and p == 2 supported")
     x = input if input.ndim == 2 else input.unsqueeze(0)
-    t = target.reshape(-1, 1)
-    xy = x.gather(1, t)
-    m = (margin - xy + x).clamp(min=0)
-    if p == 2:
-        m = m * m
-    if weight is not None:
-        m = m * weight[target.reshape(-1)].reshape(-1, 1)
-    # the target class itself does not count
-    not_t = x.new_ones(x.shape).scatter_(1, t, 0.0)
-    loss = (m * not_t).sum(1) / x.shape[1]
+    loss = N.MultiMargin.apply(x, target.reshape(-1)._data,
+                               None if weight is None else weight._data,
+                               p=p, margin=margin)
     if input.ndim == 1:
         loss = loss.reshape(())
     return _reduce(loss, reduction)

@@ -934,22 +934,183 @@ class LeakyRelu(Op):
 
 
 class Elu(Op):
-    """x for x > 0, alpha (e^x - 1) otherwise (NaN takes the exp branch,
-    so its gradient is NaN, as in PyTorch)."""
+    """scale x for x > 0, scale alpha (e^(input_scale x) - 1) otherwise:
+    elu, and selu / celu with PyTorch's scales. NaN takes the exp branch,
+    so its gradient is NaN, as in PyTorch's vectorised loop."""
     @staticmethod
-    def forward(ctx, x, alpha=1.0):
+    def forward(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
         xp = get_array_module(x)
         ctx.save_for_backward(x)
-        ctx.alpha = alpha
+        ctx.coef = (alpha * scale, scale, input_scale)
         with np.errstate(over="ignore", invalid="ignore"):
-            return xp.where(x > 0, x, xp.expm1(x) * alpha)
+            neg = xp.expm1(x * input_scale) * (alpha * scale)
+            return xp.where(x > 0, x * scale if scale != 1 else x,
+                            neg).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, g):
         x, = ctx.to_save
         xp = get_array_module(g)
+        neg, pos, ins = ctx.coef
         with np.errstate(over="ignore", invalid="ignore"):
-            return xp.where(x > 0, g, g * (ctx.alpha * xp.exp(x)))
+            return xp.where(x > 0, g * pos if pos != 1 else g,
+                            g * (ins * neg * xp.exp(x * ins))).astype(
+                                g.dtype, copy=False)
+
+
+class Hardswish(Op):
+    """x relu6(x + 3) / 6; gradient 0 up to -3 included, g from 3 on,
+    g (x / 3 + 1/2) between (NaN: NaN), PyTorch's vectorised loop."""
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        return x * xp.minimum(xp.maximum(x + 3, 0), 6) / 6
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        mid = g * (x / 3 + 0.5)
+        return xp.where(x <= -3, _zero(xp, g), xp.where(x >= 3, g, mid))
+
+
+class Hardsigmoid(Op):
+    """relu6(x + 3) / 6; gradient g / 6 strictly inside (-3, 3), else 0."""
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        return xp.minimum(xp.maximum(x + 3, 0), 6) / 6
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        from .primitives import keep_grad
+        # PyTorch multiplies by the float32 constant 1/6, in float64 too
+        sixth = g.dtype.type(np.float32(1.0) / np.float32(6.0))
+        return keep_grad(get_array_module(g), (x > -3) & (x < 3), g * sixth)
+
+
+class Shrink(Op):
+    """hardshrink (soft=False): x outside [-lambd, lambd], else 0;
+    softshrink: x -+ lambd outside, else 0 (0 * x, so NaN stays NaN).
+    The gradient is g strictly outside the interval, else 0 (NaN: 0), as
+    PyTorch's vectorised loop."""
+    @staticmethod
+    def forward(ctx, x, lambd=0.5, soft=False):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        ctx.lambd = lambd
+        inside = (x >= -lambd) & (x <= lambd)
+        if not soft:
+            return xp.where(inside, _zero(xp, x), x)
+        with np.errstate(invalid="ignore"):
+            return xp.where(x > lambd, x - lambd,
+                            xp.where(x < -lambd, x + lambd, x * 0))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        from .primitives import keep_grad
+        lam = ctx.lambd
+        return keep_grad(get_array_module(g), (x < -lam) | (x > lam), g)
+
+
+class Threshold(Op):
+    """x where x > threshold, else value; gradient g where x > threshold
+    (NaN included: 'x <= threshold' is False there), as PyTorch."""
+    @staticmethod
+    def forward(ctx, x, threshold=0.0, value=0.0):
+        xp = get_array_module(x)
+        low = x <= threshold
+        ctx.keep = ~low
+        return xp.where(low, xp.asarray(value, dtype=x.dtype), x)
+
+    @staticmethod
+    def backward(ctx, g):
+        from .primitives import keep_grad
+        return keep_grad(get_array_module(g), ctx.keep, g)
+
+
+class PRelu(Op):
+    """x for x > 0, w x otherwise, w broadcast over x (one weight, or one
+    per channel on axis 1). Gradients: g or w g for x; x g where x <= 0
+    (or NaN), summed to w's shape."""
+    @staticmethod
+    def forward(ctx, x, w):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x, w)
+        return xp.where(x > 0, x, w * x).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.to_save
+        xp = get_array_module(g)
+        pos = x > 0
+        n = ctx.needs_input_grad
+        gx = xp.where(pos, g, w * g).astype(g.dtype, copy=False) \
+            if n[0] else None
+        gw = None
+        if n[1]:
+            gw = _unb(xp.where(pos, _zero(xp, g), x * g), w.shape)
+        return gx, gw
+
+
+class SoftMargin(Op):
+    """log(1 + e^(-t x)), PyTorch's formula; backward -t z / (1 + z) g with
+    z = e^(-t x) (so inf / inf = NaN where -t x is +inf, as there)."""
+    @staticmethod
+    def forward(ctx, x, t):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x, t)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return xp.log1p(xp.exp(-x * t))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t = ctx.to_save
+        xp = get_array_module(g)
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = xp.exp(-x * t)
+            return _unb(-t * z / (1 + z) * g, x.shape), None
+
+
+class MultiMargin(Op):
+    """Per sample sum over d != y of max(0, margin - x[y] + x[d]) ** p
+    (times weight[y]) / C, PyTorch's multi_margin_loss. Backward selects
+    the active terms (no product with a 0/1 mask): h = 1 or 2 z per
+    active d, and minus their sum at y."""
+    @staticmethod
+    def forward(ctx, x, t, w=None, p=1, margin=1.0):
+        xp = get_array_module(x)
+        c = x.shape[1]
+        ti = t.reshape(-1, 1)
+        with np.errstate(invalid="ignore"):
+            z = margin - xp.take_along_axis(x, ti, 1) + x
+            active = z > 0
+            active[xp.arange(x.shape[0]), t] = False
+            h = z if p == 1 else z * z
+            h = xp.where(active, h, _zero(xp, x))
+            if w is not None:
+                h = h * w[t].reshape(-1, 1)
+        ctx.z, ctx.active, ctx.t, ctx.p, ctx.w = z, active, t, p, w
+        return h.sum(1) / c
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        z, active, t = ctx.z, ctx.active, ctx.t
+        c = z.shape[1]
+        with np.errstate(invalid="ignore", over="ignore"):
+            h = xp.ones_like(z) if ctx.p == 1 else 2 * z
+            h = h / c
+            if ctx.w is not None:
+                h = h * ctx.w[t].reshape(-1, 1)
+            h = xp.where(active, h, _zero(xp, z))
+            h[xp.arange(z.shape[0]), t] = -h.sum(1)
+            return h * g.reshape(-1, 1), None, None
+
 
 
 class Softplus(Op):
