@@ -7,8 +7,6 @@ Differentiable work is done by the Ops in ``dtorch/ops/selection.py`` and
 ``dtorch/ops/elementwise.py`` or composed from existing Tensor methods; this
 module never loops over elements in Python.
 """
-import builtins
-
 import numpy as np
 
 from . import _backend as B
@@ -371,7 +369,7 @@ def cumprod(self, dim, dtype=None):
     return S.Cumprod.apply(t, dim=dim)
 
 
-def _cumext(self, dim, is_min, name):
+def _cumext(self, dim, is_min):
     from .return_types import MinMax
     vals = S.CumExtreme.apply(self, dim=dim, is_min=is_min)
     fn = vals.grad_fn
@@ -386,11 +384,11 @@ def _cumext(self, dim, is_min, name):
 
 
 def cummax(self, dim):
-    return _cumext(self, dim, False, "cummax")
+    return _cumext(self, dim, False)
 
 
 def cummin(self, dim):
-    return _cumext(self, dim, True, "cummin")
+    return _cumext(self, dim, True)
 
 
 def logcumsumexp(self, dim):
@@ -506,7 +504,6 @@ def movedim(self, source, destination):
 
 
 def repeat_interleave(self, repeats=None, dim=None, output_size=None):
-    T = _T()
     xp = self._xp()
     if repeats is None:       # repeat_interleave(repeats_tensor)
         r = self._data
@@ -545,7 +542,6 @@ def unfold(self, dimension, size, step):
 
 def sum_to_size(self, *size):
     from .tensor import _dims
-    from .ops import unbroadcast
     shape = tuple(_dims(size))
     out = self
     lead = self.ndim - len(shape)
@@ -555,7 +551,6 @@ def sum_to_size(self, *size):
                  if s == 1 and out.shape[i] != 1)
     if axes:
         out = out.sum(axes, keepdim=True)
-    del unbroadcast
     return out
 
 

@@ -296,5 +296,5 @@ def test_data_samplers_and_datasets():
     with pytest.raises(ValueError, match="Size mismatch"):
         D.StackDataset([1], [1, 2])
     loader = D.DataLoader(st, batch_size=3)
-    xb, yb = next(iter(loader))
+    _, yb = next(iter(loader))
     assert yb.tolist() == [0, 10, 20]

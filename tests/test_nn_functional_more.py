@@ -177,8 +177,8 @@ def test_adaptive_max_pool_and_lrn():
     for out in ((2, 3), (4, 4), (5, 6), 1):
         _same(lambda t: F.adaptive_max_pool2d(t, out),
               lambda t: TF.adaptive_max_pool2d(t, out), X4)
-    vd, idd = F.adaptive_max_pool2d(dtorch.tensor(X4), (2, 3), True)
-    vt, idt = TF.adaptive_max_pool2d(torch.tensor(X4), (2, 3), True)
+    _, idd = F.adaptive_max_pool2d(dtorch.tensor(X4), (2, 3), True)
+    _, idt = TF.adaptive_max_pool2d(torch.tensor(X4), (2, 3), True)
     assert idd.tolist() == idt.tolist()
     _same(lambda t: F.adaptive_max_pool1d(t, 4),
           lambda t: TF.adaptive_max_pool1d(t, 4), X4[0])

@@ -165,6 +165,6 @@ def test_pytorchs_own_lbfgs_source_runs_on_dtorch():
 
     def make_ref(lib, params):
         return lib.optim.LBFGS(params, line_search_fn="strong_wolfe")
-    ld, itd, _ = _run(dtorch, make_src, 2)
-    lt, itt, _ = _run(torch, make_ref, 2)
+    ld, _, _ = _run(dtorch, make_src, 2)
+    lt, _, _ = _run(torch, make_ref, 2)
     np.testing.assert_allclose(ld, lt, rtol=1e-9, atol=1e-12)

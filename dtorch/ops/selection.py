@@ -242,8 +242,8 @@ class Scatter(Op):
         xp = get_array_module(x)
         if idx.dtype != np.int64:
             raise RuntimeError("scatter(): Expected dtype int64 for index")
-        axis, lin = _scatter_positions(xp, x, idx, dim,
-                                       "scatter_add" if add else "scatter")
+        _, lin = _scatter_positions(xp, x, idx, dim,
+                                    "scatter_add" if add else "scatter")
         s = _src_part(xp, src, idx)
         out = x.copy()
         flat = out.reshape(-1)

@@ -207,7 +207,7 @@ def packed_forward(rnn, packed, hx):
     lstm = rnn.mode == "LSTM"
     padded, lengths = pad_packed_sequence(packed)     # (T, B, *), original
     lens = _lengths_array(lengths)
-    T, n = padded.shape[:2]
+    T = padded.shape[0]
     dev = padded.device
 
     def idx_t(a):
