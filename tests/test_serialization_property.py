@@ -25,7 +25,7 @@ DTYPES = [dtorch.float32, dtorch.float64, dtorch.float16, dtorch.bfloat16,
 FLOATS = {dtorch.float32, dtorch.float64, dtorch.float16, dtorch.bfloat16}
 
 BATCH = 25          # objects per example
-EXAMPLES = 100      # 2,500 objects in all
+EXAMPLES = 80       # 2,000 objects in all
 
 
 @st.composite
