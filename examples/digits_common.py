@@ -92,6 +92,16 @@ def plan_start(path, epochs, resume):
                              f"{path} yet, starting fresh"
                              if restarted else None)
     ck = torch.load(path)
+    missing = [k for k in ("epoch", "rng", "test_acc") if k not in ck]
+    if missing:   # an older example's checkpoint: it cannot resume exactly
+        if resume:
+            raise SystemExit(f"--resume: {path} lacks {', '.join(missing)} "
+                             f"(written by an older version of this "
+                             f"example); run without --resume to start "
+                             f"fresh")
+        return None, False, (f"starting fresh: {path} is an older "
+                             f"example's checkpoint, which this run "
+                             f"replaces")
     done = int(ck["epoch"])
     if done >= epochs:
         if asked:

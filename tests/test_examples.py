@@ -152,3 +152,19 @@ def test_no_progress_bar_or_escape_codes_in_redirected_output(tmp_path):
                    raw=True)
     assert_plain(out, err)
     assert b"epoch  1" in out
+
+
+def test_checkpoint_of_an_older_example_is_not_resumed(tmp_path):
+    # no RNG state: it cannot continue exactly, so --resume refuses with
+    # the reason and a plain run replaces it
+    import dtorch
+    ck = str(tmp_path / "old.st")
+    dtorch.save({"model": {"w": dtorch.zeros(2)}, "epoch": 3}, ck)
+    cmd = [sys.executable, os.path.join(EX, "digits.py"), "--epochs", "1",
+           "--quiet", "--checkpoint", ck]
+    p = subprocess.run(cmd + ["--resume"], capture_output=True, text=True,
+                       timeout=240, cwd=ROOT)
+    assert p.returncode == 1
+    assert f"--resume: {ck} lacks rng, test_acc" in p.stderr, p.stderr
+    out = run(cmd)
+    assert "older example's checkpoint" in out and accuracy(out) > 50.0
