@@ -8,7 +8,7 @@ more than the reduction itself. Here a rank that waits sleeps (after a
 short spin), so the core goes back to the computation, and the data moves
 in a few large steps, each a plain NumPy pass in the calling thread.
 
-Layout: one /dev/shm file, one segment per rank: a 128-byte header (two
+Layout: one shared file, one segment per rank: a 128-byte header (two
 int64 counters, ``arrived`` and ``reduced``, in their own cache lines) and
 two slots of ``chunk`` bytes. The logical buffer (one array, or several
 arrays back to back for ``all_reduce_coalesced``) goes through chunk by
@@ -33,11 +33,18 @@ stores; x86-64 (TSO) keeps stores in program order and loads too, so a
 reader that sees the counter sees the data. Other architectures need
 fences Python cannot issue: there ``usable()`` is False and the backend
 keeps MPI's reduction.
+
+The file has no name: rank 0 makes it with memfd_create and the others
+open it through /proc/<pid>/fd/<fd> while rank 0 holds it open (see
+`anonymous_file`). A named /dev/shm file outlived any rank killed between
+creating and unlinking it; an anonymous one goes with its last mapping.
 """
 import mmap
 import os
 import platform
+import re
 import secrets
+import stat
 import time
 
 import numpy as np
@@ -54,13 +61,60 @@ _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add,
           ReduceOp.PRODUCT: np.multiply}
 
 
+def anonymous_ok():
+    """Whether shared files without a name can be made and opened."""
+    return hasattr(os, 'memfd_create') and os.path.isdir('/proc/self/fd')
+
+
+def anonymous_file(nbytes, tag):
+    """(fd, path) of a new shared file of nbytes zero bytes that has no
+    name in any file system: it lives while a descriptor or a mapping of
+    it does, so a process killed at any moment leaves nothing behind.
+    Other processes of this user on this host open it by `path`
+    (/proc/<pid>/fd/<fd>) while this process keeps fd open. The pages are
+    reserved now: a full tmpfs fails here, not with SIGBUS later."""
+    fd = os.memfd_create(f"dtorch-{tag}", os.MFD_CLOEXEC)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, f"/proc/{os.getpid()}/fd/{fd}"
+
+
+_PROC_FD = re.compile(r'/proc/[0-9]+/fd/[0-9]+')
+
+
+def open_anonymous(path, nbytes, writable):
+    """A descriptor of another process's `anonymous_file`, or None when
+    this process cannot open it (another host or pid namespace, a path of
+    another shape, a file of another size or owner)."""
+    if not isinstance(path, str) or not _PROC_FD.fullmatch(path):
+        return None
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC \
+        | os.O_NONBLOCK         # never block on whatever the path names
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode) and \
+            st.st_uid == os.getuid() and st.st_size == nbytes:
+        return fd
+    os.close(fd)
+    return None
+
+
 def usable():
     """Whether this machine may use it (see Ordering above; opt out with
     DTORCH_SHM=0)."""
     if os.environ.get('DTORCH_SHM', '1') in ('0', 'no', 'false'):
         return False
     return (platform.machine().lower() in ('x86_64', 'amd64')
-            and os.path.isdir('/dev/shm'))
+            and anonymous_ok())
 
 
 def supports(arrs, op):
@@ -89,51 +143,43 @@ class ShmReducer:
 
     @classmethod
     def setup(cls, rank, size, bcast, all_true, chunk=CHUNK, enabled=True):
-        """Collective: rank 0 creates the file (mode 0600, random name and
-        a random cookie inside), the others map it and check the cookie,
-        then it is unlinked (the mappings stay). ``bcast(obj)`` returns
+        """Collective: rank 0 creates the file (`anonymous_file`, a random
+        cookie inside), the others map it and check the cookie, then rank
+        0 closes its descriptor (the mappings stay). ``bcast(obj)`` returns
         rank 0's obj on every rank; ``all_true(flag)`` whether flag is true
         on every rank. Returns a reducer, or None on every rank when any
         rank is not ``enabled`` or could not map the file - a rank on
         another host cannot: trying is the same-host test."""
         nbytes = size * (HEADER + 2 * chunk)
-        path = cookie = None
-        if rank == 0 and enabled:
-            path = os.path.join('/dev/shm',
-                                f'dtorch-ar-{os.getpid()}-'
-                                f'{secrets.token_hex(8)}')
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL,
-                             0o600)
+        path = cookie = mine = None
+        try:
+            if rank == 0 and enabled:
                 try:
-                    os.ftruncate(fd, nbytes)
+                    mine, path = anonymous_file(nbytes, 'ar')
                     cookie = secrets.token_bytes(16)
-                    os.pwrite(fd, cookie, 16)     # after segment 0's counters
-                finally:
-                    os.close(fd)
-            except OSError:
-                path = None
-        path, cookie = bcast((path, cookie))
-        mm = None
-        if path is not None and enabled:
-            try:
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    if os.fstat(fd).st_size == nbytes:
+                    os.pwrite(mine, cookie, 16)   # after segment 0's counters
+                except OSError:
+                    path = None
+            path, cookie = bcast((path, cookie))
+            mm = None
+            if path is not None and enabled:
+                fd = mine if rank == 0 else open_anonymous(path, nbytes,
+                                                           True)
+                if fd is not None:
+                    try:
                         mm = mmap.mmap(fd, nbytes)
-                finally:
-                    os.close(fd)
-            except OSError:
-                mm = None
-            if mm is not None and mm[16:32] != cookie:
-                mm.close()
-                mm = None
-        ok = all_true(mm is not None)       # also: everyone has mapped it
-        if rank == 0 and path is not None:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+                    except OSError:
+                        mm = None
+                    finally:
+                        if fd is not mine:
+                            os.close(fd)
+                if mm is not None and mm[16:32] != cookie:
+                    mm.close()
+                    mm = None
+            ok = all_true(mm is not None)   # also: everyone has mapped it
+        finally:
+            if mine is not None:   # the file lives on in the mappings
+                os.close(mine)
         if not ok:
             if mm is not None:
                 mm.close()

@@ -21,10 +21,11 @@ RankFailureError and close theirs, so the failure travels round the ring.
 Same-host fast path: loopback TCP copies every byte twice through the
 kernel and tops out near 2 GB/s each way on a small machine, under half of
 MPI's shared memory. So at setup each rank offers its right neighbour a
-ring of slots in a /dev/shm file (mode 0600, name sent over the
-authenticated socket, unlinked as soon as the neighbour has answered);
-a neighbour that can open it and finds the random cookie inside shares
-the host. Messages of SHM_MIN bytes or more on such a link keep their
+ring of slots in an anonymous shared file (`shm.anonymous_file`: no name
+in /dev/shm, so a rank killed at any moment leaves nothing behind; its
+/proc path is sent over the authenticated socket and the descriptor
+closed as soon as the neighbour has answered); a neighbour that can open
+it and finds the random cookie inside shares the host. Messages of SHM_MIN bytes or more on such a link keep their
 header on the socket, but the payload goes slot by slot through the file:
 one token byte on the socket says "slot filled", one byte back on the same
 connection says "slot free". The reader reduces straight out of the slot,
@@ -55,7 +56,6 @@ SMALL = 64 * 1024
 SHM_MIN = 64 * 1024        # messages this big take the shm path
 SHM_SLOT = 256 * 1024      # bytes per slot: a token per 256 KiB is cheap
 SHM_SLOTS = 8              # 2 MiB ring: both ends stay in L2/L3
-_SHM_DIR = '/dev/shm'
 _HDR = struct.Struct('<qq')
 _PIECE = 1 << 20           # a stashed message is read this much at a time
 # shm offer: path, cookie, slots, slot bytes (empty path: no offer)
@@ -90,51 +90,40 @@ def _advance(bufs, n):
 
 
 class _Shm:
-    """A ring of k slots of `slot` bytes in a /dev/shm file, written by one
-    rank and read by its right neighbour. seq counts slots filled (writer)
-    or drained (reader); acked counts slots the reader gave back."""
+    """A ring of k slots of `slot` bytes in an anonymous shared file,
+    written by one rank and read by its right neighbour. seq counts slots
+    filled (writer) or drained (reader); acked counts slots the reader
+    gave back."""
     HEAD = 4096    # the cookie's page; keeps the slots page aligned
 
-    def __init__(self, path, mm, k, slot):
+    def __init__(self, path, mm, k, slot, fd=None):
         self.path, self.mm, self.k, self.slot = path, mm, k, slot
+        self.fd = fd   # the creator's descriptor, until release()
         self.arr = np.frombuffer(mm, np.uint8, k * slot, self.HEAD)
         self.seq = self.acked = 0
 
     @classmethod
     def create(cls, k, slot):
         cookie = os.urandom(16)
-        path = os.path.join(_SHM_DIR, f"dtorch-tcp-{cookie.hex()}")
         size = cls.HEAD + k * slot
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd, path = shm.anonymous_file(size, 'tcp')
         try:
-            # reserve the pages now: a full tmpfs must fail here, not
-            # SIGBUS on a later write
-            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size)
         except BaseException:
-            os.unlink(path)
-            raise
-        finally:
             os.close(fd)
+            raise
         mm[:16] = cookie
-        return cls(path, mm, k, slot), cookie
+        return cls(path, mm, k, slot, fd), cookie
 
     @classmethod
     def attach(cls, path, cookie, k, slot):
         """The neighbour's ring, or None when this rank cannot see it."""
-        if os.path.dirname(path) != _SHM_DIR or \
-                not os.path.basename(path).startswith('dtorch-tcp-'):
+        size = cls.HEAD + k * slot
+        fd = shm.open_anonymous(path, size, writable=False)
+        if fd is None:
             return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if st.st_uid != os.getuid() or \
-                    st.st_size != cls.HEAD + k * slot:
-                return None
-            mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
+            mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
         except OSError:
             return None
         finally:
@@ -144,11 +133,12 @@ class _Shm:
             return None
         return cls(path, mm, k, slot)
 
-    def unlink(self):
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+    def release(self):
+        """Close the creator's descriptor: once the neighbour has opened
+        the file (or never will), only the mappings keep it."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class TCPGroup(ProcessGroup):
@@ -211,9 +201,9 @@ class TCPGroup(ProcessGroup):
     def _shm_setup(self, deadline):
         """Offer the right neighbour a shm ring and answer the left one's
         offer. Trying is the test: ranks on other hosts (or in another
-        /dev/shm namespace) cannot open the file and keep the socket."""
+        pid namespace) cannot open the file and keep the socket."""
         on = (os.environ.get('DTORCH_TCP_SHM', '1') != '0'
-              and os.path.isdir(_SHM_DIR))
+              and shm.anonymous_ok())
         mine, offer = None, _OFFER.pack(b'', b'', 0, 0)
         if on:
             try:
@@ -239,7 +229,7 @@ class TCPGroup(ProcessGroup):
                 self._shm_w = mine
         finally:
             if mine is not None:   # both ends have it open, or never will
-                mine.unlink()
+                mine.release()
 
     def _store_bcast(self, obj):
         key = f"{self._prefix}shm/offer"

@@ -1,6 +1,7 @@
 """collectives.shm.ShmReducer in one process: n threads, each with its own
 mapping of the shared file (as n processes would have), tiny slots so that
 chunks, slot reuse and array boundaries inside chunks are all exercised."""
+import os
 import threading
 import time
 
@@ -114,8 +115,11 @@ def test_a_rank_that_does_not_come_is_named():
 
 
 def test_the_file_is_gone_once_set_up():
+    """The file never has a name in /dev/shm (the creator's descriptor
+    is closed after set-up; the mappings keep it)."""
     import glob
     before = set(glob.glob('/dev/shm/dtorch-ar-*'))
+    fds = len(os.listdir('/proc/self/fd'))
 
     def body(rank, red):
         x = np.ones(10)
@@ -123,3 +127,4 @@ def test_the_file_is_gone_once_set_up():
         return x.tolist()        # the mapping outlives the name
     assert run_ranks(2, body) == [[2.0] * 10] * 2
     assert set(glob.glob('/dev/shm/dtorch-ar-*')) == before
+    assert len(os.listdir('/proc/self/fd')) == fds   # no descriptor kept

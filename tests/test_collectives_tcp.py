@@ -256,13 +256,17 @@ def test_tcp_shm_dead_rank_mid_transfer(mode):
 
 
 def test_tcp_shm_ring_unlinked_and_attach_refusals():
-    """Ranks as threads of one process: the rings are set up, their
-    files are gone from /dev/shm at once, and attach refuses anything
-    but the real file with its cookie."""
+    """Ranks as threads of one process: the rings are set up in files
+    without a name (nothing in /dev/shm), their creators' descriptors are
+    closed at once, and attach refuses anything but the real file with
+    its cookie."""
+    import glob
     import threading
+    from collectives import shm
     from collectives.tcp import tcp_group
-    if not os.path.isdir(T._SHM_DIR):
-        pytest.skip("no /dev/shm")
+    if not shm.anonymous_ok():
+        pytest.skip("no memfd_create or /proc")
+    before = set(glob.glob('/dev/shm/*'))
     port, groups = free_port(), {}
 
     def rank(r):
@@ -273,18 +277,27 @@ def test_tcp_shm_ring_unlinked_and_attach_refusals():
     try:
         for g in groups.values():
             assert g._shm_w is not None and g._shm_r is not None
-            assert not os.path.exists(g._shm_w.path)
+            assert g._shm_w.fd is None          # released after set-up
+        assert not any('dtorch' in f
+                       for f in set(glob.glob('/dev/shm/*')) - before)
         ring, cookie = T._Shm.create(2, 4096)
         try:
+            assert ring.path.startswith(f'/proc/{os.getpid()}/fd/')
             assert T._Shm.attach(ring.path, cookie, 2, 4096) is not None
             assert T._Shm.attach(ring.path, b'x' * 16, 2, 4096) is None
             assert T._Shm.attach(ring.path, cookie, 4, 4096) is None
             assert T._Shm.attach('/etc/passwd', cookie, 2, 4096) is None
-            assert T._Shm.attach(T._SHM_DIR + '/dtorch-tcp-none', cookie,
+            assert T._Shm.attach('/dev/shm/dtorch-tcp-none', cookie,
                                  2, 4096) is None
+            assert T._Shm.attach('/proc/self/fd/0', cookie, 2,
+                                 4096) is None
+            with open('/dev/null', 'rb') as f:   # a /proc path, not a ring
+                assert T._Shm.attach(f'/proc/{os.getpid()}/fd/'
+                                     f'{f.fileno()}', cookie, 2,
+                                     4096) is None
         finally:
-            ring.unlink()
-        assert not os.path.exists(ring.path)
+            ring.release()
+        assert ring.fd is None
     finally:
         for g in groups.values():
             g.destroy()
