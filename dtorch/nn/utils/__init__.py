@@ -2,7 +2,9 @@
 from .clip_grad import (clip_grad_norm_, clip_grad_norm, clip_grad_value_,
                         get_total_norm, clip_grads_with_norm_)
 from .convert_parameters import parameters_to_vector, vector_to_parameters
-from . import rnn  # noqa: F401
+from . import rnn, parametrize, parametrizations  # noqa: F401
+from .weight_norm import weight_norm, remove_weight_norm  # noqa: F401
+from .spectral_norm import spectral_norm, remove_spectral_norm  # noqa
 
 __all__ = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_",
            "get_total_norm", "clip_grads_with_norm_",
