@@ -72,6 +72,21 @@ def install_notice(environ=None, path=None):
             "s); SLURM_LOCAL_NO_INSTALL=1 skips the SLURM tests instead")
 
 
+def tell_terminal(config, text):
+    """Print a line on the terminal now, past pytest's output capture
+    (a fixture's print would only show if a test failed)."""
+    plugins = config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capture = plugins.get_plugin("capturemanager")
+    if reporter is None:
+        print(text, file=sys.__stderr__, flush=True)
+    elif capture is None:
+        reporter.write_line(text, yellow=True)
+    else:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(text, yellow=True)
+
+
 @pytest.fixture(scope="session")
 def slurm_env(pytestconfig):
     """Environment (SLURM_CONF & co.) of a running local cluster."""
@@ -92,12 +107,8 @@ def slurm_env(pytestconfig):
     env.setdefault("SLURM_LOCAL_CPUS", str(max(4, os.cpu_count() or 1)))
     cluster_dir = env.get("SLURM_LOCAL_DIR", "/tmp/dtorch-slurm")
     notice = install_notice()
-    if notice:   # say it on the terminal, past pytest's output capture
-        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(notice, yellow=True)
-        else:
-            print(notice, file=sys.__stderr__, flush=True)
+    if notice:
+        tell_terminal(pytestconfig, notice)
     # Two test sessions on one machine share the cluster: each holds a
     # shared lock while it runs; start happens under the exclusive lock,
     # and only a session that can take it back exclusively (nobody else
@@ -401,3 +412,24 @@ def test_job_output_files_are_ignored_by_git():
                          cwd=ROOT, capture_output=True, text=True,
                          timeout=30)
     assert sorted(out.stdout.split()) == sorted(names), out.stderr
+
+
+def test_install_notice_reaches_the_terminal(tmp_path):
+    # the fixture's line must show in a passing run (pytest captures a
+    # fixture's plain print and shows it only when a test fails)
+    (tmp_path / "test_notice.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\n"
+        "import pytest\n"
+        "from test_slurm import tell_terminal\n"
+        "@pytest.fixture(scope='session')\n"
+        "def fx(pytestconfig):\n"
+        "    tell_terminal(pytestconfig, 'NOTICE installing SLURM')\n"
+        "def test_a(fx):\n"
+        "    pass\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p",
+                          "no:cacheprovider", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env=clean_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "NOTICE installing SLURM" in out.stdout, out.stdout
