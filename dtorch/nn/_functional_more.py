@@ -810,3 +810,136 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2,
 
 
 __all__ += ["embedding_bag"]
+
+
+# ===================================================== 3-d conv and pooling ==
+# Windows are gathered with one index_select over the flattened, padded
+# volume (columns (N, C, K, L)); the convolution is one einsum over them.
+# Gradients come from index_select's backward (a sorted segment sum).
+
+def _triple(v, name):
+    from .functional import _ntuple
+    return _ntuple(v, 3, name)
+
+
+def _window_index(sizes, k, s, d):
+    """Flat positions (K, L) read by each kernel offset at each output
+    position, in a volume of ``sizes`` (already padded)."""
+    out = [(n - (dd * (kk - 1) + 1)) // ss + 1
+           for n, kk, ss, dd in zip(sizes, k, s, d)]
+    if any(o <= 0 for o in out):
+        raise RuntimeError(f"Output size is too small (calculated output "
+                           f"size {out} from input of padded size "
+                           f"{list(sizes)})")
+    strides = [sizes[1] * sizes[2], sizes[2], 1]
+    koff = np.zeros(1, np.int64)
+    opos = np.zeros(1, np.int64)
+    for ax in range(3):
+        koff = (koff[:, None] + (np.arange(k[ax]) * d[ax]
+                                 * strides[ax])[None, :]).reshape(-1)
+        opos = (opos[:, None] + (np.arange(out[ax]) * s[ax]
+                                 * strides[ax])[None, :]).reshape(-1)
+    return koff[:, None] + opos[None, :], out
+
+
+def _columns(x, k, s, p, d, fill=0.0):
+    from .functional import pad
+    if any(p):
+        x = pad(x, (p[2], p[2], p[1], p[1], p[0], p[0]), value=fill)
+    n, c = x.shape[:2]
+    idx, out = _window_index(tuple(x.shape[2:]), k, s, d)
+    flat = x.reshape(n, c, -1)
+    cols = flat.index_select(2, Tensor._wrap(x._xp().asarray(
+        idx.reshape(-1))))
+    return cols.reshape(n, c, idx.shape[0], idx.shape[1]), out
+
+
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1,
+           groups=1):
+    """3-D convolution of (N, C, D, H, W) input (or unbatched (C, D, H,
+    W)) with (O, C / groups, kD, kH, kW) weight."""
+    batched = input.ndim == 5
+    if input.ndim not in (4, 5):
+        raise RuntimeError(f"Expected 4D (unbatched) or 5D (batched) input "
+                           f"to conv3d, but got input of size: "
+                           f"{list(input.shape)}")
+    x = input if batched else input.unsqueeze(0)
+    o, cg = weight.shape[:2]
+    k = tuple(weight.shape[2:])
+    if isinstance(padding, str):
+        if padding == "valid":
+            p = (0, 0, 0)
+        else:
+            raise NotImplementedError("conv3d(padding='same') is not "
+                                      "supported by dtorch")
+    else:
+        p = _triple(padding, "padding")
+    s, d = _triple(stride, "stride"), _triple(dilation, "dilation")
+    if x.shape[1] != cg * groups:
+        raise RuntimeError(
+            f"Given groups={groups}, weight of size {list(weight.shape)}, "
+            f"expected input{list(x.shape)} to have {cg * groups} channels, "
+            f"but got {x.shape[1]} channels instead")
+    cols, out = _columns(x, k, s, p, d)
+    n, _, kk, L = cols.shape
+    cols = cols.reshape(n, groups, cg * kk, L)
+    w = weight.reshape(groups, o // groups, cg * kk)
+    from .._functions import einsum
+    y = einsum("gok,ngkl->ngol", w, cols).reshape(n, o, *out)
+    if bias is not None:
+        y = y + bias.reshape(1, o, 1, 1, 1)
+    return y if batched else y.squeeze(0)
+
+
+def _pool3d_args(input, kernel_size, stride, padding, dilation, ceil_mode,
+                 name):
+    if ceil_mode:
+        raise NotImplementedError(f"{name}(ceil_mode=True) is not supported "
+                                  f"by dtorch")
+    k = _triple(kernel_size, "kernel_size")
+    s = _triple(stride if stride not in (None, ()) else kernel_size,
+                "stride")
+    p = _triple(padding, "padding")
+    d = _triple(dilation, "dilation")
+    if any(2 * pp > kk for pp, kk in zip(p, k)):
+        raise RuntimeError("pad should be at most half of effective kernel "
+                           "size")
+    if input.ndim not in (4, 5):
+        raise RuntimeError(f"{name}: expected 4D or 5D input, got "
+                           f"{input.ndim}D")
+    return k, s, p, d
+
+
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1,
+               ceil_mode=False, return_indices=False):
+    if return_indices:
+        raise NotImplementedError("max_pool3d(return_indices=True) is not "
+                                  "supported by dtorch")
+    k, s, p, d = _pool3d_args(input, kernel_size, stride, padding, dilation,
+                              ceil_mode, "max_pool3d")
+    x = input if input.ndim == 5 else input.unsqueeze(0)
+    cols, out = _columns(x, k, s, p, d, fill=float("-inf"))
+    y = cols.amax(2).reshape(x.shape[0], x.shape[1], *out)
+    return y if input.ndim == 5 else y.squeeze(0)
+
+
+def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    k, s, p, d = _pool3d_args(input, kernel_size, stride, padding, 1,
+                              ceil_mode, "avg_pool3d")
+    x = input if input.ndim == 5 else input.unsqueeze(0)
+    cols, out = _columns(x, k, s, p, d)
+    tot = cols.sum(2)
+    if divisor_override:
+        y = tot / divisor_override
+    elif count_include_pad or not any(p):
+        y = tot / (k[0] * k[1] * k[2])
+    else:
+        ones = x.new_ones((1, 1) + tuple(x.shape[2:]))
+        cnt, _ = _columns(ones, k, s, p, d)
+        y = tot / cnt.sum(2)
+    y = y.reshape(x.shape[0], x.shape[1], *out)
+    return y if input.ndim == 5 else y.squeeze(0)
+
+
+__all__ += ["conv3d", "max_pool3d", "avg_pool3d"]

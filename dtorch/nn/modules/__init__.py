@@ -1,9 +1,11 @@
 """The layer classes of ``dtorch.nn``."""
 from .module import Module
 from .linear import Identity, Linear, Bilinear, LazyLinear
-from .conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d
+from .conv import (Conv1d, Conv2d, Conv3d, ConvTranspose1d,
+                   ConvTranspose2d)
 from .pooling import (MaxPool1d, MaxPool2d, AvgPool1d, AvgPool2d,
-                      AdaptiveAvgPool1d, AdaptiveAvgPool2d)
+                      AdaptiveAvgPool1d, AdaptiveAvgPool2d, MaxPool3d,
+                      AvgPool3d)
 from .activation import (ReLU, ReLU6, LeakyReLU, ELU, Hardtanh, GELU, SiLU,
                          Mish, Sigmoid, Tanh, Softplus, LogSigmoid, Softmax,
                          LogSoftmax, Softmin, MultiheadAttention)

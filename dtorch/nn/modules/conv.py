@@ -186,3 +186,22 @@ class ConvTranspose2d(_ConvNd):
         return F.conv_transpose2d(input, self.weight, self.bias, self.stride,
                                   self.padding, op, self.groups,
                                   self.dilation)
+
+
+class Conv3d(_ConvNd):
+    """3-D convolution over (N, C_in, D, H, W) input (windows gathered,
+    one einsum; see F.conv3d)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1,
+                 padding=0, dilation=1, groups=1, bias=True,
+                 padding_mode="zeros", device=None, dtype=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride,
+                         padding, dilation, False, 0, groups, bias,
+                         padding_mode, 3, device, dtype)
+
+    def forward(self, input):
+        if self.padding_mode != "zeros":
+            return F.conv3d(self._mode_pad(input), self.weight, self.bias,
+                            self.stride, 0, self.dilation, self.groups)
+        return F.conv3d(input, self.weight, self.bias, self.stride,
+                        self.padding, self.dilation, self.groups)
