@@ -26,6 +26,7 @@ import os
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -148,6 +149,7 @@ class HandshakeGate:
         self.closed = False
         self.refused = 0           # connections dropped (cap, deadline)
         self.accept_errors = 0     # accept() failures survived
+        self._paused_until = 0.0   # accept() again from then on
         lsock.setblocking(False)
         self.thread = threading.Thread(target=self._loop, daemon=True,
                                        name=name)
@@ -164,39 +166,16 @@ class HandshakeGate:
 
     # ---- the loop
     def _loop(self):
-        paused_until = 0.0
         try:
             while not self.closed:
-                now = time.monotonic()
-                self._expire(now)
-                poller = select.poll()
-                listening = now >= paused_until
-                if listening:
-                    try:
-                        poller.register(self.lsock, select.POLLIN)
-                    except (OSError, ValueError):   # closed meanwhile
-                        return
-                for fd in self.pending:
-                    poller.register(fd, select.POLLIN)
-                wait = 0.25 if listening else min(0.25, paused_until - now)
-                if self.pending:
-                    first = min(p.deadline for p in self.pending.values())
-                    wait = min(wait, max(0.0, first - now))
                 try:
-                    events = poller.poll(wait * 1000)
-                except OSError:
+                    self._round()
+                except Exception as e:   # never let the listener die
                     if self.closed:
                         return
-                    events = []
-                for fd, ev in events:
-                    if fd == self.lsock.fileno() or fd < 0:
-                        if not self._accept():
-                            # out of descriptors (or the like): shed the
-                            # oldest stranger and try again shortly
-                            self._evict_oldest()
-                            paused_until = time.monotonic() + 0.05
-                    elif fd in self.pending:
-                        self._advance(self.pending[fd])
+                    print(f"dtorch {self.thread.name}: {e!r}",
+                          file=sys.stderr)
+                    time.sleep(0.05)
         finally:
             for p in list(self.pending.values()):
                 self._drop(p)
@@ -204,6 +183,38 @@ class HandshakeGate:
                 self.lsock.close()
             except OSError:
                 pass
+
+    def _round(self):
+        """One poll of the listener and the waiting connections."""
+        now = time.monotonic()
+        self._expire(now)
+        poller = select.poll()
+        listening = now >= self._paused_until
+        if listening:
+            try:
+                poller.register(self.lsock, select.POLLIN)
+            except (OSError, ValueError):   # closed meanwhile
+                self.closed = True
+                return
+        for fd in self.pending:
+            poller.register(fd, select.POLLIN)
+        wait = 0.25 if listening else min(0.25, self._paused_until - now)
+        if self.pending:
+            first = min(p.deadline for p in self.pending.values())
+            wait = min(wait, max(0.0, first - now))
+        try:
+            events = poller.poll(wait * 1000)
+        except OSError:
+            events = []
+        for fd, _ in events:
+            if fd == self.lsock.fileno() or fd < 0:
+                if not self._accept():
+                    # out of descriptors (or the like): shed the oldest
+                    # stranger and try again shortly
+                    self._evict_oldest()
+                    self._paused_until = time.monotonic() + 0.05
+            elif fd in self.pending:
+                self._advance(self.pending[fd])
 
     def _accept(self):
         """Accept what is waiting; False when accept() ran out of

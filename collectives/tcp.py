@@ -3,10 +3,11 @@
 Ranks meet through the `TCPStore` on rank 0, then each rank listens on the
 interface that reaches MASTER_ADDR and connects an *outgoing* socket to its
 right neighbour (the ring) and, lazily, to any peer it sends to (p2p).
-Incoming sockets are accepted by a thread and authenticated with the same
-HMAC challenge as the store. Sends and receives use separate sockets, so
-neither side waits for the other to connect first and p2p traffic never
-mixes with ring traffic.
+Incoming sockets are accepted and authenticated (the store's HMAC
+challenge) by a `HandshakeGate`, off the path of the peers' connections:
+idle strangers are capped and timed out and cannot hold up a peer. Sends
+and receives use separate sockets, so neither side waits for the other to
+connect first and p2p traffic never mixes with ring traffic.
 
 All-reduce: below SMALL bytes, an all-gather of whole buffers followed by a
 reduction in rank order (n-1 messages instead of 2(n-1)); above, the classic
@@ -25,8 +26,9 @@ ring of slots in an anonymous shared file (`shm.anonymous_file`: no name
 in /dev/shm, so a rank killed at any moment leaves nothing behind; its
 /proc path is sent over the authenticated socket and the descriptor
 closed as soon as the neighbour has answered); a neighbour that can open
-it and finds the random cookie inside shares the host. Messages of SHM_MIN bytes or more on such a link keep their
-header on the socket, but the payload goes slot by slot through the file:
+it and finds the random cookie inside shares the host. Messages of
+SHM_MIN bytes or more on such a link keep their header on the socket, but
+the payload goes slot by slot through the file:
 one token byte on the socket says "slot filled", one byte back on the same
 connection says "slot free". The reader reduces straight out of the slot,
 which is still in cache. Control stays on the socket, so a dead peer is
@@ -180,9 +182,11 @@ class TCPGroup(ProcessGroup):
             self._rsock = self._connect('r', self._right, deadline)
             self._lsock_in = self._wait_incoming('r', self._left, deadline)
             self._shm_setup(deadline)
-        except _Expired as e:
+        except BaseException as e:
             self._gate.close()
             self._close_sockets()
+            if not isinstance(e, _Expired):
+                raise
             raise CollectiveTimeoutError(
                 f"tcp group {name!r} set-up on rank {rank} (global ranks "
                 f"{self.ranks}) timed out after {self.timeout:.1f} s "

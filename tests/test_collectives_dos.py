@@ -41,15 +41,6 @@ def open_fds():
     return len(os.listdir('/proc/self/fd'))
 
 
-def wait_until(cond, timeout):
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def idle_connections(port, n):
     """n connections that never answer the handshake."""
     socks = []
