@@ -943,3 +943,64 @@ def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
 
 
 __all__ += ["conv3d", "max_pool3d", "avg_pool3d"]
+
+
+# =================================================================== CTC ==
+
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0,
+             reduction="mean", zero_infinity=False):
+    """Connectionist temporal classification loss of (T, N, C)
+    log-probabilities (or unbatched (T, C)) against padded (N, S) or
+    concatenated targets. 'mean' divides each sample's loss by its target
+    length, then averages, as PyTorch."""
+    from ..ops.ctc import CTCLoss
+
+    def arr(v):
+        if isinstance(v, Tensor):
+            return np.asarray(v.detach().cpu()._data, np.int64).reshape(-1)
+        return np.asarray(v, np.int64).reshape(-1)
+    batched = log_probs.ndim == 3
+    lp = log_probs if batched else log_probs.unsqueeze(1)
+    T, n, _ = lp.shape
+    il, tl = arr(input_lengths), arr(target_lengths)
+    if il.size != n or tl.size != n:
+        raise RuntimeError(f"input_lengths and target_lengths must have "
+                           f"size {n} (the batch), got {il.size} and "
+                           f"{tl.size}")
+    if (il > T).any():
+        raise RuntimeError(f"Expected input_lengths to have value at most "
+                           f"{T}, but got value {int(il.max())}")
+    t = arr(targets) if not isinstance(targets, Tensor) or \
+        targets.ndim < 2 else None
+    if t is not None and (targets.ndim if isinstance(targets, Tensor)
+                          else np.ndim(targets)) <= 1 and batched:
+        # concatenated targets -> padded rows
+        L = int(tl.max()) if tl.size else 0
+        pad = np.zeros((n, L), np.int64)
+        starts = np.concatenate([[0], np.cumsum(tl)[:-1]])
+        pos = np.arange(L)[None, :]
+        take = pos < tl[:, None]
+        src = (starts[:, None] + pos)[take]
+        pad[take] = t[src]
+        tgt = pad
+    elif t is not None:
+        tgt = t.reshape(1, -1)
+    else:
+        tgt = np.asarray(targets.detach().cpu()._data, np.int64)
+    if tgt.shape[1] < (tl.max() if tl.size else 0):
+        raise RuntimeError("target_lengths exceed the targets' length")
+    loss = CTCLoss.apply(lp, targets=tgt, input_lengths=il,
+                         target_lengths=tl, blank=blank,
+                         zero_infinity=zero_infinity)
+    if reduction == "none":
+        return loss if batched else loss.squeeze(0)
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "mean":
+        den = Tensor._wrap(lp._xp().asarray(np.maximum(tl, 1).astype(
+            lp._data.dtype)))
+        return (loss / den).mean()
+    raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+__all__ += ["ctc_loss"]

@@ -32,7 +32,7 @@ from ._more import (PReLU, Hardswish, Hardsigmoid, SELU, CELU, Softsign,
                     HingeEmbeddingLoss, SoftMarginLoss, CosineEmbeddingLoss,
                     TripletMarginLoss, TripletMarginWithDistanceLoss,
                     PoissonNLLLoss, GaussianNLLLoss, MultiLabelSoftMarginLoss,
-                    MultiMarginLoss, EmbeddingBag)
+                    MultiMarginLoss, EmbeddingBag, CTCLoss)
 from .transformer import (Transformer, TransformerEncoder,
                           TransformerDecoder, TransformerEncoderLayer,
                           TransformerDecoderLayer)

@@ -306,3 +306,14 @@ class EmbeddingBag(Module):
     def extra_repr(self):
         return (f"{self.num_embeddings}, {self.embedding_dim}, "
                 f"mode='{self.mode}'")
+
+
+class CTCLoss(_Loss):
+    def __init__(self, blank=0, reduction="mean", zero_infinity=False):
+        super().__init__(reduction=reduction)
+        self.blank = blank
+        self.zero_infinity = zero_infinity
+
+    def forward(self, log_probs, targets, input_lengths, target_lengths):
+        return F.ctc_loss(log_probs, targets, input_lengths, target_lengths,
+                          self.blank, self.reduction, self.zero_infinity)
