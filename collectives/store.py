@@ -324,8 +324,8 @@ class _Server:
                 cmd, key, val = _recv_frame(conn, (MAX_CMD, MAX_KEY,
                                                    MAX_VALUE))
                 _send_frame(conn, *self._do(cmd, key.decode(), val))
-        except (OSError, ConnectionError, struct.error, UnicodeError):
-            pass
+        except (OSError, ConnectionError, struct.error, ValueError):
+            pass   # (UnicodeError is a ValueError: a bad key)
         finally:
             conn.close()
 
