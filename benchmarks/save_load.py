@@ -7,7 +7,9 @@ nested dicts, ~4 MB). Each run saves to a real file in ``--dir`` (fsync
 included, as dtorch.save does) and loads it back; the implementations are
 interleaved run by run so that load from other processes hits them alike.
 Reports the median and the range (min..max) of MB/s over ``--repeats``,
-and the rates of zlib.crc32 and of dtorch's tensor checksum alone.
+the median process CPU time per operation (steadier than wall time on a
+shared machine), and the rates of zlib.crc32 and of dtorch's tensor
+checksum alone.
 
     python benchmarks/save_load.py [--baseline REV] [--repeats 9]
         [--dir DIR] [--out benchmarks/results/save_load.json]
@@ -75,19 +77,23 @@ def baseline_module(rev):
 
 
 def one_run(mod, obj, path):
-    t0 = time.perf_counter()
+    """Wall and process CPU seconds of a save and of a load."""
+    t0, c0 = time.perf_counter(), time.process_time()
     mod.save(obj, path)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     mod.load(path)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     os.unlink(path)
-    return t1 - t0, t2 - t1
+    return t1 - t0, t2 - t1, c1 - c0, c2 - c1
 
 
-def summary(times, size):
+def summary(times, size, cpu=None):
     rates = sorted(size / t / 1e6 for t in times)
-    return {"median_MBps": round(statistics.median(rates), 1),
-            "min_MBps": round(rates[0], 1), "max_MBps": round(rates[-1], 1)}
+    out = {"median_MBps": round(statistics.median(rates), 1),
+           "min_MBps": round(rates[0], 1), "max_MBps": round(rates[-1], 1)}
+    if cpu is not None:
+        out["cpu_ms_median"] = round(statistics.median(cpu) * 1e3, 1)
+    return out
 
 
 def main():
@@ -107,19 +113,20 @@ def main():
     try:
         for wname, obj in workloads().items():
             size = nbytes(obj)
-            times = {k: ([], []) for k in impls}
+            times = {k: ([], [], [], []) for k in impls}
             for k, mod in impls.items():          # warm up
                 one_run(mod, obj, os.path.join(folder, "w.pt"))
             for _ in range(args.repeats):
                 for k, mod in impls.items():
-                    s, ld = one_run(mod, obj, os.path.join(folder, "c.pt"))
-                    times[k][0].append(s)
-                    times[k][1].append(ld)
+                    run = one_run(mod, obj, os.path.join(folder, "c.pt"))
+                    for col, v in zip(times[k], run):
+                        col.append(v)
             for k in impls:
+                ts = times[k]
                 results[f"{wname} {k}"] = {
                     "MB": round(size / 1e6, 1),
-                    "save": summary(times[k][0], size),
-                    "load": summary(times[k][1], size)}
+                    "save": summary(ts[0], size, ts[2]),
+                    "load": summary(ts[1], size, ts[3])}
     finally:
         for f in os.listdir(folder):
             os.unlink(os.path.join(folder, f))
@@ -147,11 +154,10 @@ def main():
 
     for k, r in results.items():
         if "save" in r:
-            print(f"{k:28s} {r['MB']:6.1f} MB  save "
-                  f"{r['save']['median_MBps']:7.1f}"
-                  f" MB/s [{r['save']['min_MBps']}..{r['save']['max_MBps']}]"
-                  f"  load {r['load']['median_MBps']:7.1f} MB/s"
-                  f" [{r['load']['min_MBps']}..{r['load']['max_MBps']}]")
+            print(f"{k:26s} {r['MB']:5.1f} MB", *(
+                f" {op} {r[op]['median_MBps']:6.1f} MB/s [{r[op]['min_MBps']}"
+                f"..{r[op]['max_MBps']}] cpu {r[op]['cpu_ms_median']} ms"
+                for op in ("save", "load")))
         else:
             print(f"{k:28s} {r['median_MBps']:7.1f} MB/s "
                   f"[{r['min_MBps']}..{r['max_MBps']}]")
