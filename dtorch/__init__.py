@@ -82,12 +82,13 @@ from ._tensor_more import (  # noqa: E402
     nansum, nanmean, mv, addmm, baddbmm, addbmm, addmv, tile, unique,
     unique_consecutive, multinomial, bernoulli, lgamma, digamma, mode)
 from ._functions import *  # noqa: F401,F403,E402
+from ._legacy import *  # noqa: F401,F403,E402
 arctan2, arcsin, arccos, arctan, moveaxis = atan2, asin, acos, atan, movedim
 
 __version__ = "0.1.0"
 
 from .serialization import save, load
 from . import optim, utils
-from . import accelerator, backends, multiprocessing  # noqa: E402
+from . import accelerator, backends, multiprocessing, distributions  # noqa
 from .utils import checkpoint as _ckpt  # noqa: E402,F401
 from . import nn  # noqa: E402

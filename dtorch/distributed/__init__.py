@@ -379,4 +379,16 @@ def spawn_threads(fn, world_size, timeout=None):
     return _c.spawn_threads(body, world_size, timeout=timeout)
 
 
+def get_default_backend_for_device(device):
+    """PyTorch's answer: 'nccl' for CUDA devices, 'gloo' (dtorch's tcp
+    backend) for the CPU."""
+    from .. import _backend as B
+    dev = B.to_device(device) if not isinstance(device, B.device) else device
+    if dev.type == "cuda":
+        return "nccl"
+    if dev.type == "cpu":
+        return "gloo"
+    raise ValueError(f"no default backend for device type {dev.type!r}")
+
+
 from . import metrics  # noqa: E402,F401  (needs _default_or_none)
