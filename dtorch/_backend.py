@@ -422,6 +422,55 @@ def cuda_device(i):
     return d
 
 
+class _DeviceGuard:
+    """Makes CUDA device ``idx`` current inside the block, then restores
+    the previous one (only when they differ: the common case costs one
+    getDevice)."""
+    __slots__ = ("idx", "prev")
+
+    def __init__(self, idx):
+        self.idx, self.prev = idx, None
+
+    def __enter__(self):
+        rt = _cupy.cuda.runtime
+        prev = rt.getDevice()
+        if prev != self.idx:
+            rt.setDevice(self.idx)
+            self.prev = prev
+        return self
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            _cupy.cuda.runtime.setDevice(self.prev)
+        return False
+
+
+def device_guard(array):
+    """A context that runs CuPy work on ``array``'s device. CuPy launches
+    kernels on the current device, not the operands': without this, work
+    on a cuda:1 array while device 0 is current lands on device 0 (or
+    fails without peer access). Nothing to do for host arrays."""
+    if _cupy is None or not isinstance(array, _cupy.ndarray):
+        return _NULL_CONTEXT
+    return _DeviceGuard(array.data.device_id)
+
+
+def on_own_device(method):
+    """Decorator for Tensor methods that call the array module directly
+    (not through Function.apply): they run on their tensor's device. On a
+    host array it costs one check."""
+    def guarded(self, *args, **kwargs):
+        a = self._data
+        if _cupy is None or type(a) is np.ndarray:
+            return method(self, *args, **kwargs)
+        with _DeviceGuard(a.data.device_id):
+            return method(self, *args, **kwargs)
+    guarded.__name__ = method.__name__
+    guarded.__qualname__ = method.__qualname__
+    guarded.__doc__ = method.__doc__
+    return guarded
+
+
 def device_of(array):
     """The dtorch device that holds an array."""
     if type(array) is np.ndarray or not is_cupy_array(array):

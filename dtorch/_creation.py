@@ -5,7 +5,7 @@ import numpy as np
 
 from . import _backend as B
 from . import ops as P
-from .random import _rng
+from .random import draw as _draw
 from .tensor import Tensor, _dims
 
 
@@ -162,22 +162,32 @@ def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
                 device=device or t.device, requires_grad=requires_grad)
 
 
-def _random(sample, size, dtype, device, requires_grad):
-    a = sample(_dims(size)).astype(_np_dtype(dtype), copy=False)
-    return _finish(a, dtype, device, requires_grad)
+def _random(method, size, generator, dtype, device, requires_grad, *args):
+    # drawn on the target device by its generator (never on the host and
+    # copied); CPU streams are NumPy's, as before
+    dt = B.to_dtype(dtype) or B.get_default_dtype()
+    dev = B.to_device(device)
+    if dev is not None and dev.type == "cuda":
+        B.check_cuda_dtype(dt)
+    a = _draw(method, *args, size=_dims(size), device=dev,
+              generator=generator, dtype=dt.np)
+    t = Tensor._make(a, False, None)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
 
 
 def randn(*size, generator=None, dtype=None, device=None,
           requires_grad=False):
-    """Standard normal samples from the default (or given) generator."""
-    return _random(_rng(generator).standard_normal, size, dtype, device,
+    """Standard normal samples from the default (or given) generator, or
+    on a CUDA device from that device's generator."""
+    return _random("standard_normal", size, generator, dtype, device,
                    requires_grad)
 
 
 def rand(*size, generator=None, dtype=None, device=None,
          requires_grad=False):
-    return _random(_rng(generator).random, size, dtype, device,
-                   requires_grad)
+    return _random("random", size, generator, dtype, device, requires_grad)
 
 
 def randint(low, high=None, size=None, generator=None, dtype=None,
@@ -189,15 +199,15 @@ def randint(low, high=None, size=None, generator=None, dtype=None,
         low, high = 0, low
     if size is None:
         raise TypeError("randint() missing required argument 'size'")
-    a = _rng(generator).integers(low, high, tuple(size))
-    return _finish(a.astype((B.to_dtype(dtype) or B.int64).np), dtype,
-                   device, False)
+    return _random("integers", (tuple(size),), generator,
+                   B.to_dtype(dtype) or B.int64, device, False, low, high)
 
 
 def randperm(n, generator=None, dtype=None, device=None):
-    a = _rng(generator).permutation(n)
-    return _finish(a.astype((B.to_dtype(dtype) or B.int64).np), dtype,
-                   device, False)
+    dt = B.to_dtype(dtype) or B.int64
+    a = _draw("permutation", n, device=device, generator=generator,
+              dtype=dt.np)
+    return Tensor._make(a, False, None)
 
 
 def randn_like(t, dtype=None, device=None, requires_grad=False):

@@ -390,12 +390,12 @@ def dsplit(t, sections):
 
 # ================================================================ sampling ==
 
+@B.on_own_device
 def poisson(input, generator=None):
-    from .random import _rng
-    lam = input.detach().cpu()._data
-    vals = _rng(generator).poisson(lam).astype(lam.dtype)
-    return Tensor._wrap(input.device.send(vals)
-                        if input.device.type != "cpu" else vals)
+    from .random import draw
+    lam = input.detach()._data      # drawn on input's device
+    return Tensor._wrap(draw("poisson", lam, device=input.device,
+                             generator=generator, dtype=lam.dtype))
 
 
 # ==================================================== dtype info, settings ==

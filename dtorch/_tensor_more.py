@@ -805,99 +805,112 @@ def unique_consecutive(self, return_inverse=False, return_counts=False,
 
 # ============================================================ sampling ======
 
+@B.on_own_device
 def multinomial(self, num_samples, replacement=False, generator=None):
-    """Category indices drawn from each row's (unnormalised) weights."""
-    from .random import _rng
+    """Category indices drawn from each row's (unnormalised) weights, on
+    self's device (checks of the weights deferred there, no host sync)."""
+    from .random import draw
     if self.ndim not in (1, 2):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
     if not self.dtype.is_floating_point:
         raise RuntimeError("multinomial only supports floating-point dtypes "
                            "for input")
-    p = self.detach().cpu()._data.astype(np.float64).reshape(
-        -1, self.shape[-1])
+    xp = self._xp()
+    p = self._data.astype(np.float64).reshape(-1, self.shape[-1])
     k = p.shape[1]
     if num_samples <= 0:
         raise RuntimeError("cannot sample n_sample <= 0 samples")
-    if not np.isfinite(p).all() or (p < 0).any():
-        raise RuntimeError("probability tensor contains either `inf`, `nan` "
-                           "or element < 0")
+    B.check_or_defer(~(xp.isfinite(p).all() & (p >= 0).all()),
+                     lambda: RuntimeError(
+                         "probability tensor contains either `inf`, `nan` "
+                         "or element < 0"))
     tot = p.sum(1)
-    if (tot <= 0).any():
-        raise RuntimeError("invalid multinomial distribution (sum of "
-                           "probabilities <= 0)")
+    B.check_or_defer((tot <= 0).any(), lambda: RuntimeError(
+        "invalid multinomial distribution (sum of probabilities <= 0)"))
     if not replacement and num_samples > k:
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) "
                            "samples without replacement")
-    rng = _rng(generator)
     rows = p.shape[0]
+    dev = self.device
     if replacement:
         # inverse CDF, all rows at once: row r's CDF lives in [r, r + 1]
-        cdf = np.cumsum(p, 1) / tot[:, None]
+        cdf = xp.cumsum(p, 1) / tot[:, None]
         cdf[:, -1] = 1.0
-        off = np.arange(rows)[:, None]
-        u = rng.random((rows, num_samples))
-        idx = np.searchsorted((cdf + off).reshape(-1), (u + off).reshape(-1),
+        off = xp.arange(rows)[:, None]
+        u = draw("random", size=(rows, num_samples), device=dev,
+                 generator=generator, dtype=np.float64)
+        idx = xp.searchsorted((cdf + off).reshape(-1), (u + off).reshape(-1),
                               side="right").reshape(rows, num_samples)
-        idx = np.minimum(idx - off * k, k - 1)
+        idx = xp.minimum(idx - off * k, k - 1)
         # a zero-weight category can be hit only at a CDF plateau edge
     else:
-        if ((p > 0).sum(1) < num_samples).any():
-            raise RuntimeError("invalid multinomial distribution (with "
-                               "replacement=False, not enough non-negative "
-                               "category to sample)")
+        B.check_or_defer(((p > 0).sum(1) < num_samples).any(),
+                         lambda: RuntimeError(
+                             "invalid multinomial distribution (with "
+                             "replacement=False, not enough non-negative "
+                             "category to sample)"))
         # exponential race (Gumbel top-k): the first num_samples arrivals
         # of Exp(p_i) clocks are a draw without replacement
+        e = draw("exponential", size=p.shape, device=dev,
+                 generator=generator, dtype=np.float64)
         with np.errstate(divide="ignore"):
-            keys = rng.exponential(size=p.shape) / p
-        idx = np.argsort(keys, axis=1, kind="stable")[:, :num_samples]
+            keys = e / p
+        idx = xp.argsort(keys, axis=1, kind="stable")[:, :num_samples]
     idx = idx.astype(np.int64)
     if self.ndim == 1:
         idx = idx.reshape(num_samples)
-    return _wrap(self.device.send(idx) if self.device.type != "cpu" else idx)
+    return _wrap(idx)
 
 
+@B.on_own_device
 def bernoulli(self, p=None, generator=None):
-    from .random import _rng
-    prob = self.detach().cpu()._data if p is None else (
-        _arr(p) if not isinstance(p, _T()) else p.detach().cpu()._data)
-    prob = np.broadcast_to(np.asarray(prob, np.float64), self.shape)
-    if ((prob < 0) | (prob > 1)).any() or np.isnan(prob).any():
-        raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but "
-                           "got false.")
-    vals = _rng(generator).random(self.shape) < prob
+    from .random import draw
+    # drawn on self's device; the range check is deferred there (no sync)
+    xp = self._xp()
+    prob = self._data if p is None else (
+        p._data if isinstance(p, _T()) else p)
+    prob = self.device.send(xp.asarray(prob)) if not isinstance(
+        prob, (int, float)) else prob
+    bad = ~((xp.asarray(prob) >= 0) & (xp.asarray(prob) <= 1)).all()
+    B.check_or_defer(bad, lambda: RuntimeError(
+        "Expected p_in >= 0 && p_in <= 1 to be true, but got false."))
+    vals = draw("random", size=self.shape, device=self.device,
+                generator=generator) < prob
     dt = self._data.dtype if self.dtype.is_floating_point else \
         B.get_default_dtype().np
-    return _wrap(self.device.send(vals.astype(dt)))
+    return _wrap(vals.astype(dt))
 
 
-def _fill_random(self, vals):
+@B.on_own_device
+def _fill_random(self, method, *args, generator=None, scale=None):
+    # drawn on self's device by its generator, not on the host
+    from .random import draw
     self._check_inplace()
-    self._data[...] = self.device.send(vals.astype(self._data.dtype))
+    vals = draw(method, *args, size=self.shape, device=self.device,
+                generator=generator)
+    if scale is not None:
+        vals = scale[0] + scale[1] * vals
+    self._data[...] = vals.astype(self._data.dtype)
     self._vc[0] += 1
     return self
 
 
 def exponential_(self, lambd=1.0, generator=None):
-    from .random import _rng
-    return _fill_random(self, _rng(generator).exponential(
-        1.0 / lambd, self.shape))
+    return _fill_random(self, "exponential", 1.0 / lambd,
+                        generator=generator)
 
 
 def geometric_(self, p, generator=None):
-    from .random import _rng
-    return _fill_random(self, _rng(generator).geometric(p, self.shape))
+    return _fill_random(self, "geometric", p, generator=generator)
 
 
 def log_normal_(self, mean=1.0, std=2.0, generator=None):
-    from .random import _rng
-    return _fill_random(self, _rng(generator).lognormal(mean, std,
-                                                        self.shape))
+    return _fill_random(self, "lognormal", mean, std, generator=generator)
 
 
 def cauchy_(self, median=0.0, sigma=1.0, generator=None):
-    from .random import _rng
-    return _fill_random(self, median + sigma * _rng(generator)
-                        .standard_cauchy(self.shape))
+    return _fill_random(self, "standard_cauchy", generator=generator,
+                        scale=(median, sigma))
 
 
 # ============================================================ in-place shape ==

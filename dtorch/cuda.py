@@ -111,8 +111,13 @@ def get_device_name(device=None):
 
 
 def is_bf16_supported(including_emulation=True):
-    """bfloat16 on the GPU: CuPy devices of compute capability 8.0+."""
-    cp = B._load_cupy()
-    if cp is None:
-        return False
-    return int(cp.cuda.Device().compute_capability) >= 80
+    """False: dtorch has no bfloat16 on CUDA devices yet.
+
+    CuPy (13.x and 14.x, the versions dtorch supports) has no bfloat16
+    dtype, so dtorch refuses bfloat16 CUDA tensors
+    (``_backend.check_cuda_dtype``) whatever the GPU's compute capability;
+    answering True would send mixed-precision code (``autocast(dtype=
+    torch.bfloat16 if is_bf16_supported() else torch.float16)``) into that
+    error. Use float16 with ``amp.GradScaler`` on the GPU. This never
+    initialises CUDA."""
+    return False

@@ -22,6 +22,10 @@ class Generator:
         self.device = _backend.to_device(device)
         self._seed = 67280421310721
         self._rng = np.random.Generator(np.random.PCG64(self._seed))
+        # a CUDA generator draws on its device (a CuPy RandomState, made at
+        # the first draw); 'cuda' means the device current at that draw
+        self._cuda = (_CudaGen(self._seed) if self.device.type == "cuda"
+                      else None)
 
     def manual_seed(self, seed):
         seed = int(seed)
@@ -29,6 +33,8 @@ class Generator:
             seed = seed & 0xFFFF_FFFF_FFFF_FFFF
         self._seed = seed
         self._rng = np.random.Generator(np.random.PCG64(seed))
+        if self._cuda is not None:
+            self._cuda.seed, self._cuda.epoch, self._cuda.rs = seed, 0, None
         return self
 
     def seed(self):
@@ -40,13 +46,22 @@ class Generator:
         return self._seed
 
     def get_state(self):
-        """The state as a JSON-friendly dict (PCG64's two 128-bit words)."""
+        """The state as a JSON-friendly dict (PCG64's two 128-bit words;
+        for a CUDA generator a (seed, epoch) key, see cuda_get_rng_state)."""
+        if self._cuda is not None:
+            return _cuda_key(self._cuda)
         st = self._rng.bit_generator.state
         return {"seed": self._seed, "state": str(st["state"]["state"]),
                 "inc": str(st["state"]["inc"]),
                 "has_uint32": st["has_uint32"], "uinteger": st["uinteger"]}
 
     def set_state(self, state):
+        if self._cuda is not None:
+            g = self._cuda
+            g.seed, g.epoch, g.rs = int(state["seed"]), int(state["epoch"]), \
+                None
+            self._seed = g.seed
+            return self
         bg = np.random.PCG64()
         bg.state = {"bit_generator": "PCG64",
                     "state": {"state": int(state["state"]),
@@ -62,7 +77,6 @@ class Generator:
         return self._rng
 
 
-default_generator = Generator()
 
 
 # ------------------------------------------------------------- CUDA ----
@@ -81,6 +95,26 @@ class _CudaGen:
 
     def __init__(self, seed):
         self.seed, self.epoch, self.rs = seed, 0, None
+
+
+def _cuda_key(g):
+    g.epoch += 1
+    g.rs = None     # re-keyed at the next draw
+    return {"seed": g.seed, "epoch": g.epoch}
+
+
+def _cuda_rs(g, index):
+    """g's CuPy RandomState, made on device ``index`` at the first draw."""
+    if g.rs is None:
+        cp = _backend.check_cuda_available()
+        key = (g.seed + g.epoch * 0x9E3779B97F4A7C15) & (2 ** 63 - 1)
+        with cp.cuda.Device(index):
+            g.rs = cp.random.RandomState(key)
+        g.rs._dtorch_device = index
+    return g.rs
+
+
+default_generator = Generator()
 
 
 _cuda_gens = {}
@@ -105,14 +139,8 @@ def cuda_random_state(device=None):
     """The CuPy RandomState of a CUDA device (the current one by default),
     seeded on first use from manual_seed's seed. Draw from it inside the
     device's context (``with device.context():``)."""
-    cp = _backend.check_cuda_available()
     index = _cuda_index(device)
-    g = _cuda_gen(index)
-    if g.rs is None:
-        key = (g.seed + g.epoch * 0x9E3779B97F4A7C15) & (2 ** 63 - 1)
-        with cp.cuda.Device(index):
-            g.rs = cp.random.RandomState(key)
-    return g.rs
+    return _cuda_rs(_cuda_gen(index), index)
 
 
 def cuda_manual_seed(seed, device=None, all_devices=False):
@@ -128,10 +156,7 @@ def cuda_manual_seed(seed, device=None, all_devices=False):
 
 def cuda_get_rng_state(device=None):
     """A JSON-friendly key of a CUDA device's generator state."""
-    g = _cuda_gen(_cuda_index(device))
-    g.epoch += 1
-    g.rs = None     # re-keyed at the next draw
-    return {"seed": g.seed, "epoch": g.epoch}
+    return _cuda_key(_cuda_gen(_cuda_index(device)))
 
 
 def cuda_set_rng_state(state, device=None):
@@ -165,3 +190,77 @@ def set_rng_state(state):
 
 def _rng(generator=None):
     return (generator or default_generator).rng
+
+
+# ---------------------------------------------------------- sampling ----
+# NumPy Generator method -> CuPy RandomState method, and whether CuPy's
+# takes a float dtype= (cuRAND draws float32 or float64 only)
+_CUPY_METHODS = {
+    "random": ("random_sample", True), "standard_normal": (None, True),
+    "normal": (None, True), "uniform": (None, True),
+    "exponential": (None, True), "lognormal": (None, True),
+    "standard_cauchy": (None, True), "integers": ("randint", False),
+    "geometric": (None, False), "poisson": (None, False),
+    "permutation": (None, False)}
+
+
+def draw(method, *args, size=None, device=None, generator=None,
+         dtype=None):
+    """Random numbers drawn where they are used: on the CPU by
+    ``generator`` (default: the default generator), as
+    ``generator.<method>(*args, size)`` with NumPy's Generator method names;
+    on a CUDA device by that device's generator (or a CUDA ``generator``),
+    inside the device's context - never drawn on the host and copied.
+    ``args`` may be arrays on the device (means, probabilities); the result
+    has ``dtype`` (a NumPy dtype) when given.
+
+    Example::
+
+        a = draw("normal", 0.0, 1.0, size=(3,), device="cuda:1",
+                 dtype=np.float32)
+    """
+    dev = _backend.to_device(device)
+    if dev is None or dev.type == "cpu":
+        if generator is not None and generator._cuda is not None:
+            raise RuntimeError(
+                f"Expected a 'cpu' device type for generator but found "
+                f"'{generator.device.type}'")
+        f = getattr(_rng(generator), method)
+        a = f(*args) if method == "permutation" else f(*args, size=size)
+        return a if dtype is None else np.asarray(a).astype(dtype,
+                                                         copy=False)
+    cp = _backend.check_cuda_available()
+    index = dev.index if dev.index is not None else \
+        _backend.current_cuda_index()
+    if generator is None:
+        rs = _cuda_rs(_cuda_gen(index), index)
+    elif generator._cuda is None:
+        raise RuntimeError(
+            "Expected a 'cuda' device type for generator but found 'cpu'")
+    else:
+        gi = generator.device.index
+        if gi is not None and gi != index:
+            raise RuntimeError(
+                f"Expected a generator of device cuda:{index} but found "
+                f"one of cuda:{gi}")
+        rs = _cuda_rs(generator._cuda, index)
+        if rs._dtorch_device != index:
+            raise RuntimeError(
+                f"Expected a generator of device cuda:{index} but found "
+                f"one of cuda:{rs._dtorch_device}")
+    name, floating = _CUPY_METHODS[method]
+    f = getattr(rs, name or method)
+    with cp.cuda.Device(index):
+        if method == "permutation":
+            a = f(*args)
+        elif floating:
+            fd = np.float64 if dtype is not None and \
+                np.dtype(dtype) == np.float64 else np.float32
+            a = f(*args, size=size, dtype=fd)
+        elif method == "integers":
+            a = f(*args, size=size, dtype=np.int64)
+        else:
+            a = f(*args, size=size)
+        if dtype is not None:
+            a = a.astype(dtype, copy=False)
+    return a

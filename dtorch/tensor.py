@@ -486,6 +486,7 @@ class Tensor:
     def __floordiv__(self, other):
         return self._nondiff(np.floor_divide, other)
 
+    @B.on_own_device
     def __rfloordiv__(self, other):
         o = _operand(other, self)
         return Tensor._wrap(self._xp().floor_divide(_arr(o), self._data))
@@ -493,6 +494,7 @@ class Tensor:
     def __mod__(self, other):
         return self._nondiff(np.remainder, other)
 
+    @B.on_own_device
     def _nondiff(self, ufunc, other):
         x, y = P.promote(self._data, _arr(_operand(other, self)))
         xp = self._xp()
@@ -515,6 +517,7 @@ class Tensor:
 
     multiply = mul
 
+    @B.on_own_device
     def div(self, other, rounding_mode=None):
         if rounding_mode is None:
             return self / other
@@ -645,35 +648,45 @@ class Tensor:
     def addcdiv(self, t1, t2, value=1):
         return self + t1 / t2 * value
 
+    @B.on_own_device
     def sign(self):
         return Tensor._wrap(self._xp().sign(self._data))
 
+    @B.on_own_device
     def floor(self):
         return Tensor._wrap(self._xp().floor(self._data))
 
+    @B.on_own_device
     def ceil(self):
         return Tensor._wrap(self._xp().ceil(self._data))
 
+    @B.on_own_device
     def round(self, decimals=0):
         return Tensor._wrap(self._xp().round(self._data, decimals))
 
+    @B.on_own_device
     def trunc(self):
         return Tensor._wrap(self._xp().trunc(self._data))
 
+    @B.on_own_device
     def isnan(self):
         return Tensor._wrap(self._xp().isnan(self._data))
 
+    @B.on_own_device
     def isinf(self):
         return Tensor._wrap(self._xp().isinf(self._data))
 
+    @B.on_own_device
     def isfinite(self):
         return Tensor._wrap(self._xp().isfinite(self._data))
 
+    @B.on_own_device
     def nan_to_num(self, nan=0.0, posinf=None, neginf=None):
         return Tensor._wrap(self._xp().nan_to_num(
             self._data, nan=nan, posinf=posinf, neginf=neginf))
 
     # ------------------------------------------------------- comparison ---
+    @B.on_own_device
     def _cmp(self, ufunc_name, other):
         o = _operand(other, self)
         x, y = P.promote(self._data, _arr(o), ufunc_name)
@@ -715,14 +728,17 @@ class Tensor:
         return bool(self.shape == other.shape
                     and (self._data == other._data).all())
 
+    @B.on_own_device
     def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
         return bool(self._xp().allclose(self._data, _arr(other), rtol, atol,
                                         equal_nan))
 
+    @B.on_own_device
     def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
         return Tensor._wrap(self._xp().isclose(self._data, _arr(other), rtol,
                                                atol, equal_nan))
 
+    @B.on_own_device
     def _logical(self, name, other):
         o = _arr(_operand(other, self))
         return Tensor._wrap(getattr(self._xp(), name)(self._data, o))
@@ -740,9 +756,11 @@ class Tensor:
     __ror__ = __or__
     __rxor__ = __xor__
 
+    @B.on_own_device
     def __invert__(self):
         return Tensor._wrap(~self._data)
 
+    @B.on_own_device
     def logical_not(self):
         return Tensor._wrap(self._xp().logical_not(self._data))
 
@@ -824,6 +842,7 @@ class Tensor:
     def amin(self, dim=None, keepdim=False):
         return P.Amax.apply(self, dim=dim, keepdim=keepdim, is_min=True)
 
+    @B.on_own_device
     def _arg(self, fn, dim, keepdim):
         xp = self._xp()
         if dim is None:
@@ -844,14 +863,17 @@ class Tensor:
     def argmin(self, dim=None, keepdim=False):
         return self._arg("argmin", dim, keepdim)
 
+    @B.on_own_device
     def all(self, dim=None, keepdim=False):
         return Tensor._wrap(self._xp().asarray(self._data.astype(bool).all(
             axis=None if dim is None else self._dim(dim), keepdims=keepdim)))
 
+    @B.on_own_device
     def any(self, dim=None, keepdim=False):
         return Tensor._wrap(self._xp().asarray(self._data.astype(bool).any(
             axis=None if dim is None else self._dim(dim), keepdims=keepdim)))
 
+    @B.on_own_device
     def count_nonzero(self, dim=None):
         return Tensor._wrap(self._xp().asarray(self._xp().count_nonzero(
             self._data, axis=dim), dtype=np.int64))
@@ -1104,6 +1126,7 @@ class Tensor:
                 t = P.Cat.apply(b, a, dim=d)
         return t
 
+    @B.on_own_device
     def masked_fill(self, mask, value):
         m = _arr(mask)
         if not hasattr(m, "dtype") or m.dtype != np.bool_:
@@ -1127,6 +1150,7 @@ class Tensor:
         return where(condition, self, other)
 
     # --------------------------------------------------------- indexing ---
+    @B.on_own_device
     def _key(self, key):
         """Turn tensors and lists inside an index into arrays."""
         if type(key) is tuple:
@@ -1156,6 +1180,7 @@ class Tensor:
             return P.IndexView.apply(self, key=key)
         return P.Index.apply(self, key=key)
 
+    @B.on_own_device
     def __setitem__(self, key, value):
         key = self._key(key)
         if isinstance(value, Tensor):
@@ -1274,6 +1299,7 @@ class Tensor:
             return True
         return any(isinstance(o, Tensor) and o.requires_grad for o in others)
 
+    @B.on_own_device
     def _ufunc_(self, name, other):
         """self = self <op> other, in memory, without autograd."""
         o = _operand(other, self)
@@ -1367,6 +1393,7 @@ class Tensor:
     def sigmoid_(self):
         return self._unary_("sigmoid")
 
+    @B.on_own_device
     def relu_(self):
         if self._tracked():
             return self._rebase(lambda t: t.relu())
@@ -1374,6 +1401,7 @@ class Tensor:
         self._vc[0] += 1
         return self
 
+    @B.on_own_device
     def clamp_(self, min=None, max=None):
         if self._tracked(min, max):
             return self._rebase(lambda t: t.clamp(min, max))
@@ -1383,12 +1411,14 @@ class Tensor:
 
     clip_ = clamp_
 
+    @B.on_own_device
     def zero_(self):
         self._check_inplace()
         self._data.fill(0)
         self._vc[0] += 1
         return self
 
+    @B.on_own_device
     def fill_(self, value):
         self._check_inplace()
         if isinstance(value, Tensor):
@@ -1397,6 +1427,7 @@ class Tensor:
         self._vc[0] += 1
         return self
 
+    @B.on_own_device
     def copy_(self, src, non_blocking=False):
         if not isinstance(src, Tensor):
             src = Tensor._wrap(self._xp().asarray(src))
@@ -1405,8 +1436,8 @@ class Tensor:
                 lambda t: t * 0 + src.to(device=self.device, dtype=self.dtype))
         self._check_inplace()
         a = src._data
-        if type(a) is not type(self._data):
-            a = self.device.send(a)
+        if type(a) is not np.ndarray or type(self._data) is not np.ndarray:
+            a = self.device.send(a)     # from the host or another GPU
         try:
             self._data[...] = a
         except ValueError:
@@ -1416,6 +1447,7 @@ class Tensor:
         self._vc[0] += 1
         return self
 
+    @B.on_own_device
     def masked_fill_(self, mask, value):
         if self._tracked(value):
             return self._rebase(lambda t: t.masked_fill(mask, value))
@@ -1450,36 +1482,39 @@ class Tensor:
         return self._ufunc_("maximum", other)
 
     # in-place random fills (nn.init builds on these)
+    # drawn on the tensor's device by its generator, not on the host
+    @B.on_own_device
     def uniform_(self, a=0.0, b=1.0, generator=None):
-        from .random import _rng
-        self._check_inplace()
-        vals = _rng(generator).uniform(a, b, self.shape)
-        self._data[...] = self.device.send(vals.astype(self._data.dtype))
-        self._vc[0] += 1
-        return self
+        return self._fill_random("uniform", a, b, generator=generator)
 
+    @B.on_own_device
     def normal_(self, mean=0.0, std=1.0, generator=None):
-        from .random import _rng
-        self._check_inplace()
-        vals = _rng(generator).normal(mean, std, self.shape)
-        self._data[...] = self.device.send(vals.astype(self._data.dtype))
-        self._vc[0] += 1
-        return self
+        return self._fill_random("normal", mean, std, generator=generator)
 
+    @B.on_own_device
     def bernoulli_(self, p=0.5, generator=None):
-        from .random import _rng
+        from .random import draw
         self._check_inplace()
-        vals = _rng(generator).random(self.shape) < p
-        self._data[...] = self.device.send(vals.astype(self._data.dtype))
+        u = draw("random", size=self.shape, device=self.device,
+                 generator=generator)
+        self._data[...] = (u < _arr(p)).astype(self._data.dtype)
         self._vc[0] += 1
         return self
 
+    @B.on_own_device
     def random_(self, low=0, high=None, generator=None):
-        from .random import _rng
         if high is None:
             low, high = 0, low
-        vals = _rng(generator).integers(low, high, self.shape)
-        self._data[...] = self.device.send(vals.astype(self._data.dtype))
+        return self._fill_random("integers", low, high, generator=generator,
+                                 check=False)
+
+    def _fill_random(self, method, *args, generator=None, check=True):
+        from .random import draw
+        if check:
+            self._check_inplace()
+        self._data[...] = draw(method, *args, size=self.shape,
+                               device=self.device, generator=generator,
+                               dtype=self._data.dtype)
         self._vc[0] += 1
         return self
 

@@ -18,6 +18,28 @@ F64 = dtorch.float64
 CUDA = dtorch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CuPy (or "
                                 "DTORCH_FAKE_CUDA=1)")
+# with two GPUs the suite also runs on cuda:1 while device 0 stays current:
+# CuPy launches kernels on the current device, so every op, backward node
+# and optimizer update must run under its operands' device
+DEVICES = ["cpu"] + (["cuda"] if CUDA else []) + (
+    ["cuda:1"] if CUDA and dtorch.cuda.device_count() >= 2 else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    if request.param == "cuda:1":
+        assert dtorch.cuda.current_device() == 0
+        yield request.param
+        # the device guards leave the current device as they found it
+        assert dtorch.cuda.current_device() == 0
+    else:
+        yield request.param
+
+
+# DDP and tensor parallel ranks make their own GPU current first
+# (dtorch.cuda.set_device, as PyTorch requires for NCCL);
+# test_ddp_ranks_on_different_gpus_reduce_on_their_devices covers that
+RANK_DEVICES = [d for d in DEVICES if d != "cuda:1"]
 
 
 def host(t):
@@ -206,14 +228,14 @@ def test_serialization_round_trip(device, tmp_path):
     for loc in ("cpu", device):
         ck = dtorch.load(path, map_location=loc)
         for k, v in m.state_dict().items():
-            assert ck["model"][k].device.type == loc
+            assert ck["model"][k].device == dtorch.device(loc)
             np.testing.assert_array_equal(host(ck["model"][k]), host(v))
         m2 = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).to(device)
         m2.load_state_dict(ck["model"])
         opt2 = dtorch.optim.Adam(m2.parameters(), lr=0.1)
         opt2.load_state_dict(ck["opt"])
         for p in m2.parameters():
-            assert p.device.type == device
+            assert p.device == dtorch.device(device)
             for s in opt2.state[p].values():
                 if isinstance(s, dtorch.Tensor) and s.ndim:
                     assert s.device == p.device
@@ -236,6 +258,7 @@ def _ddp_body(rank, ws, device, init, x, y):
     return {k: host(v) for k, v in m.state_dict().items()}
 
 
+@pytest.mark.parametrize("device", RANK_DEVICES)
 def test_ddp_over_threads_equals_single_process(device):
     dtorch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).to(F64)
@@ -271,6 +294,7 @@ def _tp_body(rank, ws, device, w1, w2, x):
     return host(out), host(xin.grad)
 
 
+@pytest.mark.parametrize("device", RANK_DEVICES)
 def test_tensor_parallel_over_threads_matches_serial(device):
     dtorch.manual_seed(0)
     l1, l2 = nn.Linear(6, 8).to(F64), nn.Linear(8, 4).to(F64)

@@ -3,6 +3,7 @@ and ``gradcheck``, with PyTorch's names and semantics."""
 from .function import Function
 from .grad_mode import (no_grad, enable_grad, set_grad_enabled,
                         inference_mode, is_grad_enabled)
+from .. import _backend as _B
 from . import engine as _engine
 from . import function as _fn
 from .gradcheck import gradcheck
@@ -30,22 +31,23 @@ def _root_grads(outputs, grad_outputs, what):
             raise RuntimeError(
                 f"element {i} of tensors does not require grad and does not "
                 f"have a grad_fn")
-        if g is None:
-            if t._data.size != 1:
-                raise RuntimeError(
-                    "grad can be implicitly created only for scalar outputs "
-                    f"({what} of a tensor of shape {list(t.shape)}: pass "
-                    f"gradient=)")
-            g = t._xp().ones(t._data.shape, t._data.dtype)
-        else:
-            if not isinstance(g, T):
-                g = T._wrap(t._xp().asarray(g, dtype=t._data.dtype))
-            if g.shape != t.shape:
-                raise RuntimeError(
-                    f"Mismatch in shape: grad_output[{i}] has a shape of "
-                    f"{list(g.shape)} and output[{i}] has a shape of "
-                    f"{list(t.shape)}.")
-            g = g._data.copy()   # the engine may accumulate into it
+        with _B.device_guard(t._data):    # made on the output's device
+            if g is None:
+                if t._data.size != 1:
+                    raise RuntimeError(
+                        "grad can be implicitly created only for scalar "
+                        f"outputs ({what} of a tensor of shape "
+                        f"{list(t.shape)}: pass gradient=)")
+                g = t._xp().ones(t._data.shape, t._data.dtype)
+            else:
+                if not isinstance(g, T):
+                    g = T._wrap(t._xp().asarray(g, dtype=t._data.dtype))
+                if g.shape != t.shape:
+                    raise RuntimeError(
+                        f"Mismatch in shape: grad_output[{i}] has a shape "
+                        f"of {list(g.shape)} and output[{i}] has a shape of "
+                        f"{list(t.shape)}.")
+                g = g._data.copy()   # the engine may accumulate into it
         grads.append(g)
     return grads
 
@@ -69,10 +71,11 @@ def backward(tensors, grad_tensors=None, retain_graph=None,
                                    accumulate=False)
         for t, g in zip(ins, res):
             if g is not None:
-                if t._grad is None:
-                    t._grad = _fn._Tensor._wrap(g.copy())
-                else:
-                    t._grad._data += g
+                with _B.device_guard(g):
+                    if t._grad is None:
+                        t._grad = _fn._Tensor._wrap(g.copy())
+                    else:
+                        t._grad._data += g
         return
     _engine.run_backward(outs, grads, bool(retain_graph))
 

@@ -8,6 +8,7 @@ relies on that early signal.
 import threading
 import weakref
 
+from .. import _backend as _B
 from . import function as _fn
 from .function import AccumulateGrad, _FREED_MSG
 from .grad_mode import _state
@@ -118,23 +119,27 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
     outer_callbacks = _callbacks.pending
     _callbacks.pending = []
     try:
+        # with CuPy loaded, each node and leaf runs on its gradients'
+        # device (CuPy runs kernels on the current device); CPU-only
+        # processes take the unguarded calls
+        run, acc = ((_run_node_on_device, _accumulate_on_device)
+                    if _B._cupy is not None else (_run_node, _accumulate))
         for leaf in leaves:      # backward() called on a leaf itself
             if leaf_deps[leaf] == 0:
-                _accumulate(leaf, buffers.pop(leaf, None), capture,
-                            results, accumulate)
+                acc(leaf, buffers.pop(leaf, None), capture,
+                    results, accumulate)
         for node in nodes:
             buf = buffers.pop(node, None)
             if buf:
-                _run_node(node, buf, buffers, capture, results,
-                          retain_graph)
+                run(node, buf, buffers, capture, results, retain_graph)
             for e in node.next_edges:
                 if e is not None and type(e[0]) is AccumulateGrad:
                     c = e[0]
                     d = leaf_deps[c] - 1
                     leaf_deps[c] = d
                     if d == 0:
-                        _accumulate(c, buffers.pop(c, None), capture,
-                                    results, accumulate)
+                        acc(c, buffers.pop(c, None), capture,
+                            results, accumulate)
         # callbacks may queue more callbacks
         while _callbacks.pending:
             _callbacks.pending.pop(0)()
@@ -176,6 +181,7 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
         node._freed = True
         node._versions = None
     sent = None
+    gpu = _B._cupy is not None
     for e, g in zip(node.next_edges, in_grads):
         if e is None or g is None:
             continue
@@ -184,7 +190,7 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
         if sent is None:
             sent = {id(g)}
         elif id(g) in sent:
-            g = g.copy()
+            g = _on_device_of(g, g.copy) if gpu else g.copy()
         else:
             sent.add(id(g))
         c, nr = e
@@ -192,9 +198,37 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
         if cb is None:
             buffers[c] = {nr: g}
         elif nr in cb:
-            cb[nr] = cb[nr] + g
+            # an op that moved data between devices sends its gradient to
+            # another device than the one this node ran on
+            cb[nr] = (_on_device_of(g, cb[nr].__add__, g) if gpu
+                      else cb[nr] + g)
         else:
             cb[nr] = g
+
+
+def _first_cuda(arrays):
+    nd = _B._cupy.ndarray
+    for a in arrays:
+        if isinstance(a, nd):
+            return a
+    return None
+
+
+def _on_device_of(a, fn, *args):
+    with _B.device_guard(a):
+        return fn(*args)
+
+
+def _run_node_on_device(node, buf, *rest):
+    with _B.device_guard(_first_cuda(buf.values())):
+        _run_node(node, buf, *rest)
+
+
+def _accumulate_on_device(node, buf, *rest):
+    # on the leaf's device: .grad += g runs on the current device
+    if buf:
+        with _B.device_guard(node.variable._data):
+            _accumulate(node, buf, *rest)
 
 
 def _accumulate(node, buf, capture, results, accumulate):

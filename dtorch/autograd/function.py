@@ -23,6 +23,7 @@ per-op overhead to a few microseconds.
 import itertools
 import weakref
 
+from .. import _backend as _B
 from .grad_mode import _state
 
 _Tensor = None           # dtorch.tensor.Tensor, set when that module loads
@@ -95,6 +96,22 @@ class Function:
     # -------------------------------------------------------------- apply --
     @classmethod
     def apply(cls, *args, **kwargs):
+        # CuPy runs kernels on the current device, not the operands': run
+        # forward on the device of the first CUDA input (as PyTorch's device
+        # guard). Free on the CPU while CuPy was never loaded.
+        if _B._cupy is not None:
+            idx = _cuda_index(args, kwargs)
+            if idx is not None:
+                rt = _B._cupy.cuda.runtime
+                prev = rt.getDevice()
+                if prev != idx:
+                    rt.setDevice(idx)
+                    try:
+                        if cls._array_api:
+                            return _apply_array(cls, args, kwargs)
+                        return _apply_tensor(cls, args, kwargs)
+                    finally:
+                        rt.setDevice(prev)
         if cls._array_api:
             return _apply_array(cls, args, kwargs)
         return _apply_tensor(cls, args, kwargs)
@@ -133,6 +150,24 @@ class Function:
                 f"function {self.name()} returned an incorrect number of "
                 f"gradients (expected {n}, got {len(res)})")
         return res
+
+
+def _cuda_index(args, kwargs):
+    """The device index of the first CuPy array (or CUDA tensor) among an
+    op's arguments, or None."""
+    nd = _B._cupy.ndarray
+    T = _Tensor
+    for a in args:
+        if isinstance(a, T):
+            a = a._data
+        if isinstance(a, nd):
+            return a.data.device_id
+    for a in kwargs.values():
+        if isinstance(a, T):
+            a = a._data
+        if isinstance(a, nd):
+            return a.data.device_id
+    return None
 
 
 def _edge(t):

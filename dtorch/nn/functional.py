@@ -56,15 +56,12 @@ def _legacy_reduction(size_average, reduce, reduction):
 def _keep_mask(x, p, generator=None, shape=None):
     """A boolean array of ``shape`` (default x's), True with probability
     1 - p, on x's device."""
-    from ..random import _rng
-    xp = x._xp()
+    from ..random import draw
     shape = x.shape if shape is None else shape
-    if xp is np:
-        return _rng(generator).random(shape) >= p
-    from ..random import cuda_random_state
-    with x.device.context():    # drawn on x's device, by its generator
-        return cuda_random_state(x.device).random_sample(
-            shape, dtype=np.float32) >= p
+    # drawn on x's device, by its generator (float32 on a GPU)
+    u = draw("random", size=shape, device=x.device, generator=generator)
+    with B.device_guard(u):
+        return u >= p
 
 
 # ============================================================ linear ==
@@ -725,6 +722,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0):
     return _reduce(N.Huber.apply(input, target, delta=delta), reduction)
 
 
+@B.on_own_device   # direct CuPy checks: on input's device
 def _check_targets(t, c, ignore_index):
     """Class indices must lie in [0, C) (ignore_index excepted)."""
     a = t._data
@@ -780,6 +778,7 @@ def _nll(op, input, target, weight, ignore_index, reduction):
     return out.squeeze(0) if unbatched and reduction == "none" else out
 
 
+@B.on_own_device   # direct CuPy code: on input's device
 def cross_entropy(input, target, weight=None, size_average=None,
                   ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
@@ -838,6 +837,7 @@ def cross_entropy(input, target, weight=None, size_average=None,
     return nll * (1 - label_smoothing) + red * (label_smoothing / c)
 
 
+@B.on_own_device   # direct CuPy checks: on input's device
 def binary_cross_entropy(input, target, weight=None, size_average=None,
                          reduce=None, reduction="mean"):
     reduction = _legacy_reduction(size_average, reduce, reduction)

@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 
+from .. import _backend as B
 from ..autograd.grad_mode import no_grad
 
 
@@ -53,10 +54,11 @@ def _calculate_correct_fan(tensor, mode):
     return fan_in if mode == "fan_in" else fan_out
 
 
+@B.on_own_device
 def _fill(tensor, values):
-    """Write a NumPy array into tensor's memory (any device)."""
-    tensor._data[...] = tensor.device.send(
-        np.asarray(values).astype(tensor._data.dtype))
+    """Write an array (made on tensor's device) into tensor's memory."""
+    tensor._data[...] = tensor.device.send(values).astype(
+        tensor._data.dtype)
     tensor._vc[0] += 1
     return tensor
 
@@ -74,7 +76,7 @@ def normal_(tensor, mean=0.0, std=1.0, generator=None):
 def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
     """Normal(mean, std) truncated to [a, b], by the inverse CDF of a
     uniform draw between the bounds' CDFs (PyTorch's method)."""
-    from ..random import _rng
+    from ..random import draw
     if mean < a - 2 * std or mean > b + 2 * std:
         warnings.warn("mean is more than 2 std from [a, b] in "
                       "nn.init.trunc_normal_. The distribution of values may "
@@ -83,10 +85,19 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
     def norm_cdf(x):
         return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
     lo, hi = norm_cdf((a - mean) / std), norm_cdf((b - mean) / std)
-    u = _rng(generator).uniform(2 * lo - 1, 2 * hi - 1, tuple(tensor.shape))
-    v = _erfinv(u) * std * math.sqrt(2.0) + mean
+    # drawn and transformed on the tensor's device
+    u = draw("uniform", 2 * lo - 1, 2 * hi - 1, size=tuple(tensor.shape),
+             device=tensor.device, generator=generator, dtype=np.float64)
+    with B.device_guard(u):
+        xp = B.get_array_module(u)
+        if xp is np:
+            v = _erfinv(u)
+        else:
+            from cupyx.scipy.special import erfinv
+            v = erfinv(u)
+        v = xp.clip(v * (std * math.sqrt(2.0)) + mean, a, b)
     with no_grad():
-        return _fill(tensor, np.clip(v, a, b))
+        return _fill(tensor, v)
 
 
 def _erfinv(y):
@@ -194,7 +205,7 @@ def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu",
 def orthogonal_(tensor, gain=1, generator=None):
     """A (semi-)orthogonal matrix from the QR of a Gaussian one, signs
     fixed so the distribution is uniform (PyTorch's method)."""
-    from ..random import _rng
+    from ..random import draw
     if tensor.ndim < 2:
         raise ValueError("Only tensors with 2 or more dimensions are "
                          "supported")
@@ -202,27 +213,35 @@ def orthogonal_(tensor, gain=1, generator=None):
         return tensor
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
-    flat = _rng(generator).normal(0.0, 1.0, (rows, cols))
-    if rows < cols:
-        flat = flat.T
-    q, r = np.linalg.qr(flat)
-    q *= np.sign(np.diag(r))
-    if rows < cols:
-        q = q.T
+    # drawn and factorised on the tensor's device
+    flat = draw("normal", 0.0, 1.0, size=(rows, cols), device=tensor.device,
+                generator=generator, dtype=np.float64)
+    with B.device_guard(flat):
+        xp = B.get_array_module(flat)
+        if rows < cols:
+            flat = flat.T
+        q, r = xp.linalg.qr(flat)
+        q *= xp.sign(xp.diag(r))
+        if rows < cols:
+            q = q.T
+        q = (gain * q).reshape(tuple(tensor.shape))
     with no_grad():
-        return _fill(tensor, (gain * q).reshape(tuple(tensor.shape)))
+        return _fill(tensor, q)
 
 
 def sparse_(tensor, sparsity, std=0.01, generator=None):
-    from ..random import _rng
+    from ..random import draw
     if tensor.ndim != 2:
         raise ValueError("Only tensors with 2 dimensions are supported")
     rows, cols = tensor.shape
-    rng = _rng(generator)
-    a = rng.normal(0, std, (rows, cols))
+    dev = tensor.device     # drawn on the tensor's device
+    a = draw("normal", 0, std, size=(rows, cols), device=dev,
+             generator=generator, dtype=np.float64)
     nz = int(math.ceil(sparsity * rows))
-    for c in range(cols):
-        a[rng.permutation(rows)[:nz], c] = 0
+    with B.device_guard(a):
+        for c in range(cols):
+            a[draw("permutation", rows, device=dev,
+                   generator=generator)[:nz], c] = 0
     with no_grad():
         return _fill(tensor, a)
 

@@ -38,8 +38,9 @@ class Adagrad(Optimizer):
         if not state:
             xp = B.get_array_module(p._data)
             state["step"] = _step_tensor()
-            state["sum"] = Tensor._wrap(xp.full_like(
-                p._data, group["initial_accumulator_value"]))
+            with B.device_guard(p._data):    # on p's device
+                state["sum"] = Tensor._wrap(xp.full_like(
+                    p._data, group["initial_accumulator_value"]))
 
     def add_param_group(self, param_group):
         # PyTorch fills Adagrad's state up front, so a state_dict taken

@@ -193,6 +193,11 @@ class LBFGS(Optimizer):
 
     # ---------------------------------------------------------------- step --
     def step(self, closure):
+        # on the parameters' device: CuPy runs kernels on the current one
+        with B.device_guard(self._params[0]._data):
+            return self._step(closure)
+
+    def _step(self, closure):
         if closure is None:
             raise RuntimeError("LBFGS requires a closure that reevaluates "
                                "the model and returns the loss")

@@ -119,10 +119,17 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
+        # CuPy runs kernels on the current device: each parameter is
+        # updated on its own (cuda:1 parameters while device 0 is current)
+        gpu = B._cupy is not None
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self._update(p, group)
+                    if gpu:
+                        with B.device_guard(p._data):
+                            self._update(p, group)
+                    else:
+                        self._update(p, group)
         return loss
 
     def _update(self, p, group):
@@ -186,7 +193,9 @@ def _cast(param, value, key):
         if key != "step" and param.is_floating_point() \
                 and value.is_floating_point():
             value = value.to(dtype=param.dtype)
-        return Tensor._wrap(param.device.send(value._data).copy())
+        # copy() allocates on the current device: on the parameter's
+        with B.device_guard(param._data):
+            return Tensor._wrap(param.device.send(value._data).copy())
     if isinstance(value, dict):
         return {k: _cast(param, v, k) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -201,7 +210,8 @@ def _check(cond, msg):
 
 def _zeros(p):
     """A zero state tensor shaped, typed and placed like ``p``."""
-    return Tensor._wrap(B.get_array_module(p._data).zeros_like(p._data))
+    with B.device_guard(p._data):
+        return Tensor._wrap(B.get_array_module(p._data).zeros_like(p._data))
 
 
 def _step_tensor():

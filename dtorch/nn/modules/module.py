@@ -470,6 +470,17 @@ class Module:
     register_backward_hook = register_full_backward_hook
 
     def __call__(self, *args, **kwargs):
+        if B._cupy is not None and args and isinstance(args[0], Tensor):
+            # functional code in forward may call CuPy directly: run it on
+            # the input's device (CuPy's kernels go to the current one)
+            with B.device_guard(args[0]._data):
+                return self._call_with_hooks(args, kwargs)
+        if not (self._forward_pre_hooks or self._forward_hooks
+                or _global_forward_pre_hooks or _global_forward_hooks):
+            return self.forward(*args, **kwargs)
+        return self._call_with_hooks(args, kwargs)
+
+    def _call_with_hooks(self, args, kwargs):
         if not (self._forward_pre_hooks or self._forward_hooks
                 or _global_forward_pre_hooks or _global_forward_hooks):
             return self.forward(*args, **kwargs)

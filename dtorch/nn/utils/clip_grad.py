@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..._backend import get_array_module
+from ..._backend import device_guard, get_array_module
 from ...tensor import Tensor
 
 
@@ -58,16 +58,19 @@ def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False,
         return tensor(0.0)
     first = tensors[0]
     dev = first.device
-    norms = [_vector_norm(t._data, norm_type) for t in tensors]
-    norms = [dev.send(n) if type(n) is not type(first._data) else n
-             for n in norms]
+    norms = []
+    for t in tensors:      # each on its own device (CuPy: the current one)
+        with device_guard(t._data):
+            norms.append(_vector_norm(t._data, norm_type))
+    norms = [dev.send(n) for n in norms]
     xp = get_array_module(first._data)
     dt = np.result_type(*[n.dtype for n in norms])
     # the norms are combined in float32 at least (half is cast back)
     acc = np.promote_types(dt, np.float32)
-    total = _vector_norm(xp.stack([n.astype(acc) for n in norms]),
-                         norm_type).astype(dt)
-    total_t = Tensor._wrap(xp.asarray(total))
+    with device_guard(first._data):
+        total = _vector_norm(xp.stack([n.astype(acc) for n in norms]),
+                             norm_type).astype(dt)
+        total_t = Tensor._wrap(xp.asarray(total))
     if error_if_nonfinite and not bool(xp.isfinite(total)):
         raise RuntimeError(
             f"The total norm of order {norm_type} for gradients from "
@@ -86,12 +89,14 @@ def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
         return
     tn = total_norm._data if isinstance(total_norm, Tensor) else total_norm
     xp = get_array_module(grads[0]._data)
-    coef = xp.minimum(float(max_norm) / (tn + 1e-6), 1.0)
+    with device_guard(tn):
+        coef = xp.minimum(float(max_norm) / (tn + 1e-6), 1.0)
     for g in grads:
         c = coef
-        if type(c) is not type(g._data) and hasattr(c, "shape"):
-            c = g.device.send(c)
-        g._data *= xp.asarray(c).astype(g._data.dtype)
+        if hasattr(c, "shape"):
+            c = g.device.send(c)    # to g's device, from any
+        with device_guard(g._data):
+            g._data *= xp.asarray(c).astype(g._data.dtype)
         g._vc[0] += 1
 
 
@@ -137,5 +142,6 @@ def clip_grad_value_(parameters, clip_value, foreach=None):
         if p.grad is not None:
             g = p.grad
             xp = get_array_module(g._data)
-            xp.clip(g._data, -clip_value, clip_value, out=g._data)
+            with device_guard(g._data):
+                xp.clip(g._data, -clip_value, clip_value, out=g._data)
             g._vc[0] += 1

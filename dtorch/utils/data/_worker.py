@@ -99,6 +99,8 @@ class _ResumeIteration:
 
 
 _CUDA_IN_WORKER = (
+    # PyTorch's words first, so that its answers on the web apply
+    "Cannot re-initialize CUDA in forked subprocess: "
     "a DataLoader worker process cannot use CUDA (it was forked from a "
     "process that had initialised CUDA, whose context a child cannot use): "
     "let the dataset return CPU tensors and move batches to the GPU in the "

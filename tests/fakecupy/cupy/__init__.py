@@ -30,7 +30,10 @@ It checks API use, not GPU results. What it enforces, each as CuPy 13.0 does
   as in CUDA; ``cupy.cuda.nccl`` is absent (``from cupy.cuda import nccl``
   raises ImportError);
 - ``cupy.random``: one RandomState per device (seed, RandomState, the
-  sampling functions with CuPy's ``dtype=`` arguments).
+  sampling functions with CuPy's ``dtype=`` arguments);
+- host-to-device copies are recorded (``_h2d``: the element count of
+  every host array or list given to ``array``/``asarray`` or ``set``), so
+  tests can check that data is made on the device, not copied there.
 """
 import builtins as _bi
 import os as _os
@@ -83,6 +86,9 @@ def _min_scalar_type(x):
 
 
 _SCALARS = (bool, int, float, complex, _np.generic)
+
+# element counts of host-to-device copies (tests read and clear it)
+_h2d = []
 
 
 # ------------------------------------------------------------- arrays ----
@@ -267,6 +273,7 @@ class ndarray:
         if arr.dtype != self._a.dtype:
             raise TypeError(f"{arr.dtype} array cannot be set to "
                             f"{self._a.dtype} array")
+        _h2d.append(arr.size)
         self._a[...] = arr
 
     # ---- methods
@@ -629,6 +636,7 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
     a = _np.array(obj, dtype=dtype, copy=True, order=order, ndmin=ndmin)
     if a.dtype.kind not in "biufc":
         raise ValueError(f"Unsupported dtype {a.dtype}")
+    _h2d.append(a.size)     # host data copied to the device
     return ndarray._new(a, dev)
 
 
@@ -732,8 +740,8 @@ from numpy import newaxis, inf, nan, pi, e  # noqa: E402,F401
 
 _HAND = {"array", "asarray", "asanyarray", "asnumpy", "get_array_module",
          "take", "take_along_axis",
-         "where", "ndarray", "cuda", "random", "lib", "newaxis", "inf",
-         "nan", "pi", "e", "is_available", "get_default_memory_pool",
+         "where", "ndarray", "cuda", "random", "linalg", "lib", "newaxis",
+         "inf", "nan", "pi", "e", "is_available", "get_default_memory_pool",
          "get_default_pinned_memory_pool", "__version__"}
 
 # the namespace: CuPy 13.0's names that NumPy can back
@@ -757,3 +765,4 @@ for _name in sorted(_CUPY_NAMES):
 ndarray.__divmod__ = lambda s, o: (floor_divide(s, o), remainder(s, o))  # noqa: F821
 
 from . import random  # noqa: E402,F401
+from . import linalg  # noqa: E402,F401

@@ -71,6 +71,28 @@ class RandomState:
         return self._out(self._g.uniform(_param(low, dev),
                                          _param(high, dev), size), d)
 
+    def exponential(self, scale=1.0, size=None, dtype=float):
+        d = _float_dtype(dtype)
+        return self._out(self._g.exponential(_param(scale, _cur()), size), d)
+
+    def lognormal(self, mean=0.0, sigma=1.0, size=None, dtype=float):
+        d = _float_dtype(dtype)
+        dev = _cur()
+        return self._out(self._g.lognormal(_param(mean, dev),
+                                           _param(sigma, dev), size), d)
+
+    def standard_cauchy(self, size=None, dtype=float):
+        d = _float_dtype(dtype)
+        return self._out(self._g.standard_cauchy(size), d)
+
+    def geometric(self, p, size=None, dtype=int):
+        return self._out(self._g.geometric(_param(p, _cur()), size),
+                         _np.dtype(dtype))
+
+    def poisson(self, lam=1.0, size=None, dtype=int):
+        return self._out(self._g.poisson(_param(lam, _cur()), size),
+                         _np.dtype(dtype))
+
     def randint(self, low, high=None, size=None, dtype=int):
         if high is None:
             low, high = 0, low
@@ -124,6 +146,7 @@ def _module_fn(name):
 
 for _n in ("random_sample", "random", "rand", "randn", "standard_normal",
            "normal", "uniform", "randint", "permutation", "shuffle",
-           "choice"):
+           "choice", "exponential", "lognormal", "standard_cauchy",
+           "geometric", "poisson"):
     globals()[_n] = _module_fn(_n)
 ranf = sample = random_sample

@@ -1,4 +1,5 @@
-"""cupyx.scipy.special.erf (a ufunc in CuPy), backed by math.erf."""
+"""cupyx.scipy.special.erf and erfinv (ufuncs in CuPy), backed by math.erf
+and SciPy's erfinv."""
 import math
 
 import numpy as np
@@ -21,4 +22,18 @@ def _erf_np(x, out=None, **kw):
 _erf_np.__name__ = "erf"
 _erf_np.nin, _erf_np.nout, _erf_np.nargs = 1, 1, 2
 erf = _ufunc(_erf_np)
+
+
+def _erfinv_np(x, out=None, **kw):
+    from scipy.special import erfinv as e
+    r = e(x)
+    if out is not None:
+        out[...] = r
+        return out
+    return r
+
+
+_erfinv_np.__name__ = "erfinv"
+_erfinv_np.nin, _erfinv_np.nout, _erfinv_np.nargs = 1, 1, 2
+erfinv = _ufunc(_erfinv_np)
 del cupy
