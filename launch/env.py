@@ -28,6 +28,10 @@ CONTRACT_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                  "MASTER_ADDR", "MASTER_PORT", "DTORCH_RDZV_TOKEN",
                  "DTORCH_RESTART_COUNT")
 DEFAULT_ADDR = "127.0.0.1"
+# Set by the mpi/slurm runners: a directory where each rank's launch.rank
+# leaves a file as it starts, so that a failure of mpiexec/srun itself is
+# not blamed on a rank.
+STARTED_VAR = "DTORCH_LAUNCH_STARTED_DIR"
 
 
 def cpu_count():

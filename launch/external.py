@@ -22,9 +22,7 @@ from launch import env as renv
 from launch import procs
 
 
-# A directory where each rank's launch.rank leaves a file as it starts, so
-# that a failure of mpiexec/srun itself is not blamed on a rank.
-STARTED_VAR = "DTORCH_LAUNCH_STARTED_DIR"
+STARTED_VAR = renv.STARTED_VAR
 
 
 def _say(msg):

@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -167,7 +168,6 @@ class Reaper:
         self._proc = None
 
     def __enter__(self):
-        import sys
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "launch.reaper", str(self.grace)],

@@ -10,8 +10,7 @@ keeps working) and the script sees one environment under every runner.
 import os
 import sys
 
-from launch.env import detect
-from launch.external import STARTED_VAR
+from launch.env import STARTED_VAR, detect
 
 
 def _mark_started():
