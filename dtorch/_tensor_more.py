@@ -995,7 +995,13 @@ def mode(self, dim=-1, keepdim=False):
     new = xp.ones(s.shape, bool)
     new[..., 1:] = s[..., 1:] != s[..., :-1]
     pos = xp.broadcast_to(xp.arange(n), s.shape)
-    start = xp.maximum.accumulate(xp.where(new, pos, 0), axis=-1)
+    # each element's run start: the last "new" position at or before it
+    # (a cumulative max; CuPy has no maximum.accumulate, so the running
+    # count of run starts indexes their positions instead)
+    run_id = xp.cumsum(new, axis=-1) - 1
+    starts = xp.where(new, pos, n)
+    starts = xp.sort(starts, axis=-1)
+    start = xp.take_along_axis(starts, run_id, axis=-1)
     run = pos - start + 1
     # a run's count is final at its end; the first maximum is the smallest
     end = xp.ones(s.shape, bool)

@@ -37,9 +37,7 @@ def scatter_add_flat(xp, size, lin, vals, dtype):
 def flat_along(xp, shape, idx, axis):
     """Flat positions in an array of ``shape`` of the elements that
     ``take_along_axis(_, idx, axis)`` reads."""
-    grids = xp.ogrid[tuple(slice(0, n) for n in idx.shape)] \
-        if idx.ndim > 1 else [xp.arange(idx.shape[0])]
-    grids = list(grids)
+    grids = list(xp.indices(idx.shape, sparse=True))
     grids[axis] = idx
     return xp.ravel_multi_index(
         tuple(xp.broadcast_to(gr, idx.shape) for gr in grids), shape,
@@ -415,18 +413,23 @@ class CumExtreme(Op):
             return x.copy()
         axis = axis_of(dim, x.ndim)
         n = x.shape[axis]
-        acc = (xp.minimum if is_min else xp.maximum).accumulate(x, axis=axis)
-        if x.dtype.kind == "f":
+        # the running scans are NumPy's (CuPy has no ufunc.accumulate for
+        # maximum): a CuPy input is scanned on the host, then sent back
+        h = x if xp is np else x.get()
+        acc = (np.minimum if is_min else np.maximum).accumulate(h, axis=axis)
+        if h.dtype.kind == "f":
             # NaN propagates: once seen, it is the running value
-            seen = xp.logical_or.accumulate(xp.isnan(x), axis=axis)
-            acc = xp.where(seen, np.nan, acc)
-            hit = (x == acc) | (xp.isnan(x) & seen)
+            seen = np.logical_or.accumulate(np.isnan(h), axis=axis)
+            acc = np.where(seen, np.nan, acc)
+            hit = (h == acc) | (np.isnan(h) & seen)
         else:
-            hit = x == acc
-        shape = [1] * x.ndim
+            hit = h == acc
+        shape = [1] * h.ndim
         shape[axis] = n
-        pos = xp.where(hit, xp.arange(n).reshape(shape), -1)
-        idx = xp.maximum.accumulate(pos, axis=axis).astype(np.int64)
+        pos = np.where(hit, np.arange(n).reshape(shape), -1)
+        idx = np.maximum.accumulate(pos, axis=axis).astype(np.int64)
+        if xp is not np:
+            acc, idx = xp.asarray(acc), xp.asarray(idx)
         ctx.axis, ctx.shape, ctx.idx = axis, x.shape, idx
         ctx.indices = idx
         return acc
