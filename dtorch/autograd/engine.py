@@ -181,7 +181,6 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
         node._freed = True
         node._versions = None
     sent = None
-    gpu = _B._cupy is not None
     for e, g in zip(node.next_edges, in_grads):
         if e is None or g is None:
             continue
@@ -190,7 +189,8 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
         if sent is None:
             sent = {id(g)}
         elif id(g) in sent:
-            g = _on_device_of(g, g.copy) if gpu else g.copy()
+            g = (_on_device_of(g, g.copy) if _B._cupy is not None
+                 else g.copy())
         else:
             sent.add(id(g))
         c, nr = e
@@ -200,8 +200,8 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
         elif nr in cb:
             # an op that moved data between devices sends its gradient to
             # another device than the one this node ran on
-            cb[nr] = (_on_device_of(g, cb[nr].__add__, g) if gpu
-                      else cb[nr] + g)
+            cb[nr] = (_on_device_of(g, cb[nr].__add__, g)
+                      if _B._cupy is not None else cb[nr] + g)
         else:
             cb[nr] = g
 
