@@ -129,9 +129,9 @@ def median(self, dim=None, keepdim=False):
         n = flat.numel()
         if n == 0:
             return self.new_full((), float("nan"))
-        xp = self._xp()
-        idx = S.sort_indices(flat._data, 0, False)[(n - 1) // 2:][:1]
-        return S.Select.apply(flat, idx=idx, axis=0, keepdim=False)
+        # NaN if any is NaN; g shared evenly among equal elements (torch)
+        from .ops import primitives as P
+        return P.MedianAll.apply(self)
     axis = S.axis_of(dim, self.ndim)
     n = self.shape[axis] if self.ndim else 1
     xp = self._xp()
@@ -139,6 +139,11 @@ def median(self, dim=None, keepdim=False):
     if self.ndim:
         idx = xp.take(idx, xp.arange((n - 1) // 2, (n - 1) // 2 + 1),
                       axis=axis)
+        if self.dtype.is_floating_point:
+            # a slice holding NaN gives NaN at its first NaN (PyTorch)
+            isn = xp.isnan(self._data)
+            idx = xp.where(isn.any(axis, keepdims=True),
+                           isn.argmax(axis, keepdims=True), idx)
     return _rt(*_selected(self, idx, axis, keepdim))
 
 
@@ -392,10 +397,9 @@ def cummin(self, dim):
 
 
 def logcumsumexp(self, dim):
-    m = self.detach().amax(dim, keepdim=True) if self.numel() else \
-        self.detach()
-    m = m.masked_fill(~m.isfinite(), 0)
-    return (self - m).exp().cumsum(dim).log() + m
+    # one node with PyTorch's scan and backward (dtorch/ops/primitives.py)
+    from .ops import primitives as P
+    return P.LogCumSumExp.apply(self, dim=S.axis_of(dim, self.ndim))
 
 
 def diff(self, n=1, dim=-1, prepend=None, append=None):
@@ -653,9 +657,8 @@ def remainder(self, other):
     """Python's modulo: the result has the sign of the divisor."""
     if _exact_int(self, other):
         return self % other
-    o = _other(self, other)
-    q = (self.detach() / (o.detach() if isinstance(o, _T()) else o)).floor()
-    return self - q * o
+    from .ops import primitives as P
+    return P.Mod.apply(self, _other(self, other), floor=True)
 
 
 def fmod(self, other):
@@ -665,9 +668,8 @@ def fmod(self, other):
         from .ops import promote
         a, b = promote(self._data, _arr(_other(self, other)), "fmod")
         return _wrap(xp.fmod(a, b))
-    o = _other(self, other)
-    q = (self.detach() / (o.detach() if isinstance(o, _T()) else o)).trunc()
-    return self - q * o
+    from .ops import primitives as P
+    return P.Mod.apply(self, _other(self, other), floor=False)
 
 
 def floor_divide(self, other):

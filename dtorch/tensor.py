@@ -569,7 +569,7 @@ class Tensor:
         return P.Log.apply(self)
 
     def log1p(self):
-        return (self + 1).log()
+        return P.Log1p.apply(self)
 
     def log2(self):
         return self.log() / float(np.log(2.0))
@@ -578,7 +578,7 @@ class Tensor:
         return self.log() / float(np.log(10.0))
 
     def expm1(self):
-        return self.exp() - 1
+        return P.Expm1.apply(self)
 
     def sqrt(self):
         return P.Sqrt.apply(self)
@@ -640,7 +640,7 @@ class Tensor:
         return P.Minimum.apply(self, _operand(other, self))
 
     def lerp(self, end, weight):
-        return self + (end - self) * weight
+        return P.Lerp.apply(self, _operand(end, self), _operand(weight, self))
 
     def addcmul(self, t1, t2, value=1):
         return self + t1 * t2 * value

@@ -103,6 +103,18 @@ Sinc = _unary(
         x == 0, 0.0, (xp.cos(math.pi * x) - o) / xp.where(x == 0, 1, x)))
 
 
+def _sinc_backward(ctx, g):
+    # PyTorch masks the product: 0 at x == 0 whatever g is
+    x, out = ctx.to_save
+    xp = get_array_module(g)
+    with np.errstate(all="ignore"):
+        d = (xp.cos(math.pi * x) - out) / xp.where(x == 0, 1, x)
+        return xp.where(x == 0, 0, g * d).astype(g.dtype, copy=False)
+
+
+Sinc.backward = staticmethod(_sinc_backward)
+
+
 class Logit(Op):
     @staticmethod
     def forward(ctx, x, eps=None):
@@ -139,9 +151,15 @@ class Atan2(Op):
     def backward(ctx, g):
         y, x = ctx.to_save
         n = ctx.needs_input_grad
-        d = x * x + y * y
-        return (unbroadcast(g * x / d, ctx.xs, ctx.xd) if n[0] else None,
-                unbroadcast(-g * y / d, ctx.ys, ctx.yd) if n[1] else None)
+        xp = get_array_module(g)
+        with np.errstate(all="ignore"):
+            d = x * x + y * y
+            # 0 at the origin, as PyTorch (not 0 / 0)
+            zero = xp.asarray(d == 0)
+            gy = xp.where(zero, 0, g * x / d) if n[0] else None
+            gx = xp.where(zero, 0, -g * y / d) if n[1] else None
+        return (unbroadcast(gy, ctx.xs, ctx.xd) if n[0] else None,
+                unbroadcast(gx, ctx.ys, ctx.yd) if n[1] else None)
 
 
 class Hypot(Op):
@@ -181,8 +199,9 @@ class Xlogy(Op):
         xp = get_array_module(g)
         n = ctx.needs_input_grad
         with np.errstate(all="ignore"):
-            # PyTorch's gradient is g * log(y) even where x == 0
-            gx = g * xp.log(y) if n[0] else None
+            # PyTorch's: xlogy(g, y), 0 where x == 0 and y <= 0
+            from .primitives import xlogy_grad_x
+            gx = xlogy_grad_x(xp, g, x, y) if n[0] else None
             gy = g * x / y if n[1] else None
         return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None,
                 unbroadcast(gy, ctx.ys, ctx.yd) if n[1] else None)
@@ -207,8 +226,9 @@ def lgamma(xp, x):
         lg = series - acc
         s = xp.abs(xp.sin(math.pi * x))
         out = xp.where(refl, math.log(math.pi) - xp.log(s) - lg, lg)
-        # poles at 0, -1, -2, ...: +inf, as PyTorch
-        return xp.where((x <= 0) & (x == xp.floor(x)), np.inf, out)
+        # poles at 0, -1, -2, ... and +-inf: +inf, as PyTorch
+        return xp.where(((x <= 0) & (x == xp.floor(x))) | xp.isinf(x),
+                        np.inf, out)
 
 
 def _shifted(xp, x, n, term):
@@ -230,8 +250,9 @@ def digamma(xp, x):
                 1 / 240 - z2 * (1 / 132)))))
         psi = series - acc
         out = xp.where(refl, psi - math.pi / xp.tan(math.pi * x), psi)
-        # at the poles PyTorch gives -inf for 0 and nan for negatives
-        out = xp.where(x == 0, -np.inf, out)
+        # at the poles PyTorch gives -inf for 0 (+inf for -0.0) and nan
+        # for negatives
+        out = xp.where(x == 0, xp.copysign(np.inf, -x), out)
         return xp.where(refl & (x == xp.floor(x)) & (x != 0), np.nan, out)
 
 

@@ -404,9 +404,18 @@ class Abs(Op):
         return g * sgn(get_array_module(g), ctx.to_save[0])
 
 
+def xlogy_grad_x(xp, g, x, y):
+    """PyTorch's d xlogy(x, y) / dx: xlogy(g, y) (g log y, 0 where g == 0
+    unless y is NaN), masked to 0 where x == 0 and y <= 0."""
+    zero = xp.zeros((), g.dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gx = xp.where((g == 0) & ~xp.isnan(y), zero, g * xp.log(y))
+    return xp.where((x == 0) & (y <= 0), zero, gx)
+
+
 class XLogY(Op):
-    """x log y, 0 where x == 0 (unless y is NaN), PyTorch's xlogy; its
-    gradients g xlogy(x != 0, y) and g x / y."""
+    """x log y, 0 where x == 0 (unless y is NaN), PyTorch's xlogy, with
+    its gradients (``xlogy_grad_x``; g x / y)."""
     @staticmethod
     def forward(ctx, x, y):
         x2, y2 = promote(x, y, "xlogy", true_div=True)
@@ -425,9 +434,7 @@ class XLogY(Op):
         gx = gy = None
         with np.errstate(divide="ignore", invalid="ignore"):
             if n[0]:
-                ly = xp.where(x == 0, xp.zeros((), g.dtype), xp.log(y))
-                ly = xp.where(xp.isnan(y), y, ly)
-                gx = unbroadcast(g * ly, ctx.xs, ctx.xd)
+                gx = unbroadcast(xlogy_grad_x(xp, g, x, y), ctx.xs, ctx.xd)
             if n[1]:
                 gy = unbroadcast(g * x / y, ctx.ys, ctx.yd)
         return gx, gy
@@ -447,6 +454,181 @@ class Reciprocal(Op):
         out = ctx.to_save[0]
         with np.errstate(over="ignore", invalid="ignore"):
             return -g * (out * out)
+
+
+class Expm1(Op):
+    """e^x - 1 in one step (exact near 0); backward g (out + 1), as in
+    PyTorch (so inf * 0 is NaN where e^x underflows, as there)."""
+    @staticmethod
+    def forward(ctx, x):
+        with np.errstate(over="ignore"):
+            out = get_array_module(x).expm1(_float_input(x))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        with np.errstate(invalid="ignore"):
+            return g * (ctx.to_save[0] + 1)
+
+
+class Log1p(Op):
+    """log(1 + x) in one step (exact near 0); backward g / (x + 1)."""
+    @staticmethod
+    def forward(ctx, x):
+        x = _float_input(x)
+        ctx.save_for_backward(x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return get_array_module(x).log1p(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return g / (ctx.to_save[0] + 1)
+
+
+class Lerp(Op):
+    """a + w (b - a), PyTorch's two-sided form (b - (b - a)(1 - w) for
+    w >= 1/2, so lerp(a, b, 1) is b exactly); gradients g (1 - w), g w and
+    g (b - a), without the NaN that composing gives at infinite ends."""
+    @staticmethod
+    def forward(ctx, a, b, w=0.5):
+        a2, b2 = promote(a, b, "lerp")
+        xp = get_array_module(a2, b2)
+        _meta(ctx, a, b)
+        ctx.wshape = getattr(w, "shape", None)
+        ctx.wd = getattr(w, "dtype", None)
+        ctx.save_for_backward(a2, b2, w)
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = b2 - a2
+            out = xp.where(xp.asarray(w < 0.5), a2 + w * d,
+                           b2 - d * (1 - w))
+        return out.astype(xp.result_type(a2, b2), copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, w = ctx.to_save
+        n = ctx.needs_input_grad
+        with np.errstate(invalid="ignore", over="ignore"):
+            return (unbroadcast(g * (1 - w), ctx.xs, ctx.xd) if n[0] else None,
+                    unbroadcast(g * w, ctx.ys, ctx.yd) if n[1] else None,
+                    unbroadcast(g * (b - a), ctx.wshape, ctx.wd)
+                    if len(n) > 2 and n[2] else None)
+
+
+def _div_floor(xp, a, b):
+    """PyTorch's floor division of floats (c10::div_floor_floating): from
+    fmod, so that 1 // -inf is -1 (floor(1 / -inf) would be -0)."""
+    mod = xp.fmod(a, b)
+    div = (a - mod) / b
+    div = xp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    fl = xp.floor(div)
+    fl = xp.where(div - fl > 0.5, fl + 1, fl)
+    return xp.where(b == 0, a / b,
+                    xp.where(div != 0, fl, xp.copysign(0.0 * div, a / b)))
+
+
+class Mod(Op):
+    """fmod (``floor=False``: C's, sign of the dividend) or remainder
+    (Python's, sign of the divisor) of floats, computed by NumPy (exact,
+    and x itself for an infinite divisor); gradients g and -g q, q the
+    quotient rounded toward zero or down (PyTorch)."""
+    @staticmethod
+    def forward(ctx, x, y, floor=False):
+        x2, y2 = promote(x, y, "remainder" if floor else "fmod")
+        xp = get_array_module(x2, y2)
+        _meta(ctx, x, y)
+        ctx.floor = floor
+        ctx.save_for_backward(x2, y2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (xp.remainder if floor else xp.fmod)(x2, y2)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.to_save
+        xp = get_array_module(g)
+        n = ctx.needs_input_grad
+        gy = None
+        if n[1]:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                q = _div_floor(xp, x, y) if ctx.floor else xp.trunc(x / y)
+                gy = unbroadcast(-g * q, ctx.ys, ctx.yd)
+        return (unbroadcast(g, ctx.xs, ctx.xd) if n[0] else None, gy)
+
+
+def _logcumsumexp(xp, x, axis):
+    """Running log-add-exp along ``axis`` (PyTorch's scan: exact for
+    entries far below the running maximum, +-inf handled). NumPy has it
+    as one ufunc accumulate; elsewhere shift by the slice's finite max."""
+    if xp is np:
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.logaddexp.accumulate(x, axis=axis)
+    m = xp.max(x, axis=axis, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    return xp.log(xp.cumsum(xp.exp(x - m), axis=axis)) + m
+
+
+class LogCumSumExp(Op):
+    """log(cumsum(exp(x))) along ``dim``; backward is PyTorch's (after
+    TensorFlow's): exp(reverse_logcumsumexp(log|g| - out) + x) for the
+    positive and for the negative parts of g, so that -inf entries and
+    infinite results give what PyTorch gives, not 0 * inf."""
+    @staticmethod
+    def forward(ctx, x, dim=0):
+        xp = get_array_module(x)
+        if x.ndim == 0:
+            ctx.axis = None
+            return x.copy()
+        axis = dim % x.ndim
+        out = _logcumsumexp(xp, x, axis)
+        ctx.axis = axis
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.axis is None or g.size == 0:
+            return g
+        x, out = ctx.to_save
+        xp = get_array_module(g)
+        ax = ctx.axis
+        low = np.finfo(g.dtype).min
+
+        def rev(v):
+            return xp.flip(_logcumsumexp(xp, xp.flip(v, ax), ax), ax)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            lg = xp.log(abs(g))
+            pos = xp.where(g > 0, lg, low)
+            neg = xp.where(g < 0, lg, low)
+            return (xp.exp(rev(pos - out) + x)
+                    - xp.exp(rev(neg - out) + x)).astype(g.dtype, copy=False)
+
+
+class MedianAll(Op):
+    """The lower median of all elements (NaN if any is NaN); backward
+    shares g evenly among the elements equal to it, or among the NaN ones
+    (PyTorch's evenly_distribute_backward)."""
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        flat = x.reshape(-1)
+        if flat.size == 0:
+            out = xp.asarray(np.nan, dtype=x.dtype)
+        elif x.dtype.kind == "f" and bool(xp.isnan(flat).any()):
+            out = xp.asarray(np.nan, dtype=x.dtype)
+        else:
+            k = (flat.size - 1) // 2
+            out = xp.partition(flat, k)[k]
+        ctx.save_for_backward(x, out)
+        return xp.asarray(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.to_save
+        xp = get_array_module(g)
+        mask = xp.isnan(x) if bool(xp.isnan(out)) else x == out
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return keep_grad(xp, mask, g / mask.sum())
 
 
 class Sin(Op):

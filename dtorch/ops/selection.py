@@ -386,18 +386,28 @@ class Cumprod(Op):
             # d out_j / d x_i = out_j / x_i for j >= i
             r = xp.flip(xp.cumsum(xp.flip(g * out, ax), ax), ax)
             return r / x
-        # with zeros: exclusive products on both sides, no division
-        # (O(n^2) along the axis, vectorized over it)
-        n = x.shape[ax]
+        # with zeros (anywhere: PyTorch's test is global), per slice as
+        # PyTorch: before the first zero z1, the reversed cumsum of out * g
+        # over [0, z1) divided by x; at z1, the product before it times
+        # sum_j g_j prod_(z1, j] x over [z1, z2); after z1, 0. Terms that
+        # are exactly 0 are dropped, never multiplied by g. O(n).
         xm = xp.moveaxis(x, ax, -1)
         gm = xp.moveaxis(g, ax, -1)
-        # P[..., i, j] = prod_{k<=j, k!=i} x_k  for j >= i
-        rep = xp.broadcast_to(xm[..., None, :], xm.shape[:-1] + (n, n)).copy()
-        eye = xp.eye(n, dtype=bool)
-        rep[..., eye] = 1
-        p = xp.cumprod(rep, axis=-1)
-        tri = xp.triu(xp.ones((n, n), bool))
-        gi = (p * gm[..., None, :] * tri).sum(-1)
+        om = xp.moveaxis(out, ax, -1)
+        isz = xm == 0
+        cs = xp.cumsum(isz, -1)
+        before = cs == 0
+        one = xp.ones((), x.dtype)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            w = xp.where(before, om * gm, 0)
+            rc = xp.flip(xp.cumsum(xp.flip(w, -1), -1), -1)
+            gi = xp.where(before, rc / xm, 0)
+            first = isz & (cs == 1)
+            seg = cs == 1
+            pre = xp.where(before, xm, one).prod(-1, keepdims=True)
+            c = xp.cumprod(xp.where(seg & ~first, xm, one), -1)
+            at_z1 = pre * xp.where(seg, c * gm, 0).sum(-1, keepdims=True)
+            gi = xp.where(first, at_z1, gi).astype(g.dtype, copy=False)
         return xp.moveaxis(gi, -1, ax)
 
 
