@@ -571,11 +571,16 @@ def _load(src, where, map_location):
         return {k: dec.tensor({"tensor": k}) for k in sorted(arrays)}
     try:
         tree = json.loads(meta["dtorch"])
-        return _Decoder(arrays, where, map_location)(tree)
     except (ValueError, RecursionError) as e:
         raise SerializationError(
-            f"{where}: the dtorch structure metadata is not valid JSON or "
-            f"nests too deeply ({type(e).__name__}: {e})") from None
+            f"{where}: the dtorch structure metadata is not valid JSON "
+            f"({type(e).__name__}: {e})") from None
+    try:
+        return _Decoder(arrays, where, map_location)(tree)
+    except RecursionError:
+        raise SerializationError(
+            f"{where}: the dtorch structure metadata nests too deeply"
+        ) from None
 
 
 def _read_header(src, where):

@@ -522,7 +522,8 @@ def _mutations():
         ("header crc not hex", lambda h: h["__metadata__"].__setitem__(
             HCRC, 7)),
     ]
-    for tree in ("{", "[" * 100000 + "]" * 100000, "[1, {}]", '{"tensor": 1}',
+    for tree in ("{", "[" * 100000 + "]" * 100000,
+                 "[" * 900 + "]" * 900, "[1, {}]", '{"tensor": 1}',
                  '{"tensor": ["0"]}', '{"tensor": "0", "device": 3}',
                  '{"tensor": "0", "device": "tpu:9"}',
                  '{"tensor": "0", "requires_grad": "yes"}',
