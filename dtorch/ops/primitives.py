@@ -696,7 +696,10 @@ class Relu(Op):
     @staticmethod
     def backward(ctx, g):
         # PyTorch's threshold_backward: 0 where out <= 0 (NaN passes g)
-        return keep_grad(get_array_module(g), ~(ctx.to_save[0] <= 0), g)
+        keep = ctx.to_save[0] <= 0
+        xp = get_array_module(g)
+        xp.logical_not(keep, out=keep)      # in place: no second mask
+        return keep_grad(xp, keep, g)
 
 
 class Clamp(Op):
