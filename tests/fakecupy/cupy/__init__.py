@@ -87,8 +87,9 @@ def _min_scalar_type(x):
 
 _SCALARS = (bool, int, float, complex, _np.generic)
 
-# element counts of host-to-device copies (tests read and clear it)
-_h2d = []
+# element counts of the latest host-to-device copies (tests read and
+# clear it; bounded, so a long session does not grow it)
+_h2d = __import__("collections").deque(maxlen=4096)
 
 
 # ------------------------------------------------------------- arrays ----
