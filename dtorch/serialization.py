@@ -40,6 +40,11 @@ import zlib
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:        # not POSIX: stale temporary files are kept
+    fcntl = None
+
 from . import _backend as B
 from .tensor import Tensor
 
@@ -353,10 +358,22 @@ def _pid_alive(pid):
     return True
 
 
+def _lock(fd):
+    """A saver holds an exclusive flock on its temporary file until the
+    rename: the kernel drops it when the process dies, however it dies,
+    and it is seen from other pid namespaces (containers sharing the
+    hostname and the folder), where the pid in the name means nothing."""
+    with contextlib.suppress(OSError):   # no locks here: never cleaned
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def _remove_stale_tmps(folder):
-    """Delete temporary files of dtorch.save whose writer (this host, that
-    pid) is gone: a save killed mid-write never cleans up after itself."""
-    if os.name != "posix":       # os.kill(pid, 0) would not probe there
+    """Delete temporary files of dtorch.save whose writer is gone (a save
+    killed mid-write never cleans up after itself): ours by name, written
+    on this host by a pid that is not alive, and locked by no process.
+    Files from other hosts stay: over NFS a lock may be local only, and a
+    live save there must never lose its file."""
+    if fcntl is None:
         return
     try:
         names = os.listdir(folder)
@@ -365,13 +382,24 @@ def _remove_stale_tmps(folder):
     host = _host_tag()
     for name in names:
         m = _TMP_RE.match(name)
-        if m is None or m.group(1) != host:
+        if m is None:
             continue
         pid = int(m.group(2))
-        if pid == os.getpid() or _pid_alive(pid):
+        if m.group(1) != host or pid == os.getpid() or _pid_alive(pid):
             continue
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(folder, name))
+        full = os.path.join(folder, name)
+        try:
+            fd = os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+                         | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(full)          # held by nobody: its saver is gone
+        except OSError:              # locked (a live save), or no locks
+            pass
+        finally:
+            os.close(fd)
 
 
 def _named(e, path, atomic=True):
@@ -422,16 +450,23 @@ def save(obj, f, pickle_module=None, pickle_protocol=None,
                      | getattr(os, "O_CLOEXEC", 0), 0o666)   # umask applies
     except OSError as e:
         raise _named(e, path) from e
+    fh = os.fdopen(fd, "wb")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            with contextlib.suppress(FileNotFoundError, AttributeError):
-                # overwriting keeps the file's mode, as open(path, "wb")
-                os.fchmod(fh.fileno(), stat.S_IMODE(os.stat(path).st_mode))
-            _write(fh, enc.arrays, meta)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if fcntl is not None:
+            _lock(fd)
+            # overwriting keeps the file's mode, as open(path, "wb")
+            with contextlib.suppress(FileNotFoundError):
+                os.fchmod(fd, stat.S_IMODE(os.stat(path).st_mode))
+        _write(fh, enc.arrays, meta)
+        fh.flush()
+        os.fsync(fd)
+        if fcntl is None:        # (Windows renames no open file)
+            fh.close()
+        os.replace(tmp, path)    # still locked: no cleaner takes it
+        fh.close()
     except BaseException as e:
+        with contextlib.suppress(OSError):
+            fh.close()
         # the previous file at ``path`` is untouched
         with contextlib.suppress(OSError):
             os.unlink(tmp)

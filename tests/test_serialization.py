@@ -634,6 +634,52 @@ def test_stale_temp_files_of_dead_savers_are_removed(tmp_path):
         live.wait()
 
 
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_locked_temp_file_of_a_pid_we_cannot_see_is_kept(tmp_path):
+    # a saver in another pid namespace (a container with our hostname):
+    # its pid is not alive here, but it holds the file's lock
+    dead = subprocess.run([sys.executable, "-c", "import os; "
+                           "print(os.getpid())"], capture_output=True,
+                          text=True, timeout=60)
+    name = _tmp_name("ckpt.pt", int(dead.stdout))
+    (tmp_path / name).write_bytes(b"partial")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time\n"
+         "f = open(sys.argv[1], 'rb')\n"
+         "fcntl.flock(f, fcntl.LOCK_EX)\n"
+         "print('locked', flush=True)\n"
+         "time.sleep(120)", str(tmp_path / name)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        dtorch.save({"x": 1}, tmp_path / "ckpt.pt")
+        assert name in os.listdir(tmp_path)        # a live save's file
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    dtorch.save({"x": 2}, tmp_path / "ckpt.pt")     # its saver is gone now
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_a_save_holds_the_lock_on_its_temp_file(tmp_path, monkeypatch):
+    import fcntl
+    real_write = dtorch.serialization._write
+    seen = []
+
+    def check(fh, *args):
+        (tmp,) = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+        with open(tmp_path / tmp, "rb") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        seen.append(tmp)
+        return real_write(fh, *args)
+    monkeypatch.setattr(dtorch.serialization, "_write", check)
+    dtorch.save({"x": dtorch.ones(3)}, tmp_path / "c.pt")
+    assert len(seen) == 1 and os.listdir(tmp_path) == ["c.pt"]
+
+
 @pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
 def test_saved_files_follow_the_umask(tmp_path):
     old = os.umask(0o022)
