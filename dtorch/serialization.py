@@ -19,9 +19,10 @@ data section, dtypes, shapes) and both checksums; any flaw raises a
 tensor). Files without checksums (older dtorch, other tools) still load.
 
 Saving to a path is atomic: a temporary file in the same directory, fsync,
-``os.replace``. Temporary files carry the host and pid of their writer, so
-a later save removes the ones whose process died mid-save. Saved files get
-the process umask (or keep the mode of the file they replace).
+``os.replace``. A temporary file carries its writer's host and pid and is
+flock-ed until the rename, so a later save into the folder removes the
+ones whose process died mid-save (and no live one). Saved files get the
+process umask (or keep the mode of the file they replace).
 
 A plain safetensors file written by another tool loads as a ``dict`` of
 tensors.
