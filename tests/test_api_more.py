@@ -72,6 +72,7 @@ def test_nonzero_put_resize():
         dtorch.zeros(2, requires_grad=True).resize_(3)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 def test_variable_and_anomaly_detection():
     from dtorch.autograd import Variable
     x = dtorch.ones(2, requires_grad=True)

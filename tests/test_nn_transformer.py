@@ -30,6 +30,9 @@ def _pair(arr):
             torch.tensor(arr, requires_grad=True))
 
 
+# torch warns that a bool key padding mask with a float attention mask is
+# deprecated; both kinds are tested on purpose
+@pytest.mark.filterwarnings("ignore:Support for mismatched")
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu", "callable"])

@@ -24,6 +24,7 @@ def _close(a, b):
                                rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated")
 @pytest.mark.parametrize("dim", [0, 1, None])
 def test_weight_norm_matches_torch(dim):
     tm = torch.nn.utils.weight_norm(torch.nn.Linear(4, 3).double(), dim=dim)
