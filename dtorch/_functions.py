@@ -414,7 +414,7 @@ class finfo:
         self.max = float(i.max)
         self.min = float(i.min)
         self.tiny = self.smallest_normal = float(i.tiny)
-        self.resolution = float(i.resolution)
+        self.resolution = 10.0 ** -int(i.precision)   # as PyTorch's
         self.dtype = d.name
 
     def __repr__(self):

@@ -390,7 +390,11 @@ def test_misc_functions_match_torch():
     v_t, m_t = torch.var_mean(torch.tensor(x), 0)
     np.testing.assert_allclose(v_d.numpy(), v_t.numpy())
     np.testing.assert_allclose(m_d.numpy(), m_t.numpy())
-    assert dtorch.finfo(dtorch.float16).max == torch.finfo(torch.float16).max
+    for name in ("float16", "bfloat16", "float32", "float64"):
+        a, b = dtorch.finfo(getattr(dtorch, name)), \
+            torch.finfo(getattr(torch, name))
+        for k in ("bits", "eps", "max", "min", "tiny", "resolution"):
+            assert getattr(a, k) == getattr(b, k), (name, k)
     assert dtorch.iinfo(dtorch.int32).min == torch.iinfo(torch.int32).min
     assert dtorch.finfo().eps == torch.finfo().eps
 
