@@ -29,8 +29,8 @@ from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
 from digits_common import (DigitsCNN, discard,  # noqa: E402
-                           distributed_accuracy, load_digits_split,
-                           plan_start, restart_count)
+                           distributed_accuracy, everyone_stops,
+                           load_digits_split, plan_start, restart_count)
 
 _stop = [False]
 
@@ -124,14 +124,16 @@ def main(argv=None):
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}",
                    disable=True if args.quiet or rank != 0 else None,
                    leave=False)
-        for step, (x, y) in enumerate(bar):
+        stopped = False
+        for x, y in bar:
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
-            if _stop[0]:
+            if everyone_stops(_stop[0]):
+                stopped = True
                 break
-        if _stop[0]:
+        if stopped:
             save(args, model, opt, sched, sampler, loader_g, epoch, acc,
                  rank, world)
             if rank == 0:

@@ -125,3 +125,14 @@ def discard(path):
         os.remove(path)
     except FileNotFoundError:
         pass
+
+
+def everyone_stops(mine):
+    """True on every rank when any rank wants to stop (SIGUSR1 before a
+    preemption). The signal reaches ranks at different steps; stopping at
+    different steps would leave their collectives unmatched (a hang), so
+    the ranks agree after each step."""
+    import dtorch.distributed as dist
+    flag = torch.tensor([1.0 if mine else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() > 0

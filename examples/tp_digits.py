@@ -39,7 +39,7 @@ from dtorch.nn.parallel import tensor_parallel as tp  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
 from digits_common import (discard, distributed_accuracy,  # noqa: E402
-                           load_digits_split, plan_start)
+                           everyone_stops, load_digits_split, plan_start)
 
 _stop = [False]
 
@@ -163,7 +163,7 @@ def main(argv=None):
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
-            if _everyone_stops():
+            if everyone_stops(_stop[0]):
                 stopped = True
                 break
         if stopped:
@@ -189,14 +189,6 @@ def main(argv=None):
               f"(DP {dp_size} x TP {args.tp_size})", flush=True)
     dist.barrier()
     return acc
-
-
-def _everyone_stops():
-    # SIGUSR1 reaches the ranks at slightly different steps; stopping at
-    # different steps would leave collectives unmatched, so agree first
-    flag = torch.tensor([1.0 if _stop[0] else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() > 0
 
 
 def save(args, mlp, opt, sched, sampler, loader_g, epoch, acc, rank,

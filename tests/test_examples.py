@@ -168,3 +168,60 @@ def test_checkpoint_of_an_older_example_is_not_resumed(tmp_path):
     assert f"--resume: {ck} lacks rng, test_acc" in p.stderr, p.stderr
     out = run(cmd)
     assert "older example's checkpoint" in out and accuracy(out) > 50.0
+
+
+def _children_by_rank(pid):
+    """{RANK: pid} of the rank processes a launcher started."""
+    ranks = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[stat.rfind(b")") + 2:].split()[1]) != pid:
+            continue
+        for kv in env:
+            if kv.startswith(b"RANK="):
+                ranks[int(kv[5:])] = int(name)
+    return ranks
+
+
+def test_ddp_digits_sigusr1_to_one_rank_checkpoints_all(tmp_path):
+    # SLURM's warning reaches the ranks at different steps (here: only
+    # rank 1 gets it); they must agree on the step, save and exit 0, not
+    # leave rank 0 alone in a collective
+    import signal
+    import time
+    ck = str(tmp_path / "usr1.st")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               DTORCH_COLLECTIVE_TIMEOUT="60")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launch", "--nproc-per-node", "2",
+         os.path.join(EX, "ddp_digits.py"), "--epochs", "100", "--quiet",
+         "--checkpoint", ck], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        seen = ""
+        while "epoch  1 " not in seen:
+            line = proc.stdout.readline()
+            assert line, seen + proc.stderr.read()
+            seen += line
+        ranks = _children_by_rank(proc.pid)
+        assert sorted(ranks) == [0, 1], ranks
+        os.kill(ranks[1], signal.SIGUSR1)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, seen + out + err
+    assert "SIGUSR1: checkpointed" in out
+    resumed = _launch(["--nproc-per-node", "2",
+                       os.path.join(EX, "ddp_digits.py"), "--epochs", "3",
+                       "--quiet", "--checkpoint", ck, "--resume"])
+    assert "resuming from" in resumed and "samples of epoch" in resumed
