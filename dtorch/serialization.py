@@ -334,12 +334,27 @@ def _write(fh, arrays, meta):
     arrays, at memory speed), then the header and the data in order, so
     the file is written front to back once, with no seeking back."""
     order, entries = _layout(arrays)
+    views = [_bytes_of(arrays[n]) for n in order]
     sums = _Checksums()
-    for n in order:
-        sums.add(n, _bytes_of(arrays[n]))
+    for n, v in zip(order, views):
+        sums.add(n, v)
     fh.write(_header_bytes(entries, meta, sums.crc))
-    for n in order:
-        fh.write(_bytes_of(arrays[n]))
+    # many small tensors: one write per batch of them, not per tensor
+    batch, size = [], 0
+    for v in views:
+        if len(v) >= _CHUNK:
+            if batch:
+                fh.write(b"".join(batch))
+                batch, size = [], 0
+            fh.write(v)
+            continue
+        batch.append(v)
+        size += len(v)
+        if size >= _CHUNK:
+            fh.write(b"".join(batch))
+            batch, size = [], 0
+    if batch:
+        fh.write(b"".join(batch))
 
 
 _TMP_RE = re.compile(r"^\..*\.dtorch-([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}\.tmp$")

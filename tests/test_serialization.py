@@ -449,7 +449,8 @@ def test_files_without_checksums_load(tmp_path):
 def test_checksums_on_large_tensors_and_all_io_paths(tmp_path):
     # several 1 MiB read pieces, a ragged last row, every dtype width
     g = np.random.default_rng(1)
-    obj = {"big": dtorch.from_numpy(g.standard_normal(300_001)),
+    obj = {"tiny": dtorch.from_numpy(g.standard_normal(3)),
+           "big": dtorch.from_numpy(g.standard_normal(300_001)),
            "half": dtorch.from_numpy(g.standard_normal(1001)).half(),
            "flags": dtorch.from_numpy(g.random(77) > 0.5),
            # starts at an odd offset: its words are read unaligned
@@ -464,7 +465,7 @@ def test_checksums_on_large_tensors_and_all_io_paths(tmp_path):
         _same(obj, out)
     data = bytearray(path.read_bytes())
     header, body = _split(bytes(data))
-    begin, end = header["0"]["data_offsets"]        # "big", saved first
+    begin, end = header["1"]["data_offsets"]        # "big"
     data[len(data) - len(body) + end - 5000] ^= 4
     path.write_bytes(bytes(data))
     for kw in ({}, {"mmap": True}):
