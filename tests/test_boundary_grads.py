@@ -359,6 +359,24 @@ add(Case("diff", lambda M, x: M.diff(x, dim=1), [In(SOFT_ROWS)],
 add(Case("std_mean", lambda M, x: M.std_mean(x, 1)[0], [In(TIES)],
          up="cycle"))
 
+# normalisation layers over constant input (zero variance) and +-inf
+NORM_IN = [[[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 2.0, 3.0]],
+           [[-2.0, -2.0, -2.0, -2.0], [0.5, 0.5, 0.5, 0.5]]]
+# (a constant 5.0 comes out of PyTorch's float32 instance_norm as -3e-5:
+# its variance rounds to 1 ulp, over sqrt(eps); values whose squares
+# are exact here)
+add(Case("layer_norm_const", lambda M, x, w, b: F(M).layer_norm(
+    x, (4,), w, b), [In(NORM_IN), In([1.0, 2.0, 0.5, -1.0]),
+                     In([0.0, 1.0, 0.0, 1.0])], up="cycle"))
+add(Case("batch_norm_const", lambda M, x, w, b: F(M).batch_norm(
+    x, None, None, w, b, training=True), [In(NORM_IN), In([1.0, 2.0]),
+                                          In([0.0, 1.0])], up="cycle"))
+add(Case("group_norm_const", lambda M, x, w, b: F(M).group_norm(
+    x, 1, w, b), [In(NORM_IN), In([1.0, 2.0]), In([0.0, 1.0])],
+    up="cycle"))
+add(Case("instance_norm_const", lambda M, x: F(M).instance_norm(x),
+         [In(NORM_IN)], up="cycle"))
+
 # -------------------------------------------------------------- pooling --
 POOL = [[[[1.0, 1.0, 2.0, 2.0], [1.0, 1.0, 2.0, 2.0],
           [NAN, 0.0, -INF, -INF], [3.0, NAN, -INF, -INF]],
@@ -582,6 +600,19 @@ add(Case("lp_pool2d", lambda M, x: F(M).lp_pool2d(x, 2.0, 2),
          [In([[[[0.0, 0.0, 1.0, 2.0], [0.0, 0.0, -1.0, 0.0],
                 [3.0, 4.0, INF, 0.0], [0.0, 0.0, 0.0, 1.0]]]])],
          up="cycle"))
+
+# CTC: an impossible alignment (target longer than the input) has an
+# infinite loss; zero_infinity makes it 0 with a zero gradient
+CTC_LP = np.log(np.full((3, 2, 4), 0.25)).tolist()
+for zi in (False, True):
+    for r in RED:
+        add(Case(f"ctc_impossible_zi{zi}_{r}", lambda M, lp, t, il, tl, r=r,
+                 zi=zi: F(M).ctc_loss(lp, t, il, tl, reduction=r,
+                                      zero_infinity=zi),
+                 [In(CTC_LP), In([[1, 2, 1, 3], [1, 2, 0, 0]], False,
+                                 "int64"),
+                  In([3, 3], False, "int64"), In([4, 2], False, "int64")],
+                 up="cycle"))
 
 KX, KT = grid([0.0, -1.0, 1.0, -INF, INF, NAN, -100.0],
               [0.0, 1.0, 0.5, 1e-30])
