@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from .._backend import get_array_module, put_along_axis
-from .primitives import Op, index_add0
+from .primitives import Op, index_add0, keep_grad, unbroadcast
 
 
 def _tune_malloc():
@@ -986,7 +986,6 @@ class Hardsigmoid(Op):
     @staticmethod
     def backward(ctx, g):
         x, = ctx.to_save
-        from .primitives import keep_grad
         # PyTorch multiplies by the float32 constant 1/6, in float64 too
         sixth = g.dtype.type(np.float32(1.0) / np.float32(6.0))
         return keep_grad(get_array_module(g), (x > -3) & (x < 3), g * sixth)
@@ -1012,7 +1011,6 @@ class Shrink(Op):
     @staticmethod
     def backward(ctx, g):
         x, = ctx.to_save
-        from .primitives import keep_grad
         lam = ctx.lambd
         return keep_grad(get_array_module(g), (x < -lam) | (x > lam), g)
 
@@ -1029,7 +1027,6 @@ class Threshold(Op):
 
     @staticmethod
     def backward(ctx, g):
-        from .primitives import keep_grad
         return keep_grad(get_array_module(g), ctx.keep, g)
 
 
@@ -1206,7 +1203,6 @@ class LogSigmoid(Op):
 
 def _unb(g, shape):
     """Sum a gradient down to a broadcast operand's shape."""
-    from .primitives import unbroadcast
     return unbroadcast(g, shape)
 
 
