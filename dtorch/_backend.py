@@ -460,8 +460,10 @@ def on_own_device(method):
     (not through Function.apply): they run on their tensor's device. On a
     host array it costs one check."""
     def guarded(self, *args, **kwargs):
-        a = self._data
-        if _cupy is None or type(a) is np.ndarray:
+        if _cupy is None:
+            return method(self, *args, **kwargs)
+        a = getattr(self, "_data", None)    # dtorch.f(non-tensor, ...)
+        if not isinstance(a, _cupy.ndarray):
             return method(self, *args, **kwargs)
         with _DeviceGuard(a.data.device_id):
             return method(self, *args, **kwargs)

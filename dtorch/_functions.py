@@ -287,6 +287,7 @@ def tril_indices(row, col, offset=0, dtype=None, device=None, layout=None):
 
 # ================================================================== binning ==
 
+@B.on_own_device
 def searchsorted(sorted_sequence, input, out_int32=False, right=False,
                  side=None, sorter=None):
     """Insertion points of ``input`` into the innermost dim of

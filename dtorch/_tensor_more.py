@@ -64,10 +64,12 @@ def triu(self, diagonal=0):
     return S.Tril.apply(self, diagonal=int(diagonal), upper=True)
 
 
+@B.on_own_device
 def tril_(self, diagonal=0):
     return _inplace(self, lambda t: tril(t, diagonal))
 
 
+@B.on_own_device
 def triu_(self, diagonal=0):
     return _inplace(self, lambda t: triu(t, diagonal))
 
@@ -80,6 +82,7 @@ def _selected(self, idx, axis, keepdim=True):
     return vals, _wrap(ind)
 
 
+@B.on_own_device
 def sort(self, dim=-1, descending=False, stable=False):
     """Values and indices along dim; ties keep their order (stable)."""
     from .return_types import sort as _rt
@@ -89,14 +92,17 @@ def sort(self, dim=-1, descending=False, stable=False):
     return _rt(*_selected(self, idx, S.axis_of(dim, self.ndim)))
 
 
+@B.on_own_device
 def argsort(self, dim=-1, descending=False, stable=False):
     return _wrap(S.sort_indices(self._data, dim, descending))
 
 
+@B.on_own_device
 def msort(self):
     return sort(self, 0).values
 
 
+@B.on_own_device
 def topk(self, k, dim=-1, largest=True, sorted=True):
     """The k largest (smallest) values along dim and their indices."""
     from .return_types import topk as _rt
@@ -106,6 +112,7 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     return _rt(*_selected(self, idx, S.axis_of(dim, self.ndim)))
 
 
+@B.on_own_device
 def kthvalue(self, k, dim=-1, keepdim=False):
     from .return_types import kthvalue as _rt
     axis = S.axis_of(dim, self.ndim)
@@ -120,6 +127,7 @@ def kthvalue(self, k, dim=-1, keepdim=False):
     return _rt(*_selected(self, idx, axis, keepdim))
 
 
+@B.on_own_device
 def median(self, dim=None, keepdim=False):
     """The lower median (PyTorch's: no averaging of the two middle values);
     NaN if the slice holds a NaN."""
@@ -147,6 +155,7 @@ def median(self, dim=None, keepdim=False):
     return _rt(*_selected(self, idx, axis, keepdim))
 
 
+@B.on_own_device
 def quantile(self, q, dim=None, keepdim=False, interpolation="linear"):
     """Quantiles by sorting and interpolating between neighbours."""
     T = _T()
@@ -196,6 +205,7 @@ def quantile(self, q, dim=None, keepdim=False, interpolation="linear"):
     return out
 
 
+@B.on_own_device
 def nanquantile(self, q, dim=None, keepdim=False, interpolation="linear"):
     if not bool(self.isnan().any()):
         return quantile(self, q, dim, keepdim, interpolation)
@@ -205,11 +215,13 @@ def nanquantile(self, q, dim=None, keepdim=False, interpolation="linear"):
 
 # ============================================================ gather/scatter ==
 
+@B.on_own_device
 def gather(self, dim, index, sparse_grad=False):
     return S.Gather.apply(self, idx=_index_array(self, index, "gather"),
                           dim=dim)
 
 
+@B.on_own_device
 def take_along_dim(self, indices, dim=None):
     idx = _index_array(self, indices, "take_along_dim")
     if dim is None:
@@ -227,6 +239,7 @@ def take_along_dim(self, indices, dim=None):
                   _wrap(xp.broadcast_to(idx, ishape).copy()))
 
 
+@B.on_own_device
 def take(self, index):
     idx = _index_array(self, index, "take")
     return take_along_dim(self, _wrap(idx.reshape(-1)), None).reshape(
@@ -247,6 +260,7 @@ def _scatter_src(self, src, value):
     return src
 
 
+@B.on_own_device
 def scatter(self, dim, index, src=None, value=None, reduce=None):
     """out[index[i][j]][j] = src[i][j] (dim 0); src may be a number."""
     src = _scatter_src(self, src, value)
@@ -261,12 +275,14 @@ def scatter(self, dim, index, src=None, value=None, reduce=None):
                            dim=dim, add=reduce is not None)
 
 
+@B.on_own_device
 def scatter_add(self, dim, index, src):
     return S.Scatter.apply(self, _scatter_src(self, src, None),
                            idx=_index_array(self, index, "scatter_add")
                            .astype(np.int64, copy=False), dim=dim, add=True)
 
 
+@B.on_own_device
 def scatter_(self, dim, index, src=None, value=None, reduce=None):
     return _inplace(self, lambda t: scatter(t, dim, index, src, value,
                                             reduce))
@@ -284,22 +300,26 @@ def scatter_reduce(self, dim, index, src, reduce, include_self=True):
                               f"supported by dtorch")
 
 
+@B.on_own_device
 def index_select(self, dim, index):
     return S.IndexSelect.apply(self, idx=_index_array(self, index,
                                                       "index_select"),
                                dim=dim)
 
 
+@B.on_own_device
 def index_add(self, dim, index, source, alpha=1):
     return S.IndexAdd.apply(self, source, idx=_index_array(
         self, index, "index_add"), dim=dim, alpha=alpha)
 
 
+@B.on_own_device
 def index_copy(self, dim, index, source):
     return S.IndexAdd.apply(self, source, idx=_index_array(
         self, index, "index_copy"), dim=dim, copy=True)
 
 
+@B.on_own_device
 def index_fill(self, dim, index, value):
     idx = _index_array(self, index, "index_fill").reshape(-1)
     d = S.axis_of(dim, self.ndim)
@@ -314,23 +334,28 @@ def index_fill(self, dim, index, value):
     return self.masked_fill(mask, value)
 
 
+@B.on_own_device
 def index_add_(self, dim, index, source, alpha=1):
     return _inplace(self, lambda t: index_add(t, dim, index, source, alpha))
 
 
+@B.on_own_device
 def index_copy_(self, dim, index, source):
     return _inplace(self, lambda t: index_copy(t, dim, index, source))
 
 
+@B.on_own_device
 def index_fill_(self, dim, index, value):
     return _inplace(self, lambda t: index_fill(t, dim, index, value))
 
 
+@B.on_own_device
 def index_put(self, indices, values, accumulate=False):
     out = self.clone()
     return index_put_(out, indices, values, accumulate)
 
 
+@B.on_own_device
 def index_put_(self, indices, values, accumulate=False):
     key = tuple(indices)
     if not accumulate:
@@ -349,6 +374,7 @@ def index_put_(self, indices, values, accumulate=False):
         .reshape(t.shape))
 
 
+@B.on_own_device
 def masked_select(self, mask):
     m = _arr(mask)
     if getattr(m, "dtype", None) != np.bool_:
@@ -358,6 +384,7 @@ def masked_select(self, mask):
     return x[_wrap(self._xp().broadcast_to(m, shape))]
 
 
+@B.on_own_device
 def masked_scatter(self, mask, source):
     m = _arr(mask)
     xp = self._xp()
@@ -388,10 +415,12 @@ def _cumext(self, dim, is_min):
     return MinMax(vals, _wrap(ind))
 
 
+@B.on_own_device
 def cummax(self, dim):
     return _cumext(self, dim, False)
 
 
+@B.on_own_device
 def cummin(self, dim):
     return _cumext(self, dim, True)
 
@@ -421,6 +450,7 @@ def diff(self, n=1, dim=-1, prepend=None, append=None):
 
 # ======================================================= matrices & shapes ==
 
+@B.on_own_device
 def diagonal(self, offset=0, dim1=0, dim2=1):
     a = S.axis_of(dim1, self.ndim)
     b = S.axis_of(dim2, self.ndim)
@@ -444,6 +474,7 @@ def diagonal(self, offset=0, dim1=0, dim2=1):
     return out.movedim(pos, -1)
 
 
+@B.on_own_device
 def diag(self, diagonal=0):
     if self.ndim == 1:
         n = self.shape[0] + abs(diagonal)
@@ -459,6 +490,7 @@ def diag(self, diagonal=0):
                        f"{self.ndim}D")
 
 
+@B.on_own_device
 def diag_embed(self, offset=0, dim1=-2, dim2=-1):
     m = self.shape[-1]
     n = m + abs(offset)
@@ -476,6 +508,7 @@ def diag_embed(self, offset=0, dim1=-2, dim2=-1):
     return out
 
 
+@B.on_own_device
 def trace(self):
     if self.ndim != 2:
         raise RuntimeError(f"trace: expected a matrix, but got tensor with "
@@ -507,6 +540,7 @@ def movedim(self, source, destination):
     return self.permute(order) if order != list(range(nd)) else self
 
 
+@B.on_own_device
 def repeat_interleave(self, repeats=None, dim=None, output_size=None):
     xp = self._xp()
     if repeats is None:       # repeat_interleave(repeats_tensor)
@@ -525,6 +559,7 @@ def repeat_interleave(self, repeats=None, dim=None, output_size=None):
     return index_select(x, d, _wrap(idx.astype(np.int64)))
 
 
+@B.on_own_device
 def unfold(self, dimension, size, step):
     """Sliding windows of ``size`` with ``step`` along ``dimension``, as a
     new last dim."""
@@ -681,6 +716,7 @@ def float_power(self, exponent):
     return self.double() ** e
 
 
+@B.on_own_device
 def logical_xor(self, other):
     return _wrap(self._xp().logical_xor(self._data, _arr(other)))
 
@@ -768,6 +804,7 @@ def tile(self, dims):
     return self.repeat(*dims)
 
 
+@B.on_own_device
 def unique(self, sorted=True, return_inverse=False, return_counts=False,
            dim=None):
     xp = self._xp()
@@ -786,6 +823,7 @@ def unique(self, sorted=True, return_inverse=False, return_counts=False,
     return tuple(out)
 
 
+@B.on_own_device
 def unique_consecutive(self, return_inverse=False, return_counts=False,
                        dim=None):
     if dim is not None:
@@ -973,11 +1011,13 @@ def digamma(self):
     return E.Digamma.apply(self)
 
 
+@B.on_own_device
 def nonzero(self, *, as_tuple=False):
     from ._creation import nonzero as _nz
     return _nz(self, as_tuple)
 
 
+@B.on_own_device
 def mode(self, dim=-1, keepdim=False):
     """The most frequent value along dim (the smallest among ties) and the
     index of its last occurrence, as PyTorch."""
@@ -1014,6 +1054,7 @@ def mode(self, dim=-1, keepdim=False):
     return _rt(*_selected(self, idx, axis, keepdim))
 
 
+@B.on_own_device
 def put_(self, index, source, accumulate=False):
     """self.view(-1)[index] = source (summed with ``accumulate``)."""
     idx = _index_array(self, index, "put_").reshape(-1)
@@ -1030,6 +1071,7 @@ def put_(self, index, source, accumulate=False):
     return _inplace(self, compute)
 
 
+@B.on_own_device
 def resize_(self, *sizes, memory_format=None):
     """Reshape in place to ``sizes``, keeping the leading elements and
     zero-filling new ones (PyTorch leaves them uninitialised)."""

@@ -1455,6 +1455,7 @@ class Tensor:
         self._vc[0] += 1
         return self
 
+    @B.on_own_device
     def addcmul_(self, t1, t2, value=1):
         if self._tracked(t1, t2):
             return self._rebase(lambda t: t.addcmul(t1, t2, value))
@@ -1463,6 +1464,7 @@ class Tensor:
             prod *= value
         return self._ufunc_("add", Tensor._wrap(prod))
 
+    @B.on_own_device
     def addcdiv_(self, t1, t2, value=1):
         if self._tracked(t1, t2):
             return self._rebase(lambda t: t.addcdiv(t1, t2, value))
@@ -1471,6 +1473,7 @@ class Tensor:
             q *= value
         return self._ufunc_("add", Tensor._wrap(q))
 
+    @B.on_own_device
     def lerp_(self, end, weight):
         if self._tracked(end, weight):
             return self._rebase(lambda t: t.lerp(end, weight))

@@ -168,3 +168,59 @@ def test_cuda_in_a_forked_worker_says_pytorchs_words():
     with pytest.raises(Exception, match="Cannot re-initialize CUDA in "
                                         "forked subprocess"):
         list(loader)
+
+
+def _x(dev):
+    a = np.random.default_rng(3).standard_normal((3, 4))
+    return dtorch.tensor(a, dtype=F64, device=dev)
+
+
+def _i(dev):
+    return dtorch.tensor([[0, 1], [2, 0]], device=dev)
+
+
+# Tensor methods and functions that compute on the arrays directly (not
+# through Function.apply): each runs under its tensor's device
+METHODS = {
+    "sort": lambda x, i: x.sort(1), "argsort": lambda x, i: x.argsort(),
+    "topk": lambda x, i: x.topk(2), "kthvalue": lambda x, i: x.kthvalue(2),
+    "median": lambda x, i: x.median(1), "quantile": lambda x, i:
+    x.quantile(0.3, dim=1), "gather": lambda x, i: x.gather(1, i),
+    "scatter": lambda x, i: x.scatter(1, i, 1.0),
+    "scatter_add": lambda x, i: x.scatter_add(1, i, x[:2, :2].contiguous()),
+    "index_select": lambda x, i: x.index_select(1, i[0]),
+    "index_add_": lambda x, i: x.clone().index_add_(
+        1, i[0], x[:, :2].contiguous()),
+    "index_fill_": lambda x, i: x.clone().index_fill_(1, i[0], 2.),
+    "masked_select": lambda x, i: x.masked_select(x > 0),
+    "masked_scatter": lambda x, i: x.masked_scatter(x > 0, x * 2),
+    "cumprod_cummax": lambda x, i: (x.cumprod(1), x.cummax(1)[0]),
+    "diagonal_diag_trace": lambda x, i: (x.diagonal(), x[0].diag(),
+                                         x.trace()),
+    "repeat_interleave": lambda x, i: x.repeat_interleave(2, 0),
+    "unfold": lambda x, i: x.unfold(1, 2, 1),
+    "unique": lambda x, i: i.unique(), "tril_": lambda x, i:
+    x.clone().tril_(), "mode": lambda x, i: i.mode(1)[0],
+    "put_": lambda x, i: x.clone().put_(i[0], x[0, :2].contiguous()),
+    "nonzero": lambda x, i: (x > 0).nonzero(),
+    "resize_": lambda x, i: x.clone().resize_(2, 2),
+    "logical_xor": lambda x, i: (x > 0).logical_xor(x < 0.5),
+    "addcmul_lerp_": lambda x, i: (x.clone().addcmul_(x, x),
+                                   x.clone().lerp_(x * 2, 0.5)),
+    "searchsorted": lambda x, i: dtorch.searchsorted(x[0].sort()[0], x[1]),
+    "one_hot": lambda x, i: F.one_hot(i[0], 3),
+    "embedding": lambda x, i: F.embedding(i, x),
+    "interpolate": lambda x, i: F.interpolate(x[None], scale_factor=2),
+}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_raw_array_methods_on_cuda1_equal_the_cpu(name):
+    f = METHODS[name]
+    ref = f(_x("cpu"), _i("cpu"))
+    out = f(_x("cuda:1"), _i("cuda:1"))
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    outs = out if isinstance(out, tuple) else (out,)
+    for a, b in zip(refs, outs):
+        on_device1(b)
+        np.testing.assert_allclose(host(b), host(a), rtol=1e-12, atol=0)

@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 
+from .. import _backend as B
 from ..ops import nn_ops as N
 from ..tensor import Tensor
 
@@ -449,6 +450,7 @@ def _linear_weights(n_in, n_out, scale, align_corners, dtype):
     return m.astype(dtype)
 
 
+@B.on_own_device
 def interpolate(input, size=None, scale_factor=None, mode="nearest",
                 align_corners=None, recompute_scale_factor=None,
                 antialias=False):

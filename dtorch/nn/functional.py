@@ -560,6 +560,7 @@ def dropout3d(input, p=0.5, training=True, inplace=False):
 
 # ============================================================== embedding ==
 
+@B.on_own_device
 def embedding(input, weight, padding_idx=None, max_norm=None,
               norm_type=2.0, scale_grad_by_freq=False, sparse=False):
     idx = input._data if isinstance(input, Tensor) else np.asarray(input)
@@ -590,6 +591,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None,
                              scale_grad_by_freq=scale_grad_by_freq)
 
 
+@B.on_own_device
 def one_hot(tensor, num_classes=-1):
     a = tensor._data
     if a.dtype.kind not in "iu":
