@@ -808,6 +808,14 @@ GRADCHECK.update({
     "median_all": (lambda x: x.median(), [(3, 5)]),
     "xlogy": (lambda x, y: dtorch.xlogy(x, y.abs()), [(3, 4), (3, 4)]),
     "atan2": (lambda x, y: dtorch.atan2(x, y), [(3, 4), (3, 4)]),
+    "sigmoid": (lambda x: x.sigmoid(), [(3, 4)]),
+    "sinc": (lambda x: dtorch.sinc(x), [(3, 4)]),
+    "nll_ignore_weight": (lambda x: Fd.nll_loss(
+        x, dtorch.tensor([0, -100, 2]),
+        dtorch.tensor([1.0, 0.5, 2.0, 1.0]).double()), [(3, 4)]),
+    "max_pool2d_overlap": (lambda x: Fd.max_pool2d(x, 3, 1, 1),
+                           [(1, 2, 4, 4)]),
+    "max_pool2d_2x2": (lambda x: Fd.max_pool2d(x, 2), [(1, 2, 4, 4)]),
     "cumprod_with_zero": (lambda x: (x * dtorch.tensor(
         [1.0, 0.0, 1.0, 1.0]).double()).cumprod(1), [(3, 4)]),
 })
