@@ -37,6 +37,7 @@ import re
 import socket
 import stat
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -329,16 +330,39 @@ def _header_bytes(entries, meta, crcs):
     return struct.pack("<Q", len(raw)) + raw
 
 
-def _write(fh, arrays, meta):
-    """Write the file to ``fh``: the checksums first (one pass over the
-    arrays, at memory speed), then the header and the data in order, so
-    the file is written front to back once, with no seeking back."""
+def _write(fh, arrays, meta, seekable=False):
+    """Write the file to ``fh`` front to back: header (with the
+    checksums), then the data. Where ``fh`` can seek and the data are
+    large, a helper thread computes the checksums while this one writes
+    the data behind a reserved header (both release the GIL), and the
+    header goes in last: the checksum pass (~5 ms per 100 MB) then costs
+    no time where a core is free."""
     order, entries = _layout(arrays)
     views = [_bytes_of(arrays[n]) for n in order]
     sums = _Checksums()
-    for n, v in zip(order, views):
-        sums.add(n, v)
+
+    def checksum():
+        for n, v in zip(order, views):
+            sums.add(n, v)
+    if not (seekable and sum(len(v) for v in views) >= _OVERLAP):
+        checksum()
+        fh.write(_header_bytes(entries, meta, sums.crc))
+        _write_data(fh, views)
+        return
+    helper = _Thread(checksum)
+    try:
+        fh.seek(len(_header_bytes(entries, meta, {})))
+        _write_data(fh, views)
+    finally:
+        helper.join()
+    fh.seek(0)
     fh.write(_header_bytes(entries, meta, sums.crc))
+
+
+_OVERLAP = 16 << 20
+
+
+def _write_data(fh, views):
     # many small tensors: one write per batch of them, not per tensor
     batch, size = [], 0
     for v in views:
@@ -355,6 +379,26 @@ def _write(fh, arrays, meta):
             batch, size = [], 0
     if batch:
         fh.write(b"".join(batch))
+
+
+class _Thread(threading.Thread):
+    """Runs ``fn()``; ``join`` re-raises what it raised."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.error = fn, None
+        self.start()
+
+    def run(self):
+        try:
+            self.fn()
+        except BaseException as e:      # handed to the joining thread
+            self.error = e
+
+    def join(self, timeout=None):
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 _TMP_RE = re.compile(r"^\..*\.dtorch-([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}\.tmp$")
@@ -473,7 +517,7 @@ def save(obj, f, pickle_module=None, pickle_protocol=None,
             # overwriting keeps the file's mode, as open(path, "wb")
             with contextlib.suppress(FileNotFoundError):
                 os.fchmod(fd, stat.S_IMODE(os.stat(path).st_mode))
-        _write(fh, enc.arrays, meta)
+        _write(fh, enc.arrays, meta, seekable=True)
         fh.flush()
         os.fsync(fd)
         if fcntl is None:        # (Windows renames no open file)

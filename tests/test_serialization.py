@@ -446,8 +446,13 @@ def test_files_without_checksums_load(tmp_path):
     assert out["epoch"] == 2 and out["w"].tolist() == [0, 1, 2, 3]
 
 
-def test_checksums_on_large_tensors_and_all_io_paths(tmp_path):
-    # several 1 MiB read pieces, a ragged last row, every dtype width
+@pytest.mark.parametrize("overlap", [False, True])
+def test_checksums_on_large_tensors_and_all_io_paths(tmp_path, monkeypatch,
+                                                     overlap):
+    # several 1 MiB read pieces, a ragged last row, every dtype width;
+    # overlap: a file saved with the checksums on a helper thread
+    monkeypatch.setattr(dtorch.serialization, "_OVERLAP",
+                        0 if overlap else 2 ** 62)
     g = np.random.default_rng(1)
     obj = {"tiny": dtorch.from_numpy(g.standard_normal(3)),
            "big": dtorch.from_numpy(g.standard_normal(300_001)),
@@ -669,13 +674,13 @@ def test_a_save_holds_the_lock_on_its_temp_file(tmp_path, monkeypatch):
     real_write = dtorch.serialization._write
     seen = []
 
-    def check(fh, *args):
+    def check(fh, *args, **kwargs):
         (tmp,) = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
         with open(tmp_path / tmp, "rb") as other:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         seen.append(tmp)
-        return real_write(fh, *args)
+        return real_write(fh, *args, **kwargs)
     monkeypatch.setattr(dtorch.serialization, "_write", check)
     dtorch.save({"x": dtorch.ones(3)}, tmp_path / "c.pt")
     assert len(seen) == 1 and os.listdir(tmp_path) == ["c.pt"]
