@@ -377,6 +377,19 @@ add(Case("group_norm_const", lambda M, x, w, b: F(M).group_norm(
 add(Case("instance_norm_const", lambda M, x: F(M).instance_norm(x),
          [In(NORM_IN)], up="cycle"))
 
+# attention with a fully masked row (padding): PyTorch's SDPA gives 0 there
+SDPA_Q = np.linspace(-1, 1, 24).reshape(1, 2, 3, 4)
+SDPA_M = np.array([[True, True, False], [False, False, False],
+                   [True, False, True]])
+add(Case("sdpa_masked_row", lambda M, q, k, v, m:
+         F(M).scaled_dot_product_attention(q, k, v, attn_mask=m),
+         [In(SDPA_Q), In(SDPA_Q[..., ::-1].copy()), In(SDPA_Q * 2),
+          In(SDPA_M, grad=False, dtype="bool")]))
+add(Case("sdpa_float_mask_row", lambda M, q, k, v, m:
+         F(M).scaled_dot_product_attention(q, k, v, attn_mask=m),
+         [In(SDPA_Q), In(SDPA_Q[..., ::-1].copy()), In(SDPA_Q * 2),
+          In(np.where(SDPA_M, 0.0, -np.inf), grad=False)]))
+
 # -------------------------------------------------------------- pooling --
 POOL = [[[[1.0, 1.0, 2.0, 2.0], [1.0, 1.0, 2.0, 2.0],
           [NAN, 0.0, -INF, -INF], [3.0, NAN, -INF, -INF]],

@@ -909,7 +909,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
             att = att.masked_fill(attn_mask.logical_not(), float("-inf"))
         else:
             att = att + attn_mask
-    att = softmax(att, -1)
+    # a fully masked row attends to nothing: 0, not NaN (PyTorch's
+    # _safe_softmax)
+    att = N.Softmax.apply(att, dim=att.ndim - 1, safe=True)
     if dropout_p > 0.0:
         att = dropout(att, dropout_p)
     return att @ value

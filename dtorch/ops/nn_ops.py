@@ -615,11 +615,20 @@ class AvgPool2d(Op):
 # ======================================================= softmax family ==
 
 class Softmax(Op):
+    """softmax along ``dim``. ``safe``: PyTorch's _safe_softmax (its
+    scaled_dot_product_attention): a slice that is -inf throughout (a
+    fully masked attention row) gives 0, and so a zero gradient, not
+    NaN."""
     @staticmethod
-    def forward(ctx, x, dim=-1):
+    def forward(ctx, x, dim=-1, safe=False):
         xp = get_array_module(x)
-        e = xp.exp(x - x.max(axis=dim, keepdims=True))
-        e /= e.sum(axis=dim, keepdims=True)
+        with np.errstate(invalid="ignore"):
+            e = xp.exp(x - x.max(axis=dim, keepdims=True))
+            e /= e.sum(axis=dim, keepdims=True)
+        if safe and x.dtype.kind == "f":
+            dead = (x == -np.inf).all(axis=dim, keepdims=True)
+            if bool(dead.any()):
+                e = xp.where(dead, _zero(xp, e), e)
         ctx.save_for_backward(e)
         ctx.dim = dim
         return e
