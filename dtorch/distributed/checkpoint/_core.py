@@ -1,0 +1,915 @@
+"""dcp.save / dcp.load / dcp.async_save: the implementation (see the
+package docstring for the user's view, metadata.py for the file format).
+
+Save, on every rank of the group, in order:
+1. flatten the state_dict to ``{dotted key: leaf}``, calling
+   ``state_dict()`` of Stateful objects (a Module through
+   ``get_model_state_dict``, so tensor-parallel shards carry their place);
+2. plan (one all_gather_object): each rank sends, per tensor, its box of
+   the global tensor and a checksum of its bytes, per object its JSON.
+   Every rank then computes the same plan: a box held by several ranks
+   with equal bytes (a replicated tensor) is written once, by the lowest
+   of them; a tensor whose bytes differ between ranks (per-rank state) is
+   written by every rank, as are objects that differ;
+3. write this rank's file (safetensors via dtorch.serialization's writer,
+   with its per-tensor checksums) into a temporary directory;
+4. all_gather_object of every rank's result: a barrier that also carries
+   errors. Rank 0 writes ``.metadata`` and renames the directory into
+   place (atomic); a crash before that leaves the previous checkpoint as
+   it was. A last exchange tells every rank whether the commit happened.
+
+Load: read ``.metadata``, find for each tensor of the given state_dict the
+saved chunks that overlap this rank's box (any world size or sharding),
+read and verify those files, assemble every tensor in temporaries, agree
+across ranks that all of it succeeded, and only then copy into the
+state_dict (nothing half-loaded).
+
+Collectives run on a checkpoint group of the same ranks, made at the first
+save or load: async_save's background thread talks only on it, so it
+never interleaves with training's collectives on the default group.
+"""
+import concurrent.futures
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import threading
+import warnings
+import zlib
+
+import numpy as np
+
+from ... import _backend as B
+from ... import serialization as S
+from ...tensor import Tensor
+from . import metadata as M
+
+__all__ = ["CheckpointException", "save", "load", "async_save",
+           "CheckpointManager", "shard_of", "latest_checkpoint"]
+
+
+class CheckpointException(RuntimeError):
+    """A save or load that failed on one or more ranks (PyTorch's name);
+    the message names each failing rank and its error. ``failures`` maps
+    rank -> message."""
+
+    def __init__(self, msg, failures=None):
+        super().__init__(msg)
+        self.failures = failures or {}
+
+
+# ------------------------------------------------------------- shards --
+
+def shard_of(tensor, global_shape, offsets):
+    """A view of ``tensor`` (same memory) marked as the box at ``offsets``
+    of a global tensor of ``global_shape``: dcp saves it as that chunk and
+    loads into it that box of whatever chunks were saved (the metadata
+    hook that DTensor's placements are in PyTorch)."""
+    shape, g, o = tuple(tensor.shape), tuple(global_shape), tuple(offsets)
+    if len(g) != len(shape) or len(o) != len(shape) or any(
+            oi < 0 or oi + s > gi for oi, s, gi in zip(o, shape, g)):
+        raise ValueError(f"shard_of: a shard of shape {list(shape)} at "
+                         f"offsets {list(o)} does not fit in a global "
+                         f"tensor of shape {list(g)}")
+    view = Tensor._wrap(tensor._data)
+    view._dcp_shard = (g, o)
+    return view
+
+
+def _spec(v, shape):
+    s = getattr(v, "_dcp_shard", None) if isinstance(v, Tensor) else None
+    return s if s is not None else (tuple(shape), (0,) * len(shape))
+
+
+def _array(v):
+    a = v._data if isinstance(v, Tensor) else v
+    return a
+
+
+def _is_tensor(v):
+    return isinstance(v, (Tensor, np.ndarray)) or B.is_cupy_array(v)
+
+
+# ------------------------------------------------------------ flatten --
+
+def _is_stateful(v):
+    return (not isinstance(v, (Tensor, np.ndarray, dict, list, tuple))
+            and callable(getattr(v, "state_dict", None))
+            and callable(getattr(v, "load_state_dict", None)))
+
+
+def _is_module(v):
+    return any(c.__name__ == "Module" and c.__module__.startswith("dtorch")
+               for c in type(v).__mro__)
+
+
+class _Flat:
+    """The leaves of a nested state_dict by dotted key, each with the
+    container and slot it sits in (to replace a non-tensor value on load),
+    and the Stateful objects met on the way, with their dicts."""
+
+    def __init__(self, state_dict):
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"dcp: state_dict must be a dict, got "
+                            f"{type(state_dict).__name__}")
+        self.leaves = {}
+        self.statefuls = []
+        self._walk(state_dict, "", None, None)
+
+    def _walk(self, v, key, parent, slot):
+        if _is_tensor(v):
+            return self._leaf(key, parent, slot, v)
+        if _is_stateful(v):
+            if _is_module(v):
+                from .state_dict import get_model_state_dict
+                sub = get_model_state_dict(v)
+            else:
+                sub = v.state_dict()
+            if not isinstance(sub, dict):
+                raise TypeError(f"dcp: {key or 'state_dict'}: "
+                                f"{type(v).__name__}.state_dict() returned "
+                                f"{type(sub).__name__}, not a dict")
+            self._walk(sub, key, None, None)
+            self.statefuls.append((v, sub))
+            return
+        if isinstance(v, dict):
+            for k, x in v.items():
+                self._walk(x, f"{key}.{k}" if key else str(k), v, k)
+            return
+        if isinstance(v, list):
+            for i, x in enumerate(v):
+                self._walk(x, f"{key}.{i}" if key else str(i), v, i)
+            return
+        self._leaf(key, parent, slot, v)
+
+    def _leaf(self, key, parent, slot, v):
+        if key in self.leaves:
+            raise ValueError(f"dcp: two entries of the state_dict flatten "
+                             f"to the same key {key!r}; rename one")
+        self.leaves[key] = (parent, slot, v)
+
+
+def _encode_object(key, v):
+    enc = S._Encoder()
+    tree = enc(v, key)
+    if enc.arrays:
+        raise TypeError(f"dcp: {key!r} holds tensors inside a "
+                        f"{type(v).__name__}; use dicts or lists around "
+                        "tensors")
+    return json.dumps(tree, allow_nan=False, sort_keys=True)
+
+
+def _decode_object(text, where):
+    return S._Decoder({}, where, None)(json.loads(text))
+
+
+# -------------------------------------------------------------- groups --
+
+_groups = {}              # id(base group) -> (base, checkpoint group)
+_pending = {}             # id(checkpoint group) -> last async Future
+_groups_lock = threading.Lock()
+
+
+def _base_group(process_group, no_dist):
+    from .. import _default_or_none
+    if no_dist:
+        return None
+    g = process_group if process_group is not None else _default_or_none()
+    if g is None or g.size == 1:
+        return None
+    return g
+
+
+def _ckpt_group(base):
+    """The checkpoint's own group over ``base``'s ranks (a collective the
+    first time, in the caller's thread, on every rank)."""
+    if base is None:
+        return None
+    with _groups_lock:
+        hit = _groups.get(id(base))
+    if hit is not None and hit[0] is base:
+        return hit[1]
+    ck = base.new_group(list(base.ranks))
+    with _groups_lock:
+        _groups[id(base)] = (base, ck)
+    return ck
+
+
+def _gather(ck, obj):
+    return [obj] if ck is None else ck.all_gather_object(obj)
+
+
+def _rank(ck):
+    return 0 if ck is None else ck.rank
+
+
+def _key(ck):
+    return "solo" if ck is None else id(ck)
+
+
+def _submit(ck, fn, *args):
+    """Run ``fn(*args)`` on a new thread after the group's previous
+    background save; returns its Future. Non-daemon: an interpreter that
+    exits waits for the save in flight."""
+    fut = concurrent.futures.Future()
+    key = _key(ck)
+    with _groups_lock:
+        prev = _pending.get(key)
+        _pending[key] = fut
+
+    def run():
+        if prev is not None:
+            concurrent.futures.wait([prev])
+        fut.set_running_or_notify_cancel()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:   # delivered by fut.result()
+            fut.set_exception(e)
+        finally:
+            with _groups_lock:
+                if _pending.get(key) is fut:
+                    del _pending[key]
+    threading.Thread(target=run, name="dcp-async-save").start()
+    return fut
+
+
+def _wait_pending(ck):
+    """Block until the group's background saves are done (their errors
+    stay with their futures)."""
+    with _groups_lock:
+        prev = _pending.get(_key(ck))
+    if prev is not None:
+        concurrent.futures.wait([prev])
+
+
+def _raise_failures(results, what):
+    bad = {r: x["err"] for r, x in enumerate(results) if x.get("err")}
+    if bad:
+        lines = "\n".join(f"  rank {r}: {m}" for r, m in sorted(bad.items()))
+        raise CheckpointException(f"{what} failed on {len(bad)} of "
+                                  f"{len(results)} ranks:\n{lines}", bad)
+
+
+# ---------------------------------------------------------------- save --
+
+_NAME_OK = re.compile(r'^[^"\\\x00-\x1f]+$').match
+_TMP_RE = re.compile(r"^\..*\.dcp-([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}\.tmp$")
+_HCRC = re.compile(rb'"dtorch\.header_crc32":"([0-9a-f]{8})"')
+
+
+def _tensor_name(key):
+    """The safetensors name of a key: the key itself, unless it has a
+    character that the header's checksum table cannot hold."""
+    if _NAME_OK(key):
+        return key
+    return re.sub(r'["\\\x00-\x1f%]', lambda m: "%%%02x" % ord(m.group()),
+                  key)
+
+
+def _host_array(a, copy):
+    """A host, C-contiguous, little-endian array (a copy if ``copy``)."""
+    if B.is_cupy_array(a):
+        a = a.get()            # already a fresh host copy
+        copy = False
+    if a.dtype not in S._LITTLE or not a.flags.c_contiguous:
+        return S._Encoder._convert(a, "tensor")
+    return np.array(a, copy=True) if copy else a
+
+
+def _checksum(a):
+    sums = S._Checksums()
+    sums.add("x", S._bytes_of(a))
+    return sums.crc["x"]
+
+
+class _Snapshot:
+    """What one rank saves: host arrays with their boxes, JSON objects."""
+
+    def __init__(self, flat, copy):
+        self.tensors = {}          # key -> (array, global, offsets)
+        self.objects = {}          # key -> JSON text
+        for key, (_, _, v) in flat.leaves.items():
+            if _is_tensor(v):
+                a = _host_array(_array(v), copy)
+                if a.dtype not in S._CODES:
+                    raise TypeError(f"dcp: {key!r} has dtype {a.dtype}, "
+                                    "which safetensors cannot store")
+                g, o = _spec(v, a.shape)
+                self.tensors[key] = (a, g, o)
+            else:
+                self.objects[key] = _encode_object(key, v)
+        self.step = None
+        st = flat.leaves.get("step")
+        if st is not None and isinstance(st[2], (int, np.integer)) \
+                and not isinstance(st[2], bool):
+            self.step = int(st[2])
+
+
+def _plan_of(snap):
+    """This rank's part of the plan (JSON-able)."""
+    return {"tensors": {k: [S._CODES[a.dtype], list(g), list(o),
+                            list(a.shape), _checksum(a)]
+                        for k, (a, g, o) in snap.tensors.items()},
+            "objects": dict(snap.objects), "step": snap.step}
+
+
+def _overlap(a_off, a_size, b_off, b_size):
+    lo = [max(x, y) for x, y in zip(a_off, b_off)]
+    hi = [min(x + s, y + t) for x, s, y, t in zip(a_off, a_size, b_off,
+                                                   b_size)]
+    return lo, hi, all(h > l for l, h in zip(lo, hi))
+
+
+def _global_plan(plans):
+    """The same plan on every rank: {rank: [keys it writes]} and the
+    metadata's state_dict entries (chunk files filled in later)."""
+    entries, writes, per_rank_keys = {}, {r: [] for r in range(len(plans))}, []
+    order = []
+    for p in plans:
+        for k in list(p["tensors"]) + list(p["objects"]):
+            if k not in entries:
+                entries[k] = None
+                order.append(k)
+    for k in order:
+        holders = [r for r, p in enumerate(plans) if k in p["tensors"]]
+        objs = [r for r, p in enumerate(plans) if k in p["objects"]]
+        if holders and objs:
+            raise ValueError(f"key {k!r} is a tensor on ranks {holders} but "
+                             f"not on ranks {objs}")
+        if objs:
+            vals = {r: plans[r]["objects"][k] for r in objs}
+            if len(set(vals.values())) == 1:
+                entries[k] = {"type": "object", "value": vals[objs[0]]}
+            else:
+                entries[k] = {"type": "object", "per_rank": {
+                    str(r): v for r, v in vals.items()}}
+            continue
+        info = {r: plans[r]["tensors"][k] for r in holders}
+        dtypes = {r: i[0] for r, i in info.items()}
+        sizes = {r: tuple(i[1]) for r, i in info.items()}
+        if len(set(dtypes.values())) > 1 or len(set(sizes.values())) > 1:
+            raise ValueError(
+                f"tensor {k!r} differs between ranks: dtypes {dtypes}, "
+                f"global shapes {sizes}")
+        boxes = {}
+        for r, (_, _, off, size, crc) in info.items():
+            boxes.setdefault((tuple(off), tuple(size)), {})[r] = crc
+        per_rank = any(len(set(c.values())) > 1 for c in boxes.values())
+        dtype, gsize = info[holders[0]][0], list(info[holders[0]][1])
+        if per_rank:
+            per_rank_keys.append(k)
+            entries[k] = {"type": "tensor", "dtype": dtype, "size": gsize,
+                          "per_rank": {}}
+            for r, (_, _, off, size, crc) in info.items():
+                entries[k]["per_rank"][str(r)] = [
+                    {"offsets": off, "sizes": size, "rank": r,
+                     "checksum": "%08x" % crc}]
+                writes[r].append(k)
+            continue
+        chunks = []
+        for (off, size), crcs in boxes.items():
+            w = min(crcs)
+            chunks.append({"offsets": list(off), "sizes": list(size),
+                           "rank": w, "checksum": "%08x" % crcs[w]})
+            writes[w].append(k)
+        _check_tiling(k, gsize, chunks)
+        entries[k] = {"type": "tensor", "dtype": dtype, "size": gsize,
+                      "chunks": chunks}
+    return entries, writes, per_rank_keys
+
+
+def _check_tiling(k, gsize, chunks):
+    vol = 0
+    for i, c in enumerate(chunks):
+        vol += math.prod(c["sizes"])
+        for d in chunks[:i]:
+            if _overlap(c["offsets"], c["sizes"], d["offsets"],
+                        d["sizes"])[2]:
+                raise ValueError(
+                    f"tensor {k!r}: the shards at offsets {c['offsets']} "
+                    f"(rank {c['rank']}) and {d['offsets']} (rank "
+                    f"{d['rank']}) overlap with different boxes")
+    if vol != math.prod(gsize):
+        raise ValueError(f"tensor {k!r}: the ranks' shards cover {vol} of "
+                         f"its {math.prod(gsize)} elements (global shape "
+                         f"{gsize})")
+
+
+def _write_file(path, arrays, crcs):
+    """One safetensors file through dtorch.serialization's writer, with
+    checksums computed at planning; returns (size, header CRC-32)."""
+    order, entries = S._layout(arrays)
+    header = S._header_bytes(entries, {"format": M.FORMAT}, crcs)
+    hcrc = _HCRC.search(header).group(1).decode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                 | getattr(os, "O_CLOEXEC", 0), 0o666)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(header)
+        for n in order:
+            fh.write(S._bytes_of(arrays[n]))
+        fh.flush()
+        os.fsync(fh.fileno())
+    return os.path.getsize(path), hcrc
+
+
+def _fsync_dir(folder):
+    S._fsync_dir(folder)
+
+
+def _host_tag():
+    return "%08x" % zlib.crc32(socket.gethostname().encode())
+
+
+def _remove_stale_tmps(parent):
+    """Temporary checkpoint directories of saves that died (this host,
+    pid gone); other hosts' are left alone (they may be live)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        m = _TMP_RE.match(name)
+        if m is None or m.group(1) != _host_tag():
+            continue
+        pid = int(m.group(2))
+        if pid != os.getpid() and not S._pid_alive(pid):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _save_snapshot(snap, path, ck, after_commit=None):
+    """Steps 2-4 of a save (any thread; collectives on ``ck`` only)."""
+    rank = _rank(ck)
+    path = os.path.abspath(os.fspath(path))
+    parent, base = os.path.dirname(path), os.path.basename(path)
+    mine = {"err": None}
+    tmp = None
+    try:
+        mine["plan"] = _plan_of(snap)
+        if rank == 0:
+            os.makedirs(parent, exist_ok=True)
+            _remove_stale_tmps(parent)
+            tmp = os.path.join(parent, f".{base[:180]}.dcp-{_host_tag()}-"
+                               f"{os.getpid()}-{os.urandom(4).hex()}.tmp")
+            os.mkdir(tmp)
+            mine["tmp"] = tmp
+    except Exception as e:
+        mine["err"] = f"{type(e).__name__}: {e}"
+    plans = _gather(ck, mine)
+    tmp = plans[0].get("tmp")
+    try:
+        _raise_failures(plans, f"dcp.save to {path} (planning)")
+        entries, writes, per_rank_keys = _global_plan(
+            [p["plan"] for p in plans])
+    except Exception:
+        if rank == 0 and tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # 3. write this rank's file
+    res = {"err": None}
+    fname = f"__{rank}_0.safetensors"
+    try:
+        if writes[rank]:
+            arrays, crcs = {}, {}
+            for k in writes[rank]:
+                n = _tensor_name(k)
+                arrays[n] = snap.tensors[k][0]
+                crcs[n] = int(mine["plan"]["tensors"][k][4])
+            size, hcrc = _write_file(os.path.join(tmp, fname), arrays, crcs)
+            res["file"] = [fname, size, hcrc]
+    except Exception as e:
+        res["err"] = f"writing {os.path.join(tmp, fname)}: " \
+                     f"{type(e).__name__}: {e}"
+    results = _gather(ck, res)
+    commit = {"err": None}
+    if rank == 0:
+        try:
+            _raise_failures(results, f"dcp.save to {path}")
+            _commit(path, tmp, entries, results, plans, per_rank_keys,
+                    len(plans))
+            if after_commit is not None:
+                after_commit(path)
+        except Exception as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            commit["err"] = str(e) if isinstance(e, CheckpointException) \
+                else f"{type(e).__name__}: {e}"
+    done = _gather(ck, commit)
+    _raise_failures(done[:1], f"dcp.save to {path} (commit)")
+    return path
+
+
+def _commit(path, tmp, entries, results, plans, per_rank_keys, world):
+    files = {}
+    for r, x in enumerate(results):
+        if x.get("file"):
+            name, size, hcrc = x["file"]
+            files[name] = {"size": size, "header_crc32": hcrc, "rank": r}
+    layout = {}
+    for k, e in entries.items():
+        chunks = e.get("chunks")
+        if e["type"] == "tensor":
+            for c in chunks or [c for cs in e["per_rank"].values()
+                                for c in cs]:
+                c["file"] = f"__{c['rank']}_0.safetensors"
+                c["name"] = _tensor_name(k)
+            if chunks is not None and len(chunks) > 1:
+                layout[k] = [c["offsets"] for c in chunks]
+    steps = {p["plan"]["step"] for p in plans}
+    doc = {"format": M.FORMAT, "world_size": world,
+           "step": steps.pop() if len(steps) == 1 else None,
+           "layout": {"sharded": layout, "per_rank": per_rank_keys},
+           "files": files, "state_dict_metadata": entries}
+    mpath = os.path.join(tmp, M.METADATA_NAME)
+    with open(mpath, "wb") as fh:
+        fh.write(M.dumps(doc))
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    old = None
+    if os.path.lexists(path):
+        # replace a checkpoint of the same name: move it aside first (a
+        # crash between the two renames leaves it under the .old name)
+        old = f"{tmp[:-4]}.old"
+        os.rename(path, old)
+    os.rename(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _prepare(state_dict, process_group, no_dist, copy):
+    base = _base_group(process_group, no_dist)
+    ck = _ckpt_group(base)
+    flat = _Flat(state_dict)
+    err = None
+    try:
+        snap = _Snapshot(flat, copy)
+    except Exception as e:
+        err, snap = e, None
+    return ck, snap, err
+
+
+def _checkpoint_path(checkpoint_id, storage_writer):
+    if checkpoint_id is None and storage_writer is not None:
+        checkpoint_id = getattr(storage_writer, "path", None)
+    if checkpoint_id is None:
+        raise ValueError("dcp: pass checkpoint_id (a directory)")
+    return os.fspath(checkpoint_id)
+
+
+def save(state_dict, *, checkpoint_id=None, storage_writer=None,
+         planner=None, process_group=None, no_dist=False, _after_commit=None):
+    """Save ``state_dict`` as a distributed checkpoint in the directory
+    ``checkpoint_id``; every rank of the group calls it. Returns the
+    checkpoint's Metadata-less path. Each rank writes only what it owns
+    (replicated tensors once); the directory appears complete or not at
+    all. ``storage_writer``/``planner`` are PyTorch's extension points;
+    only a writer with a ``path`` is understood."""
+    path = _checkpoint_path(checkpoint_id, storage_writer)
+    ck, snap, err = _prepare(state_dict, process_group, no_dist, False)
+    _wait_pending(ck)        # saves of a group run in call order
+    return _save_or_fail(snap, err, path, ck, _after_commit)
+
+
+def _save_or_fail(snap, err, path, ck, after_commit):
+    if err is not None:
+        # the other ranks are in the plan exchange: answer with the error
+        msg = f"{type(err).__name__}: {err}"
+        res = _gather(ck, {"err": msg})
+        if _rank(ck) == 0 and res[0].get("tmp"):
+            shutil.rmtree(res[0]["tmp"], ignore_errors=True)
+        _raise_failures(res, f"dcp.save to {path} (planning)")
+    return _save_snapshot(snap, path, ck, after_commit)
+
+
+def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
+               planner=None, process_group=None, no_dist=False,
+               _after_commit=None):
+    """As ``save``, but returns at once with a
+    ``concurrent.futures.Future``: the state is copied (to host memory)
+    now, so training may change it right after, and a background thread
+    writes it; ``future.result()`` returns the path or raises
+    CheckpointException. Saves of one group run in call order."""
+    path = _checkpoint_path(checkpoint_id, storage_writer)
+    ck, snap, err = _prepare(state_dict, process_group, no_dist, True)
+    return _submit(ck, _save_or_fail, snap, err, path, ck, _after_commit)
+
+
+# ---------------------------------------------------------------- load --
+
+def latest_checkpoint(root):
+    """The newest complete checkpoint under ``root``: the one its
+    ``latest`` file names, else the highest-numbered ``*_<step>``
+    directory with a ``.metadata``; ``root`` itself if it is one; None
+    if there is none."""
+    root = os.fspath(root)
+    if os.path.isfile(os.path.join(root, M.METADATA_NAME)):
+        return root
+    try:
+        with open(os.path.join(root, "latest")) as fh:
+            name = fh.read().strip()
+        cand = os.path.join(root, name)
+        if name and os.sep not in name and os.path.isfile(
+                os.path.join(cand, M.METADATA_NAME)):
+            return cand
+    except OSError:
+        pass
+    best = None
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return None
+    for name in names:
+        m = re.match(r"^[^.].*?(\d+)$", name)
+        if m and os.path.isfile(os.path.join(root, name, M.METADATA_NAME)):
+            if best is None or int(m.group(1)) > best[0]:
+                best = (int(m.group(1)), name)
+    return None if best is None else os.path.join(root, best[1])
+
+
+def _read_metadata(path):
+    where = os.path.join(path, M.METADATA_NAME)
+    try:
+        with open(where, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no distributed checkpoint at {path!r} (no {M.METADATA_NAME} "
+            "file: not a checkpoint, or a save that never completed)"
+        ) from None
+    return M.loads(raw, where)
+
+
+def _file_header_crc(path, size):
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        raw = fh.read(min(n, size, S._MAX_HEADER))
+    m = _HCRC.search(raw)
+    return m.group(1).decode() if m else None
+
+
+class _Reader:
+    """Shard files of one checkpoint, opened once each and verified
+    (size and header CRC against the metadata, then every tensor's
+    checksum); tensors come back as views of a copy-on-write mapping."""
+
+    def __init__(self, path, meta):
+        self.path, self.meta, self.files = path, meta, {}
+
+    def get(self, fname, name, key):
+        if fname not in self.files:
+            self.files[fname] = self._open(fname, key)
+        arrays = self.files[fname]
+        where = os.path.join(self.path, fname)
+        if name not in arrays:
+            raise CheckpointException(
+                f"{where}: holds no tensor {name!r} (tensor {key!r}); the "
+                "shard file does not match the metadata")
+        return arrays[name]
+
+    def _open(self, fname, key):
+        where = os.path.join(self.path, fname)
+        info = self.meta.raw["files"].get(fname)
+        if info is None:
+            raise CheckpointException(
+                f"{self.path}: the metadata lists no file {fname!r} (needed "
+                f"for tensor {key!r})")
+        try:
+            size = os.path.getsize(where)
+        except FileNotFoundError:
+            raise CheckpointException(
+                f"missing shard file {where} (written by rank "
+                f"{info.get('rank')}; needed for tensor {key!r})") from None
+        if size != info["size"]:
+            raise CheckpointException(
+                f"{where} is truncated or altered: {size} bytes, the "
+                f"metadata says {info['size']} (needed for tensor {key!r})")
+        hcrc = _file_header_crc(where, size)
+        if hcrc != info["header_crc32"]:
+            raise CheckpointException(
+                f"{where}: checksum mismatch: header CRC-32 {hcrc}, the "
+                f"metadata says {info['header_crc32']} (a file from another "
+                f"checkpoint? needed for tensor {key!r})")
+        try:
+            loaded = S.load(where, mmap=True)
+        except S.SerializationError as e:
+            raise CheckpointException(f"{e} (needed for tensor {key!r})") \
+                from None
+        return {n: t._data for n, t in loaded.items()}
+
+
+def _pick_rank(per_rank, rank, key, warn):
+    if str(rank) in per_rank:
+        return per_rank[str(rank)]
+    r0 = min(per_rank, key=int)
+    warn.append(key)
+    return per_rank[r0]
+
+
+def _assemble(key, entry, target, rank, reader, warn):
+    """This rank's box of tensor ``key`` as an array (a temporary)."""
+    shape = tuple(target.shape)
+    g, o = _spec(target, shape)
+    if list(g) != list(entry["size"]):
+        raise CheckpointException(
+            f"size mismatch for {key!r}: the checkpoint "
+            f"{reader.path} has shape {entry['size']}, the state_dict's "
+            f"tensor is {list(g)}" + (f" (this rank's shard {list(shape)})"
+                                      if tuple(g) != shape else ""))
+    chunks = entry.get("chunks")
+    if chunks is None:
+        chunks = _pick_rank(entry["per_rank"], rank, key, warn)
+    want = S._DTYPES.get(entry["dtype"])
+    out, covered = None, 0
+    for c in chunks:
+        lo, hi, hit = _overlap(o, shape, c["offsets"], c["sizes"])
+        if not hit and math.prod(shape) > 0:
+            continue
+        src = reader.get(c["file"], c["name"], key)
+        if list(src.shape) != list(c["sizes"]) or src.dtype != want:
+            raise CheckpointException(
+                f"{os.path.join(reader.path, c['file'])}: tensor {key!r} "
+                f"is {src.dtype}{list(src.shape)}, the metadata says "
+                f"{entry['dtype']}{c['sizes']}")
+        if list(c["offsets"]) == list(o) and tuple(c["sizes"]) == shape:
+            return src          # the whole box in one chunk: no copy yet
+        if out is None:
+            out = np.empty(shape, src.dtype)
+        dst_idx = tuple(slice(l - oi, h - oi) for l, h, oi in zip(lo, hi, o))
+        src_idx = tuple(slice(l - ci, h - ci)
+                        for l, h, ci in zip(lo, hi, c["offsets"]))
+        out[dst_idx] = src[src_idx]
+        covered += math.prod(h - l for l, h in zip(lo, hi))
+    if math.prod(shape) == 0:
+        return np.empty(shape, want)
+    if covered != math.prod(shape):
+        raise CheckpointException(
+            f"tensor {key!r}: the checkpoint {reader.path} covers {covered} "
+            f"of the {math.prod(shape)} elements of this rank's box "
+            f"(offsets {list(o)}, shape {list(shape)})")
+    return out
+
+
+def _copy_in(target, arr):
+    dst = target._data
+    if B.is_cupy_array(dst):
+        xp = B.get_array_module(dst)
+        with B.device_guard(dst):
+            dst[...] = xp.asarray(arr).astype(dst.dtype, copy=False)
+    else:
+        dst[...] = arr
+    if isinstance(target, Tensor):
+        target._vc[0] += 1
+
+
+def load(state_dict, *, checkpoint_id=None, storage_reader=None,
+         planner=None, process_group=None, no_dist=False):
+    """Load a checkpoint into ``state_dict`` in place: its tensors get
+    their values (whatever world size or sharding saved them), other
+    values are replaced, Stateful objects get ``load_state_dict``. Every
+    rank of the group calls it. ``checkpoint_id`` is a checkpoint
+    directory, or a folder of them (its ``latest``). Any problem (missing
+    key or file, checksum mismatch, truncated file, shape that differs)
+    raises CheckpointException on every rank and changes nothing."""
+    if checkpoint_id is None and storage_reader is not None:
+        checkpoint_id = getattr(storage_reader, "path", None)
+    if checkpoint_id is None:
+        raise ValueError("dcp.load: pass checkpoint_id (a directory)")
+    base = _base_group(process_group, no_dist)
+    ck = _ckpt_group(base)
+    _wait_pending(ck)        # never read while our own save is writing
+    return _load(state_dict, checkpoint_id, ck)
+
+
+def _load(state_dict, checkpoint_id, ck):
+    rank = _rank(ck)
+    temps, err, warn = {}, None, []
+    path = os.fspath(checkpoint_id)
+    try:
+        flat = _Flat(state_dict)
+        path = latest_checkpoint(path) or path
+        meta = _read_metadata(path)
+        reader = _Reader(path, meta)
+        entries = meta.raw["state_dict_metadata"]
+        for key, (_, _, v) in flat.leaves.items():
+            e = entries.get(key)
+            if e is None:
+                raise CheckpointException(
+                    f"missing key {key!r}: the checkpoint {path} has no "
+                    "such entry")
+            if _is_tensor(v) != (e["type"] == "tensor"):
+                raise CheckpointException(
+                    f"{key!r} is a {'tensor' if _is_tensor(v) else 'value'}"
+                    f" in the state_dict but a {e['type']} in {path}")
+            if _is_tensor(v):
+                temps[key] = _assemble(key, e, v, rank, reader, warn)
+            else:
+                text = e["value"] if "value" in e else _pick_rank(
+                    e["per_rank"], rank, key, warn)
+                temps[key] = _decode_object(
+                    text, f"{path}/{M.METADATA_NAME} ({key!r})")
+    except Exception as e:
+        err = str(e) if isinstance(e, CheckpointException) \
+            else f"{type(e).__name__}: {e}"
+    results = _gather(ck, {"err": err})
+    _raise_failures(results, f"dcp.load from {path} (nothing was loaded)")
+    if warn:
+        warnings.warn(
+            f"dcp.load: rank {rank} was not in the {meta.world_size}-rank "
+            f"world that saved {path}; these per-rank entries come from the "
+            f"lowest saving rank: {sorted(set(warn))[:8]}", stacklevel=3)
+    for key, (parent, slot, v) in flat.leaves.items():
+        if _is_tensor(v):
+            _copy_in(v if isinstance(v, Tensor) else Tensor._wrap(v),
+                     temps[key])
+        else:
+            parent[slot] = temps[key]
+    for obj, sub in flat.statefuls:
+        if _is_module(obj):
+            from .state_dict import set_model_state_dict
+            set_model_state_dict(obj, sub)
+        else:
+            obj.load_state_dict(sub)
+    return meta
+
+
+# ------------------------------------------------------------- manager --
+
+class CheckpointManager:
+    """Checkpoints ``root/step_<NNNNNNNN>`` with a ``latest`` pointer,
+    keeping the newest ``keep_last`` (all when None). Collective: every
+    rank calls save/load.
+
+    Example::
+
+        mgr = dcp.CheckpointManager("runs/ckpt", keep_last=3)
+        step = mgr.load(state)            # None: no checkpoint yet
+        ...
+        fut = mgr.async_save(state, step=step)
+    """
+
+    def __init__(self, root, keep_last=None, prefix="step_"):
+        if keep_last is not None and int(keep_last) < 1:
+            raise ValueError(f"keep_last must be >= 1 or None, got "
+                             f"{keep_last}")
+        self.root, self.keep_last, self.prefix = os.fspath(root), \
+            keep_last, prefix
+
+    def path(self, step):
+        return os.path.join(self.root, f"{self.prefix}{int(step):08d}")
+
+    def steps(self):
+        """Steps of the complete checkpoints, oldest first."""
+        out = []
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return out
+        for n in names:
+            m = re.fullmatch(re.escape(self.prefix) + r"(\d+)", n)
+            if m and os.path.isfile(os.path.join(self.root, n,
+                                                 M.METADATA_NAME)):
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def latest(self):
+        """The newest complete checkpoint's path, or None."""
+        p = latest_checkpoint(self.root)
+        return None if p == self.root else p
+
+    def _after_commit(self, path):
+        name = os.path.basename(path)
+        tmp = os.path.join(self.root, f".latest.{os.getpid()}."
+                           f"{os.urandom(4).hex()}")
+        with open(tmp, "w") as fh:
+            fh.write(name + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(self.root, "latest"))
+        _fsync_dir(self.root)
+        if self.keep_last is not None:
+            for s in self.steps()[:-int(self.keep_last)]:
+                if self.path(s) != path:
+                    shutil.rmtree(self.path(s), ignore_errors=True)
+
+    def save(self, state_dict, step, **kw):
+        return save(state_dict, checkpoint_id=self.path(step),
+                    _after_commit=self._after_commit, **kw)
+
+    def async_save(self, state_dict, step, **kw):
+        return async_save(state_dict, checkpoint_id=self.path(step),
+                          _after_commit=self._after_commit, **kw)
+
+    def load(self, state_dict, step=None, **kw):
+        """Load ``step`` (default: the latest) into ``state_dict``;
+        returns the loaded checkpoint's step, or None when there is no
+        checkpoint (nothing changed)."""
+        path = self.path(step) if step is not None else self.latest()
+        if path is None:
+            return None
+        meta = load(state_dict, checkpoint_id=path, **kw)
+        m = re.search(r"(\d+)$", path)
+        return meta.step if meta.step is not None else int(m.group(1))
