@@ -170,10 +170,11 @@ add(Case("logsumexp", lambda M, x: M.logsumexp(x, 1), [In(SOFT_ROWS)],
 def _rnn_relu(M, x):
     """nn.RNN(relu) with identity input weights and no recurrence: h = relu
     of the input, so h is exactly 0 at some steps."""
-    rnn = M.nn.RNN(2, 2, nonlinearity="relu").to(x.dtype)
+    rnn = M.nn.RNN(2, 2, nonlinearity="relu").to(x.device, x.dtype)
     with M.no_grad():
         for name, p in rnn.named_parameters():
-            p.copy_(M.eye(2) if name == "weight_ih_l0" else p * 0)
+            p.copy_(M.eye(2, device=x.device) if name == "weight_ih_l0"
+                    else p * 0)
     return rnn(x)[0]
 
 
@@ -646,17 +647,22 @@ add(Case("kl_div_negative_target", lambda M, x, t: F(M).kl_div(
 def _array(v):
     if v is None:
         return None
-    return np.asarray(v.detach().numpy() if hasattr(v, "detach")
-                      else v).copy()
+    if hasattr(v, "detach"):
+        v = v.detach()
+        v = v.cpu() if hasattr(v, "cpu") else v
+        return np.asarray(v.numpy()).copy()
+    return np.asarray(v).copy()
 
 
-def _run(M, case, dtype):
+def _run(M, case, dtype, device=None):
     ts = []
     for spec in case.inputs:
         name = spec.dtype or dtype
         # through NumPy, so that empty inputs keep their shape (0, 3)
         arr = np.asarray(spec.values, dtype=getattr(np, name))
         t = M.tensor(arr, dtype=getattr(M, name))
+        if device is not None:
+            t = t.to(device)
         if spec.grad:
             t.requires_grad_(True)
         ts.append(t)
@@ -672,7 +678,7 @@ def _run(M, case, dtype):
             up = np.resize(np.asarray(UP), tuple(head.shape))
         else:
             up = np.ones(tuple(head.shape))
-        head.backward(M.tensor(up, dtype=head.dtype))
+        head.backward(M.tensor(up, dtype=head.dtype).to(head.device))
         for t in ts:
             if t.requires_grad:
                 grads.append(None if t.grad is None else _array(t.grad))
@@ -699,6 +705,27 @@ PARAMS = [pytest.param(c, d, id=f"{c.id}-{d}")
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("case,dtype", PARAMS)
 def test_matches_pytorch(case, dtype):
+    _check(case, dtype)
+
+
+# the same table with dtorch on CUDA (CuPy, or the CuPy stand-in under
+# DTORCH_FAKE_CUDA=1): the ops' array code is written once for both
+# (float64: what every CUDA device computes as the CPU does)
+# (the 'cuda' parameter gives them the gpu marker: tests/run.sh's pass on
+# the stand-in selects them)
+CUDA_PARAMS = [pytest.param(c, "cuda", id=f"{c.id}-cuda") for c in CASES
+               if "float64" in c.dtypes and not c.raises]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.skipif(not dtorch.cuda.is_available(),
+                    reason="needs CuPy (or DTORCH_FAKE_CUDA=1)")
+@pytest.mark.parametrize("case,device", CUDA_PARAMS)
+def test_matches_pytorch_on_cuda(case, device):
+    _check(case, "float64", device=device)
+
+
+def _check(case, dtype, device=None):
     if case.raises:
         with pytest.raises(Exception):
             _run(torch, case, dtype)
@@ -707,7 +734,7 @@ def test_matches_pytorch(case, dtype):
         return
     with np.errstate(all="ignore"):
         tf, tg = _run(torch, case, dtype)
-        df, dg = _run(dtorch, case, dtype)
+        df, dg = _run(dtorch, case, dtype, device)
     assert len(df) == len(tf)
     for i, ((d, ddt), (t, tdt)) in enumerate(zip(df, tf)):
         assert ddt == tdt, f"output {i} dtype {ddt} != {tdt}"
