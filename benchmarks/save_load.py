@@ -9,7 +9,7 @@ interleaved run by run so that load from other processes hits them alike.
 Reports the median and the range (min..max) of MB/s over ``--repeats``,
 the median process CPU time per operation (steadier than wall time on a
 shared machine), and the rates of zlib.crc32 and of dtorch's tensor
-checksum alone.
+checksum alone. The implementations take turns going first.
 
     python benchmarks/save_load.py [--baseline REV] [--repeats 9]
         [--dir DIR] [--out benchmarks/results/save_load.json]
@@ -18,6 +18,7 @@ checksum alone.
 as a second module of the dtorch package and times it the same way.
 """
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -116,8 +117,11 @@ def main():
             times = {k: ([], [], [], []) for k in impls}
             for k, mod in impls.items():          # warm up
                 one_run(mod, obj, os.path.join(folder, "w.pt"))
-            for _ in range(args.repeats):
-                for k, mod in impls.items():
+            for r in range(args.repeats):
+                # alternate who goes first: no order effect (page cache,
+                # allocator, garbage) favours either
+                for k, mod in list(impls.items())[::1 if r % 2 else -1]:
+                    gc.collect()
                     run = one_run(mod, obj, os.path.join(folder, "c.pt"))
                     for col, v in zip(times[k], run):
                         col.append(v)
