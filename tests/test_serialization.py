@@ -760,3 +760,17 @@ def test_load_keywords_as_pytorch(tmp_path):
     assert path.read_bytes() == before
     with pytest.raises(ValueError, match="file path.*mmap"):
         dtorch.load(io.BytesIO(before), mmap=True)
+
+
+def test_array_dtypes_byte_order_and_layout(tmp_path):
+    path = tmp_path / "a.pt"
+    big_endian = np.arange(6, dtype=">i4").reshape(2, 3)
+    strided = np.arange(12.0).reshape(3, 4)[:, ::2]
+    dtorch.save({"be": big_endian, "st": strided}, path)
+    out = dtorch.load(path)
+    assert out["be"].dtype == np.int32 and out["be"].tolist() == \
+        big_endian.tolist()
+    np.testing.assert_array_equal(out["st"], strided)
+    with pytest.raises(SerializationError, match=r"obj\['c'\].*complex64"):
+        dtorch.save({"c": np.zeros(2, np.complex64)}, tmp_path / "c.pt")
+    assert sorted(os.listdir(tmp_path)) == ["a.pt"]
