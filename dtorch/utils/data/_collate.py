@@ -7,6 +7,7 @@ import numpy as np
 
 from ... import _creation
 from ...tensor import Tensor
+from . import _worker
 
 __all__ = ["default_collate", "default_convert"]
 
@@ -28,11 +29,18 @@ def default_collate(batch):
     """
     elem = batch[0]
     if isinstance(elem, Tensor):
+        if _worker._shm_live is not None:
+            arrays = [t._data for t in batch]
+            if all(type(a) is np.ndarray for a in arrays) and not any(
+                    t.requires_grad for t in batch):
+                return Tensor._wrap(_stack_for_transfer(arrays))
         return _creation.stack(batch, 0)
     if isinstance(elem, (np.ndarray, np.generic)) and not isinstance(
             elem, (np.str_, np.bytes_)):
         if _STRINGS.search(elem.dtype.str) is not None:
             raise TypeError(_ERR.format(elem.dtype))
+        if _worker._shm_live is not None:
+            return _creation.as_tensor(_stack_for_transfer(batch))
         return _creation.as_tensor(np.stack(batch))
     if isinstance(elem, float):
         return _creation.tensor(batch, dtype="float64")
@@ -61,6 +69,19 @@ def default_collate(batch):
         except TypeError:
             return columns
     raise TypeError(_ERR.format(type(elem)))
+
+
+def _stack_for_transfer(arrays):
+    """``np.stack`` into the memory the batch will travel in: in a
+    DataLoader worker, shared memory (no second copy on the way)."""
+    first = np.asarray(arrays[0])
+    shape = first.shape
+    for a in arrays:
+        if np.shape(a) != shape:
+            return np.stack(arrays)     # NumPy's error text
+    dtype = np.result_type(*{np.asarray(a).dtype for a in arrays})
+    out = _worker.shm_empty((len(arrays),) + shape, dtype)
+    return np.stack(arrays, out=out)
 
 
 def default_convert(data):

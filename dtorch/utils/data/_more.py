@@ -1,14 +1,14 @@
 """WeightedRandomSampler, ChainDataset and StackDataset, as in
 ``torch.utils.data`` (issue 14)."""
 from .dataset import Dataset, IterableDataset
-from .sampler import Sampler
+from .sampler import Sampler, _NextPassState
 from ... import _creation
 from ... import _backend as B
 
 __all__ = ["WeightedRandomSampler", "ChainDataset", "StackDataset"]
 
 
-class WeightedRandomSampler(Sampler):
+class WeightedRandomSampler(_NextPassState, Sampler):
     """``num_samples`` keys drawn with probability proportional to
     ``weights`` (with or without replacement), e.g. to rebalance classes.
 
@@ -39,7 +39,7 @@ class WeightedRandomSampler(Sampler):
 
     def __iter__(self):
         rand = self.weights.multinomial(self.num_samples, self.replacement,
-                                        generator=self.generator)
+                                        generator=self._pass_generator())
         yield from rand.tolist()
 
     def __len__(self):

@@ -1,16 +1,34 @@
-"""What runs inside a DataLoader worker process, and the messages that
-cross the process boundary.
+"""What runs inside a DataLoader worker process, and how batches cross the
+process boundary.
+
+Transport. Each worker talks to the main process over its own Unix socket
+pair: indices go down, batches come back, in task order (so the main
+process reads the result of task ``t`` from the worker it sent ``t`` to,
+with no reordering buffer). Arrays of a batch above ``_SHM_MIN_BYTES`` are
+not pickled: the worker's collate writes them straight into anonymous
+shared memory (``memfd_create``), and the file descriptors travel with the
+message (``SCM_RIGHTS``); the main process maps them and closes the
+descriptors. An anonymous memfd has no name in ``/dev/shm``, so nothing is
+left behind whatever dies when: a descriptor in flight or a mapping is
+released by the kernel with the last process that holds it.
 
 dtorch tensors refuse pickling on purpose, so a worker turns every tensor
-of a batch into a ``_TensorPayload`` (its NumPy array) and pickles the batch
-itself: a batch that cannot be pickled becomes an error report instead of
-a silent failure in the queue's feeder thread. The parent rebuilds the
-tensors.
+of a batch into a ``_TensorPayload``; the main process rebuilds tensors
+that share the mapped memory (no copy).
+
+State. After each batch a worker attaches its RNG states (Python's
+``random``, NumPy's global, dtorch's default generator) and its dataset
+iterator's position, so the main process knows, for every worker, the
+state right after the last batch it handed to the user: what a resumed
+worker restores (see ``DataLoader.state_dict``).
 """
+import array
+import mmap
 import os
 import pickle
-import queue
 import random
+import socket
+import struct
 import sys
 import traceback
 
@@ -21,6 +39,11 @@ from ...tensor import Tensor
 
 # how often a blocked worker checks that its parent is still alive
 STATUS_CHECK_INTERVAL = 1.0
+# smaller arrays are pickled inline: a memfd + mmap costs more than a copy
+_SHM_MIN_BYTES = 64 * 1024
+# at most this many descriptors per message (the kernel's limit is 253)
+_MAX_FDS = 200
+_HEADER = struct.Struct("<QI")       # body length, number of descriptors
 
 _worker_info = None
 
@@ -89,13 +112,36 @@ class _TensorPayload:
         return _TensorPayload, (self.array, self.requires_grad)
 
 
+class _ShmArray:
+    """An array in transit in shared memory: which descriptor of the
+    message, where in it, and its layout."""
+
+    __slots__ = ("fd_index", "offset", "shape", "strides", "dtype")
+
+    def __init__(self, fd_index, offset, shape, strides, dtype):
+        self.fd_index = fd_index
+        self.offset = offset
+        self.shape = shape
+        self.strides = strides
+        self.dtype = dtype
+
+    def __reduce__(self):
+        return _ShmArray, (self.fd_index, self.offset, self.shape,
+                           self.strides, self.dtype)
+
+
 class _IterableDatasetStopIteration:
     def __init__(self, worker_id):
         self.worker_id = worker_id
 
 
 class _ResumeIteration:
-    """Sent to persistent workers at the start of a new epoch."""
+    """Sent to persistent workers at the start of a new epoch, with what
+    each should restore (``None``: start the dataset afresh)."""
+
+    def __init__(self, resume=None, epoch=None):
+        self.resume = resume
+        self.epoch = epoch
 
 
 _CUDA_IN_WORKER = (
@@ -123,45 +169,255 @@ def _forbid_cuda_after_fork():
         B._cupy_error = RuntimeError(_CUDA_IN_WORKER)
 
 
+# ------------------------------------------------------ shared memory ----
+_HAS_MEMFD = hasattr(os, "memfd_create") and hasattr(socket, "send_fds")
+# in a worker: id(mmap) -> (fd, mmap, base address) of this batch's buffers
+_shm_live = None
+
+
+def shm_empty(shape, dtype):
+    """An uninitialised array for a batch: in a worker, large ones live in
+    an anonymous shared-memory file that the batch's message carries to the
+    main process without a copy; elsewhere an ordinary array."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * dtype.itemsize
+    if _shm_live is None or nbytes < _SHM_MIN_BYTES or \
+            len(_shm_live) >= _MAX_FDS or dtype.hasobject:
+        return np.empty(shape, dtype)
+    fd = os.memfd_create("dtorch-batch", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, nbytes)
+        mm = mmap.mmap(fd, nbytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    flat = np.frombuffer(mm, dtype=dtype, count=count)
+    _shm_live[id(mm)] = (fd, mm, flat.__array_interface__["data"][0])
+    return flat.reshape(shape)
+
+
+def _release_shm():
+    """Close this batch's descriptors (sent ones are already duplicated
+    into the message); the worker's mappings go with their arrays."""
+    if _shm_live:
+        for fd, _, _ in _shm_live.values():
+            os.close(fd)
+        _shm_live.clear()
+
+
+def _root(a):
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a
+
+
+class _Packer:
+    """Turns a batch into a picklable structure plus descriptors."""
+
+    def __init__(self):
+        self.fds = []
+        self.index = {}       # fd -> its position in self.fds
+
+    def _fd_slot(self, fd):
+        i = self.index.get(fd)
+        if i is None:
+            i = self.index[fd] = len(self.fds)
+            self.fds.append(fd)
+        return i
+
+    def array(self, a):
+        if _shm_live is None or a.dtype.hasobject:
+            return a
+        root = _root(a)
+        entry = _shm_live.get(id(root)) if isinstance(root, mmap.mmap) \
+            else None
+        if entry is None:
+            if a.nbytes < _SHM_MIN_BYTES or len(self.fds) >= _MAX_FDS:
+                return a
+            copy = shm_empty(a.shape, a.dtype)   # one copy, no pickling
+            if copy.base is None:                # fell back to np.empty
+                return a
+            copy[...] = a
+            a, root = copy, _root(copy)
+            entry = _shm_live[id(root)]
+        fd, _, base = entry
+        offset = a.__array_interface__["data"][0] - base
+        return _ShmArray(self._fd_slot(fd), offset, a.shape, a.strides,
+                         a.dtype.str)
+
+    def pack(self, obj):
+        if isinstance(obj, Tensor):
+            a = obj._data
+            if type(a) is not np.ndarray:
+                if _cuda_forbidden or not B.is_cupy_array(a):
+                    raise RuntimeError(_CUDA_IN_WORKER + f" (got a "
+                                       f"{obj.device} tensor)")
+                a = a.get()
+            return _TensorPayload(self.array(a), obj.requires_grad)
+        if type(obj) is np.ndarray:
+            return self.array(obj)
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return type(obj)(*(self.pack(o) for o in obj))
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.pack(o) for o in obj)
+        if isinstance(obj, dict):
+            try:
+                return type(obj)((k, self.pack(v)) for k, v in obj.items())
+            except TypeError:
+                return {k: self.pack(v) for k, v in obj.items()}
+        return obj
+
+
 def to_payload(obj):
-    """Replace tensors in a nested batch by picklable payloads."""
-    if isinstance(obj, Tensor):
-        a = obj._data
-        if type(a) is not np.ndarray:
-            if _cuda_forbidden or not B.is_cupy_array(a):
-                raise RuntimeError(_CUDA_IN_WORKER + f" (got a {obj.device}"
-                                   f" tensor)")
-            a = a.get()
-        return _TensorPayload(a, obj.requires_grad)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(to_payload(o) for o in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_payload(o) for o in obj)
-    if isinstance(obj, dict):
-        try:
-            return type(obj)((k, to_payload(v)) for k, v in obj.items())
-        except TypeError:
-            return {k: to_payload(v) for k, v in obj.items()}
-    return obj
+    """Replace tensors in a nested batch by picklable payloads (arrays in
+    shared memory are referenced, not copied; see ``send``)."""
+    return _Packer().pack(obj)
 
 
-def from_payload(obj):
-    """The inverse of ``to_payload``, in the parent."""
-    if isinstance(obj, _TensorPayload):
-        t = Tensor._wrap(obj.array)
-        if obj.requires_grad:
-            t.requires_grad_(True)
-        return t
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(from_payload(o) for o in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(from_payload(o) for o in obj)
-    if isinstance(obj, dict):
+class _Unpacker:
+    def __init__(self, fds):
+        self.maps = []
         try:
-            return type(obj)((k, from_payload(v)) for k, v in obj.items())
-        except TypeError:
-            return {k: from_payload(v) for k, v in obj.items()}
-    return obj
+            for fd in fds:
+                size = os.fstat(fd).st_size
+                self.maps.append(mmap.mmap(fd, size) if size else b"")
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def array(self, s):
+        buf = self.maps[s.fd_index]
+        return np.ndarray(s.shape, np.dtype(s.dtype), buffer=buf,
+                          offset=s.offset, strides=s.strides)
+
+    def unpack(self, obj):
+        if isinstance(obj, _TensorPayload):
+            a = obj.array
+            if isinstance(a, _ShmArray):
+                a = self.array(a)
+            t = Tensor._wrap(a)
+            if obj.requires_grad:
+                t.requires_grad_(True)
+            return t
+        if isinstance(obj, _ShmArray):
+            return self.array(obj)
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return type(obj)(*(self.unpack(o) for o in obj))
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.unpack(o) for o in obj)
+        if isinstance(obj, dict):
+            try:
+                return type(obj)((k, self.unpack(v)) for k, v in obj.items())
+            except TypeError:
+                return {k: self.unpack(v) for k, v in obj.items()}
+        return obj
+
+
+def from_payload(obj, fds=()):
+    """The inverse of ``to_payload``, in the parent; closes ``fds``."""
+    return _Unpacker(fds).unpack(obj)
+
+
+# ------------------------------------------------------------ channel ----
+def send(sock, obj, fds=()):
+    """One message: a header, the pickled body, descriptors attached."""
+    body = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    data = _HEADER.pack(len(body), len(fds)) + body
+    anc = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+           if fds else [])
+    sent = sock.sendmsg([data], anc)
+    if sent < len(data):
+        sock.sendall(memoryview(data)[sent:])
+
+
+class ChannelClosed(EOFError):
+    pass
+
+
+def _recv_exact(sock, n):
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ChannelClosed
+        got += k
+    return buf
+
+
+def recv(sock):
+    """(object, descriptors) of the next message; ``ChannelClosed`` when
+    the other end has gone. A timeout set on ``sock`` applies to the
+    start of the message only."""
+    anc_size = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
+    head, anc, _, _ = sock.recvmsg(_HEADER.size, anc_size)
+    fds = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(data[:len(data) - len(data) % a.itemsize])
+            fds.extend(a)
+    try:
+        if not head:
+            raise ChannelClosed
+        timeout = sock.gettimeout()
+        sock.settimeout(None)        # the rest of a message is on its way
+        try:
+            if len(head) < _HEADER.size:
+                head = bytes(head) + bytes(
+                    _recv_exact(sock, _HEADER.size - len(head)))
+            length, _ = _HEADER.unpack(head)
+            body = _recv_exact(sock, length)
+        finally:
+            sock.settimeout(timeout)
+        return pickle.loads(body), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+# ---------------------------------------------------------------- RNG ----
+def rng_state():
+    """This process's RNG states, as cheap raw objects (converted to a
+    plain dict only when a state_dict is asked for)."""
+    from ... import random as drandom
+    return (random.getstate(), np.random.get_state(),
+            drandom.get_rng_state())
+
+
+def set_rng_state(state):
+    from ... import random as drandom
+    py, npy, dt = state
+    random.setstate(py)
+    np.random.set_state(npy)
+    drandom.set_rng_state(dt)
+
+
+def rng_to_plain(state):
+    """``rng_state()`` as a nested dict of ints, floats and arrays."""
+    (ver, keys, gauss), npy, dt = state
+    return {"python": {"version": ver,
+                       "state": np.asarray(keys, dtype=np.uint64),
+                       "gauss": [gauss is not None, gauss or 0.0]},
+            "numpy": {"keys": np.asarray(npy[1], dtype=np.uint32),
+                      "pos": int(npy[2]), "has_gauss": int(npy[3]),
+                      "cached_gaussian": float(npy[4])},
+            "dtorch": dict(dt)}
+
+
+def rng_from_plain(d):
+    py = d["python"]
+    g = py["gauss"]
+    gauss = float(g[1]) if g[0] else None
+    npy = d["numpy"]
+    return ((int(py["version"]), tuple(int(k) for k in py["state"]), gauss),
+            ("MT19937", np.asarray(npy["keys"], dtype=np.uint32),
+             int(npy["pos"]), int(npy["has_gauss"]),
+             float(npy["cached_gaussian"])),
+            dict(d["dtorch"]))
 
 
 def _seed_everything(seed, base_seed, worker_id):
@@ -172,64 +428,97 @@ def _seed_everything(seed, base_seed, worker_id):
         [base_seed & 0xFFFF_FFFF_FFFF_FFFF, worker_id]).generate_state(4))
 
 
-def worker_loop(make_fetcher, dataset, index_queue, data_queue, done_event,
-                worker_init_fn, base_seed, worker_id, num_workers):
+# ------------------------------------------------------------- worker ----
+def worker_loop(make_fetcher, dataset, sock, close_in_child, worker_init_fn,
+                base_seed, worker_id, num_workers, resume):
     """The body of one worker process: seed, init, then fetch batches for
-    the indices that arrive until told to stop (``None``) or orphaned."""
-    global _worker_info
+    the indices that arrive until told to stop (``None``), or until the
+    main process has gone (its end of the socket closes)."""
+    global _worker_info, _shm_live
+    for s in close_in_child:       # other workers' and the parent's ends
+        s.close()
     _forbid_cuda_after_fork()
     seed = base_seed + worker_id
     _seed_everything(seed, base_seed, worker_id)
     _worker_info = WorkerInfo(id=worker_id, num_workers=num_workers,
                               seed=seed, dataset=dataset)
+    _shm_live = {} if _HAS_MEMFD else None
     where = f"in DataLoader worker process {worker_id}"
     init_error = None
+    fetcher = None
     try:
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
-        fetcher = make_fetcher(dataset)
+        if resume is not None and resume.get("rng") is not None:
+            set_rng_state(resume["rng"])
+        fetcher = make_fetcher(dataset, resume and resume.get("fetcher"))
     except Exception:
         init_error = ExceptionWrapper(sys.exc_info(), where)
     parent = os.getppid()
     iteration_end = False
-    while True:
-        try:
-            msg = index_queue.get(timeout=STATUS_CHECK_INTERVAL)
-        except queue.Empty:
-            if os.getppid() != parent:   # the main process died
-                break
-            continue
-        if msg is None:
-            break
-        if isinstance(msg, _ResumeIteration):
-            data_queue.put(pickle.dumps((msg, None)))
-            iteration_end = False
-            if init_error is None:
-                fetcher = make_fetcher(dataset)
-            continue
-        if done_event.is_set() or iteration_end:
-            continue
-        idx, index = msg
-        if init_error is not None:
-            data, init_error = init_error, None
-        else:
+    sock.settimeout(STATUS_CHECK_INTERVAL)
+    try:
+        while True:
             try:
-                data = to_payload(fetcher.fetch(index))
-            except StopIteration:
-                # an IterableDataset ran out: tell the parent once
-                data = _IterableDatasetStopIteration(worker_id)
-                iteration_end = True
-            except Exception:
-                data = ExceptionWrapper(sys.exc_info(), where)
+                msg, _ = recv(sock)
+            except socket.timeout:
+                if os.getppid() != parent:   # the main process died
+                    break
+                continue
+            if msg is None:
+                break
+            if isinstance(msg, _ResumeIteration):
+                if init_error is None:
+                    try:
+                        if msg.epoch is not None:
+                            dataset.set_epoch(msg.epoch)
+                        r = msg.resume
+                        if r is not None and r.get("rng") is not None:
+                            set_rng_state(r["rng"])
+                        fetcher = make_fetcher(dataset,
+                                               r and r.get("fetcher"))
+                    except Exception:
+                        init_error = ExceptionWrapper(sys.exc_info(), where)
+                send(sock, (msg, None, None))
+                iteration_end = False
+                continue
+            if iteration_end:
+                continue
+            idx, index = msg
+            state = None
+            if init_error is not None:
+                data, init_error = init_error, None
+            else:
+                try:
+                    data = fetcher.fetch(index)
+                    state = (rng_state(), fetcher.state())
+                except StopIteration:
+                    # an IterableDataset ran out: tell the parent once
+                    data = _IterableDatasetStopIteration(worker_id)
+                    iteration_end = True
+                except Exception:
+                    data = ExceptionWrapper(sys.exc_info(), where)
+            _reply(sock, idx, data, state, where)
+    except (ChannelClosed, BrokenPipeError, ConnectionResetError):
+        pass                                 # the main process has gone
+    finally:
+        _release_shm()
+        sock.close()
+
+
+def _reply(sock, idx, data, state, where):
+    try:
         try:
-            blob = pickle.dumps((idx, data), pickle.HIGHEST_PROTOCOL)
+            packer = _Packer()
+            payload = packer.pack(data)
+            send(sock, (idx, payload, state), packer.fds)
+        except (BrokenPipeError, ConnectionResetError):
+            raise
         except Exception:
             if isinstance(data, ExceptionWrapper):
                 data.exc_type = RuntimeError  # its own type won't pickle
             else:
                 data = ExceptionWrapper(sys.exc_info(), where)
-            blob = pickle.dumps((idx, data), pickle.HIGHEST_PROTOCOL)
-        data_queue.put(blob)
-    # don't block process exit flushing results nobody will read
-    data_queue.cancel_join_thread()
-    data_queue.close()
+            send(sock, (idx, data, None))
+    finally:
+        _release_shm()

@@ -1,20 +1,43 @@
 """``DataLoader``: batches from a dataset, in the main process or in
-worker processes, with PyTorch's options and ordering guarantees.
+worker processes, with PyTorch's options and ordering guarantees, and
+torchdata's ``StatefulDataLoader`` resumption (``state_dict`` /
+``load_state_dict``).
 
-With ``num_workers > 0`` each worker has its own index queue and all share
-one result queue; the main process keeps ``prefetch_factor`` batches per
-worker in flight and hands batches out in sampler order. Workers are
-seeded with ``base_seed + worker_id`` (``base_seed`` drawn from the
-loader's generator), so with a seeded generator the batches equal those of
+With ``num_workers > 0`` each worker has its own socket to the main
+process; the main process keeps ``prefetch_factor`` batches per worker in
+flight, sends batch ``k`` to the next live worker in turn and reads the
+results in that same order, so batches come out in sampler order. Arrays
+travel in shared memory (see ``_worker``). Workers are seeded with
+``base_seed + worker_id`` (``base_seed`` drawn from the loader's
+generator), so with a seeded generator the batches equal those of
 ``num_workers=0``. Worker errors come back with the worker's traceback;
 workers are joined (never left as zombies) when the iterator is exhausted,
 deleted or fails.
+
+Resumption. ``loader.state_dict()`` describes the most recent iterator
+just after the last batch it handed out; ``load_state_dict`` makes the
+next ``iter(loader)`` continue from there, so a resumed run sees exactly
+the batches the uninterrupted run would have seen:
+
+- the sampler: its state at the start of the pass plus the number of
+  batches consumed (replayed over indices only, no data is read), or, for
+  ``DistributedSampler``, the samples consumed, which re-partitions the
+  rest onto another world size;
+- each worker: its RNG states (Python, NumPy, dtorch) and its dataset
+  iterator's position right after its last consumed batch (a dataset or
+  iterator with ``state_dict``/``load_state_dict`` is asked; otherwise the
+  iterator is fast-forwarded by the samples it had produced), and which
+  worker is next in turn.
+
+The state is a nested dict of ints, floats, lists and NumPy arrays, so a
+checkpoint can carry it. The main process's own RNG (used by transforms
+when ``num_workers=0``) is the training script's to save, as in PyTorch.
 """
 import itertools
 import multiprocessing
-import pickle
-import queue
+import socket
 import sys
+import warnings
 
 from ...random import _rng
 from . import _worker
@@ -40,7 +63,8 @@ class _InfiniteConstantSampler(Sampler):
 
 
 class _MapFetcher:
-    def __init__(self, dataset, auto_collation, collate_fn, drop_last):
+    def __init__(self, dataset, auto_collation, collate_fn, drop_last,
+                 state=None):
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
@@ -56,30 +80,73 @@ class _MapFetcher:
             data = self.dataset[index]
         return self.collate_fn(data)
 
+    def state(self):
+        return None
+
 
 class _IterableFetcher:
-    def __init__(self, dataset, auto_collation, collate_fn, drop_last):
-        self.it = iter(dataset)
+    """Pulls samples from ``iter(dataset)``; its ``state`` is the
+    iterator's (or dataset's) own ``state_dict`` when it has one, else
+    the number of samples pulled so far."""
+
+    def __init__(self, dataset, auto_collation, collate_fn, drop_last,
+                 state=None):
+        self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.drop_last = drop_last
         self.ended = False
+        self.pulled = 0
+        kind = state and state["kind"]
+        if kind == "dataset":
+            dataset.load_state_dict(state["state"])
+        self.it = iter(dataset)
+        if kind == "iterator":
+            self.it.load_state_dict(state["state"])
+        elif kind == "count":
+            for _ in range(int(state["state"])):
+                try:
+                    next(self.it)
+                except StopIteration:
+                    break
+                self.pulled += 1
+        if state is not None and state.get("ended"):
+            self.ended = True
+
+    def _next(self):
+        item = next(self.it)
+        self.pulled += 1
+        return item
 
     def fetch(self, index):
         if self.ended:
             raise StopIteration
         if not self.auto_collation:
-            return self.collate_fn(next(self.it))
+            try:
+                return self.collate_fn(self._next())
+            except StopIteration:
+                self.ended = True
+                raise
         data = []
         for _ in index:
             try:
-                data.append(next(self.it))
+                data.append(self._next())
             except StopIteration:
                 self.ended = True
                 break
         if not data or (self.ended and self.drop_last):
             raise StopIteration
         return self.collate_fn(data)
+
+    def state(self):
+        if hasattr(self.it, "state_dict"):
+            s = {"kind": "iterator", "state": self.it.state_dict()}
+        elif hasattr(self.dataset, "state_dict"):
+            s = {"kind": "dataset", "state": self.dataset.state_dict()}
+        else:
+            s = {"kind": "count", "state": self.pulled}
+        s["ended"] = self.ended
+        return s
 
 
 class _MakeFetcher:
@@ -89,19 +156,26 @@ class _MakeFetcher:
         self.kind = kind
         self.args = (auto_collation, collate_fn, drop_last)
 
-    def __call__(self, dataset):
-        return self.kind(dataset, *self.args)
+    def __call__(self, dataset, state=None):
+        return self.kind(dataset, *self.args, state=state)
 
 
 class DataLoader:
     """Iterate over ``dataset`` in batches, as ``torch.utils.data
-    .DataLoader``.
+    .DataLoader``, resumable mid-epoch as torchdata's
+    ``StatefulDataLoader``.
 
     Example::
 
         loader = DataLoader(TensorDataset(x, y), batch_size=32,
                             shuffle=True, num_workers=2)
-        for xb, yb in loader:
+        for step, (xb, yb) in enumerate(loader):
+            ...
+            if step == 100:
+                ckpt = {"loader": loader.state_dict(), ...}
+        # later, in a new process
+        loader.load_state_dict(ckpt["loader"])
+        for xb, yb in loader:      # continues with batch 101
             ...
     """
 
@@ -130,7 +204,7 @@ class DataLoader:
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
-        self.pin_memory = pin_memory      # no pinned memory on NumPy
+        self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
@@ -147,6 +221,7 @@ class DataLoader:
         elif shuffle not in (None, False) and sampler is not None:
             raise ValueError("sampler option is mutually exclusive with "
                              "shuffle")
+        self._user_batch_sampler = batch_sampler is not None
         if batch_sampler is not None:
             if (batch_size != 1 or shuffle or sampler is not None
                     or drop_last):
@@ -178,7 +253,9 @@ class DataLoader:
                           else default_convert)
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
-        self._iterator = None
+        self._iterator = None          # the persistent-workers iterator
+        self._last = None              # the latest iterator (weakly)
+        self._pending_state = None     # from load_state_dict
 
     @property
     def _auto_collation(self):
@@ -188,21 +265,32 @@ class DataLoader:
     def _index_sampler(self):
         return self.batch_sampler if self._auto_collation else self.sampler
 
+    @property
+    def _stateful_sampler(self):
+        """The sampler whose state decides the order: a user's batch
+        sampler, else the (unbatched) sampler."""
+        return (self.batch_sampler if self._user_batch_sampler
+                else self.sampler)
+
     def _make_fetcher(self):
         kind = _IterableFetcher if self._iterable else _MapFetcher
         return _MakeFetcher(kind, self._auto_collation, self.collate_fn,
                             self.drop_last)
 
     def __iter__(self):
+        resume, self._pending_state = self._pending_state, None
         if self.num_workers == 0:
-            return _SingleProcessIter(self)
-        if self.persistent_workers:
+            it = _SingleProcessIter(self, resume)
+        elif self.persistent_workers:
             if self._iterator is None:
-                self._iterator = _MultiProcessIter(self)
+                self._iterator = _MultiProcessIter(self, resume)
             else:
-                self._iterator._reset(self)
-            return self._iterator
-        return _MultiProcessIter(self)
+                self._iterator._reset(self, resume=resume)
+            it = self._iterator
+        else:
+            it = _MultiProcessIter(self, resume)
+        self._last = _LastIterator(it)
+        return it
 
     def __len__(self):
         if self._iterable:
@@ -214,21 +302,130 @@ class DataLoader:
             return n
         return len(self._index_sampler)
 
+    # --------------------------------------------------- resumability --
+    def state_dict(self):
+        """The position of the latest iterator after the last batch it
+        handed out (a fresh loader's: the start of an epoch); see the
+        module's documentation. A plain nested dict."""
+        if self._pending_state is not None:
+            return self._pending_state
+        if self._last is None:
+            return {"_iterator_finished": True, "_num_yielded": 0}
+        return self._last.state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Make the next ``iter(self)`` continue where ``state_dict``
+        left off (a finished epoch's state starts the next epoch)."""
+        if not isinstance(state_dict, dict) or \
+                "_iterator_finished" not in state_dict:
+            raise ValueError("not a DataLoader state_dict (no "
+                             "'_iterator_finished' key)")
+        self._pending_state = state_dict
+
     def __del__(self):
         it = self.__dict__.get("_iterator")
         if it is not None:
             it._shutdown_workers()
 
 
+class _LastIterator:
+    """The loader's view of its latest iterator: a weak reference (a
+    loader must not keep non-persistent workers alive), with the state the
+    iterator leaves behind when it is collected or finished."""
+
+    def __init__(self, it):
+        import weakref
+        self.ref = weakref.ref(it)
+        self.final = None
+        it._last_box = self
+
+    def state_dict(self):
+        it = self.ref()
+        if it is not None:
+            return it.state_dict()
+        return self.final
+
+
+def _plain(obj):
+    """Deep copy of a state made of dicts, lists, tuples and leaves."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "copy") and hasattr(obj, "dtype"):
+        return obj.copy()
+    return obj
+
+
+def _batch_len(index):
+    try:
+        return len(index)
+    except TypeError:
+        return 1
+
+
 class _BaseIter:
-    def __init__(self, loader):
+    def __init__(self, loader, resume=None):
+        self._dataset = loader.dataset
         self._index_sampler = loader._index_sampler
+        self._stateful = loader._stateful_sampler
         self._iterable = loader._iterable
+        self._num_workers = loader.num_workers
+        self._pin = loader.pin_memory
+        self._pin_device = loader.pin_memory_device
+        self._last_box = None
+        self._last_worker = -1
+        self._finished = False
+        if resume is not None and not resume.get("_iterator_finished"):
+            # drawn, not loaded, would consume the generator once more
+            self._base_seed = int(resume["_base_seed"])
+        else:
+            # drawn with or without workers, so that both consume the
+            # generator alike and shuffle identically
+            self._base_seed = int(
+                _rng(loader.generator).integers(0, 2 ** 63 - 1))
+        self._start_pass(resume)
+
+    def _by_consumed(self):
+        s = self._stateful
+        return getattr(s, "_resume_by_consumed", False) or (
+            isinstance(s, BatchSampler)
+            and getattr(s.sampler, "_resume_by_consumed", False))
+
+    def _consumed_sampler(self):
+        s = self._stateful
+        return s.sampler if isinstance(s, BatchSampler) else s
+
+    def _start_pass(self, resume):
+        """A new pass over the sampler: from its start, or from where a
+        loaded state left it."""
         self._num_yielded = 0
-        # drawn with or without workers, so that both consume the
-        # generator alike and shuffle identically
-        self._base_seed = int(_rng(loader.generator).integers(0, 2 ** 63 - 1))
+        self._samples_in_pass = 0
+        skip = 0
+        if resume is not None and not resume.get("_iterator_finished"):
+            state = resume.get("_sampler_state")
+            if self._by_consumed():
+                if state is not None:
+                    self._consumed_sampler().load_state_dict(state)
+                self._sampler_start = None
+            else:
+                if state is not None:
+                    self._stateful.load_state_dict(state)
+                self._sampler_start = state
+                skip = int(resume.get("_sampler_skip", 0))
+            self._num_yielded = int(resume["_num_yielded"])
+        elif self._by_consumed():
+            self._sampler_start = None
+        else:
+            get = getattr(self._stateful, "state_dict", None)
+            self._sampler_start = _plain(get()) if get is not None else None
         self._sampler_iter = iter(self._index_sampler)
+        if not self._iterable:
+            for _ in range(skip):
+                try:
+                    next(self._sampler_iter)
+                except StopIteration:
+                    break
 
     def __iter__(self):
         return self
@@ -239,24 +436,121 @@ class _BaseIter:
     def __len__(self):
         return len(self._index_sampler)
 
+    def _pin_batch(self, data):
+        if self._pin:
+            return _pin_memory(data, self._pin_device)
+        return data
+
+    def _sampler_state(self):
+        if self._iterable:
+            return None, 0
+        if self._by_consumed():
+            s = self._consumed_sampler()
+            return _plain(s.state_dict(consumed=self._samples_in_pass)), 0
+        return _plain(self._sampler_start), self._num_yielded
+
+    def state_dict(self):
+        sampler_state, skip = self._sampler_state()
+        return {"_num_yielded": self._num_yielded,
+                "_sampler_state": sampler_state,
+                "_sampler_skip": skip,
+                "_base_seed": self._base_seed,
+                "_iterator_finished": self._finished,
+                "_num_workers": self._num_workers,
+                "_last_yielded_worker_id": self._last_worker,
+                "_worker_snapshots": self._snapshots(),
+                "_workers_done": self._done_flags()}
+
+    def _finish(self):
+        self._finished = True
+        self._leave_state()
+
+    def _leave_state(self):
+        box = self._last_box
+        if box is not None and box.ref() is self:
+            box.final = self.state_dict()
+
+
+def _loads_all(dataset):
+    return getattr(dataset, "_loads_all_worker_states", False)
+
+
+def _worker_resumes(dataset, resume, num_workers):
+    """What each of ``num_workers`` workers (1 for the main process)
+    restores from a loaded state: its RNG and its fetcher's state."""
+    n = max(num_workers, 1)
+    if resume is None or resume.get("_iterator_finished"):
+        return [None] * n
+    snaps = resume.get("_worker_snapshots") or []
+    old = max(int(resume.get("_num_workers", 0)), 1)
+    same = old == n
+    fetchers = [s and s.get("fetcher") for s in snaps]
+    if _loads_all(dataset) and any(f is not None for f in fetchers):
+        kind = next(f["kind"] for f in fetchers if f is not None)
+        merged = {"kind": kind, "state": {"workers": [
+            f and f["state"] for f in fetchers]}}
+        out = []
+        for i in range(n):
+            f = fetchers[i] if same and i < len(fetchers) else None
+            out.append({"fetcher": dict(merged,
+                                        ended=bool(f and f.get("ended"))),
+                        "rng": None})
+    elif same:
+        out = [{"fetcher": fetchers[i] if i < len(fetchers) else None,
+                "rng": None} for i in range(n)]
+    elif any(f is not None for f in fetchers):
+        raise ValueError(
+            f"DataLoader state was saved with {old} dataset iterator(s) "
+            f"(num_workers={resume.get('_num_workers')}); this loader has "
+            f"{n}, and {type(dataset).__name__} cannot re-split its "
+            "position (give it _loads_all_worker_states, or resume with "
+            "the same num_workers)")
+    else:
+        out = [{"fetcher": None, "rng": None} for _ in range(n)]
+    if same and num_workers > 0:
+        for i, s in enumerate(snaps[:n]):
+            if s is not None and s.get("rng") is not None:
+                out[i]["rng"] = _worker.rng_from_plain(s["rng"])
+    elif num_workers > 0 and int(resume.get("_num_workers", 0)) > 0:
+        warnings.warn("DataLoader resumed with a different num_workers: the "
+                      "order of samples is restored, the workers' random "
+                      "states start afresh")
+    return out
+
 
 class _SingleProcessIter(_BaseIter):
-    def __init__(self, loader):
-        super().__init__(loader)
-        self._fetcher = loader._make_fetcher()(loader.dataset)
+    def __init__(self, loader, resume=None):
+        super().__init__(loader, resume)
+        r = _worker_resumes(loader.dataset, resume, 0)[0]
+        self._fetcher = loader._make_fetcher()(loader.dataset,
+                                               r and r["fetcher"])
 
     def __next__(self):
-        index = self._next_index()
-        data = self._fetcher.fetch(index)
+        try:
+            index = self._next_index()
+            data = self._fetcher.fetch(index)
+        except StopIteration:
+            self._finish()
+            raise
         self._num_yielded += 1
-        return data
+        self._samples_in_pass += _batch_len(index)
+        return self._pin_batch(data)
+
+    def _snapshots(self):
+        return [{"rng": None, "fetcher": _plain(self._fetcher.state())}]
+
+    def _done_flags(self):
+        return [bool(getattr(self._fetcher, "ended", False))]
+
+    def __del__(self):
+        if not sys.is_finalizing():
+            self._leave_state()
 
 
 class _MultiProcessIter(_BaseIter):
-    def __init__(self, loader):
-        super().__init__(loader)
+    def __init__(self, loader, resume=None):
+        super().__init__(loader, resume)
         self._persistent = loader.persistent_workers
-        self._num_workers = loader.num_workers
         self._prefetch_factor = loader.prefetch_factor
         self._timeout = loader.timeout
         ctx = loader.multiprocessing_context
@@ -269,53 +563,92 @@ class _MultiProcessIter(_BaseIter):
             ctx = "fork" if "fork" in methods else None
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
-        self._data_queue = ctx.Queue()
-        self._done_event = ctx.Event()
-        self._index_queues = []
+        n = self._num_workers
+        resumes = _worker_resumes(loader.dataset, resume, n)
         self._workers = []
+        self._socks = []
         self._shutdown = False
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                 for _ in range(n)]
+        self._socks = [p[0] for p in pairs]
         make_fetcher = loader._make_fetcher()
-        for i in range(self._num_workers):
-            q = ctx.Queue()
-            # keep a stuck feeder thread from blocking interpreter exit
-            q.cancel_join_thread()
-            w = ctx.Process(
-                target=_worker.worker_loop,
-                args=(make_fetcher, loader.dataset, q, self._data_queue,
-                      self._done_event, loader.worker_init_fn,
-                      self._base_seed, i, self._num_workers),
-                daemon=True)
-            w.start()
-            self._index_queues.append(q)
-            self._workers.append(w)
-        self._worker_cycle = itertools.cycle(range(self._num_workers))
-        self._reset(loader, first_iter=True)
+        try:
+            for i in range(n):
+                others = [s for j, p in enumerate(pairs) for s in p
+                          if s is not pairs[i][1]]
+                w = ctx.Process(
+                    target=_worker.worker_loop,
+                    args=(make_fetcher, loader.dataset, pairs[i][1], others,
+                          loader.worker_init_fn, self._base_seed, i, n,
+                          resumes[i]),
+                    daemon=True)
+                w.start()
+                self._workers.append(w)
+        finally:
+            for p in pairs:
+                p[1].close()
+            if len(self._workers) < n:
+                self._shutdown_workers()
+        self._reset(loader, first_iter=True, resume=resume,
+                    resumes=resumes)
 
-    def _reset(self, loader, first_iter=False):
-        self._sampler_iter = iter(self._index_sampler)
-        self._num_yielded = 0
+    def _reset(self, loader, first_iter=False, resume=None, resumes=None):
+        if not first_iter:
+            self._finished = False
+            self._start_pass(resume)
+            resumes = _worker_resumes(loader.dataset, resume,
+                                      self._num_workers)
+        n = self._num_workers
         self._send_idx = 0
         self._rcvd_idx = 0
         self._task_info = {}
         self._tasks_outstanding = 0
-        self._workers_status = [True] * self._num_workers
+        self._workers_status = [True] * n
+        if first_iter or not hasattr(self, "_snaps"):
+            self._snaps = [None] * n
+        else:
+            # a new pass: keep each worker's RNG, forget its old position
+            self._snaps = [s and {"rng": s["rng"], "fetcher": None}
+                           for s in self._snaps]
+        for i, r in enumerate(resumes):
+            if r is not None and r.get("rng") is not None:
+                self._snaps[i] = {"rng": r["rng"], "fetcher": r["fetcher"]}
+            elif r is not None and r.get("fetcher") is not None:
+                old = self._snaps[i]
+                self._snaps[i] = {"rng": old and old["rng"],
+                                  "fetcher": r["fetcher"]}
+        start = 0
+        if resume is not None and not resume.get("_iterator_finished"):
+            start = (int(resume.get("_last_yielded_worker_id", -1)) + 1) % n
+            done = resume.get("_workers_done") or []
+            if len(done) == n:
+                self._workers_status = [not bool(d) for d in done]
+            self._last_worker = int(resume.get("_last_yielded_worker_id",
+                                               -1))
+        else:
+            self._last_worker = -1
+        self._worker_cycle = itertools.cycle(
+            list(range(start, n)) + list(range(start)))
         if not first_iter:
-            # new epoch with persistent workers: each acknowledges the
-            # resume after any results still queued from the last epoch
-            for q in self._index_queues:
-                q.put(_worker._ResumeIteration())
-            pending = self._num_workers
-            while pending > 0:
-                idx, _ = self._get_data()
-                if isinstance(idx, _worker._ResumeIteration):
-                    pending -= 1
-        for _ in range(self._prefetch_factor * self._num_workers):
+            # new pass with persistent workers: each acknowledges the
+            # resume after any results still queued from the last pass
+            epoch = getattr(self._dataset, "epoch", None) if hasattr(
+                self._dataset, "set_epoch") else None
+            for i, sock in enumerate(self._socks):
+                _worker.send(sock, _worker._ResumeIteration(resumes[i],
+                                                            epoch))
+            for i in range(n):
+                while True:
+                    msg, fds = self._recv_from(i)
+                    for fd in fds:
+                        _sock_close_fd(fd)
+                    if isinstance(msg[0], _worker._ResumeIteration):
+                        break
+        for _ in range(self._prefetch_factor * n):
             self._try_put_index()
 
     def _try_put_index(self):
-        try:
-            index = self._next_index()
-        except StopIteration:
+        if self._shutdown:
             return
         for _ in range(self._num_workers):
             w = next(self._worker_cycle)
@@ -323,38 +656,43 @@ class _MultiProcessIter(_BaseIter):
                 break
         else:
             return      # every worker has run out (IterableDataset)
-        self._index_queues[w].put((self._send_idx, index))
-        self._task_info[self._send_idx] = (w,)
+        try:
+            index = self._next_index()
+        except StopIteration:
+            return
+        _worker.send(self._socks[w], (self._send_idx, index))
+        self._task_info[self._send_idx] = (w, _batch_len(index))
         self._tasks_outstanding += 1
         self._send_idx += 1
 
-    def _try_get_data(self, timeout):
-        try:
-            blob = self._data_queue.get(timeout=timeout)
-            return True, pickle.loads(blob)
-        except queue.Empty:
-            dead = [w for w in self._workers if not w.is_alive()]
-            if dead:
-                pids = ", ".join(str(w.pid) for w in dead)
-                codes = ", ".join(str(w.exitcode) for w in dead)
-                self._shutdown_workers()
-                raise RuntimeError(
-                    f"DataLoader worker (pid(s) {pids}) exited "
-                    f"unexpectedly (exit code(s) {codes})") from None
-            return False, None
+    def _worker_died(self, w):
+        proc = self._workers[w]
+        proc.join(_JOIN_TIMEOUT)
+        pid, code = proc.pid, proc.exitcode
+        self._shutdown_workers()
+        raise RuntimeError(f"DataLoader worker (pid(s) {pid}) exited "
+                           f"unexpectedly (exit code(s) {code})") from None
 
-    def _get_data(self):
-        if self._timeout > 0:
-            ok, data = self._try_get_data(self._timeout)
-            if ok:
-                return data
-            self._shutdown_workers()
-            raise RuntimeError(
-                f"DataLoader timed out after {self._timeout} seconds")
+    def _recv_from(self, w):
+        """The next message from worker ``w`` (its results come in the
+        order of its tasks)."""
+        sock = self._socks[w]
+        limit = self._timeout if self._timeout > 0 else \
+            _worker.STATUS_CHECK_INTERVAL
         while True:
-            ok, data = self._try_get_data(_worker.STATUS_CHECK_INTERVAL)
-            if ok:
-                return data
+            sock.settimeout(limit)
+            try:
+                return _worker.recv(sock)
+            except socket.timeout:
+                if self._timeout > 0:
+                    self._shutdown_workers()
+                    raise RuntimeError(
+                        f"DataLoader timed out after {self._timeout} "
+                        "seconds") from None
+                if not self._workers[w].is_alive():
+                    self._worker_died(w)
+            except (_worker.ChannelClosed, ConnectionResetError):
+                self._worker_died(w)
 
     def __next__(self):
         if self._shutdown:
@@ -362,42 +700,58 @@ class _MultiProcessIter(_BaseIter):
         while True:
             # skip tasks of workers whose IterableDataset has ended
             while self._rcvd_idx < self._send_idx:
-                info = self._task_info.get(self._rcvd_idx)
-                if info and (len(info) == 2
-                             or self._workers_status[info[0]]):
+                w, _ = self._task_info[self._rcvd_idx]
+                if self._workers_status[w]:
                     break
-                self._task_info.pop(self._rcvd_idx, None)
+                del self._task_info[self._rcvd_idx]
+                self._tasks_outstanding -= 1
                 self._rcvd_idx += 1
             else:
+                self._finish()
                 if not self._persistent:
                     self._shutdown_workers()
                 raise StopIteration
-            info = self._task_info[self._rcvd_idx]
-            if len(info) == 2:          # arrived earlier, out of order
-                del self._task_info[self._rcvd_idx]
-                self._rcvd_idx += 1
-                return self._process(info[1])
-            idx, data = self._get_data()
+            w, size = self._task_info.pop(self._rcvd_idx)
+            self._rcvd_idx += 1
             self._tasks_outstanding -= 1
+            (idx, data, state), fds = self._recv_from(w)
+            assert idx == self._rcvd_idx - 1, (idx, self._rcvd_idx)
             if isinstance(data, _worker._IterableDatasetStopIteration):
-                self._workers_status[data.worker_id] = False
+                self._workers_status[w] = False
                 self._try_put_index()
                 continue
-            if idx != self._rcvd_idx:
-                self._task_info[idx] += (data,)
-                continue
-            del self._task_info[idx]
-            self._rcvd_idx += 1
-            return self._process(data)
+            return self._process(w, size, data, state, fds)
 
-    def _process(self, data):
-        self._try_put_index()
-        if isinstance(data, ExceptionWrapper):
+    def _process(self, w, size, data, state, fds):
+        try:
+            batch = _worker.from_payload(data, fds)
+        finally:
+            self._try_put_index()
+        if isinstance(batch, ExceptionWrapper):
             if not self._persistent:
                 self._shutdown_workers()
-            data.reraise()
+            batch.reraise()
+        if state is not None:
+            self._snaps[w] = {"rng": state[0], "fetcher": state[1]}
+        self._last_worker = w
         self._num_yielded += 1
-        return _worker.from_payload(data)
+        self._samples_in_pass += size
+        return self._pin_batch(batch)
+
+    def _snapshots(self):
+        out = []
+        for s in self._snaps:
+            if s is None:
+                out.append(None)
+                continue
+            rng = s["rng"]
+            if rng is not None and not isinstance(rng, dict):
+                rng = _worker.rng_to_plain(rng)
+            out.append({"rng": _plain(rng), "fetcher": _plain(s["fetcher"])})
+        return out
+
+    def _done_flags(self):
+        return [not s for s in self._workers_status]
 
     def _shutdown_workers(self):
         """Stop and join every worker; terminate one that does not exit.
@@ -405,23 +759,65 @@ class _MultiProcessIter(_BaseIter):
         if self._shutdown or not hasattr(self, "_workers"):
             return
         self._shutdown = True
-        self._done_event.set()
-        for q in self._index_queues:
+        for sock in self._socks:
             try:
-                q.put(None)
-            except (OSError, ValueError):
+                sock.settimeout(0.05)
+                _worker.send(sock, None)
+            except OSError:
                 pass
+            # a worker waiting on the socket sees its end close, one
+            # blocked sending a batch gets EPIPE; undelivered batches'
+            # shared memory is freed with the socket
+            sock.close()
         for w in self._workers:
             w.join(_JOIN_TIMEOUT)
             if w.is_alive():
                 w.terminate()
                 w.join()
-        for q in self._index_queues:
-            q.close()
-        self._data_queue.cancel_join_thread()
-        self._data_queue.close()
 
     def __del__(self):
         if sys.is_finalizing():
             return
+        self._leave_state()
         self._shutdown_workers()
+
+
+def _sock_close_fd(fd):
+    import os
+    os.close(fd)
+
+
+def _pin_memory(data, device=""):
+    """``pin_memory=True``: CPU tensors copied into page-locked host memory
+    (CuPy's pinned allocator) so that a later ``.cuda()`` copies fast and
+    asynchronously; without CuPy (no GPU) a no-op, as PyTorch's is
+    without CUDA."""
+    from ... import _backend as B
+    cp = B._load_cupy()
+    if cp is None:
+        return data
+    return _pin_nested(data, cp)
+
+
+def _pin_nested(obj, cp):
+    import numpy as np
+
+    from ...tensor import Tensor
+    if isinstance(obj, Tensor):
+        a = obj._data
+        if type(a) is not np.ndarray or a.nbytes == 0:
+            return obj
+        mem = cp.cuda.alloc_pinned_memory(a.nbytes)
+        pinned = np.frombuffer(mem, a.dtype, a.size).reshape(a.shape)
+        pinned[...] = a
+        t = Tensor._wrap(pinned)
+        if obj.requires_grad:
+            t.requires_grad_(True)
+        return t
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_pin_nested(o, cp) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_pin_nested(o, cp) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _pin_nested(v, cp) for k, v in obj.items()}
+    return obj

@@ -44,6 +44,10 @@ class DistributedSampler(Sampler):
                 ...
     """
 
+    # the DataLoader saves this sampler's state by samples consumed (which
+    # re-partitions onto another world size), not by replaying batches
+    _resume_by_consumed = True
+
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True,
                  seed=0, drop_last=False, pad=True):
         if num_replicas is None or rank is None:

@@ -43,7 +43,43 @@ def _fresh_generator(generator):
     return Generator().manual_seed(seed)
 
 
-class RandomSampler(Sampler):
+class _NextPassState:
+    """``state_dict``/``load_state_dict`` for a sampler whose order comes
+    from a generator: the state is where the *next* ``__iter__`` starts,
+    which is what the DataLoader records when it starts a pass (and then
+    fast-forwards by the batches already consumed). With no generator the
+    pass's seed is drawn from the default stream ahead of time, so a
+    pass costs one draw from it either way."""
+
+    _pending = None
+
+    def state_dict(self):
+        if self.generator is not None:
+            return {"generator": self.generator.get_state()}
+        if self._pending is None:
+            self._pending = int(_rng(None).integers(0, 2 ** 63 - 1))
+        return {"seed": self._pending}
+
+    def load_state_dict(self, state):
+        if "generator" in state:
+            if self.generator is None:
+                raise ValueError(
+                    f"{type(self).__name__} state was saved with a "
+                    "generator; this sampler has none")
+            self.generator.set_state(state["generator"])
+        else:
+            self._pending = int(state["seed"])
+
+    def _pass_generator(self):
+        if self.generator is not None:
+            return self.generator
+        if self._pending is not None:
+            seed, self._pending = self._pending, None
+            return Generator().manual_seed(seed)
+        return _fresh_generator(None)
+
+
+class RandomSampler(_NextPassState, Sampler):
     """Keys in random order: a permutation per pass (``num_samples`` may
     exceed ``len(data_source)``), or draws with ``replacement``."""
 
@@ -68,7 +104,7 @@ class RandomSampler(Sampler):
 
     def __iter__(self):
         n = len(self.data_source)
-        g = _fresh_generator(self.generator)
+        g = self._pass_generator()
         if self.replacement:
             # in chunks of 32, as PyTorch draws them
             for _ in range(self.num_samples // 32):
@@ -86,7 +122,7 @@ class RandomSampler(Sampler):
         return self.num_samples
 
 
-class SubsetRandomSampler(Sampler):
+class SubsetRandomSampler(_NextPassState, Sampler):
     """The given indices, in a random order."""
 
     def __init__(self, indices, generator=None):
@@ -94,7 +130,8 @@ class SubsetRandomSampler(Sampler):
         self.generator = generator
 
     def __iter__(self):
-        perm = _creation.randperm(len(self.indices), generator=self.generator)
+        perm = _creation.randperm(len(self.indices),
+                                  generator=self._pass_generator())
         for i in perm.tolist():
             yield self.indices[i]
 
@@ -132,6 +169,15 @@ class BatchSampler(Sampler):
                 batch = []
         if batch and not self.drop_last:
             yield batch
+
+    def state_dict(self):
+        """The wrapped sampler's state (see ``RandomSampler``)."""
+        inner = getattr(self.sampler, "state_dict", None)
+        return {"sampler": inner() if inner is not None else None}
+
+    def load_state_dict(self, state):
+        if state.get("sampler") is not None:
+            self.sampler.load_state_dict(state["sampler"])
 
     def __len__(self):
         if self.drop_last:
