@@ -691,26 +691,27 @@ def _read_header(src, where):
         raw = src.read(n)
         first = raw[:1]
     if first != b"{":
-        if head[:2] == b"PK":
-            raise SerializationError(
-                f"{where} is a zip archive (a PyTorch torch.save "
-                "checkpoint?), not a dtorch/safetensors file; dtorch.load "
-                "never unpickles. Convert it with torch and "
-                "safetensors.torch.save_file")
-        if head[:1] == b"\x80":
-            raise SerializationError(
-                f"{where} is a Python pickle, not a dtorch/safetensors "
-                "file; dtorch.load never unpickles")
+        foreign = ("a zip archive (a PyTorch torch.save checkpoint? "
+                   "convert it with torch and safetensors.torch.save_file)"
+                   if head[:2] == b"PK" else "a Python pickle"
+                   if head[:1] == b"\x80" else None)
+        never = "; dtorch.load never unpickles"
         if n is None:
             raise SerializationError(
                 f"{where} is truncated or not a dtorch/safetensors file: "
                 f"{size} bytes, fewer than the 8-byte header length")
+        if foreign and (n > _MAX_HEADER or n <= size - 8):
+            raise SerializationError(
+                f"{where} is {foreign}, not a dtorch/safetensors file"
+                + never)
         if n > size - 8 or n > _MAX_HEADER:
             raise SerializationError(
                 f"{where} is truncated or not a dtorch/safetensors file: "
                 f"the header claims {n} bytes but the file has only "
-                f"{size - 8} after the length field (and safetensors "
-                f"allows at most {_MAX_HEADER})")
+                f"{size - 8} after the length field"
+                + (f" (it starts like {foreign}{never})" if foreign else
+                   f" (safetensors allows at most {_MAX_HEADER})"
+                   if n > _MAX_HEADER else ""))
         raise SerializationError(
             f"{where} is corrupt or not a dtorch/safetensors file: its "
             "header is not JSON")

@@ -774,3 +774,16 @@ def test_array_dtypes_byte_order_and_layout(tmp_path):
     with pytest.raises(SerializationError, match=r"obj\['c'\].*complex64"):
         dtorch.save({"c": np.zeros(2, np.complex64)}, tmp_path / "c.pt")
     assert sorted(os.listdir(tmp_path)) == ["a.pt"]
+
+
+def test_pytorch_checkpoints_are_named_not_unpickled(tmp_path):
+    torch = pytest.importorskip("torch")
+    sd = {"w": torch.ones(2, 3)}
+    torch.save(sd, tmp_path / "zip.pt")
+    torch.save(sd, tmp_path / "legacy.pt",
+               _use_new_zipfile_serialization=False)
+    with pytest.raises(SerializationError, match=r"zip\.pt is a zip archive"):
+        dtorch.load(tmp_path / "zip.pt")
+    with pytest.raises(SerializationError,
+                       match=r"legacy\.pt is a Python pickle"):
+        dtorch.load(tmp_path / "legacy.pt")
