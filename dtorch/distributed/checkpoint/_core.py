@@ -463,10 +463,13 @@ def _save_snapshot(snap, path, ck, after_commit=None):
         _raise_failures(plans, f"dcp.save to {path} (planning)")
         entries, writes, per_rank_keys = _global_plan(
             [p["plan"] for p in plans])
-    except Exception:
+    except Exception as e:
         if rank == 0 and tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if isinstance(e, CheckpointException):
+            raise
+        # the same on every rank: the plan is computed alike everywhere
+        raise CheckpointException(f"dcp.save to {path}: {e}") from None
     # 3. write this rank's file
     res = {"err": None}
     fname = f"__{rank}_0.safetensors"

@@ -1,0 +1,195 @@
+"""Resharding on load: a checkpoint written on N ranks loads on M, for
+every pair of 1..4 (row, column and uneven flat shards - an empty one
+included - replicated tensors, values), and tensor-parallel layouts change
+(TP=2 -> TP=1, DP x TP, and back) with the optimizer's state. Ranks are
+threads (spawn_threads); test_dcp_mpi.py repeats a pair under mpiexec."""
+import os
+
+import numpy as np
+import pytest
+
+import dtorch
+import dtorch.distributed as dist
+import dtorch.distributed.checkpoint as dcp
+from dtorch import nn
+from dtorch.distributed.checkpoint.state_dict import (get_state_dict,
+                                                      set_state_dict)
+from dtorch.nn.parallel import tensor_parallel as tp
+
+if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
+    pytest.skip("single-process tests; not run under mpiexec",
+                allow_module_level=True)
+
+F64 = dtorch.float64
+ROWS = np.arange(60.0).reshape(12, 5)
+COLS = np.arange(48.0).reshape(4, 12) * -1
+FLAT = np.arange(10.0) + 0.5
+TINY = np.arange(5, dtype=np.int64)
+BIAS = np.array([3.0, 1.0, 4.0])
+
+
+def _flat_box(n, world, rank):
+    """ZeRO-style: chunks of ceil(n / world), the last ones short or
+    empty."""
+    k = -(-n // world)
+    lo = min(rank * k, n)
+    return lo, min(lo + k, n)
+
+
+def _state(world, rank, fill=None):
+    """This rank's shards of the global tensors (or zeros of their
+    shapes with fill=0)."""
+    def cut(a, lo, hi, dim):
+        idx = [slice(None)] * a.ndim
+        idx[dim] = slice(lo, hi)
+        part = a[tuple(idx)]
+        part = np.zeros_like(part) if fill is not None else part.copy()
+        off = [0] * a.ndim
+        off[dim] = lo
+        return dcp.shard_of(dtorch.from_numpy(part), a.shape, off)
+    r = ROWS.shape[0] // world
+    c = COLS.shape[1] // world
+    return {
+        "rows": cut(ROWS, rank * r, (rank + 1) * r, 0),
+        "cols": cut(COLS, rank * c, (rank + 1) * c, 1),
+        "flat": cut(FLAT, *_flat_box(FLAT.size, world, rank), 0),
+        "tiny": cut(TINY, *_flat_box(TINY.size, world, rank), 0),
+        "bias": dtorch.from_numpy(BIAS * (0 if fill is not None else 1)),
+        "meta": {"epoch": 7 if fill is None else 0, "name": "run"},
+    }
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_reshard_n_to_m(tmp_path, n, m):
+    path = str(tmp_path / "c")
+    dist.spawn_threads(lambda r, w: dcp.save(_state(w, r),
+                                             checkpoint_id=path), n,
+                       timeout=60)
+    files = sorted(f for f in os.listdir(path) if f.endswith("tensors"))
+    assert files == [f"__{r}_0.safetensors" for r in range(n)]
+
+    def load(rank, world):
+        st = _state(world, rank, fill=0)
+        dcp.load(st, checkpoint_id=path)
+        want = _state(world, rank)
+        for k in ("rows", "cols", "flat", "tiny", "bias"):
+            assert st[k].dtype == want[k].dtype
+            assert np.array_equal(st[k].numpy(), want[k].numpy()), \
+                f"{n}->{m} rank {rank} {k}"
+        assert st["meta"] == {"epoch": 7, "name": "run"}
+        return True
+    assert all(dist.spawn_threads(load, m, timeout=60))
+
+
+def test_shard_of_checks_the_box():
+    with pytest.raises(ValueError, match="does not fit"):
+        dcp.shard_of(dtorch.zeros(3, 2), (4, 2), (2, 0))
+
+
+def test_shards_that_do_not_tile_are_refused(tmp_path):
+    path = str(tmp_path / "c")
+
+    def body(rank, world):
+        t = dcp.shard_of(dtorch.ones(2), (6,), (rank * 2,))   # 4 of 6
+        with pytest.raises(dcp.CheckpointException, match="cover 4 of"):
+            dcp.save({"t": t}, checkpoint_id=path)
+        return True
+    assert all(dist.spawn_threads(body, 2, timeout=60))
+    assert not os.path.exists(path)
+
+
+# -------------------------------------------------- tensor parallel --
+
+def _full_layers(seed):
+    dtorch.manual_seed(seed)
+    return nn.Linear(6, 8).to(F64), nn.Linear(8, 4).to(F64)
+
+
+def _tp_model(tp_size, seed):
+    """A Column -> Row MLP cut from full layers made with ``seed``, on this
+    rank's TP group (DP replicas: the other groups)."""
+    l1, l2 = _full_layers(seed)
+    _, g = tp.make_dp_tp_groups(tp_size)
+    return nn.Sequential(
+        tp.ColumnParallelLinear.from_linear(l1, g, gather_output=False),
+        nn.Tanh(),
+        tp.RowParallelLinear.from_linear(l2, g, input_is_parallel=True))
+
+
+X = np.linspace(-1, 1, 30).reshape(5, 6)
+
+
+def _save_tp(path, world, tp_size):
+    """Train a few Adam steps (same batch on every DP replica, so they
+    stay equal) and save; returns the full model and optimizer state."""
+    def body(rank, n):
+        m = _tp_model(tp_size, seed=1)
+        opt = dtorch.optim.Adam(m.parameters(), lr=0.05)
+        for _ in range(3):
+            opt.zero_grad()
+            m(dtorch.from_numpy(X)).pow(2).sum().backward()
+            opt.step()
+        msd, osd = get_state_dict(m, opt)
+        dcp.save({"model": msd, "optim": osd, "step": 3},
+                 checkpoint_id=path)
+        full = {k: v.numpy().copy()
+                for k, v in tp.gather_state_dict(m).items()}
+        fo = tp.gather_optimizer_state_dict(m, opt)["state"]
+        for i, st in fo.items():
+            for k, v in st.items():
+                full[f"opt{i}.{k}"] = v.numpy().copy()
+        return full
+    return dist.spawn_threads(body, world, timeout=60)[0]
+
+
+def _load_tp(path, world, tp_size, want):
+    def body(rank, n):
+        m = _tp_model(tp_size, seed=2)            # other values
+        opt = dtorch.optim.Adam(m.parameters(), lr=0.05)
+        msd, osd = get_state_dict(m, opt)
+        st = {"model": msd, "optim": osd, "step": 0}
+        dcp.load(st, checkpoint_id=path)
+        set_state_dict(m, opt, model_state_dict=msd, optim_state_dict=osd)
+        got = {k: v.numpy() for k, v in tp.gather_state_dict(m).items()}
+        for i, s in tp.gather_optimizer_state_dict(m, opt)["state"].items():
+            for k, v in s.items():
+                got[f"opt{i}.{k}"] = v.numpy()
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].tobytes() == want[k].tobytes(), \
+                f"rank {rank} (TP {tp_size} of {world}): {k}"
+        assert st["step"] == 3
+        return True
+    assert all(dist.spawn_threads(body, world, timeout=60))
+
+
+@pytest.mark.parametrize("src,dst", [
+    ((2, 2), (1, 1)),      # TP=2 -> one process
+    ((2, 2), (2, 1)),      # TP=2 -> DP=2, TP=1
+    ((2, 2), (4, 2)),      # TP=2 -> DP=2 x TP=2
+    ((2, 1), (2, 2)),      # DP=2 -> TP=2
+    ((4, 2), (2, 2)),      # DP=2 x TP=2 -> TP=2
+    ((1, 1), (4, 4)),      # one process -> TP=4
+])
+def test_tensor_parallel_layout_changes_with_optimizer_state(tmp_path, src,
+                                                             dst):
+    path = str(tmp_path / "c")
+    want = _save_tp(path, *src)
+    _load_tp(path, *dst, want)
+
+
+def test_tp_shards_are_written_by_their_owners_once(tmp_path):
+    """DP=2 x TP=2: each TP shard is written once (by the lowest DP
+    replica); ranks 2 and 3 hold only copies and write nothing."""
+    path = str(tmp_path / "c")
+    _save_tp(path, 4, 2)
+    files = sorted(f for f in os.listdir(path) if f.endswith("tensors"))
+    assert files == ["__0_0.safetensors", "__1_0.safetensors"]
+    meta = dcp.FileSystemReader(path).read_metadata()
+    w = meta.state_dict_metadata["model.0.weight"]
+    assert w.size == [8, 6]
+    assert sorted((c.offsets, c.sizes) for c in w.chunks) == [
+        ([0, 0], [4, 6]), ([4, 0], [4, 6])]
+    assert meta.raw["layout"]["sharded"]["model.2.weight"] == [[0, 0],
+                                                               [0, 4]]
