@@ -1,8 +1,11 @@
 """``dtorch.nn.functional``: PyTorch's functional API.
 
 Heavy ops call the fused primitives of ``dtorch/ops/nn_ops.py`` (conv,
-pooling, softmax, nll, norms, embedding, dropout, GELU); the rest is a few
-lines of Tensor code. Argument names, defaults and error texts are PyTorch's.
+pooling, softmax, nll, norms, embedding, dropout, GELU), and so do the
+activations and losses whose gradient a composition would get wrong at a
+kink or under a mask (their own backward, PyTorch's formula); the rest is a
+few lines of Tensor code. Argument names, defaults and error texts are
+PyTorch's.
 """
 import math
 import warnings

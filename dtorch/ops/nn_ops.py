@@ -4,7 +4,11 @@ These exist where composing Tensor ops costs time or memory (one node instead
 of many, no per-element Python): convolution by im2col over strided views and
 one batched matmul, pooling, softmax / log_softmax, nll, layer / batch norm,
 embedding, dropout, GELU, and whole-sequence RNN / LSTM / GRU layers whose
-input projections are computed for all time steps before the loop. Like
+input projections are computed for all time steps before the loop; and where
+a composition would get the gradient wrong at a boundary point: the
+piecewise activations and the losses carry PyTorch's own backward formulas
+(tests/test_boundary_grads.py compares them with PyTorch at 0, +-inf, NaN,
+kinks and ties). Like
 ``primitives.py``, every class works on raw NumPy or CuPy arrays and asks
 ``get_array_module`` for the module; each is checked in tests against
 gradcheck and against the composed Tensor version.
