@@ -457,7 +457,12 @@ def _save_snapshot(snap, path, ck, after_commit=None):
             mine["tmp"] = tmp
     except Exception as e:
         mine["err"] = f"{type(e).__name__}: {e}"
-    plans = _gather(ck, mine)
+    try:
+        plans = _gather(ck, mine)
+    except BaseException:          # a rank died: drop our partial files
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     tmp = plans[0].get("tmp")
     try:
         _raise_failures(plans, f"dcp.save to {path} (planning)")
@@ -485,7 +490,12 @@ def _save_snapshot(snap, path, ck, after_commit=None):
     except Exception as e:
         res["err"] = f"writing {os.path.join(tmp, fname)}: " \
                      f"{type(e).__name__}: {e}"
-    results = _gather(ck, res)
+    try:
+        results = _gather(ck, res)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     commit = {"err": None}
     if rank == 0:
         try:
