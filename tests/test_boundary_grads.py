@@ -408,6 +408,13 @@ add(Case("max_pool2d_ceil", lambda M, x: F(M).max_pool2d(
     x, 3, 2, ceil_mode=True), [In(POOL)], up="cycle"))
 add(Case("max_pool2d_idx", lambda M, x: tuple(F(M).max_pool2d(
     x, 2, 1, return_indices=True)), [In(POOL)], up="cycle"))
+# windows whose real cells are all -inf, next to padding (also -inf)
+POOL_PAD = [[[[-INF, -INF, 1.0], [-INF, -INF, 2.0], [0.0, 3.0, 4.0]]]]
+add(Case("max_pool2d_pad_ninf", lambda M, x: tuple(F(M).max_pool2d(
+    x, 2, 2, 1, return_indices=True)), [In(POOL_PAD)], up="cycle"))
+add(Case("max_pool2d_pad_ninf_dil", lambda M, x: tuple(F(M).max_pool2d(
+    x, 2, 1, 1, dilation=2, return_indices=True)), [In(POOL_PAD)],
+    up="cycle"))
 add(Case("max_pool1d", lambda M, x: F(M).max_pool1d(x, 2),
          [In([[[1.0, 1.0, NAN, 0.0, -INF, -INF, INF, INF]]])],
          up="cycle"))

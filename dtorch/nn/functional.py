@@ -277,6 +277,15 @@ def _max_pool_indices(x, k, s, p, d, ohw):
             am = xp.where(isn.any(-1), lastnan, am)
     rows = xp.arange(oh)[:, None] * s[0] + (am // k[1]) * d[0] - p[0]
     cols = xp.arange(ow)[None, :] * s[1] + (am % k[1]) * d[1] - p[1]
+    pad = (rows < 0) | (rows >= h) | (cols < 0) | (cols >= w)
+    if bool(pad.any()):
+        # a window whose real cells all hold -inf: its first real cell
+        # (PyTorch), not the padding that argmax found first
+        def first(o, ss, pp, dd):
+            st = xp.arange(o) * ss - pp
+            return xp.where(st < 0, st + (-(st // dd)) * dd, st)
+        rows = xp.where(pad, first(oh, s[0], p[0], d[0])[:, None], rows)
+        cols = xp.where(pad, first(ow, s[1], p[1], d[1])[None, :], cols)
     return Tensor._wrap((rows * w + cols).astype(np.int64))
 
 

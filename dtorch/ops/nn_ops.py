@@ -514,6 +514,16 @@ class MaxPool2d(Op):
             gx = xp.zeros(xin.shape, g.dtype)
             srcs = [(xin[:, :, hs, ws], gx[:, :, hs, ws])
                     for hs, ws in offs]
+        # a window whose real cells all hold the padding value (-inf) gives
+        # its gradient to its first real cell, as PyTorch, not to padding
+        real = None
+        if any(pads[0] + pads[1]):
+            lo = -np.inf if best.dtype.kind == "f" else \
+                np.iinfo(best.dtype).min
+            if bool((best == lo).any()):
+                real = _pad2d(xp, xp.ones((1, 1) + tuple(shape[2:]), bool),
+                              pads, False)
+                real = [real[:, :, hs, ws] for hs, ws in offs]
         zero = xp.zeros((), g.dtype)
 
         def put(dst, e):
@@ -537,6 +547,8 @@ class MaxPool2d(Op):
                 e = ~taken if taken is not None else None
             else:
                 e = v == best
+                if real is not None:
+                    e &= real[o]
                 if taken is None:
                     taken = e
                 else:
