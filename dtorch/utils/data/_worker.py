@@ -449,9 +449,10 @@ def worker_loop(make_fetcher, dataset, sock, close_in_child, worker_init_fn,
     try:
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
+        # fast-forward first (it may draw random numbers), then restore
+        fetcher = make_fetcher(dataset, resume and resume.get("fetcher"))
         if resume is not None and resume.get("rng") is not None:
             set_rng_state(resume["rng"])
-        fetcher = make_fetcher(dataset, resume and resume.get("fetcher"))
     except Exception:
         init_error = ExceptionWrapper(sys.exc_info(), where)
     parent = os.getppid()
@@ -473,10 +474,10 @@ def worker_loop(make_fetcher, dataset, sock, close_in_child, worker_init_fn,
                         if msg.epoch is not None:
                             dataset.set_epoch(msg.epoch)
                         r = msg.resume
-                        if r is not None and r.get("rng") is not None:
-                            set_rng_state(r["rng"])
                         fetcher = make_fetcher(dataset,
                                                r and r.get("fetcher"))
+                        if r is not None and r.get("rng") is not None:
+                            set_rng_state(r["rng"])
                     except Exception:
                         init_error = ExceptionWrapper(sys.exc_info(), where)
                 send(sock, (msg, None, None))

@@ -199,6 +199,11 @@ class DataLoader:
             prefetch_factor = 2
         if prefetch_factor is not None and prefetch_factor < 0:
             raise ValueError("prefetch_factor option should be non-negative")
+        if num_workers > 0 and prefetch_factor == 0:
+            # PyTorch asserts this when iterating; nothing in flight would
+            # end every epoch at once
+            raise ValueError("prefetch_factor must be greater than 0 for "
+                             "MultiProcessingDataLoaderIter")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         self.dataset = dataset
@@ -548,6 +553,11 @@ class _SingleProcessIter(_BaseIter):
 
 
 class _MultiProcessIter(_BaseIter):
+    # until the workers exist (a failed __init__ still meets __del__)
+    _shutdown = True
+    _workers = ()
+    _socks = ()
+
     def __init__(self, loader, resume=None):
         super().__init__(loader, resume)
         self._persistent = loader.persistent_workers
@@ -566,7 +576,6 @@ class _MultiProcessIter(_BaseIter):
         n = self._num_workers
         resumes = _worker_resumes(loader.dataset, resume, n)
         self._workers = []
-        self._socks = []
         self._shutdown = False
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                  for _ in range(n)]
@@ -756,7 +765,7 @@ class _MultiProcessIter(_BaseIter):
     def _shutdown_workers(self):
         """Stop and join every worker; terminate one that does not exit.
         Safe to call more than once."""
-        if self._shutdown or not hasattr(self, "_workers"):
+        if self._shutdown:
             return
         self._shutdown = True
         for sock in self._socks:
@@ -778,7 +787,8 @@ class _MultiProcessIter(_BaseIter):
     def __del__(self):
         if sys.is_finalizing():
             return
-        self._leave_state()
+        if not self._shutdown:
+            self._leave_state()
         self._shutdown_workers()
 
 

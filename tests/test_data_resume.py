@@ -1,0 +1,265 @@
+"""DataLoader.state_dict / load_state_dict (issue 16; torchdata's
+StatefulDataLoader is the reference): a resumed run sees exactly the
+batches the uninterrupted run would have seen, with 0, 1 and 2 workers,
+persistent or not, and the state is a plain nested dict."""
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+import dtorch
+from dtorch.utils.data import (DataLoader, Dataset, DistributedSampler,
+                               IterableDataset, RandomSampler,
+                               SubsetRandomSampler, WeightedRandomSampler)
+
+
+class _Augmented(Dataset):
+    """A random transform from all three RNGs a worker seeds."""
+
+    def __init__(self, n=37):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        noise = (np.random.rand(2) + random.random()
+                 + dtorch.rand(2).numpy().astype(np.float64))
+        return np.float64(i) * 100 + noise
+
+
+def _restart():
+    """What a restarted program does before building its loader."""
+    dtorch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+
+
+def _collect(loader, it=None, limit=None):
+    out = []
+    it = iter(loader) if it is None else it
+    for b in it:
+        out.append(b.numpy().copy() if hasattr(b, "numpy") else b)
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def _resume_matches(make, stop, transform_in_main=False):
+    _restart()
+    full = _collect(make())
+    _restart()
+    loader = make()
+    it = iter(loader)
+    head = _collect(loader, it, limit=stop) if stop else []
+    state = loader.state_dict()
+    del it
+    _plain_check(state)
+    _restart()
+    np.random.seed(123)          # anything the main process drew since
+    again = make()
+    again.load_state_dict(state)
+    tail = _collect(again)
+    got = head + tail
+    assert len(got) == len(full)
+    for a, b in zip(got, full):
+        if transform_in_main:        # the script's own RNG: ids only
+            a, b = np.floor(a / 100), np.floor(b / 100)
+        assert np.array_equal(a, b)
+    return full
+
+
+def _plain_check(obj):
+    """ints, floats, bools, strings, None, lists, dicts and arrays only."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            assert isinstance(k, str)
+            _plain_check(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _plain_check(v)
+    else:
+        assert obj is None or isinstance(
+            obj, (int, float, bool, str, np.ndarray)), type(obj)
+
+
+@pytest.mark.parametrize("nw,persistent", [(0, False), (1, False),
+                                           (2, False), (1, True), (2, True)])
+@pytest.mark.parametrize("stop", [0, 1, 3, 9])
+def test_map_style_resume_is_bitwise(nw, stop, persistent):
+    full = _resume_matches(
+        lambda: DataLoader(_Augmented(), batch_size=4, shuffle=True,
+                           num_workers=nw, persistent_workers=persistent,
+                           generator=dtorch.Generator().manual_seed(7)),
+        stop, transform_in_main=nw == 0)
+    assert len(full) == 10
+
+
+@pytest.mark.parametrize("sampler", ["random", "random_nogen", "subset",
+                                     "weighted"])
+def test_generator_samplers_resume(sampler):
+    def make():
+        ds = _Augmented(23)
+        s = {"random": lambda: RandomSampler(
+                 ds, generator=dtorch.Generator().manual_seed(1)),
+             "random_nogen": lambda: RandomSampler(ds),
+             "subset": lambda: SubsetRandomSampler(list(range(0, 23, 2))),
+             "weighted": lambda: WeightedRandomSampler(
+                 [1.0] * 20 + [5.0] * 3, 30)}[sampler]()
+        return DataLoader(ds, batch_size=3, sampler=s, num_workers=2,
+                          drop_last=True)
+    _resume_matches(make, 2)
+
+
+def test_second_epoch_and_finished_state():
+    loader = DataLoader(_Augmented(9), batch_size=4, shuffle=True,
+                        num_workers=1)
+    _collect(loader)
+    done = loader.state_dict()
+    assert done["_iterator_finished"] is True
+    loader.load_state_dict(done)           # a finished epoch: a new one
+    assert len(_collect(loader)) == 3
+    with pytest.raises(ValueError, match="not a DataLoader state_dict"):
+        loader.load_state_dict({"epoch": 1})
+
+
+def test_state_of_fresh_loader_and_after_the_iterator_is_gone():
+    loader = DataLoader(_Augmented(9), batch_size=2, num_workers=1)
+    assert loader.state_dict()["_iterator_finished"] is True
+    it = iter(loader)
+    next(it)
+    next(it)
+    del it                                  # workers go, the state stays
+    state = loader.state_dict()
+    assert state["_num_yielded"] == 2 and not state["_iterator_finished"]
+    loader.load_state_dict(state)
+    assert len(_collect(loader)) == 3
+
+
+class _Stream(IterableDataset):
+    """Each worker yields its own uneven share; no state_dict (resumed by
+    fast-forward)."""
+
+    def __init__(self, n=23):
+        self.n = n
+
+    def __iter__(self):
+        from dtorch.utils.data import get_worker_info
+        info = get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        # worker 0 gets more: the others end first
+        for i in range(self.n):
+            owner = i % (nw + 1)
+            if (0 if owner == nw else owner) == wid:
+                yield np.float64(i) * 100 + np.random.rand()
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("nw", [0, 1, 2])
+@pytest.mark.parametrize("stop", [0, 2, 5])
+def test_iterable_without_state_dict_resumes_by_fast_forward(nw, stop):
+    _resume_matches(lambda: DataLoader(_Stream(), batch_size=2,
+                                       num_workers=nw),
+                    stop, transform_in_main=nw == 0)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_iterable_interleaving_matches_torch():
+    """Workers that run out at different times: the batch order is
+    PyTorch's round-robin over the workers still running."""
+    torch = pytest.importorskip("torch")
+
+    class T(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            wid = info.id
+            for i in range(3 + 4 * wid):
+                yield wid * 100 + i
+
+    class D(IterableDataset):
+        def __iter__(self):
+            from dtorch.utils.data import get_worker_info
+            wid = get_worker_info().id
+            for i in range(3 + 4 * wid):
+                yield wid * 100 + i
+
+    ref = [b.tolist() for b in torch.utils.data.DataLoader(
+        T(), batch_size=2, num_workers=3)]
+    got = [b.tolist() for b in DataLoader(D(), batch_size=2, num_workers=3)]
+    assert got == ref
+    # and a resume in the middle of the uneven tail continues it exactly
+    loader = DataLoader(D(), batch_size=2, num_workers=3)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(7)]
+    state = loader.state_dict()
+    del it
+    again = DataLoader(D(), batch_size=2, num_workers=3)
+    again.load_state_dict(state)
+    assert head + [b.tolist() for b in again] == ref
+
+
+def test_worker_count_change_refused_for_stateless_iterable():
+    loader = DataLoader(_Stream(), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    other = DataLoader(_Stream(), batch_size=2, num_workers=1)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="cannot re-split"):
+        iter(other)
+
+
+def test_map_style_on_another_worker_count_keeps_the_order():
+    def make(nw):
+        return DataLoader(list(range(30)), batch_size=4, shuffle=True,
+                          num_workers=nw,
+                          generator=dtorch.Generator().manual_seed(2))
+    full = [b.tolist() for b in make(2)]
+    loader = make(2)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    again = make(1)
+    again.load_state_dict(state)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        tail = [b.tolist() for b in again]
+    assert head + tail == full
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_distributed_sampler_resume_on_another_world_size(nw):
+    """Two ranks consume 3 batches each; three ranks finish the epoch:
+    every sample once."""
+    data = list(range(50))
+    seen = []
+    state = None
+    for r in range(2):
+        s = DistributedSampler(data, num_replicas=2, rank=r, seed=3)
+        s.set_epoch(1)
+        loader = DataLoader(data, batch_size=4, sampler=s, num_workers=nw)
+        it = iter(loader)
+        for _ in range(3):
+            seen += next(it).tolist()
+        state = loader.state_dict()
+        del it
+    for r in range(3):
+        s = DistributedSampler(data, num_replicas=3, rank=r, seed=3)
+        loader = DataLoader(data, batch_size=4, sampler=s, num_workers=nw)
+        loader.load_state_dict(state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            seen += [v for b in loader for v in b.tolist()]
+    assert sorted(set(seen)) == data
+    assert len(seen) - len(data) <= 2          # the new padding only
+
+
+def test_prefetch_factor_zero_is_an_error():
+    with pytest.raises(ValueError, match="prefetch_factor must be greater "
+                                         "than 0"):
+        DataLoader(list(range(4)), num_workers=1, prefetch_factor=0)
