@@ -28,7 +28,7 @@ F64 = dtorch.float64
 
 
 def arr(t):
-    return np.array(t.detach().numpy(), copy=True)
+    return np.array(t.detach().cpu().numpy(), copy=True)
 
 
 def make(seed=0, p=0.0):
@@ -497,3 +497,32 @@ def test_exact_resume_in_process_two_ranks(tmp_path):
     for r in range(2):
         same(resumed[r][0], full[r][0])
         assert resumed[r][1] == full[r][1] and len(full[r][1]) == 5
+
+
+# ---------------------------------------------------------------- devices --
+
+def test_device_round_trip_and_async_snapshot(tmp_path, device):
+    """Tensors on the device are saved from host copies (async_save's
+    snapshot too) and loaded back onto the device, bitwise."""
+    m, opt, sched = make()
+    m.to(device)
+    opt = dtorch.optim.Adam(m.parameters(), lr=0.1)
+    x = dtorch.randn(3, 5, dtype=F64).to(device)
+    opt.zero_grad()
+    m(x).sum().backward()
+    opt.step()
+    want = snapshot(m, opt)
+    fut = dcp.async_save(state(m, opt, sched), checkpoint_id=tmp_path / "a")
+    with dtorch.no_grad():
+        for p in m.parameters():
+            p.add_(1.0)                    # after the call: not saved
+    fut.result(timeout=60)
+    m2, _, sched2 = make(seed=4)
+    m2.to(device)
+    opt2 = dtorch.optim.Adam(m2.parameters(), lr=0.1)
+    st = state(m2, opt2, sched2)
+    dcp.load(st, checkpoint_id=tmp_path / "a")
+    restore(m2, opt2, st)
+    assert all(p.device.type == dtorch.device(device).type
+               for p in m2.parameters())
+    same(snapshot(m2, opt2), want)
