@@ -207,8 +207,11 @@ def _release_shm():
 
 
 def _root(a):
+    """The object that owns an array's memory (an mmap for ours)."""
     while isinstance(a, np.ndarray) and a.base is not None:
         a = a.base
+    if isinstance(a, memoryview):
+        a = a.obj
     return a
 
 
