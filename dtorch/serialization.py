@@ -8,15 +8,31 @@ tuples, numbers, strings, None, each tensor's device and requires_grad) is
 a JSON tree stored as the ``dtorch`` entry of the header's ``__metadata__``,
 so loading runs no code from the file.
 
-Integrity: ``__metadata__`` also holds a checksum of every tensor's bytes
-(``dtorch.checksums``; see ``_Checksums``: weighted 4 KiB row sums, then
-CRC-32, at memory speed where zlib.crc32 alone would halve load
-throughput) and a CRC-32 of the header itself (``dtorch.header_crc32``,
-over the raw header bytes with that entry's digits read as zeros).
-``load`` checks the framing (header length, tensor extents that tile the
-data section, dtypes, shapes) and both checksums; any flaw raises a
-``SerializationError`` that names the file (and, for a data checksum, the
-tensor). Files without checksums (older dtorch, other tools) still load.
+Tensor names: a tensor is stored under the path of dict keys and
+list/tuple indices that leads to it, joined with dots (a str key as it
+is, any other key as its ``repr``): ``dtorch.save(model.state_dict())``
+names them ``fc.weight``, ...; ``{"model": sd, "optimizer": osd}`` gives
+``model.fc.weight`` and ``optimizer.state.0.exp_avg``, so other
+safetensors tools read the tensors by name. A tensor reached twice is
+stored once, under its first path. A name that is empty, reserved
+(``__metadata__``), not UTF-8 (a lone surrogate) or already taken by an
+earlier tensor (ambiguous keys: ``{"a.b": x, "a": {"b": y}}``) gets
+``#N`` appended, with the smallest N >= 1 that is free; the structure
+metadata records which name is which tensor, so every object
+round-trips exactly whatever its keys.
+
+Integrity: ``__metadata__`` also holds each tensor's checksum
+(``dtorch.tensor_xxh3_64``: a JSON map from tensor name to the XXH3
+64-bit hash, seed 0, of its bytes in the file, as 16 hex digits, as
+``xxhsum -H3`` prints it; ~20 GB/s, so it costs little next to the
+write) and a CRC-32 of the header itself (``dtorch.header_crc32``, over
+the raw header bytes with that entry's 8 hex digits read as zeros; the
+header is small, and ``dtorch.distributed.checkpoint`` records this
+value). ``load`` checks the framing (header length, tensor extents that
+tile the data section, dtypes, shapes) and both checksums; any flaw
+raises a ``SerializationError`` that names the file (and, for a data
+checksum, the tensor). Files without checksums (older dtorch, other
+tools) still load.
 
 Saving to a path is atomic: a temporary file in the same directory, fsync,
 ``os.replace``. A temporary file carries its writer's host and pid and is
@@ -37,10 +53,10 @@ import re
 import socket
 import stat
 import struct
-import threading
 import zlib
 
 import numpy as np
+import xxhash
 
 try:
     import fcntl
@@ -55,11 +71,11 @@ __all__ = ["save", "load", "SerializationError", "ChecksumError",
            "safe_globals"]
 
 _FORMAT = "dtorch.save/1"
-_CRC_KEY = "dtorch.checksums"           # JSON {tensor name: 8 hex digits}
+_CRC_KEY = "dtorch.tensor_xxh3_64"     # JSON {tensor name: 16 hex digits}
 _HEADER_CRC_KEY = "dtorch.header_crc32"
 _DTORCH_META = {"format", "dtorch", _CRC_KEY, _HEADER_CRC_KEY}
 _MAX_HEADER = 100_000_000               # the safetensors package's limit
-_CHUNK = 1 << 20             # read and checksum piece on load
+_CHUNK = 1 << 20    # piece hashed then written / read then hashed
 
 # safetensors dtype names <-> NumPy dtypes (bfloat16 through ml_dtypes)
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
@@ -135,7 +151,7 @@ class _Encoder:
         self.names = {}       # id(tensor) -> name: shared tensors once
         self.keep = []        # holds the tensors so their ids stay unique
 
-    def tensor(self, t, kind, path):
+    def tensor(self, t, kind, path, keys):
         name = self.names.get(id(t))
         a = t._data if kind == "tensor" else t
         gpu = B.is_cupy_array(a)
@@ -144,7 +160,7 @@ class _Encoder:
                 a = a.get()
             if not (a.flags.c_contiguous and a.dtype in _LITTLE):
                 a = self._convert(a, path)
-            name = self.names[id(t)] = str(len(self.names))
+            name = self.names[id(t)] = self._name(keys)
             self.arrays[name] = a
             self.keep.append(t)
         node = {kind: name}
@@ -154,6 +170,26 @@ class _Encoder:
             if t.requires_grad:
                 node["requires_grad"] = True
         return node
+
+    def _name(self, keys):
+        """The tensor's name: its key path joined with dots, made unique
+        (see the module docstring)."""
+        name = ".".join(keys)
+        try:
+            name.encode("utf-8")
+            plain = (name not in ("", "__metadata__")
+                     and name not in self.arrays)
+        except UnicodeEncodeError:
+            # lone surrogates: JSON parsers such as safetensors' refuse
+            # them; escaped, then suffixed (an escape could be a key too)
+            name = name.encode("utf-8", "backslashreplace").decode()
+            plain = False
+        if plain:
+            return name
+        i = 1
+        while f"{name}#{i}" in self.arrays:
+            i += 1
+        return f"{name}#{i}"
 
     @staticmethod
     def _convert(a, path):
@@ -168,13 +204,15 @@ class _Encoder:
                 f"{a.dtype} have no safetensors encoding")
         return np.asarray(a, dtype=dt.newbyteorder("<"), order="C")
 
-    def __call__(self, obj, path="obj"):
+    def __call__(self, obj, path="obj", keys=()):
+        """``path``: where ``obj`` sits, for messages (``obj['a'][0]``);
+        ``keys``: the same as the parts of its tensor name."""
         if obj is None or isinstance(obj, (bool, str)):
             return obj
         if isinstance(obj, Tensor):
-            return self.tensor(obj, "tensor", path)
+            return self.tensor(obj, "tensor", path, keys)
         if isinstance(obj, np.ndarray):
-            return self.tensor(obj, "ndarray", path)
+            return self.tensor(obj, "ndarray", path, keys)
         if isinstance(obj, (int, np.integer)):
             return int(obj)
         if isinstance(obj, (float, np.floating)):
@@ -182,11 +220,14 @@ class _Encoder:
             # JSON has no inf/nan
             return obj if math.isfinite(obj) else {"float": repr(obj)}
         if isinstance(obj, (list, tuple)):
-            items = [self(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+            items = [self(v, f"{path}[{i}]", keys + (str(i),))
+                     for i, v in enumerate(obj)]
             # lists stay JSON arrays; tuples (named ones too) are tagged
             return items if isinstance(obj, list) else {"tuple": items}
         if isinstance(obj, dict):
-            pairs = [[self._key(k, path), self(v, f"{path}[{k!r}]")]
+            pairs = [[self._key(k, path), self(
+                v, f"{path}[{k!r}]", keys + (k if isinstance(k, str)
+                                             else repr(k),))]
                      for k, v in obj.items()]
             kind = ("odict" if isinstance(obj, collections.OrderedDict)
                     else "dict")
@@ -242,46 +283,32 @@ def _header_crc(raw, value):
         raw[:i])))
 
 
-def _splitmix64(i):
-    z = (i + 1) * 0x9E3779B97F4A7C15 % 2 ** 64
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2 ** 64
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2 ** 64
-    return z ^ (z >> 31)
-
-
-# Tensor checksum: the bytes as little-endian 32-bit words in rows of 1024
-# (4 KiB, a disk block); each whole row's sum with fixed odd weights, mod
-# 2**32 (one vectorized pass); CRC-32 over those row sums (4 bytes each,
-# little-endian) followed by the bytes of the last, partial row. One
-# changed word always changes its row's sum (an odd weight is invertible
-# mod 2**32); the CRC makes the order of rows count. zlib.crc32 over all
-# the data runs at 2-4 GB/s here, as slow as writing the file to the page
-# cache; this runs at 12-25 GB/s (32-bit products vectorize, 64-bit ones
-# do not), and a small tensor costs one CRC.
-_ROW = 1024
-_ROW_BYTES = _ROW * 4
-_WEIGHTS = np.array([_splitmix64(j) % 2 ** 32 | 1 for j in range(_ROW)],
-                    dtype="<u4")
-assert _CHUNK % _ROW_BYTES == 0     # pieces end on row boundaries
+_HEX16 = re.compile("[0-9a-f]{16}").fullmatch
 
 
 class _Checksums:
-    """Per-tensor checksums, fed piece by piece in order; every piece but
-    a tensor's last is a whole number of rows."""
+    """Per-tensor XXH3 64-bit hashes (seed 0), as ints in ``crc``: a
+    tensor is given whole (``whole``) or in pieces, in order (``add``)."""
 
     def __init__(self):
-        self.crc = {}
+        self.done = {}
+        self.open = {}          # name -> hasher of a tensor fed in pieces
+
+    def whole(self, name, data):
+        self.done[name] = xxhash.xxh3_64_intdigest(data)
 
     def add(self, name, piece):
-        crc = self.crc.get(name, 0)
-        n = len(piece) // _ROW_BYTES * _ROW_BYTES
-        if n:
-            rows = np.frombuffer(piece, "<u4", n // 4).reshape(-1, _ROW)
-            # (einsum: several times matmul's speed for integers)
-            sums = np.einsum("ij,j->i", rows, _WEIGHTS)
-            crc = zlib.crc32(sums.astype("<u4"), crc)
-            piece = piece[n:]
-        self.crc[name] = zlib.crc32(piece, crc)
+        h = self.open.get(name)
+        if h is None:
+            h = self.open[name] = xxhash.xxh3_64()
+        h.update(piece)
+
+    @property
+    def crc(self):
+        """{name: int digest} (a name never fed: none of its bytes)"""
+        out = dict(self.done)
+        out.update((n, h.intdigest()) for n, h in self.open.items())
+        return out
 
 
 def _bytes_of(a):
@@ -310,12 +337,13 @@ def _layout(arrays):
 
 def _header_bytes(entries, meta, crcs):
     """The length field and the header: tensor entries, the metadata, the
-    per-tensor checksums and the header's own CRC-32, padded with spaces
-    so that the data section starts 8-aligned."""
+    per-tensor checksums (``crcs``: {name: int digest}, missing ones
+    written as zeros: the length does not depend on them) and the
+    header's own CRC-32, padded with spaces so that the data section
+    starts 8-aligned."""
     head = json.dumps(dict(entries, __metadata__=meta), separators=(",", ":"))
-    # names are the encoder's own ("0", "1", ...): nothing to escape
-    table = "{%s}" % ",".join(['"%s":"%08x"' % (n, crcs.get(n, 0))
-                               for n in entries])
+    table = json.dumps({n: "%016x" % crcs.get(n, 0) for n in entries},
+                       separators=(",", ":"))
     # (head ends with the metadata's and the header's closing braces)
     raw = b"".join((head[:-2].encode(), b",", json.dumps(_CRC_KEY).encode(),
                     b":", json.dumps(table).encode(), b",", _HCRC_AT,
@@ -331,74 +359,52 @@ def _header_bytes(entries, meta, crcs):
 
 
 def _write(fh, arrays, meta, seekable=False):
-    """Write the file to ``fh`` front to back: header (with the
-    checksums), then the data. Where ``fh`` can seek and the data are
-    large, a helper thread computes the checksums while this one writes
-    the data behind a reserved header (both release the GIL), and the
-    header goes in last: the checksum pass (~5 ms per 100 MB) then costs
-    no time where a core is free."""
+    """Write the file to ``fh``. Where ``fh`` can seek (a save to a path),
+    the data go first, behind room left for the header, each piece hashed
+    just before it is written (so the write copies it from the CPU
+    cache), and the header with the checksums goes in last. Otherwise the
+    checksums take a pass of their own before a front-to-back write."""
     order, entries = _layout(arrays)
     views = [_bytes_of(arrays[n]) for n in order]
-    sums = _Checksums()
-
-    def checksum():
-        for n, v in zip(order, views):
-            sums.add(n, v)
-    if not (seekable and sum(len(v) for v in views) >= _OVERLAP):
-        checksum()
-        fh.write(_header_bytes(entries, meta, sums.crc))
-        _write_data(fh, views)
-        return
-    helper = _Thread(checksum)
-    try:
+    if seekable:
         fh.seek(len(_header_bytes(entries, meta, {})))
-        _write_data(fh, views)
-    finally:
-        helper.join()
-    fh.seek(0)
+        sums = _write_data(fh, order, views, _Checksums())
+        fh.seek(0)
+        fh.write(_header_bytes(entries, meta, sums.crc))
+        return
+    sums = _Checksums()
+    for n, v in zip(order, views):
+        sums.whole(n, v)
     fh.write(_header_bytes(entries, meta, sums.crc))
+    _write_data(fh, order, views, None)
 
 
-_OVERLAP = 16 << 20
-
-
-def _write_data(fh, views):
-    # many small tensors: one write per batch of them, not per tensor
+def _write_data(fh, order, views, sums):
+    """Write the tensors' bytes in order, hashing them into ``sums`` (if
+    given) piece by piece; many small tensors go in one write per batch,
+    not one per tensor."""
     batch, size = [], 0
-    for v in views:
-        if len(v) >= _CHUNK:
-            if batch:
+    for n, v in zip(order, views):
+        if len(v) <= _CHUNK:
+            if sums is not None:
+                sums.whole(n, v)
+            batch.append(v)
+            size += len(v)
+            if size >= _CHUNK:
                 fh.write(b"".join(batch))
                 batch, size = [], 0
-            fh.write(v)
             continue
-        batch.append(v)
-        size += len(v)
-        if size >= _CHUNK:
+        if batch:
             fh.write(b"".join(batch))
             batch, size = [], 0
+        for i in range(0, len(v), _CHUNK):
+            piece = v[i:i + _CHUNK]
+            if sums is not None:
+                sums.add(n, piece)
+            fh.write(piece)
     if batch:
         fh.write(b"".join(batch))
-
-
-class _Thread(threading.Thread):
-    """Runs ``fn()``; ``join`` re-raises what it raised."""
-
-    def __init__(self, fn):
-        super().__init__(daemon=True)
-        self.fn, self.error = fn, None
-        self.start()
-
-    def run(self):
-        try:
-            self.fn()
-        except BaseException as e:      # handed to the joining thread
-            self.error = e
-
-    def join(self, timeout=None):
-        super().join(timeout)
-        if self.error is not None:
-            raise self.error
+    return sums
 
 
 _TMP_RE = re.compile(r"^\..*\.dtorch-([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}\.tmp$")
@@ -612,6 +618,7 @@ class _FileSource:
     def tensor(self, nbytes, name, sums):
         buf = np.empty(nbytes, np.uint8)
         mv = memoryview(buf)
+        # each piece hashed right after its read, while in the CPU cache
         for i in range(0, nbytes, _CHUNK):
             piece = mv[i:i + _CHUNK]
             got = 0
@@ -620,7 +627,10 @@ class _FileSource:
                 if not k:
                     return None          # the file shrank under us
                 got += k
-            sums.add(name, piece)
+            if sums is not None and nbytes > _CHUNK:
+                sums.add(name, piece)
+        if sums is not None and nbytes <= _CHUNK:
+            sums.whole(name, mv)
         return buf
 
 
@@ -641,7 +651,8 @@ class _BufferSource:
         if len(piece) < nbytes:
             return None
         self.pos += nbytes
-        sums.add(name, piece)
+        if sums is not None:
+            sums.whole(name, piece)
         buf = np.frombuffer(piece, np.uint8)
         return buf if self.views else buf.copy()
 
@@ -812,7 +823,7 @@ def _parse_crcs(text, header, where):
     except (ValueError, RecursionError):
         stored = None
     if (not isinstance(stored, dict) or set(stored) != set(header)
-            or not all([isinstance(v, str) and _HEX8(v)
+            or not all([isinstance(v, str) and _HEX16(v)
                         for v in stored.values()])):
         raise SerializationError(
             f"{where} is corrupt: the {_CRC_KEY} metadata does not list "
@@ -822,7 +833,7 @@ def _parse_crcs(text, header, where):
 
 def _read_tensors(src, header, order, stored, meta, where):
     arrays = {}
-    sums = _Checksums()
+    sums = _Checksums() if stored is not None else None
     for name in order:
         info = header[name]
         begin, end = info["data_offsets"]
@@ -832,15 +843,16 @@ def _read_tensors(src, header, order, stored, meta, where):
                 f"{where} is truncated: it ended inside tensor {name!r}")
         arrays[name] = buf.view(_DTYPES[info["dtype"]]).reshape(
             info["shape"])
-    crcs = sums.crc
     if stored is not None:
+        crcs = sums.crc
         for name in order:
-            if crcs.get(name, 0) != stored[name]:
+            if crcs[name] != stored[name]:
                 begin, end = header[name]["data_offsets"]
                 raise ChecksumError(
                     f"{where} is corrupt: checksum mismatch in tensor "
                     f"{_tensor_label(meta, name)} (bytes [{begin}, {end}) "
-                    "of the data section)")
+                    f"of the data section; XXH3-64 stored "
+                    f"{stored[name]:016x}, computed {crcs[name]:016x})")
     return arrays
 
 

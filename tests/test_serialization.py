@@ -15,11 +15,13 @@ import zlib
 import numpy as np
 import pytest
 import safetensors.numpy
+import xxhash
 
 import dtorch
 from dtorch.serialization import ChecksumError, SerializationError
 
 HCRC = "dtorch.header_crc32"
+SUMS = "dtorch.tensor_xxh3_64"
 
 
 def _same(a, b):
@@ -115,8 +117,8 @@ def test_file_is_plain_safetensors(tmp_path):
     dtorch.save({"w": w, "step": 3}, path)
     with open(path, "rb") as f:
         arrays = safetensors.numpy.load(f.read())
-    assert len(arrays) == 1
-    np.testing.assert_array_equal(list(arrays.values())[0], w.numpy())
+    assert list(arrays) == ["w"]
+    np.testing.assert_array_equal(arrays["w"], w.numpy())
 
 
 def test_foreign_safetensors_loads_as_dict(tmp_path):
@@ -159,7 +161,7 @@ def test_cuda_file_on_cpu_machine(tmp_path):
     # as if saved from cuda:0
     _rewrite_header(path, lambda h: h["__metadata__"].update(dtorch=(
         h["__metadata__"]["dtorch"].replace(
-            '{"tensor": "0"}', '{"tensor": "0", "device": "cuda:0"}'))))
+            '{"tensor": "x"}', '{"tensor": "x", "device": "cuda:0"}'))))
     with pytest.raises(RuntimeError, match="map_location=dtorch.device"):
         dtorch.load(path)
     assert dtorch.load(path, map_location="cpu")["x"].tolist() == [1, 1]
@@ -176,6 +178,86 @@ def test_cuda_round_trip(tmp_path):
     np.testing.assert_array_equal(y.numpy(), x.cpu().numpy())
     z = dtorch.load(tmp_path / "g.pt", map_location={"cuda:0": "cpu"})["x"]
     assert z.device.type == "cpu"
+
+
+# -------------------------------------------------------- tensor names --
+
+def test_state_dict_keys_are_the_safetensors_names(tmp_path):
+    # other safetensors tools read a dtorch checkpoint by name
+    model = dtorch.nn.Sequential(dtorch.nn.Linear(3, 4), dtorch.nn.ReLU(),
+                                 dtorch.nn.Linear(4, 2))
+    sd = model.state_dict()
+    dtorch.save(sd, tmp_path / "sd.pt")
+    arrays = safetensors.numpy.load_file(str(tmp_path / "sd.pt"))
+    assert sorted(arrays) == sorted(sd) == ["0.bias", "0.weight",
+                                            "2.bias", "2.weight"]
+    for k, v in sd.items():
+        np.testing.assert_array_equal(arrays[k], v.numpy())
+    # nested: dotted paths; optimizer state's int keys in decimal
+    opt = dtorch.optim.Adam(model.parameters(), lr=0.1)
+    model(dtorch.randn(5, 3)).sum().backward()
+    opt.step()
+    dtorch.save({"model": sd, "optimizer": opt.state_dict(), "epoch": 1,
+                 "hist": [dtorch.ones(2)]}, tmp_path / "ck.pt")
+    arrays = safetensors.numpy.load_file(str(tmp_path / "ck.pt"))
+    assert sorted(arrays) == sorted(
+        [f"model.{k}" for k in sd] + ["hist.0"]
+        + [f"optimizer.state.{i}.{s}" for i in range(4)
+           for s in ("step", "exp_avg", "exp_avg_sq")])
+    np.testing.assert_array_equal(arrays["optimizer.state.1.exp_avg"],
+                                  opt.state_dict()["state"][1]["exp_avg"])
+    _same(sd, dtorch.load(tmp_path / "ck.pt")["model"])
+
+
+def test_ambiguous_keys_get_unique_names_and_round_trip(tmp_path):
+    g = np.random.default_rng(3)
+
+    def t(n):
+        return dtorch.from_numpy(g.standard_normal(n))
+    shared = t(2)
+    obj = {"a.b": t(1), "a": {"b": t(2), "b#1": t(3)}, "a.b#1": t(4),
+           0: t(5), "0": t(6), "__metadata__": t(7), "": t(8),
+           "x": shared, "y": [shared, t(9)], "s\ud800": t(10),
+           None: t(11), (1, "2"): t(12), True: t(13)}
+    path = tmp_path / "amb.pt"
+    dtorch.save(obj, path)
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    tree = json.loads(header["__metadata__"]["dtorch"])
+    where = {json.dumps(k): v for k, v in tree["dict"]}
+    names = {k: v.get("tensor") or v.get("dict")
+             for k, v in where.items() if isinstance(v, dict)}
+    # the first of each ambiguous pair keeps the plain dotted name
+    assert names['"a.b"'] == "a.b"
+    assert dict(names['"a"']) == {"b": {"tensor": "a.b#1"},
+                                  "b#1": {"tensor": "a.b#1#1"}}
+    assert names['"a.b#1"'] == "a.b#1#2"
+    assert names["0"] == "0" and names['"0"'] == "0#1"
+    assert names['"__metadata__"'] == "__metadata__#1"
+    assert names['""'] == "#1"
+    assert names['"x"'] == "x"                  # shared: its first path
+    assert where['"y"'] == [{"tensor": "x"}, {"tensor": "y.1"}]
+    assert names['"s\\ud800"'] == "s\\ud800#1"  # not UTF-8: escaped
+    assert names["null"] == "None" and names["true"] == "True"
+    assert names['{"tuple": [1, "2"]}'] == "(1, '2')"
+    arrays = safetensors.numpy.load_file(str(path))   # the Rust parser
+    assert len(arrays) == 14 and "__metadata__" not in arrays
+    np.testing.assert_array_equal(arrays["a.b#1#2"], obj["a.b#1"].numpy())
+    out = dtorch.load(path)
+    _same(obj, out)
+    assert out["x"] is out["y"][0]
+
+
+def test_bare_tensor_and_list_names(tmp_path):
+    x = dtorch.arange(3.0)
+    dtorch.save(x, tmp_path / "t.pt")
+    assert list(safetensors.numpy.load_file(str(tmp_path / "t.pt"))) == \
+        ["#1"]
+    _same(x, dtorch.load(tmp_path / "t.pt"))
+    dtorch.save([x, (x * 2, {"k": x * 3})], tmp_path / "l.pt")
+    assert sorted(safetensors.numpy.load_file(str(tmp_path / "l.pt"))) == \
+        ["0", "1.0", "1.1.k"]
 
 
 # ------------------------------------------------------------- errors --
@@ -417,22 +499,48 @@ def test_header_checksum_catches_altered_names(tmp_path):
         dtorch.load(path)
 
 
-def test_tensor_checksum_definition(tmp_path):
-    """The stored checksum, computed here from its definition: the bytes
-    as little-endian 32-bit words in rows of 1024; each whole row's sum
-    with weights w_j (odd, mod 2**32); CRC-32 over those sums (4 bytes
-    each) followed by the bytes of the partial last row."""
-    x = np.random.default_rng(0).standard_normal(1000)  # 1 row + 3904 B
-    dtorch.save({"x": x}, tmp_path / "c.pt")
-    header, _ = _split((tmp_path / "c.pt").read_bytes())
-    stored = json.loads(header["__metadata__"]["dtorch.checksums"])
-    w = [int(v) for v in dtorch.serialization._WEIGHTS]
-    assert all(v % 2 == 1 for v in w) and len(set(w)) == 1024
-    raw = x.tobytes()
-    words = struct.unpack("<1024I", raw[:4096])
-    row = sum(a * b for a, b in zip(words, w)) % 2 ** 32
-    want = zlib.crc32(struct.pack("<I", row) + raw[4096:])
-    assert stored == {"0": "%08x" % want}
+@pytest.mark.parametrize("to", ["path", "file object"])
+def test_tensor_checksum_definition(tmp_path, to):
+    """The stored checksums, computed here independently: each tensor's
+    bytes in the file hashed with xxhash's XXH3 64-bit (seed 0), 16 hex
+    digits as ``xxhsum -H3`` prints them, under dtorch.tensor_xxh3_64;
+    the header's CRC-32 with its own 8 digits read as zeros. Sizes span
+    the 1 MiB pieces a save hashes and writes (one, several, a ragged
+    last one), and empty tensors."""
+    g = np.random.default_rng(0)
+    obj = {"x": g.standard_normal(1000), "e": np.zeros((0, 3), np.float32),
+           "big": g.standard_normal(3 * 2 ** 17 + 5),       # 3 MiB + 40 B
+           "mib": g.integers(0, 256, 2 ** 20, np.uint8),
+           "n": {"h": dtorch.arange(7).half()}}
+    path = tmp_path / "c.pt"
+    if to == "path":
+        dtorch.save(obj, path)
+    else:
+        with open(path, "wb") as fh:
+            dtorch.save(obj, fh)
+    data = path.read_bytes()
+    header, body = _split(data)
+    meta = header.pop("__metadata__")
+    stored = json.loads(meta["dtorch.tensor_xxh3_64"])
+    want = {}
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        want[name] = xxhash.xxh3_64(body[begin:end], seed=0).hexdigest()
+    assert stored == want
+    assert sorted(want) == ["big", "e", "mib", "n.h", "x"]
+    assert want["x"] == xxhash.xxh3_64_hexdigest(obj["x"].tobytes())
+    assert want["e"] == "2d06800538d394c2"      # XXH3-64 of no bytes
+    (n,) = struct.unpack("<Q", data[:8])
+    raw = data[8:8 + n]
+    at = b'"%s":"%s"' % (HCRC.encode(), meta[HCRC].encode())
+    assert raw.count(at) == 1
+    zeroed = raw.replace(at, b'"%s":"00000000"' % HCRC.encode())
+    assert meta[HCRC] == "%08x" % zlib.crc32(zeroed)
+    out = dtorch.load(path)
+    for k in ("x", "e", "big", "mib"):
+        assert out[k].dtype == obj[k].dtype
+        np.testing.assert_array_equal(out[k], obj[k])
+    _same(obj["n"], out["n"])
 
 
 def test_files_without_checksums_load(tmp_path):
@@ -446,13 +554,10 @@ def test_files_without_checksums_load(tmp_path):
     assert out["epoch"] == 2 and out["w"].tolist() == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_checksums_on_large_tensors_and_all_io_paths(tmp_path, monkeypatch,
-                                                     overlap):
-    # several 1 MiB read pieces, a ragged last row, every dtype width;
-    # overlap: a file saved with the checksums on a helper thread
-    monkeypatch.setattr(dtorch.serialization, "_OVERLAP",
-                        0 if overlap else 2 ** 62)
+def test_checksums_on_large_tensors_and_all_io_paths(tmp_path):
+    # several 1 MiB pieces and a ragged last one, every dtype width, a
+    # path (data hashed and written piece by piece, header last) and a
+    # file object (hashed first, written front to back): same bytes
     g = np.random.default_rng(1)
     obj = {"tiny": dtorch.from_numpy(g.standard_normal(3)),
            "big": dtorch.from_numpy(g.standard_normal(300_001)),
@@ -470,7 +575,7 @@ def test_checksums_on_large_tensors_and_all_io_paths(tmp_path, monkeypatch,
         _same(obj, out)
     data = bytearray(path.read_bytes())
     header, body = _split(bytes(data))
-    begin, end = header["1"]["data_offsets"]        # "big"
+    begin, end = header["big"]["data_offsets"]
     data[len(data) - len(body) + end - 5000] ^= 4
     path.write_bytes(bytes(data))
     for kw in ({}, {"mmap": True}):
@@ -514,17 +619,22 @@ def _mutations():
         ("unknown dtorch key", lambda h: h["__metadata__"].__setitem__(
             "dtorch.extra", "1")),
         ("checksums not JSON", lambda h: h["__metadata__"].__setitem__(
-            "dtorch.checksums", "{")),
+            SUMS, "{")),
         ("checksums list", lambda h: h["__metadata__"].__setitem__(
-            "dtorch.checksums", "[1]")),
+            SUMS, "[1]")),
         ("checksum missing", lambda h: h["__metadata__"].__setitem__(
-            "dtorch.checksums", "{}")),
+            SUMS, "{}")),
         ("checksum not hex", lambda h: h["__metadata__"].__setitem__(
-            "dtorch.checksums", json.dumps(
-                {k: "zz" for k in h if k != "__metadata__"}))),
+            SUMS, json.dumps({k: "zz" * 8 for k in h
+                              if k != "__metadata__"}))),
+        ("checksum short", lambda h: h["__metadata__"].__setitem__(
+            SUMS, json.dumps({k: "00000001" for k in h
+                              if k != "__metadata__"}))),
         ("checksum wrong", lambda h: h["__metadata__"].__setitem__(
-            "dtorch.checksums", json.dumps(
-                {k: "00000001" for k in h if k != "__metadata__"}))),
+            SUMS, json.dumps({k: "0" * 15 + "1" for k in h
+                              if k != "__metadata__"}))),
+        ("old checksum entry", lambda h: h["__metadata__"].__setitem__(
+            "dtorch.checksums", "{}")),
         ("header crc not hex", lambda h: h["__metadata__"].__setitem__(
             HCRC, 7)),
     ]

@@ -2,7 +2,9 @@
 object, for thousands of random nested objects of the kinds checkpoints
 hold (state dicts, optimizer states with nested dicts/lists/numbers/
 strings/None) with tensors of every dtype and shape, 0-size and 0-d
-included, and any key names (unicode, dots, slashes).
+included, and any key names (unicode, dots, slashes); the safetensors
+package's parser reads every file, each tensor under the name the
+documented rule gives it.
 
 About 1 file in 32 has a header length whose low byte is 0x80 (a pickle's
 first byte) or whose low half is 0x4B50 ("PK"); each example saves a batch
@@ -14,6 +16,7 @@ import math
 import struct
 
 import numpy as np
+import safetensors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -101,6 +104,51 @@ def same(a, b):
         assert a == b
 
 
+def expected_names(obj):
+    """{tensor name: tensor}, from the rule in dtorch.serialization's
+    docstring: the dotted path of keys/indices; a shared tensor under its
+    first path; an empty, reserved, non-UTF-8 or taken name suffixed with
+    the first free #N."""
+    out, seen = {}, set()
+
+    def walk(o, parts):
+        if isinstance(o, dtorch.Tensor):
+            if id(o) in seen:
+                return
+            seen.add(id(o))
+            name = ".".join(parts)
+            try:
+                name.encode("utf-8")
+                plain = name not in ("", "__metadata__", *out)
+            except UnicodeEncodeError:
+                name = name.encode("utf-8", "backslashreplace").decode()
+                plain = False
+            i = 1
+            while not plain and f"{name}#{i}" in out:
+                i += 1
+            out[name if plain else f"{name}#{i}"] = o
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, parts + [k if isinstance(k, str) else repr(k)])
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                walk(v, parts + [str(i)])
+    walk(obj, [])
+    return out
+
+
+def readable_by_safetensors(obj, data):
+    """The safetensors package's own parser reads the file: every tensor
+    by its expected name, with its bytes."""
+    got = dict(safetensors.deserialize(bytes(data)))
+    want = expected_names(obj)
+    assert sorted(got) == sorted(want)
+    for name, t in want.items():
+        a = t.detach().numpy()
+        assert got[name]["shape"] == list(a.shape)
+        assert bytes(got[name]["data"]) == a.tobytes()
+
+
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
@@ -110,6 +158,7 @@ def test_save_load_round_trip_is_bitwise(tmp_path_factory, objs, data):
         buf = io.BytesIO()
         dtorch.save(obj, buf)
         same(obj, dtorch.load(io.BytesIO(buf.getvalue())))
+        readable_by_safetensors(obj, buf.getvalue())
     # one per batch through a real file, read and memory-mapped
     path = tmp_path_factory.mktemp("prop") / "ckpt.pt"
     obj = data.draw(st.sampled_from(objs))
