@@ -101,9 +101,18 @@ def test_shards_that_do_not_tile_are_refused(tmp_path):
 
 # -------------------------------------------------- tensor parallel --
 
-def _full_layers(seed):
+def _make_full(seed):
     dtorch.manual_seed(seed)
     return nn.Linear(6, 8).to(F64), nn.Linear(8, 4).to(F64)
+
+
+# made here, not in the rank threads: they share the default generator,
+# and the order of their draws would be the scheduler's
+_FULL = {seed: _make_full(seed) for seed in (1, 2)}
+
+
+def _full_layers(seed):
+    return _FULL[seed]
 
 
 def _tp_model(tp_size, seed):

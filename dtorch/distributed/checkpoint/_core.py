@@ -257,7 +257,9 @@ def _raise_failures(results, what):
 
 _NAME_OK = re.compile(r'^[^"\\\x00-\x1f]+$').match
 _TMP_RE = re.compile(r"^\..*\.dcp-([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}\.tmp$")
-_HCRC = re.compile(rb'"dtorch\.header_crc32":"([0-9a-f]{8})"')
+# the header's own CRC-32 entry, as dtorch.serialization writes it
+_HCRC = re.compile(re.escape(json.dumps(S._HEADER_CRC_KEY).encode())
+                   + rb':"([0-9a-f]{8})"')
 
 
 def _tensor_name(key):
