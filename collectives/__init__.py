@@ -11,9 +11,10 @@ are imported only when their backend is used.
 
     collectives.spawn_threads(lambda g: ..., world_size=4)  # in one process
 """
-from .base import (DEFAULT_TIMEOUT, CollectiveError, CollectiveMismatchError,
-                   CollectiveTimeoutError, ProcessGroup, RankFailureError,
-                   ReduceOp, Work, get_array_module)
+from .arrays import get_array_module, ReduceOp
+from .errors import (CollectiveError, CollectiveMismatchError,
+                     CollectiveTimeoutError, RankFailureError)
+from .group import DEFAULT_TIMEOUT, ProcessGroup, Work
 from .env import RankInfo, discover
 from .fusion import FlatLayout, bucketize, pack, unpack
 from .store import RendezvousAuthError, RendezvousError, TCPStore

@@ -8,7 +8,7 @@ paid once. Like mlx's `average_gradients`: concatenate, reduce, split.
     group.all_reduce(flat, 'avg')
     layout.unpack(flat, grads)              # copy back in place
 """
-from .base import get_array_module
+from .arrays import get_array_module
 
 
 class FlatLayout:

@@ -34,9 +34,10 @@ import time
 import numpy as np
 
 from . import shm
-from .base import (CollectiveError, CollectiveMismatchError, ProcessGroup,
-                   ReduceOp, _Expired, check_buffer, describe, divide_avg,
-                   is_cupy, watchdog)
+from .arrays import check_buffer, describe, divide_avg, is_cupy, ReduceOp
+from .errors import CollectiveError, CollectiveMismatchError, _Expired
+from .group import ProcessGroup
+from .watchdog import watchdog
 
 _MPI = None
 # dtype chars MPI reduces natively (bool is not: MPI_ERR_OP)

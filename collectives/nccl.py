@@ -10,7 +10,9 @@ Importing this module never imports CuPy: the group does, when made.
 """
 import time
 
-from .base import ProcessGroup, ReduceOp, _Expired, divide_avg, is_cupy
+from .arrays import divide_avg, is_cupy, ReduceOp
+from .errors import _Expired
+from .group import ProcessGroup
 
 _NCCL_DTYPES = {'b': 0, 'B': 1, 'i': 2, 'I': 3, 'l': 4, 'q': 4, 'L': 5,
                 'Q': 5, 'e': 6, 'f': 7, 'd': 8}

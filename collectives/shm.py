@@ -49,7 +49,8 @@ import time
 
 import numpy as np
 
-from .base import ReduceOp, _Expired
+from .arrays import ReduceOp
+from .errors import _Expired
 
 HEADER = 128                  # counters in their own cache lines
 CHUNK = 1024 * 1024           # bytes per slot (two slots per rank)

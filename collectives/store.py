@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from .base import CollectiveError, CollectiveTimeoutError
+from .errors import CollectiveError, CollectiveTimeoutError
 
 _OK, _NO = b'OK', b'NO'
 MAX_CMD = 16

@@ -46,11 +46,12 @@ import time
 
 import numpy as np
 
-from .base import (CollectiveMismatchError, CollectiveTimeoutError,
-                   ProcessGroup, RankFailureError,
-                   ReduceOp, _Expired, describe, divide_avg,
-                   get_array_module,
-                   reduce_into, row, watchdog)
+from .arrays import (describe, divide_avg, get_array_module, reduce_into,
+                     ReduceOp, row)
+from .errors import (CollectiveMismatchError, CollectiveTimeoutError, _Expired,
+                     RankFailureError)
+from .group import ProcessGroup
+from .watchdog import watchdog
 from . import shm
 from .store import HandshakeGate, connect_authenticated
 
@@ -858,7 +859,7 @@ def tcp_group(rank, world_size, master_addr='127.0.0.1', master_port=29500,
               token=None, timeout=None, store=None):
     """Rendezvous at master_addr:master_port (rank 0 serves the store)
     and return the world TCPGroup."""
-    from .base import as_seconds
+    from .group import as_seconds
     from .store import TCPStore
     timeout = as_seconds(timeout)
     if store is None:

@@ -19,8 +19,9 @@ import threading
 import time
 
 
-from .base import (CollectiveMismatchError, ProcessGroup, RankFailureError,
-                   _Expired, as_seconds, reduce_into, row)
+from .arrays import reduce_into, row
+from .errors import CollectiveMismatchError, _Expired, RankFailureError
+from .group import as_seconds, ProcessGroup
 
 
 class _World:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from collectives import ReduceOp, shm
-from collectives.base import _Expired
+from collectives.errors import _Expired
 
 pytestmark = pytest.mark.skipif(not shm.usable(),
                                 reason="shared-memory reduction is x86-64 "

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import collectives
-from collectives.base import ReduceOp
+from collectives.arrays import ReduceOp
 
 
 def _fake_cupy_as_cupy(monkeypatch):
@@ -86,7 +86,7 @@ class _Comm:
 def _nccl_over(boot, cp):
     from collectives.nccl import NCCLGroup
     g = NCCLGroup.__new__(NCCLGroup)
-    collectives.base.ProcessGroup.__init__(g, boot.rank, boot.size, "nccl",
+    collectives.group.ProcessGroup.__init__(g, boot.rank, boot.size, "nccl",
                                            None, 30)
     g._cp, g._nccl, g.comm, g._bootstrap = cp, None, _Comm(), boot
     return g

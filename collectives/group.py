@@ -16,88 +16,17 @@ where each one is.
 import datetime
 import os
 import pickle
-import sys
-import threading
 import time
-import weakref
-from enum import Enum
 
 import numpy as np
 
+from .arrays import (ReduceOp, check_buffer, describe, divide_avg,
+                     get_array_module, reduce_op, row)
+from .errors import (CollectiveError, CollectiveMismatchError,
+                     CollectiveTimeoutError, _Expired)
+
 DEFAULT_TIMEOUT = 600.0
 
-
-class ReduceOp(str, Enum):
-    """Reductions; plain strings ('sum', 'avg', ...) are accepted too."""
-    SUM = 'sum'
-    AVG = 'avg'
-    MAX = 'max'
-    MIN = 'min'
-    PRODUCT = 'product'
-
-    def __str__(self):
-        return self.value
-
-
-# str-Enum members hash like their values, so one dict serves both spellings
-_OPS = {op.value: op for op in ReduceOp}
-_OPS.update({op: op for op in ReduceOp})
-
-
-def reduce_op(op):
-    """Normalise 'sum' / ReduceOp.SUM / ... to a ReduceOp, or raise."""
-    try:
-        return _OPS[op]
-    except (KeyError, TypeError):
-        names = ', '.join(repr(o.value) for o in ReduceOp)
-        raise ValueError(f"unknown reduce op {op!r}; expected one of "
-                         f"{names}") from None
-
-
-# --------------------------------------------------------------- errors
-
-class CollectiveError(RuntimeError):
-    """Base of every error a collective raises for a distributed reason."""
-
-
-class CollectiveTimeoutError(CollectiveError):
-    """Peers did not arrive in time. Attributes: op, group, seq, missing
-    (group ranks that did not arrive), statuses (rank -> text)."""
-
-    def __init__(self, msg, op=None, group=None, seq=None, missing=(),
-                 statuses=None):
-        super().__init__(msg)
-        self.op, self.group, self.seq = op, group, seq
-        self.missing = list(missing)
-        self.statuses = statuses or {}
-
-
-class CollectiveMismatchError(CollectiveError):
-    """Ranks called different collectives, shapes or dtypes (debug mode)."""
-
-    def __init__(self, msg, rank=None):
-        super().__init__(msg)
-        self.rank = rank
-
-
-class RankFailureError(CollectiveError):
-    """A peer failed or died (thread raised, socket closed)."""
-
-    def __init__(self, msg, rank=None):
-        super().__init__(msg)
-        self.rank = rank
-
-
-class _Expired(Exception):
-    """Internal: a backend's wait hit its deadline. missing = group ranks
-    known not to have arrived (None when the backend cannot tell)."""
-
-    def __init__(self, missing=None):
-        super().__init__(missing)
-        self.missing = missing
-
-
-# --------------------------------------------------------------- helpers
 
 def as_seconds(timeout, default=None):
     """Seconds from a float or a datetime.timedelta (torch's spelling)."""
@@ -117,75 +46,6 @@ def as_seconds(timeout, default=None):
 def debug_level():
     """DTORCH_DISTRIBUTED_DEBUG: OFF (default), INFO or DETAIL."""
     return os.environ.get('DTORCH_DISTRIBUTED_DEBUG', 'OFF').upper()
-
-
-def get_array_module(arr):
-    """numpy or cupy, whichever owns `arr` (cupy only if already loaded)."""
-    if type(arr) is np.ndarray:
-        return np
-    cp = sys.modules.get('cupy')
-    if cp is not None and isinstance(arr, cp.ndarray):
-        return cp
-    return np
-
-
-def is_cupy(arr):
-    return type(arr) is not np.ndarray and hasattr(
-        arr, '__cuda_array_interface__')
-
-
-def describe(arr):
-    """'[2, 3] float32' for an array; '' for None; first item of a list."""
-    if isinstance(arr, (list, tuple)):
-        if not arr:
-            return '[] (empty list)'
-        return f"{len(arr)} x {describe(arr[0])}"
-    if arr is None or not hasattr(arr, 'shape'):
-        return ''
-    return f"{list(arr.shape)} {arr.dtype}"
-
-
-def row(buf, i):
-    """Writable view of entry i of a per-rank buffer: a list's item, or
-    ``buf[i, ...]`` of an array (plain ``buf[i]`` of a 1-D array is a
-    NumPy scalar: assigning into it or reshaping it writes nothing)."""
-    if isinstance(buf, (list, tuple)):
-        return buf[i]
-    return buf[i, ...]
-
-
-def check_buffer(arr, what='arr'):
-    """Raise TypeError / ValueError unless arr is a contiguous array."""
-    if not isinstance(arr, np.ndarray) and not is_cupy(arr):
-        raise TypeError(f"{what} must be a NumPy or CuPy array, "
-                        f"got {type(arr).__name__}")
-    if not arr.flags.c_contiguous:
-        raise ValueError(
-            f"{what} must be C-contiguous (collectives work in place on "
-            f"one buffer); got a non-contiguous {describe(arr)} view with "
-            f"strides {arr.strides}: pass a contiguous copy")
-
-
-def reduce_into(out, vals, op, size):
-    """out <- op(vals[0], vals[1], ...) in list order (so every rank that
-    reduces the same list gets bitwise the same result)."""
-    xp = get_array_module(out)
-    op = reduce_op(op)
-    out[...] = vals[0]
-    f = {ReduceOp.SUM: xp.add, ReduceOp.AVG: xp.add,
-         ReduceOp.MAX: xp.maximum, ReduceOp.MIN: xp.minimum,
-         ReduceOp.PRODUCT: xp.multiply}[op]
-    for v in vals[1:]:
-        f(out, v, out=out)
-    if op is ReduceOp.AVG:
-        divide_avg(out, size)
-
-
-def divide_avg(arr, size):
-    if arr.dtype.kind not in 'fc':
-        raise TypeError(f"reduce op 'avg' needs a floating dtype, got "
-                        f"{arr.dtype}; use 'sum' and divide yourself")
-    arr /= size
 
 
 # --------------------------------------------------------------- work
@@ -740,55 +600,3 @@ class ProcessGroup:
     def _start_barrier(self, deadline):
         return self._start_all_reduce(np.zeros(1, np.int32),
                                       ReduceOp.SUM, deadline)
-
-
-# --------------------------------------------------------------- watchdog
-
-class _Watchdog:
-    """One daemon thread per process that calls `_watchdog_tick()` on the
-    groups registered with it (answering status queries, enforcing
-    timeouts of blocking MPI calls). It wakes every `interval` seconds."""
-
-    def __init__(self):
-        self.groups = weakref.WeakSet()
-        self.lock = threading.Lock()
-        self.thread = None
-        self.interval = 0.05
-        self.tick_lock = threading.Lock()
-        self.stopped = False
-
-    def register(self, group):
-        with self.lock:
-            self.groups.add(group)
-            if self.thread is None:
-                self.thread = threading.Thread(
-                    target=self._loop, name='dtorch-collectives-watchdog',
-                    daemon=True)
-                self.thread.start()
-
-    def unregister(self, group):
-        with self.lock:
-            self.groups.discard(group)
-
-    def stop(self):
-        """Stop ticking (before MPI_Finalize: no MPI calls after it)."""
-        with self.tick_lock:
-            self.stopped = True
-
-    def _loop(self):
-        while not self.stopped:
-            time.sleep(self.interval)
-            with self.lock:
-                groups = list(self.groups)
-            with self.tick_lock:
-                if self.stopped:
-                    return
-                for g in groups:
-                    try:
-                        g._watchdog_tick()
-                    except Exception as e:  # never let the watchdog die
-                        print(f"dtorch collectives watchdog: {g!r}: "
-                              f"{e!r}", file=sys.stderr)
-
-
-watchdog = _Watchdog()
