@@ -92,3 +92,13 @@ from . import optim, utils
 from . import accelerator, backends, multiprocessing, distributions  # noqa
 from .utils import checkpoint as _ckpt  # noqa: E402,F401
 from . import nn  # noqa: E402
+
+
+def __getattr__(name):
+    # torch.distributed is reachable as an attribute after `import torch`;
+    # here it loads on first use, so that single-process programs import
+    # no distribution code (collectives, process groups)
+    if name == "distributed":
+        import importlib
+        return importlib.import_module(".distributed", __name__)
+    raise AttributeError(f"module 'dtorch' has no attribute {name!r}")
