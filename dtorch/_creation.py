@@ -6,79 +6,8 @@ import numpy as np
 from . import _backend as B
 from . import ops as P
 from .random import draw as _draw
-from .tensor import Tensor, _dims
-
-
-def _finish(data, dtype, device, requires_grad):
-    if device is not None:
-        # to any device, cpu included: tensor(cuda_t, device='cpu') copies
-        # to the host; 'cuda:i' allocates on device i
-        data = B.to_device(device).send(data)
-    t = Tensor._make(data, False, None)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
-
-
-def _np_dtype(dtype):
-    return (B.to_dtype(dtype) or B.get_default_dtype()).np
-
-
-def _infer_dtype(a):
-    """PyTorch's dtype of data given as Python numbers / nested lists."""
-    if a.dtype.kind == "f" and a.dtype != np.float64:
-        return a.dtype
-    if a.dtype.kind == "f":
-        return B.get_default_dtype().np
-    if a.dtype.kind in "iu":
-        return np.dtype(np.int64)
-    if a.dtype.kind == "b":
-        return np.dtype(np.bool_)
-    raise TypeError(f"Could not infer dtype of {a.dtype}")
-
-
-def _to_array(data):
-    """Array from data: nested lists may hold 0-d tensors."""
-    if isinstance(data, Tensor):
-        return data._data
-    if isinstance(data, (list, tuple)) and data and any(
-            isinstance(d, (Tensor, list, tuple)) for d in data):
-        parts = [_to_array(d) for d in data]
-        if any(B.is_cupy_array(p) for p in parts):
-            cp = B.check_cuda_available()
-            return cp.stack([cp.asarray(p) for p in parts])
-        return np.array([np.asarray(p) for p in parts])
-    return data
-
-
-def tensor(data, dtype=None, device=None, requires_grad=False,
-           pin_memory=False):
-    """A new tensor (a copy) from data: numbers, nested lists, arrays or
-    tensors. Python floats give the default dtype (float32), ints int64.
-
-    Example::
-
-        x = dtorch.tensor([[1., 2.], [3., 4.]], requires_grad=True)
-    """
-    src = _to_array(data)
-    if B.is_cupy_array(src):
-        a = src.copy()
-    else:
-        py = not isinstance(src, np.ndarray)
-        a = np.array(src)
-        if a.dtype == object:
-            raise TypeError(f"Could not infer dtype of "
-                            f"{type(data).__name__}: ragged or non-numeric "
-                            f"data")
-        if dtype is None and py:
-            a = a.astype(_infer_dtype(a), copy=False)
-    if dtype is not None:
-        a = a.astype(B.to_dtype(dtype).np, copy=False)
-    elif a.dtype not in B._BY_NP:
-        a = a.astype(_infer_dtype(a))
-    if device is None and isinstance(data, Tensor):
-        device = data.device
-    return _finish(a, dtype, device, requires_grad)
+from .tensor import Tensor, _dims, _finish, _np_dtype, _fill, _where
+from .tensor import tensor  # noqa: F401 (dtorch.tensor)
 
 
 def as_tensor(data, dtype=None, device=None):
@@ -101,21 +30,6 @@ def from_numpy(a):
         raise TypeError(f"expected np.ndarray (got {type(a).__name__})")
     B.from_np(a.dtype)   # raises for unsupported dtypes
     return Tensor._make(a, False, None)
-
-
-def _fill(fill, size, dtype, device, requires_grad):
-    shape = _dims(size)
-    dev = B.to_device(device)
-    if dev is None or dev.type == "cpu":
-        a = np.full(shape, fill, dtype=_np_dtype(dtype))
-    else:
-        B.check_cuda_dtype(B.to_dtype(dtype))
-        with dev.context():     # cuda:i allocates on device i
-            a = dev.xp.full(shape, fill, dtype=_np_dtype(dtype))
-    t = Tensor._make(a, False, None)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False, out=None):
@@ -309,22 +223,7 @@ def where(condition, input=None, other=None):
         xp = B.get_array_module(cond)
         return tuple(Tensor._wrap(i.astype(np.int64)) for i in
                      xp.nonzero(cond))
-    if cond.dtype != np.bool_:
-        raise RuntimeError(f"where expected condition to be a boolean "
-                           f"tensor, but got a tensor with dtype "
-                           f"{B.from_np(cond.dtype)}")
-    if isinstance(input, Tensor) or not isinstance(other, Tensor):
-        ref = input
-    else:
-        ref = other
-    from .tensor import _operand
-    if not isinstance(ref, Tensor):
-        # two Python numbers: PyTorch's dtype of the pair (where(c, 1, 0)
-        # is int64, where(c, 1., 0) the default float dtype)
-        dt = B.result_type(type(input), type(other), False, False)
-        ref = Tensor._wrap(B.get_array_module(cond).asarray(input, dt.np))
-        other = Tensor._wrap(B.get_array_module(cond).asarray(other, dt.np))
-    return P.Where.apply(cond, _operand(input, ref), _operand(other, ref))
+    return _where(cond, input, other)
 
 
 def nonzero(t, as_tuple=False):

@@ -5,16 +5,31 @@ shares memory with ``t`` and is not tracked by autograd. Every differentiable
 method is composed from the primitives in ``dtorch/ops``.
 """
 import builtins
+import copy
 import numbers
+import weakref
 
 import numpy as np
 
 from . import _backend as B
 from . import ops as P
+from .ops import nn_ops as _N
+from ._format import format_tensor
+from .autograd import backward as _backward
 from .autograd import function as _function
 from .autograd.grad_mode import _state
+from .random import draw as _draw
+from .return_types import MinMax
 
 _SCALARS = (int, float, bool)
+
+# PyTorch's legacy typed-tensor names for t.type('torch.LongTensor')
+# (dtorch/_legacy.py builds its classes from this table)
+_LEGACY_DTYPES = {
+    "FloatTensor": B.float32, "DoubleTensor": B.float64,
+    "HalfTensor": B.float16, "BFloat16Tensor": B.bfloat16,
+    "LongTensor": B.int64, "IntTensor": B.int32, "ShortTensor": B.int16,
+    "ByteTensor": B.uint8, "CharTensor": B.int8, "BoolTensor": B.bool_}
 
 
 class Size(tuple):
@@ -53,6 +68,113 @@ def _dims(args):
     return tuple(args)
 
 
+def _finish(data, dtype, device, requires_grad):
+    if device is not None:
+        # to any device, cpu included: tensor(cuda_t, device='cpu') copies
+        # to the host; 'cuda:i' allocates on device i
+        data = B.to_device(device).send(data)
+    t = Tensor._make(data, False, None)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _np_dtype(dtype):
+    return (B.to_dtype(dtype) or B.get_default_dtype()).np
+
+
+def _infer_dtype(a):
+    """PyTorch's dtype of data given as Python numbers / nested lists."""
+    if a.dtype.kind == "f" and a.dtype != np.float64:
+        return a.dtype
+    if a.dtype.kind == "f":
+        return B.get_default_dtype().np
+    if a.dtype.kind in "iu":
+        return np.dtype(np.int64)
+    if a.dtype.kind == "b":
+        return np.dtype(np.bool_)
+    raise TypeError(f"Could not infer dtype of {a.dtype}")
+
+
+def _to_array(data):
+    """Array from data: nested lists may hold 0-d tensors."""
+    if isinstance(data, Tensor):
+        return data._data
+    if isinstance(data, (list, tuple)) and data and any(
+            isinstance(d, (Tensor, list, tuple)) for d in data):
+        parts = [_to_array(d) for d in data]
+        if any(B.is_cupy_array(p) for p in parts):
+            cp = B.check_cuda_available()
+            return cp.stack([cp.asarray(p) for p in parts])
+        return np.array([np.asarray(p) for p in parts])
+    return data
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False,
+           pin_memory=False):
+    """A new tensor (a copy) from data: numbers, nested lists, arrays or
+    tensors. Python floats give the default dtype (float32), ints int64.
+
+    Example::
+
+        x = dtorch.tensor([[1., 2.], [3., 4.]], requires_grad=True)
+    """
+    src = _to_array(data)
+    if B.is_cupy_array(src):
+        a = src.copy()
+    else:
+        py = not isinstance(src, np.ndarray)
+        a = np.array(src)
+        if a.dtype == object:
+            raise TypeError(f"Could not infer dtype of "
+                            f"{type(data).__name__}: ragged or non-numeric "
+                            f"data")
+        if dtype is None and py:
+            a = a.astype(_infer_dtype(a), copy=False)
+    if dtype is not None:
+        a = a.astype(B.to_dtype(dtype).np, copy=False)
+    elif a.dtype not in B._BY_NP:
+        a = a.astype(_infer_dtype(a))
+    if device is None and isinstance(data, Tensor):
+        device = data.device
+    return _finish(a, dtype, device, requires_grad)
+
+
+def _fill(fill, size, dtype, device, requires_grad):
+    shape = _dims(size)
+    dev = B.to_device(device)
+    if dev is None or dev.type == "cpu":
+        a = np.full(shape, fill, dtype=_np_dtype(dtype))
+    else:
+        B.check_cuda_dtype(B.to_dtype(dtype))
+        with dev.context():     # cuda:i allocates on device i
+            a = dev.xp.full(shape, fill, dtype=_np_dtype(dtype))
+    t = Tensor._make(a, False, None)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _where(cond, input, other):
+    """``where(cond, input, other)`` on a condition array (dtorch.where
+    and Tensor.where)."""
+    if cond.dtype != np.bool_:
+        raise RuntimeError(f"where expected condition to be a boolean "
+                           f"tensor, but got a tensor with dtype "
+                           f"{B.from_np(cond.dtype)}")
+    if isinstance(input, Tensor) or not isinstance(other, Tensor):
+        ref = input
+    else:
+        ref = other
+    if not isinstance(ref, Tensor):
+        # two Python numbers: PyTorch's dtype of the pair (where(c, 1, 0)
+        # is int64, where(c, 1., 0) the default float dtype)
+        dt = B.result_type(type(input), type(other), False, False)
+        ref = Tensor._wrap(B.get_array_module(cond).asarray(input, dt.np))
+        other = Tensor._wrap(B.get_array_module(cond).asarray(other, dt.np))
+    return P.Where.apply(cond, _operand(input, ref), _operand(other, ref))
+
+
 class Tensor:
     """A multi-dimensional array with autograd, as ``torch.Tensor``."""
     __slots__ = ("_data", "requires_grad", "_grad", "grad_fn", "_output_nr",
@@ -62,12 +184,11 @@ class Tensor:
     # ------------------------------------------------------------ making --
     def __init__(self, *args, dtype=None, device=None):
         # torch.Tensor(data) / torch.Tensor(*sizes): float tensors
-        from ._creation import tensor, empty
         if len(args) == 1 and not isinstance(args[0], int):
             src = tensor(args[0], dtype=dtype or B.get_default_dtype(),
                          device=device)
         else:
-            src = empty(*args, dtype=dtype, device=device)
+            src = _fill(0, args, dtype, device, False)
         self._init(src._data, False)
 
     def _init(self, data, req):
@@ -315,8 +436,7 @@ class Tensor:
                                                      str(self.dtype))
         if isinstance(dtype, str) and dtype.endswith("Tensor"):
             # t.type('torch.LongTensor') (dtorch/_legacy.py)
-            from ._legacy import BY_NAME
-            dtype = BY_NAME[dtype.rsplit(".", 1)[-1]]
+            dtype = _LEGACY_DTYPES[dtype.rsplit(".", 1)[-1]]
         return self.to(getattr(dtype, "_legacy_dtype", dtype))
 
     def float(self):
@@ -387,8 +507,7 @@ class Tensor:
             (x * 3 + 1).backward()
             x.grad          # tensor(3.)
         """
-        from .autograd import backward
-        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+        _backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
     def register_hook(self, hook):
         """Call ``hook(grad)`` when this tensor's gradient is computed; a
@@ -422,7 +541,6 @@ class Tensor:
     def retain_grad(self):
         if self.grad_fn is None or self._retains:
             return
-        import weakref
         ref = weakref.ref(self)
 
         def keep(g):
@@ -823,7 +941,6 @@ class Tensor:
         fn = vals.grad_fn
         idx = self._minmax_idx(dim, keepdim, is_min) if fn is None else \
             Tensor._wrap(fn.indices)
-        from .return_types import MinMax
         return MinMax(vals, idx)
 
     def _minmax_idx(self, dim, keepdim, is_min):
@@ -894,12 +1011,16 @@ class Tensor:
         return out if keepdim else out.squeeze(dim)
 
     def softmax(self, dim, dtype=None):
-        from .nn import functional as F
-        return F.softmax(self, dim, dtype=dtype)
+        return self._softmax(_N.Softmax, dim, dtype)
 
     def log_softmax(self, dim, dtype=None):
-        from .nn import functional as F
-        return F.log_softmax(self, dim, dtype=dtype)
+        return self._softmax(_N.LogSoftmax, dim, dtype)
+
+    def _softmax(self, op, dim, dtype):
+        x = self if dtype is None else self.to(dtype)
+        if x.ndim == 0:
+            return op.apply(x.reshape(1), dim=0).reshape(())
+        return op.apply(x, dim=x._dim(dim))
 
     # --------------------------------------------------------- movement ---
     def view(self, *shape):
@@ -1146,8 +1267,7 @@ class Tensor:
                              self)
 
     def where(self, condition, other):
-        from ._creation import where
-        return where(condition, self, other)
+        return _where(_arr(condition), self, other)
 
     # --------------------------------------------------------- indexing ---
     @B.on_own_device
@@ -1244,7 +1364,6 @@ class Tensor:
                 "support the deepcopy protocol at the moment.")
         if id(self) in memo:
             return memo[id(self)]
-        import copy
         t = object.__new__(type(self))
         t._init(self._data.copy(), self.requires_grad)
         memo[id(self)] = t
@@ -1496,9 +1615,8 @@ class Tensor:
 
     @B.on_own_device
     def bernoulli_(self, p=0.5, generator=None):
-        from .random import draw
         self._check_inplace()
-        u = draw("random", size=self.shape, device=self.device,
+        u = _draw("random", size=self.shape, device=self.device,
                  generator=generator)
         self._data[...] = (u < _arr(p)).astype(self._data.dtype)
         self._vc[0] += 1
@@ -1512,10 +1630,9 @@ class Tensor:
                                  check=False)
 
     def _fill_random(self, method, *args, generator=None, check=True):
-        from .random import draw
         if check:
             self._check_inplace()
-        self._data[...] = draw(method, *args, size=self.shape,
+        self._data[...] = _draw(method, *args, size=self.shape,
                                device=self.device, generator=generator,
                                dtype=self._data.dtype)
         self._vc[0] += 1
@@ -1523,28 +1640,23 @@ class Tensor:
 
     # --------------------------------------------------------- new_* ------
     def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
-        from ._creation import zeros
-        return zeros(*size, dtype=dtype or self.dtype,
-                     device=device or self.device,
-                     requires_grad=requires_grad)
+        return _fill(0, size, dtype or self.dtype, device or self.device,
+                     requires_grad)
 
     def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
-        from ._creation import ones
-        return ones(*size, dtype=dtype or self.dtype,
-                    device=device or self.device, requires_grad=requires_grad)
+        return _fill(1, size, dtype or self.dtype, device or self.device,
+                     requires_grad)
 
     def new_full(self, size, fill_value, dtype=None, device=None,
                  requires_grad=False):
-        from ._creation import full
-        return full(size, fill_value, dtype=dtype or self.dtype,
-                    device=device or self.device, requires_grad=requires_grad)
+        return _fill(fill_value, (tuple(size),), dtype or self.dtype,
+                     device or self.device, requires_grad)
 
     def new_empty(self, *size, dtype=None, device=None, requires_grad=False):
         return self.new_zeros(*size, dtype=dtype, device=device,
                               requires_grad=requires_grad)
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
-        from ._creation import tensor
         return tensor(data, dtype=dtype or self.dtype,
                       device=device or self.device,
                       requires_grad=requires_grad)
@@ -1576,7 +1688,6 @@ class Tensor:
 
     # --------------------------------------------------------- printing ---
     def __repr__(self):
-        from ._format import format_tensor
         return format_tensor(self)
 
     __str__ = __repr__

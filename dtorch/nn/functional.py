@@ -462,23 +462,15 @@ def _softmax_dim(ndim):
 
 
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
-    if dtype is not None:
-        input = input.to(dtype)
     if dim is None:
         dim = _softmax_dim(input.ndim)
-    if input.ndim == 0:
-        return N.Softmax.apply(input.reshape(1), dim=0).reshape(())
-    return N.Softmax.apply(input, dim=input._dim(dim))
+    return input.softmax(dim, dtype=dtype)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
-    if dtype is not None:
-        input = input.to(dtype)
     if dim is None:
         dim = _softmax_dim(input.ndim)
-    if input.ndim == 0:
-        return N.LogSoftmax.apply(input.reshape(1), dim=0).reshape(())
-    return N.LogSoftmax.apply(input, dim=input._dim(dim))
+    return input.log_softmax(dim, dtype=dtype)
 
 
 def softmin(input, dim=None, _stacklevel=3, dtype=None):
