@@ -326,6 +326,12 @@ class Tensor:
     def _version(self):
         return self._vc[0]
 
+    def _bump_version(self):
+        """Record an in-place change of this tensor's memory (shared with
+        its views): the one place that advances the version counter, so
+        that backward detects a modified saved tensor."""
+        self._vc[0] += 1
+
     def is_floating_point(self):
         return self.dtype.is_floating_point
 
