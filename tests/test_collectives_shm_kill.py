@@ -52,15 +52,16 @@ def _hold(what):
 def _tcp_rank(mode, rank, world, port, token):
     import collectives
     from collectives import tcp as T
+    from collectives.tcp import pipe as P
     hold = os.environ.get('TEST_HOLD') == '1'
     if hold and mode == 'ring':
-        create = T._Shm.create.__func__
+        create = P._Shm.create.__func__
 
         def held_create(cls, *a):
             res = create(cls, *a)
             _hold('ring')
             return res
-        T._Shm.create = classmethod(held_create)
+        P._Shm.create = classmethod(held_create)
     if hold and mode == 'reducer':
         bcast = T.TCPGroup._store_bcast
 

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import collectives  # noqa: E402
 import collectives_helpers as H  # noqa: E402
-from collectives import tcp as T  # noqa: E402
+from collectives.tcp import pipe as P  # noqa: E402
 
 # a hang is a bug here: fail it instead of stalling the suite
 pytestmark = pytest.mark.timeout(90)
@@ -280,19 +280,19 @@ def test_tcp_shm_ring_unlinked_and_attach_refusals():
             assert g._shm_w.fd is None          # released after set-up
         assert not any('dtorch' in f
                        for f in set(glob.glob('/dev/shm/*')) - before)
-        ring, cookie = T._Shm.create(2, 4096)
+        ring, cookie = P._Shm.create(2, 4096)
         try:
             assert ring.path.startswith(f'/proc/{os.getpid()}/fd/')
-            assert T._Shm.attach(ring.path, cookie, 2, 4096) is not None
-            assert T._Shm.attach(ring.path, b'x' * 16, 2, 4096) is None
-            assert T._Shm.attach(ring.path, cookie, 4, 4096) is None
-            assert T._Shm.attach('/etc/passwd', cookie, 2, 4096) is None
-            assert T._Shm.attach('/dev/shm/dtorch-tcp-none', cookie,
+            assert P._Shm.attach(ring.path, cookie, 2, 4096) is not None
+            assert P._Shm.attach(ring.path, b'x' * 16, 2, 4096) is None
+            assert P._Shm.attach(ring.path, cookie, 4, 4096) is None
+            assert P._Shm.attach('/etc/passwd', cookie, 2, 4096) is None
+            assert P._Shm.attach('/dev/shm/dtorch-tcp-none', cookie,
                                  2, 4096) is None
-            assert T._Shm.attach('/proc/self/fd/0', cookie, 2,
+            assert P._Shm.attach('/proc/self/fd/0', cookie, 2,
                                  4096) is None
             with open('/dev/null', 'rb') as f:   # a /proc path, not a ring
-                assert T._Shm.attach(f'/proc/{os.getpid()}/fd/'
+                assert P._Shm.attach(f'/proc/{os.getpid()}/fd/'
                                      f'{f.fileno()}', cookie, 2,
                                      4096) is None
         finally:

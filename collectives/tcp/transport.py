@@ -1,0 +1,426 @@
+"""The tcp backend's transport: connections between ranks and the loops that
+move bytes (and ring messages) over them.
+
+Ranks meet through the `TCPStore` on rank 0, then each rank listens on the
+interface that reaches MASTER_ADDR and connects an *outgoing* socket to its
+right neighbour (the ring) and, lazily, to any peer it sends to (p2p).
+Incoming sockets are accepted and authenticated (the store's HMAC
+challenge) by a `HandshakeGate`, off the path of the peers' connections:
+idle strangers are capped and timed out and cannot hold up a peer. Sends
+and receives use separate sockets, so neither side waits for the other to
+connect first and p2p traffic never mixes with ring traffic.
+
+Each message carries a 16-byte header (sequence number, byte
+count) so a rank that called a different collective is caught, not misread.
+Sockets are non-blocking; one loop sends and receives at once (sendmsg /
+recvmsg_into on memoryviews) so big transfers cannot deadlock on full
+buffers. A peer that dies closes its sockets: survivors raise
+RankFailureError and close theirs, so the failure travels round the ring.
+"""
+import os
+import select
+import socket
+import struct
+import time
+
+import numpy as np
+
+from .. import shm
+from ..arrays import describe
+from ..errors import (CollectiveMismatchError, CollectiveTimeoutError,
+                      RankFailureError, _Expired)
+from ..store import connect_authenticated
+from .pipe import _Shm
+
+SHM_MIN = 64 * 1024        # messages this big take the shm path
+SHM_SLOT = 256 * 1024      # bytes per slot: a token per 256 KiB is cheap
+SHM_SLOTS = 8              # 2 MiB ring: both ends stay in L2/L3
+_HDR = struct.Struct('<qq')
+# shm offer: path, cookie, slots, slot bytes (empty path: no offer)
+_OFFER = struct.Struct('<96s16sII')
+_POLLIN, _POLLOUT = select.POLLIN, select.POLLOUT
+
+
+def _mv(arr):
+    """A flat byte memoryview of a contiguous array, whatever its dtype."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def _nonempty(bufs):
+    """The buffers with bytes in them: a 0-byte buffer (an empty array's
+    payload) never completes a send or a receive, so a loop that waits
+    for it to would wait for the timeout."""
+    return [b for b in bufs if len(b)]
+
+
+def _advance(bufs, n):
+    while n:
+        b = bufs[0]
+        if n >= len(b):
+            n -= len(b)
+            bufs.pop(0)
+        else:
+            bufs[0] = b[n:]
+            n = 0
+
+
+class SocketTransport:
+    """Connections and byte loops of a TCPGroup (a mixin: the group holds
+    the sockets, the store and the shm rings this code uses)."""
+
+    def _shm_setup(self, deadline):
+        """Offer the right neighbour a shm ring and answer the left one's
+        offer. Trying is the test: ranks on other hosts (or in another
+        pid namespace) cannot open the file and keep the socket."""
+        on = (os.environ.get('DTORCH_TCP_SHM', '1') != '0'
+              and shm.anonymous_ok())
+        mine, offer = None, _OFFER.pack(b'', b'', 0, 0)
+        if on:
+            try:
+                mine, cookie = _Shm.create(SHM_SLOTS, SHM_SLOT)
+                offer = _OFFER.pack(mine.path.encode(), cookie,
+                                    SHM_SLOTS, SHM_SLOT)
+            except OSError:
+                mine = None
+        try:
+            theirs = bytearray(_OFFER.size)
+            self._pump(self._rsock, [offer], self._right, self._lsock_in,
+                       [memoryview(theirs)], self._left, deadline)
+            path, cookie, k, slot = _OFFER.unpack(theirs)
+            path = path.rstrip(b'\0').decode()
+            if on and path:
+                self._shm_r = _Shm.attach(path, cookie, k, slot)
+            # the answer goes back on the same connection, reversed
+            ans = bytearray(1)
+            self._pump(self._lsock_in, [bytes([self._shm_r is not None])],
+                       self._left, self._rsock, [memoryview(ans)],
+                       self._right, deadline)
+            if mine is not None and ans[0]:
+                self._shm_w = mine
+        finally:
+            if mine is not None:   # both ends have it open, or never will
+                mine.release()
+
+    # ---- connections
+    def _accepted(self, s, hello):
+        """An authenticated peer's connection: channel and group rank."""
+        chan, peer = struct.unpack('<ci', hello)
+        chan = chan.decode()
+        if chan not in ('r', 'p') or not 0 <= peer < self.size \
+                or self._closed:
+            s.close()
+            return
+        self._tune(s)
+        with self._cond:
+            old = self._incoming.get((chan, peer))
+            self._incoming[(chan, peer)] = s
+            self._cond.notify_all()
+        if old is not None:   # the peer reconnected: the old one is dead
+            old.close()
+
+    @staticmethod
+    def _tune(s):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+
+    def _connect(self, chan, peer, deadline):
+        """The outgoing socket to group rank `peer`; _Expired([peer]) when
+        it cannot be had by the deadline (the caller's op reports it)."""
+        key = (chan, peer)
+        s = self._out.get(key)
+        if s is not None:
+            return s
+        left = deadline - time.monotonic()
+        try:
+            addr = self.store.get(f"{self._prefix}addr/{peer}",
+                                  timeout=max(left, 0.01)).decode()
+            host, port = addr.rsplit(':', 1)
+            s = connect_authenticated(
+                host, port, self.store.token, deadline,
+                f"rank {peer} (global {self.ranks[peer]}) of group "
+                f"{self.name!r} at {addr}")
+            s.sendall(struct.pack('<ci', chan.encode(), self.rank))
+        except CollectiveTimeoutError:
+            raise _Expired([peer]) from None
+        except OSError as e:
+            raise self._fail(peer, f"could not be opened ({e})") from None
+        self._tune(s)
+        self._out[key] = s
+        return s
+
+    def _wait_incoming(self, chan, peer, deadline):
+        with self._cond:
+            while (chan, peer) not in self._incoming:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Expired([peer])
+                self._cond.wait(min(left, 0.5))
+            return self._incoming[(chan, peer)]
+
+    # ---- moving bytes
+    def _fail(self, peer, what):
+        err = RankFailureError(
+            f"connection with rank {peer} (global {self.ranks[peer]}) of "
+            f"group {self.name!r} {what} on rank {self.rank}: that rank "
+            f"died or gave up; closing this rank's sockets too",
+            rank=peer)
+        self._broken = err
+        self._close_sockets()
+        return err
+
+    def _xfer(self, out_bufs, in_bufs, deadline, expect=None):
+        """Send out_bufs on the right socket while receiving in_bufs from
+        the left one. expect = (seq, nbytes) to check in the header that
+        in_bufs[0] receives."""
+        so, si = self._rsock, self._lsock_in
+        return self._pump(so, out_bufs, self._right, si, in_bufs,
+                          self._left, deadline, expect)
+
+    def _send_some(self, so, bufs, peer):
+        """Send what the socket takes now; True when anything went."""
+        try:
+            n = so.sendmsg(bufs)
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            raise self._fail(peer, f"broke ({e})") from None
+        if n:
+            _advance(bufs, n)
+        return bool(n)
+
+    def _recv_some(self, si, bufs, peer):
+        """Bytes that arrived into bufs now (0: none yet; the caller
+        advances bufs); a closed socket means the peer is gone."""
+        try:
+            n = si.recvmsg_into(bufs)[0]
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            raise self._fail(peer, f"broke ({e})") from None
+        if n == 0:
+            raise self._fail(peer, "was closed")
+        return n
+
+    def _pump(self, so, out_bufs, pout, si, in_bufs, pin, deadline,
+              expect=None):
+        out_bufs, in_bufs = _nonempty(out_bufs), _nonempty(in_bufs)
+        hdr = in_bufs[0] if expect is not None else None
+        got = 0
+        while out_bufs or in_bufs:
+            moved = False
+            if out_bufs and self._send_some(so, out_bufs, pout):
+                moved = True
+            if in_bufs:
+                n = self._recv_some(si, in_bufs, pin)
+                if n:
+                    if hdr is not None and got < 16 <= got + n:
+                        self._check_header(hdr, expect, pin)
+                    got += n
+                    _advance(in_bufs, n)
+                    moved = True
+            if moved:
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                # the neighbour may only be waiting on its own: the
+                # statuses of all ranks say who is really missing
+                raise _Expired(None)
+            poller = select.poll()
+            if out_bufs:
+                poller.register(so, _POLLOUT)
+            if in_bufs:
+                poller.register(si, _POLLIN)
+            poller.poll(min(left, 0.5) * 1000)
+
+    def _check_header(self, hdr, expect, peer):
+        tag, nbytes = _HDR.unpack(bytes(hdr))
+        if (tag, nbytes) != expect:
+            err = self._mismatch(peer, expect, tag, nbytes)
+            self._broken = err
+            self._close_sockets()   # the streams are out of step for good
+            raise err
+
+    def _mismatch(self, peer, expect, tag, nbytes):
+        """The error for a ring message that is not the one expected. A
+        message tag is seq * 4096 + step, so tag // 4096 is the sender's
+        collective number; what each rank is calling (op, shape, dtype)
+        comes from the ranks' own status reports, as in a timeout."""
+        seq = expect[0] // 4096
+        rec = self._pending.get(seq) or (seq, '?', None)
+        try:
+            sts = self._peer_statuses(min(2.0, max(0.3, self.timeout / 4)))
+        except Exception:    # the report must not mask the mismatch
+            sts = {self.rank: self.status()}
+        where = '; '.join(self.format_status(r, sts.get(r))
+                          for r in range(self.size))
+        theirs = (f"{nbytes} bytes of its collective #{tag // 4096}"
+                  if nbytes >= 0 else f"a malformed header ({nbytes} "
+                  f"bytes)")
+        return CollectiveMismatchError(
+            f"collective mismatch on group {self.name!r} (backend tcp, "
+            f"global ranks {self.ranks}): rank {self.rank} in {rec[1]} "
+            f"#{seq} {describe(rec[2])} expected {expect[1]} bytes from "
+            f"rank {peer}, which sent {theirs}: the ranks called different"
+            f" collectives, shapes or dtypes. Where each rank is: {where}",
+            rank=peer)
+
+    def _step(self, send_arr, recv_arr, deadline, tag, in_tag=None,
+              op=None):
+        """One ring step with headers: send_arr right, recv_arr <- left
+        (or recv_arr <- op(recv_arr, what came) with a ufunc op). Each
+        direction takes its shm ring when it has one and the message is
+        big enough, else the payload follows the header on the socket."""
+        in_tag = tag if in_tag is None else in_tag
+        w = self._shm_w if (send_arr is not None
+                            and send_arr.nbytes >= SHM_MIN) else None
+        rd = self._shm_r if (recv_arr is not None
+                             and recv_arr.nbytes >= SHM_MIN) else None
+        if w is not None or rd is not None:
+            return self._shm_step(send_arr, w, recv_arr, rd, deadline,
+                                  tag, in_tag, op)
+        out = [] if send_arr is None else [
+            _HDR.pack(tag, send_arr.nbytes), _mv(send_arr)]
+        hb = bytearray(16)
+        tmp = recv_arr if (op is None or recv_arr is None) \
+            else np.empty_like(recv_arr)
+        inn = [] if recv_arr is None else [memoryview(hb), _mv(tmp)]
+        exp = None if recv_arr is None else (in_tag, recv_arr.nbytes)
+        self._xfer(out, inn, deadline, exp)
+        if tmp is not recv_arr:
+            op(recv_arr, tmp, out=recv_arr)
+
+    def _shm_step(self, send_arr, w, recv_arr, rd, deadline, tag, in_tag,
+                  op):
+        """_step where w (out) and/or rd (in) is a shm ring; a None ring
+        with an array means that direction is inline on the socket."""
+        so, si = self._rsock, self._lsock_in
+        oq, src, opos = [], None, 0          # socket bytes, shm payload
+        if send_arr is not None:
+            oq.append(memoryview(_HDR.pack(tag, send_arr.nbytes)))
+            if w is None and send_arr.nbytes:
+                oq.append(_mv(send_arr))
+            else:
+                src = send_arr.reshape(-1).view(np.uint8)
+        iq, got, tmp = [], 0, None
+        nin = ipos = acks = 0
+        if recv_arr is not None:
+            hb = bytearray(16)
+            iq.append(memoryview(hb))
+            nin = recv_arr.nbytes
+            dst = recv_arr.reshape(-1)
+            dst8 = dst.view(np.uint8)
+            if rd is None:
+                tmp = dst if op is None else np.empty_like(dst)
+                if nin:
+                    iq.append(_mv(tmp))
+            toks = bytearray(64)
+        while True:
+            moved = False
+            if src is not None and opos < src.size:
+                if w.seq - w.acked >= w.k:      # ring full: any acks?
+                    try:
+                        b = so.recv(4096)
+                    except BlockingIOError:
+                        b = None
+                    except OSError as e:
+                        raise self._fail(self._right,
+                                         f"broke ({e})") from None
+                    if b == b'':
+                        raise self._fail(self._right, "was closed")
+                    if b:
+                        w.acked += len(b)
+                filled = 0
+                while w.seq - w.acked < w.k and opos < src.size:
+                    m = min(w.slot, src.size - opos)
+                    at = (w.seq % w.k) * w.slot
+                    w.arr[at:at + m] = src[opos:opos + m]
+                    opos += m
+                    w.seq += 1
+                    filled += 1
+                if filled:
+                    oq.append(memoryview(b'\x01' * filled))
+                    moved = True
+            if oq and self._send_some(so, oq, self._right):
+                moved = True
+            if iq:
+                n = self._recv_some(si, iq, self._left)
+                if n:
+                    if got < 16 <= got + n:
+                        self._check_header(hb, (in_tag, nin), self._left)
+                    got += n
+                    _advance(iq, n)
+                    moved = True
+            elif rd is not None and ipos < nin:
+                # the header is in: drain the slots the tokens announce,
+                # never reading past this message's tokens
+                left = -(-(nin - ipos) // rd.slot)
+                try:
+                    n = si.recv_into(toks, min(left, len(toks)))
+                except BlockingIOError:
+                    n = -1
+                except OSError as e:
+                    raise self._fail(self._left, f"broke ({e})") from None
+                if n == 0:
+                    raise self._fail(self._left, "was closed")
+                for _ in range(max(n, 0)):
+                    m = min(rd.slot, nin - ipos)
+                    at = (rd.seq % rd.k) * rd.slot
+                    piece = rd.arr[at:at + m]
+                    if op is None:
+                        dst8[ipos:ipos + m] = piece
+                    else:
+                        d = dst8[ipos:ipos + m].view(dst.dtype)
+                        op(d, piece.view(dst.dtype), out=d)
+                    ipos += m
+                    rd.seq += 1
+                    acks += 1
+                    moved = True
+            if acks:
+                try:
+                    acks -= si.send(b'\x01' * acks)
+                except BlockingIOError:
+                    pass
+                except OSError as e:
+                    raise self._fail(self._left, f"broke ({e})") from None
+            starved = src is not None and opos < src.size
+            inwait = bool(iq) or (rd is not None and ipos < nin)
+            if not (oq or starved or inwait or acks):
+                break
+            if moved:
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Expired(None)
+            poller = select.poll()
+            ev = (_POLLOUT if oq else 0) | (_POLLIN if starved else 0)
+            if ev:
+                poller.register(so, ev)
+            ev = (_POLLIN if inwait else 0) | (_POLLOUT if acks else 0)
+            if ev:
+                poller.register(si, ev)
+            poller.poll(min(left, 0.5) * 1000)
+        if tmp is not None and tmp is not dst:
+            op(dst, tmp, out=dst)
+
+    def _neighbours_alive(self):
+        """Raise RankFailureError if a ring neighbour closed its socket
+        (nothing else is due on them during a shared-memory reduction),
+        closing ours, so that the failure travels round the ring."""
+        for so, peer in ((self._lsock_in, self._left),
+                         (self._rsock, self._right)):
+            ready, _, _ = select.select([so], [], [], 0)
+            if ready:
+                try:
+                    eof = so.recv(1, socket.MSG_PEEK) == b''
+                except OSError:
+                    eof = True
+                if eof:
+                    raise self._fail(peer, "closed")
+
+    def _close_sockets(self):
+        socks = list(self._out.values()) + list(self._incoming.values())
+        for s in socks:
+            try:
+                s.close()
+            except OSError:
+                pass
