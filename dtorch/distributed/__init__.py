@@ -29,9 +29,11 @@ __all__ = [
     "new_group", "ReduceOp", "all_reduce", "all_reduce_coalesced",
     "broadcast", "reduce",
     "all_gather", "all_gather_into_tensor", "gather", "scatter",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "barrier",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "barrier",
     "send", "recv", "isend", "irecv", "broadcast_object_list",
-    "all_gather_object", "spawn_threads", "GroupMember",
+    "all_gather_object", "spawn_threads", "GroupMember", "group",
+    "get_global_rank", "get_group_rank", "get_process_group_ranks",
 ]
 
 _BACKEND_ALIASES = {"gloo": "tcp", "tcp": "tcp", "mpi": "mpi",
@@ -46,9 +48,22 @@ _local = _State()
 _world = [None]           # the process-wide default group
 
 
-class GroupMember:
-    WORLD = None
+class _WorldMeta(type):
+    """``GroupMember.WORLD`` / ``group.WORLD``: the calling thread's default
+    group (a ``spawn_threads`` rank's own, else the process's), None before
+    ``init_process_group``; as PyTorch's class property of the same name."""
+
+    @property
+    def WORLD(cls):
+        return _default_or_none()
+
+
+class GroupMember(metaclass=_WorldMeta):
     NON_GROUP_MEMBER = object()
+
+
+class group(metaclass=_WorldMeta):
+    """``dist.group.WORLD``, PyTorch's other spelling of the default group."""
 
 
 def is_available():
@@ -126,7 +141,6 @@ def init_process_group(backend=None, init_method=None, timeout=None,
     g = _c.init(b, timeout=timeout, master_addr=addr or None,
                 master_port=port or None, **kw)
     _world[0] = g
-    GroupMember.WORLD = g
     return g
 
 
@@ -139,7 +153,6 @@ def destroy_process_group(group=None):
         _local.group = None
     if g is _world[0]:
         _world[0] = None
-        GroupMember.WORLD = None
 
 
 def get_rank(group=None):
@@ -150,6 +163,25 @@ def get_rank(group=None):
 def get_world_size(group=None):
     g = group if group is not None else _default_or_none()
     return 1 if g is None else g.size
+
+
+def get_process_group_ranks(group):
+    """The global ranks of ``group``'s members, in group-rank order."""
+    return list(_group(group).ranks)
+
+
+def get_global_rank(group, group_rank):
+    """The global rank of ``group``'s member number ``group_rank``."""
+    ranks = _group(group).ranks
+    if not 0 <= int(group_rank) < len(ranks):
+        raise ValueError(f"group rank {group_rank} is out of range for a "
+                         f"group of size {len(ranks)}")
+    return ranks[int(group_rank)]
+
+
+def get_group_rank(group, global_rank):
+    """``global_rank``'s rank within ``group``."""
+    return _local_rank(_group(group), global_rank, "global rank")
 
 
 def get_backend(group=None):
@@ -185,7 +217,7 @@ def _arr(t, what="tensor"):
 
 def _bump(*tensors):
     for t in tensors:
-        t._vc[0] += 1
+        t._bump_version()
 
 
 def _op(op):
@@ -313,6 +345,27 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None,
                      [_arr(t) for t in input_tensor_list],
                      async_op=async_op)
     _bump(*output_tensor_list)
+    return w
+
+
+def all_to_all_single(output, input, output_split_sizes=None,
+                      input_split_sizes=None, group=None, async_op=False):
+    """Equal splits: ``input``'s r-th block along dim 0 goes to rank r,
+    and rank r's block for this rank lands in ``output``'s r-th block."""
+    if output_split_sizes is not None or input_split_sizes is not None:
+        raise NotImplementedError("all_to_all_single: uneven splits "
+                                  "(output/input_split_sizes) are not "
+                                  "supported")
+    g = _group(group)
+    out, inp = _arr(output, "output"), _arr(input, "input")
+    if out.size != inp.size or inp.size % g.size:
+        raise ValueError(
+            f"all_to_all_single: input ({inp.size} elements) and output "
+            f"({out.size}) must have the same size, divisible by the group "
+            f"size {g.size}")
+    w = g.all_to_all(out.reshape((g.size, -1)), inp.reshape((g.size, -1)),
+                     async_op=async_op)
+    _bump(output)
     return w
 
 

@@ -19,22 +19,30 @@ fp16 and 0.70-0.73 with bf16 against 0.82 without a hook.
 """
 import numpy as np
 
-from ....nn.parallel.distributed import _Future
+from .... import distributed as dist
+from ....futures import Future
+from ....tensor import Tensor
 from ...._backend import bfloat16, get_array_module
+
+
+def _done(value):
+    fut = Future()
+    fut.set_result(value)
+    return fut
 
 
 def allreduce_hook(group, bucket):
     """The plain reduction (what DDP does without a hook)."""
     t = bucket.buffer()
-    group.all_reduce(t._data, "sum")
-    t._data /= group.size
-    return _Future(value=t)
+    dist.all_reduce(t, group=group)
+    t._data /= dist.get_world_size(group)
+    return _done(t)
 
 
 def _compressed_mean(group, flat, np_dtype):
     """flat <- the mean over ranks of flat, with np_dtype on the wire."""
     xp = get_array_module(flat)
-    n = group.size
+    n = dist.get_world_size(group)
     low = (flat / n).astype(np_dtype)
     if n == 1:
         flat[...] = low
@@ -43,10 +51,13 @@ def _compressed_mean(group, flat, np_dtype):
     send = xp.zeros((n, m), np_dtype)
     send.reshape(-1)[:low.size] = low
     recv = xp.empty_like(send)
-    group.all_to_all(recv, send)       # recv[r]: rank r's copy of my share
+    # recv[r]: rank r's copy of my share
+    dist.all_to_all_single(Tensor._wrap(recv), Tensor._wrap(send),
+                           group=group)
     mine = recv.astype(np.float32).sum(axis=0).astype(np_dtype)
     out = xp.empty((n, m), np_dtype)
-    group.all_gather(out, mine)
+    dist.all_gather_into_tensor(Tensor._wrap(out), Tensor._wrap(mine),
+                                group=group)
     flat[...] = out.reshape(-1)[:flat.size]
 
 
@@ -54,11 +65,11 @@ def fp16_compress_hook(group, bucket):
     """Reduce the bucket with float16 on the wire."""
     t = bucket.buffer()
     _compressed_mean(group, t._data, np.float16)
-    return _Future(value=t)
+    return _done(t)
 
 
 def bf16_compress_hook(group, bucket):
     """Reduce the bucket with bfloat16 on the wire."""
     t = bucket.buffer()
     _compressed_mean(group, t._data, bfloat16.np)
-    return _Future(value=t)
+    return _done(t)
