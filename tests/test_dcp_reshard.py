@@ -202,3 +202,27 @@ def test_tp_shards_are_written_by_their_owners_once(tmp_path):
         ([0, 0], [4, 6]), ([4, 0], [4, 6])]
     assert meta.raw["layout"]["sharded"]["model.2.weight"] == [[0, 0],
                                                                [0, 4]]
+
+
+def test_per_rank_values_on_another_world_size(tmp_path):
+    """Values that differed between the saving ranks (RNG states): a rank
+    of the saving world gets its own; a rank beyond it gets the lowest
+    saving rank's, with a warning naming the keys."""
+    path = str(tmp_path / "c")
+    dist.spawn_threads(lambda r, w: dcp.save(
+        {"own": dtorch.full((2,), float(r)), "r": r, "same": 5},
+        checkpoint_id=path), 2, timeout=60)
+
+    def load(rank, world):
+        st = {"own": dtorch.zeros(2), "r": -1, "same": 0}
+        dcp.load(st, checkpoint_id=path)
+        return st["own"].numpy().tolist(), st["r"], st["same"]
+
+    # (warnings are process-wide: caught here, around all the threads)
+    with pytest.warns(UserWarning) as rec:
+        res = dist.spawn_threads(load, 3, timeout=60)
+    assert res == [([0.0, 0.0], 0, 5), ([1.0, 1.0], 1, 5),
+                   ([0.0, 0.0], 0, 5)]
+    msgs = [str(x.message) for x in rec]
+    assert len(msgs) == 1 and "rank 2" in msgs[0] and "'own'" in msgs[0] \
+        and "'r'" in msgs[0] and "2-rank world" in msgs[0], msgs
