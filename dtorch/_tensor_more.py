@@ -15,16 +15,14 @@ from .ops import selection as S
 from .ops import elementwise as E
 
 
-def _T():
-    return _function._Tensor
-
-
-def _wrap(a):
-    return _function._Tensor._wrap(a)
+# Tensor is known here through autograd's TensorBase protocol: this module
+# sits below dtorch/tensor.py (whose class body binds these functions), and
+# new tensors are made by the _wrap of the tensor at hand.
+_TensorBase = _function.TensorBase
 
 
 def _arr(x):
-    return x._data if isinstance(x, _T()) else x
+    return x._data if isinstance(x, _TensorBase) else x
 
 
 def _index_array(self, index, op):
@@ -79,7 +77,7 @@ def triu_(self, diagonal=0):
 def _selected(self, idx, axis, keepdim=True):
     vals = S.Select.apply(self, idx=idx, axis=axis, keepdim=keepdim)
     ind = idx if keepdim or not self.ndim else self._xp().squeeze(idx, axis)
-    return vals, _wrap(ind)
+    return vals, self._wrap(ind)
 
 
 @B.on_own_device
@@ -94,7 +92,7 @@ def sort(self, dim=-1, descending=False, stable=False):
 
 @B.on_own_device
 def argsort(self, dim=-1, descending=False, stable=False):
-    return _wrap(S.sort_indices(self._data, dim, descending))
+    return self._wrap(S.sort_indices(self._data, dim, descending))
 
 
 @B.on_own_device
@@ -106,7 +104,7 @@ def msort(self):
 def topk(self, k, dim=-1, largest=True, sorted=True):
     """The k largest (smallest) values along dim and their indices."""
     from .return_types import topk as _rt
-    if isinstance(k, _T()):
+    if isinstance(k, _TensorBase):
         k = int(k.item())
     idx = S.topk_indices(self._data, int(k), dim, largest)
     return _rt(*_selected(self, idx, S.axis_of(dim, self.ndim)))
@@ -138,7 +136,7 @@ def median(self, dim=None, keepdim=False):
         if n == 0:
             return self.new_full((), float("nan"))
         # NaN if any is NaN; g shared evenly among equal elements (torch)
-        from .ops import primitives as P
+        from . import ops as P
         return P.MedianAll.apply(self)
     axis = S.axis_of(dim, self.ndim)
     n = self.shape[axis] if self.ndim else 1
@@ -158,7 +156,7 @@ def median(self, dim=None, keepdim=False):
 @B.on_own_device
 def quantile(self, q, dim=None, keepdim=False, interpolation="linear"):
     """Quantiles by sorting and interpolating between neighbours."""
-    T = _T()
+    T = _TensorBase
     scalar_q = not isinstance(q, T) and not isinstance(q, (list, tuple))
     qa = np.atleast_1d(np.asarray(_arr(q) if not isinstance(q, T)
                                   else q.detach().cpu()._data, np.float64))
@@ -192,7 +190,7 @@ def quantile(self, q, dim=None, keepdim=False, interpolation="linear"):
     shape = [1] * s.ndim
     shape[d] = len(qa)
     wt = xp.asarray(w.reshape(shape), s._data.dtype)
-    out = vlo + (vhi - vlo) * _wrap(wt)
+    out = vlo + (vhi - vlo) * self._wrap(wt)
     # PyTorch puts the q dimension first
     out = out.movedim(d, 0) if s.ndim else out
     if keepdim:
@@ -225,7 +223,7 @@ def gather(self, dim, index, sparse_grad=False):
 def take_along_dim(self, indices, dim=None):
     idx = _index_array(self, indices, "take_along_dim")
     if dim is None:
-        return gather(self.reshape(-1), 0, _wrap(idx.reshape(-1)))
+        return gather(self.reshape(-1), 0, self._wrap(idx.reshape(-1)))
     d = S.axis_of(dim, self.ndim)
     shape = np.broadcast_shapes(
         tuple(s for i, s in enumerate(self.shape) if i != d),
@@ -236,13 +234,13 @@ def take_along_dim(self, indices, dim=None):
     ishape.insert(d, idx.shape[d])
     xp = self._xp()
     return gather(self.expand(xs), d,
-                  _wrap(xp.broadcast_to(idx, ishape).copy()))
+                  self._wrap(xp.broadcast_to(idx, ishape).copy()))
 
 
 @B.on_own_device
 def take(self, index):
     idx = _index_array(self, index, "take")
-    return take_along_dim(self, _wrap(idx.reshape(-1)), None).reshape(
+    return take_along_dim(self, self._wrap(idx.reshape(-1)), None).reshape(
         idx.shape)
 
 
@@ -252,7 +250,7 @@ def _scatter_src(self, src, value):
     if src is None:
         raise TypeError("scatter() missing 1 required positional argument: "
                         "'src' or 'value'")
-    if isinstance(src, _T()):
+    if isinstance(src, _TensorBase):
         if src.dtype != self.dtype:
             raise RuntimeError(
                 f"scatter(): Expected self.dtype to be equal to src.dtype")
@@ -330,7 +328,7 @@ def index_fill(self, dim, index, value):
     S._check_index(idx, n, "index_fill", d)
     m = xp.zeros(n, bool)
     m[idx] = True
-    mask = _wrap(m.reshape(shape) if self.ndim else m.reshape(()))
+    mask = self._wrap(m.reshape(shape) if self.ndim else m.reshape(()))
     return self.masked_fill(mask, value)
 
 
@@ -362,15 +360,15 @@ def index_put_(self, indices, values, accumulate=False):
         self[key] = values
         return self
     # accumulate: repeated indices sum, through the gather's backward
-    T = _T()
+    T = _TensorBase
     xp = self._xp()
     pos = xp.arange(self.numel()).reshape(self.shape)[
         self._key(key)].reshape(-1)
-    v = values if isinstance(values, T) else _wrap(
+    v = values if isinstance(values, T) else self._wrap(
         xp.asarray(values, self._data.dtype))
     v = v.expand(self[key].shape).reshape(-1)
     return _inplace(self, lambda t: scatter_add(
-        t.reshape(-1), 0, _wrap(pos.astype(np.int64)), v.to(t.dtype))
+        t.reshape(-1), 0, self._wrap(pos.astype(np.int64)), v.to(t.dtype))
         .reshape(t.shape))
 
 
@@ -381,7 +379,7 @@ def masked_select(self, mask):
         raise RuntimeError("masked_select: expected BoolTensor for mask")
     shape = np.broadcast_shapes(self.shape, m.shape)
     x = self.expand(shape) if tuple(self.shape) != shape else self
-    return x[_wrap(self._xp().broadcast_to(m, shape))]
+    return x[self._wrap(self._xp().broadcast_to(m, shape))]
 
 
 @B.on_own_device
@@ -391,7 +389,7 @@ def masked_scatter(self, mask, source):
     m = xp.broadcast_to(m, self.shape)
     pos = xp.flatnonzero(m.reshape(-1)).astype(np.int64)
     src = source.reshape(-1)[:pos.size]
-    return scatter(self.reshape(-1), 0, _wrap(pos), src).reshape(self.shape)
+    return scatter(self.reshape(-1), 0, self._wrap(pos), src).reshape(self.shape)
 
 
 # ============================================================ scans =========
@@ -412,7 +410,7 @@ def _cumext(self, dim, is_min):
         ctx = S.CumExtreme.__new__(S.CumExtreme)
         S.CumExtreme.forward(ctx, self._data, dim, is_min)
         ind = ctx.indices
-    return MinMax(vals, _wrap(ind))
+    return MinMax(vals, self._wrap(ind))
 
 
 @B.on_own_device
@@ -426,18 +424,18 @@ def cummin(self, dim):
 
 
 def logcumsumexp(self, dim):
-    # one node with PyTorch's scan and backward (dtorch/ops/primitives.py)
-    from .ops import primitives as P
+    # one node with PyTorch's scan and backward (dtorch/ops/selection.py)
+    from . import ops as P
     return P.LogCumSumExp.apply(self, dim=S.axis_of(dim, self.ndim))
 
 
 def diff(self, n=1, dim=-1, prepend=None, append=None):
-    T = _T()
+    T = _TensorBase
     from ._creation import cat
     x = self
     d = S.axis_of(dim, self.ndim)
     if prepend is not None or append is not None:
-        parts = [p if isinstance(p, T) else _wrap(self._xp().asarray(p))
+        parts = [p if isinstance(p, T) else self._wrap(self._xp().asarray(p))
                  for p in (prepend, self, append) if p is not None]
         x = cat(parts, d)
     for _ in range(n):
@@ -465,8 +463,8 @@ def diagonal(self, offset=0, dim1=0, dim2=1):
     rows = xp.arange(i0, i0 + k)
     cols = xp.arange(j0, j0 + k)
     key = [slice(None)] * self.ndim
-    key[a] = _wrap(rows)
-    key[b] = _wrap(cols)
+    key[a] = self._wrap(rows)
+    key[b] = self._wrap(cols)
     # advanced indices on two dims: NumPy puts the result dim first when
     # they are not adjacent; PyTorch puts it last
     out = self[tuple(key)]
@@ -482,7 +480,7 @@ def diag(self, diagonal=0):
         xp = self._xp()
         r = xp.arange(self.shape[0]) + max(-diagonal, 0)
         c = xp.arange(self.shape[0]) + max(diagonal, 0)
-        pos = _wrap((r * n + c).astype(np.int64))
+        pos = self._wrap((r * n + c).astype(np.int64))
         return scatter(z.reshape(-1), 0, pos, self).reshape(n, n)
     if self.ndim == 2:
         return self.diagonal(diagonal)
@@ -500,7 +498,7 @@ def diag_embed(self, offset=0, dim1=-2, dim2=-1):
     pos = (xp.arange(m) + max(-offset, 0)) * n + xp.arange(m) + max(offset, 0)
     place = xp.zeros((m, n * n), self._data.dtype)
     place[xp.arange(m), pos] = 1
-    out = (self @ _wrap(place)).unflatten(-1, (n, n))
+    out = (self @ self._wrap(place)).unflatten(-1, (n, n))
     nd = out.ndim
     d1, d2 = dim1 % nd, dim2 % nd
     if (d1, d2) != (nd - 2, nd - 1):
@@ -545,7 +543,7 @@ def repeat_interleave(self, repeats=None, dim=None, output_size=None):
     xp = self._xp()
     if repeats is None:       # repeat_interleave(repeats_tensor)
         r = self._data
-        return _wrap(xp.repeat(xp.arange(r.size), r).astype(np.int64))
+        return self._wrap(xp.repeat(xp.arange(r.size), r).astype(np.int64))
     x = self.reshape(-1) if dim is None else self
     d = 0 if dim is None else S.axis_of(dim, self.ndim)
     r = _arr(repeats)
@@ -556,7 +554,7 @@ def repeat_interleave(self, repeats=None, dim=None, output_size=None):
         raise RuntimeError("repeats must have the same size as input along "
                            "dim")
     idx = xp.repeat(xp.arange(n), r)
-    return index_select(x, d, _wrap(idx.astype(np.int64)))
+    return index_select(x, d, self._wrap(idx.astype(np.int64)))
 
 
 @B.on_own_device
@@ -573,7 +571,7 @@ def unfold(self, dimension, size, step):
     xp = self._xp()
     nw = (n - size) // step + 1
     idx = (xp.arange(nw)[:, None] * step + xp.arange(size)[None, :])
-    out = index_select(self, d, _wrap(idx.reshape(-1).astype(np.int64)))
+    out = index_select(self, d, self._wrap(idx.reshape(-1).astype(np.int64)))
     shp = list(self.shape)
     shp[d:d + 1] = [nw, size]
     return out.reshape(shp).movedim(d + 1, -1)
@@ -684,7 +682,7 @@ def xlogy(self, other):
 
 def _exact_int(self, other):
     return not self.dtype.is_floating_point and not (
-        isinstance(other, float) or (isinstance(other, _T())
+        isinstance(other, float) or (isinstance(other, _TensorBase)
                                      and other.dtype.is_floating_point))
 
 
@@ -692,7 +690,7 @@ def remainder(self, other):
     """Python's modulo: the result has the sign of the divisor."""
     if _exact_int(self, other):
         return self % other
-    from .ops import primitives as P
+    from . import ops as P
     return P.Mod.apply(self, _other(self, other), floor=True)
 
 
@@ -702,8 +700,8 @@ def fmod(self, other):
         xp = self._xp()
         from .ops import promote
         a, b = promote(self._data, _arr(_other(self, other)), "fmod")
-        return _wrap(xp.fmod(a, b))
-    from .ops import primitives as P
+        return self._wrap(xp.fmod(a, b))
+    from . import ops as P
     return P.Mod.apply(self, _other(self, other), floor=False)
 
 
@@ -712,13 +710,13 @@ def floor_divide(self, other):
 
 
 def float_power(self, exponent):
-    e = exponent.double() if isinstance(exponent, _T()) else float(exponent)
+    e = exponent.double() if isinstance(exponent, _TensorBase) else float(exponent)
     return self.double() ** e
 
 
 @B.on_own_device
 def logical_xor(self, other):
-    return _wrap(self._xp().logical_xor(self._data, _arr(other)))
+    return self._wrap(self._xp().logical_xor(self._data, _arr(other)))
 
 
 def bitwise_and(self, other):
@@ -738,21 +736,21 @@ def bitwise_not(self):
 
 
 def signbit(self):
-    return _wrap(self._xp().signbit(self._data))
+    return self._wrap(self._xp().signbit(self._data))
 
 
 def heaviside(self, values):
     x = self._data
     xp = self._xp()
     v = _arr(values)
-    return _wrap(xp.where(x == 0, v, (x > 0)).astype(
+    return self._wrap(xp.where(x == 0, v, (x > 0)).astype(
         xp.result_type(x, v), copy=False))
 
 
 def copysign(self, other):
     o = _arr(_other(self, other))
     sgn = self._xp().where(self._xp().signbit(o), -1.0, 1.0)
-    return self.abs() * _wrap(sgn.astype(
+    return self.abs() * self._wrap(sgn.astype(
         self._data.dtype if self.dtype.is_floating_point
         else B.get_default_dtype().np))
 
@@ -811,15 +809,15 @@ def unique(self, sorted=True, return_inverse=False, return_counts=False,
     res = xp.unique(self._data, return_inverse=return_inverse,
                     return_counts=return_counts, axis=dim)
     if not isinstance(res, tuple):
-        return _wrap(res)
-    out = [_wrap(res[0])]
+        return self._wrap(res)
+    out = [self._wrap(res[0])]
     k = 1
     if return_inverse:
         inv = res[k].astype(np.int64)
-        out.append(_wrap(inv.reshape(self.shape) if dim is None else inv))
+        out.append(self._wrap(inv.reshape(self.shape) if dim is None else inv))
         k += 1
     if return_counts:
-        out.append(_wrap(res[k].astype(np.int64)))
+        out.append(self._wrap(res[k].astype(np.int64)))
     return tuple(out)
 
 
@@ -832,13 +830,13 @@ def unique_consecutive(self, return_inverse=False, return_counts=False,
     xp = self._xp()
     a = self._data.reshape(-1)
     start = xp.concatenate([xp.ones(min(a.size, 1), bool), a[1:] != a[:-1]])
-    out = [_wrap(a[start])]
+    out = [self._wrap(a[start])]
     if return_inverse:
-        out.append(_wrap((xp.cumsum(start) - 1).astype(np.int64)
+        out.append(self._wrap((xp.cumsum(start) - 1).astype(np.int64)
                          .reshape(self.shape)))
     if return_counts:
         pos = xp.flatnonzero(start)
-        out.append(_wrap(xp.diff(xp.concatenate(
+        out.append(self._wrap(xp.diff(xp.concatenate(
             [pos, xp.asarray([a.size])])).astype(np.int64)))
     return out[0] if len(out) == 1 else tuple(out)
 
@@ -899,7 +897,7 @@ def multinomial(self, num_samples, replacement=False, generator=None):
     idx = idx.astype(np.int64)
     if self.ndim == 1:
         idx = idx.reshape(num_samples)
-    return _wrap(idx)
+    return self._wrap(idx)
 
 
 @B.on_own_device
@@ -908,7 +906,7 @@ def bernoulli(self, p=None, generator=None):
     # drawn on self's device; the range check is deferred there (no sync)
     xp = self._xp()
     prob = self._data if p is None else (
-        p._data if isinstance(p, _T()) else p)
+        p._data if isinstance(p, _TensorBase) else p)
     prob = self.device.send(xp.asarray(prob)) if not isinstance(
         prob, (int, float)) else prob
     bad = ~((xp.asarray(prob) >= 0) & (xp.asarray(prob) <= 1)).all()
@@ -918,7 +916,7 @@ def bernoulli(self, p=None, generator=None):
                 generator=generator) < prob
     dt = self._data.dtype if self.dtype.is_floating_point else \
         B.get_default_dtype().np
-    return _wrap(vals.astype(dt))
+    return self._wrap(vals.astype(dt))
 
 
 @B.on_own_device
@@ -1024,7 +1022,7 @@ def mode(self, dim=-1, keepdim=False):
     from .return_types import mode as _rt
     xp = self._xp()
     if self.ndim == 0:
-        return _rt(self.clone(), _wrap(xp.zeros((), np.int64)))
+        return _rt(self.clone(), self._wrap(xp.zeros((), np.int64)))
     axis = S.axis_of(dim, self.ndim)
     x = xp.moveaxis(self._data, axis, -1)
     n = x.shape[-1]
@@ -1063,7 +1061,7 @@ def put_(self, index, source, accumulate=False):
     S._check_index(idx, flat_n, "put_", 0)
 
     def compute(t):
-        i64 = _wrap(idx.astype(np.int64))
+        i64 = self._wrap(idx.astype(np.int64))
         flat = t.reshape(-1)
         out = scatter_add(flat, 0, i64, src) if accumulate else \
             scatter(flat, 0, i64, src)

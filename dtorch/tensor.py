@@ -13,7 +13,6 @@ import numpy as np
 
 from . import _backend as B
 from . import ops as P
-from .ops import nn_ops as _N
 from ._format import format_tensor
 from .autograd import backward as _backward
 from .autograd import function as _function
@@ -175,7 +174,7 @@ def _where(cond, input, other):
     return P.Where.apply(cond, _operand(input, ref), _operand(other, ref))
 
 
-class Tensor:
+class Tensor(_function.TensorBase):
     """A multi-dimensional array with autograd, as ``torch.Tensor``."""
     __slots__ = ("_data", "requires_grad", "_grad", "grad_fn", "_output_nr",
                  "_vc", "_base", "_accum", "_hooks", "_post_hooks",
@@ -530,8 +529,10 @@ class Tensor:
             if self._hooks is None:
                 self._hooks = []
             lst = self._hooks
-        lst.append(hook)
-        return _RemovableHandle(lst, hook)
+        # autograd calls hooks with arrays (dtorch/autograd/function.py)
+        h = _GradHook(hook)
+        lst.append(h)
+        return _RemovableHandle(lst, h)
 
     def register_post_accumulate_grad_hook(self, hook):
         """Call ``hook(tensor)`` after the gradient has been accumulated into
@@ -1017,10 +1018,10 @@ class Tensor:
         return out if keepdim else out.squeeze(dim)
 
     def softmax(self, dim, dtype=None):
-        return self._softmax(_N.Softmax, dim, dtype)
+        return self._softmax(P.Softmax, dim, dtype)
 
     def log_softmax(self, dim, dtype=None):
-        return self._softmax(_N.LogSoftmax, dim, dtype)
+        return self._softmax(P.LogSoftmax, dim, dtype)
 
     def _softmax(self, op, dim, dtype):
         x = self if dtype is None else self.to(dtype)
@@ -1704,6 +1705,20 @@ class Tensor:
         return format(repr(self), spec)
 
 
+class _GradHook:
+    """A user's tensor hook as autograd calls it: array in, array out."""
+    __slots__ = ("hook",)
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __call__(self, g):
+        r = self.hook(Tensor._wrap(g))
+        if r is None:
+            return g
+        return r._data if isinstance(r, Tensor) else r
+
+
 class _RemovableHandle:
     def __init__(self, lst, item):
         self._lst, self._item = lst, item
@@ -1715,4 +1730,3 @@ class _RemovableHandle:
             pass
 
 
-_function._Tensor = Tensor

@@ -24,7 +24,7 @@ def _as_list(x):
 
 
 def _root_grads(outputs, grad_outputs, what):
-    T = _fn._Tensor
+    T = _fn.TensorBase
     grads = []
     for i, (t, g) in enumerate(zip(outputs, grad_outputs)):
         if not t.requires_grad:
@@ -41,7 +41,8 @@ def _root_grads(outputs, grad_outputs, what):
                 g = t._xp().ones(t._data.shape, t._data.dtype)
             else:
                 if not isinstance(g, T):
-                    g = T._wrap(t._xp().asarray(g, dtype=t._data.dtype))
+                    g = t._make(t._xp().asarray(g, dtype=t._data.dtype),
+                                False, None)
                 if g.shape != t.shape:
                     raise RuntimeError(
                         f"Mismatch in shape: grad_output[{i}] has a shape "
@@ -73,7 +74,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None,
             if g is not None:
                 with _B.device_guard(g):
                     if t._grad is None:
-                        t._grad = _fn._Tensor._wrap(g.copy())
+                        t._grad = t._make(g.copy(), False, None)
                     else:
                         t._grad._data += g
         return
@@ -96,7 +97,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None,
     outs = _as_list(outputs)
     ins = _as_list(inputs)
     single = not isinstance(inputs, (list, tuple))
-    T = _fn._Tensor
+    T = _fn.TensorBase
     for i, t in enumerate(ins):
         if not isinstance(t, T) or not t.requires_grad:
             raise RuntimeError(
@@ -116,5 +117,5 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None,
                     f"One of the differentiated Tensors (input {i}) appears "
                     f"to not have been used in the graph. Set "
                     f"allow_unused=True if this is the desired behavior.")
-        out.append(None if g is None else T._wrap(g))
+        out.append(None if g is None else t._make(g, False, None))
     return tuple(out)

@@ -52,11 +52,9 @@ def _check_versions(node):
 
 
 def _call_hooks(hooks, g):
-    T = _fn._Tensor
+    # hooks are array -> array (Tensor.register_hook wraps the user's)
     for h in hooks:
-        r = h(T._wrap(g))
-        if r is not None:
-            g = r._data if isinstance(r, T) else r
+        g = h(g)
     return g
 
 
@@ -249,16 +247,15 @@ def _accumulate(node, buf, capture, results, accumulate):
             return
     if g.dtype != t._data.dtype:
         g = g.astype(t._data.dtype)
-    T = _fn._Tensor
     if t._grad is None:
-        t._grad = T._wrap(g)
+        t._grad = t._make(g, False, None)
     else:
         gd = t._grad._data
         if gd.shape == g.shape and gd.dtype == g.dtype:
             gd += g        # in place: .grad may be a view into a DDP bucket
             t._grad._vc[0] += 1
         else:
-            t._grad = T._wrap(gd + g)
+            t._grad = t._make(gd + g, False, None)
     if t._post_hooks:
         for h in t._post_hooks:
             h(t)

@@ -19,6 +19,13 @@ write custom ops exactly as in PyTorch::
 dtorch's own primitives (``dtorch/ops``) set ``_array_api = True``: their
 forward and backward take and return raw NumPy/CuPy arrays, which keeps the
 per-op overhead to a few microseconds.
+
+Autograd sits below ``dtorch.tensor`` and never imports it. It works on
+arrays, and knows a tensor only through the small protocol of
+``TensorBase`` (below), which ``dtorch.Tensor`` derives from. Every tensor
+autograd returns is made by ``_make`` of a tensor it was given (an op's
+tensor argument, the leaf whose ``.grad`` it sets, the output a gradient is
+for), so nothing needs to be registered with autograd at import.
 """
 import itertools
 import weakref
@@ -26,8 +33,25 @@ import weakref
 from .. import _backend as _B
 from .grad_mode import _state
 
-_Tensor = None           # dtorch.tensor.Tensor, set when that module loads
 _seq = itertools.count()
+
+
+class TensorBase:
+    """What autograd needs of a tensor; ``dtorch.Tensor`` derives from it.
+
+    A subclass stores, in these attribute names: ``_data`` (the NumPy/CuPy
+    array), ``requires_grad``, ``grad_fn`` (the Function that made it, or
+    None), ``_output_nr`` (which output of grad_fn), ``_vc`` (a one-element
+    list, the version counter that views share), ``_base`` (the tensor a
+    view looks into), ``_accum`` (a leaf's AccumulateGrad node), ``_grad``,
+    ``_hooks`` (array -> array callables: a leaf's gradient hooks) and
+    ``_post_hooks`` (called with the leaf after accumulation); node hooks
+    live in ``grad_fn._hooks[output_nr]`` as array -> array callables too.
+    It provides ``_make(data, requires_grad, grad_fn)``, which returns a new
+    plain tensor over ``data``, and ``dtype``/``_xp()``/``_alias()`` for
+    custom Functions' outputs.
+    """
+    __slots__ = ()
 
 _FREED_MSG = (
     "Trying to backward through the graph a second time (or directly access "
@@ -121,14 +145,15 @@ class Function:
         if self._array_api:
             out = type(self).backward(self, *grads)
             return out if type(out) is tuple else (out,)
-        T = _Tensor
+        T = TensorBase
+        make = self._make_tensor
         tgrads = []
         grads = list(grads) + [None] * (len(self._out_meta) - len(grads))
         for g, meta in zip(grads, self._out_meta):
             if g is None and self._materialize and meta is not None:
                 xp, shape, dt = meta
                 g = xp.zeros(shape, dt)
-            tgrads.append(None if g is None else T._wrap(g))
+            tgrads.append(None if g is None else make(g, False, None))
         prev = _state.enabled
         _state.enabled = False
         try:
@@ -156,7 +181,7 @@ def _cuda_index(args, kwargs):
     """The device index of the first CuPy array (or CUDA tensor) among an
     op's arguments, or None."""
     nd = _B._cupy.ndarray
-    T = _Tensor
+    T = TensorBase
     for a in args:
         if isinstance(a, T):
             a = a._data
@@ -183,17 +208,22 @@ def _edge(t):
 
 def _apply_array(cls, args, kwargs):
     """Fast path for dtorch's primitives: arrays in, arrays out."""
-    T = _Tensor
+    T = TensorBase
     ctx = cls.__new__(cls)
     arrays = []
     req = False
+    src = None       # a tensor argument: its _make builds the result
     for a in args:
         if isinstance(a, T):
             arrays.append(a._data)
+            src = a
             if a.requires_grad:
                 req = True
         else:
             arrays.append(a)
+    if src is None:
+        raise TypeError(f"{cls.__name__}.apply() expects at least one "
+                        f"tensor argument")
     if req and _state.enabled:
         # one pass for what backward needs: which inputs want a gradient,
         # and the graph edge each gradient flows along
@@ -211,7 +241,7 @@ def _apply_array(cls, args, kwargs):
         ctx._seq = next(_seq)
         ctx._freed = False
         ctx._hooks = None
-        res = T._make(out, True, ctx)
+        res = src._make(out, True, ctx)
         if cls._is_view:
             src = args[0]
             res._vc = src._vc
@@ -223,7 +253,7 @@ def _apply_array(cls, args, kwargs):
             ctx._versions = None
         return res
     out = cls.forward(ctx, *arrays, **kwargs)
-    res = T._make(out, False, None)
+    res = src._make(out, False, None)
     if cls._is_view:
         src = args[0]
         res._vc = src._vc
@@ -234,7 +264,7 @@ def _apply_array(cls, args, kwargs):
 def _record_versions(ctx, saved, args, out):
     # Saved arrays are matched to the tensors that own them, so that an
     # in-place change to any of them after forward is caught at backward.
-    T = _Tensor
+    T = TensorBase
     vers = []
     for s in saved:
         if s is None:
@@ -255,7 +285,7 @@ def _record_versions(ctx, saved, args, out):
 
 def _apply_tensor(cls, args, kwargs):
     """Custom (user) Functions: Tensors in, Tensors out, as in PyTorch."""
-    T = _Tensor
+    T = TensorBase
     ctx = cls()
     ctx._freed = False
     ctx._materialize = True
@@ -277,6 +307,8 @@ def _apply_tensor(cls, args, kwargs):
                            else None for a in args)
     ctx._seq = next(_seq)
     ctx._hooks = None
+    # backward hands the user's backward tensors made like its inputs
+    ctx._make_tensor = tensors[0]._make
     dirty = getattr_slot(ctx, "_dirty")
     non_diff = getattr_slot(ctx, "_non_diff") or ()
     wrapped, meta = [], []

@@ -24,7 +24,7 @@ def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False,
     ins = tuple(t.detach().requires_grad_(True) for t in ins)
     with enable_grad():
         outs, tuple_out = _tuple(func(*ins))
-    T = _fn._Tensor
+    T = _fn.TensorBase
     rows = []
     for i, out in enumerate(outs):
         if not isinstance(out, T):

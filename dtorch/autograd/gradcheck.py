@@ -24,7 +24,7 @@ def _host(a):
 def _outputs(fn, inputs):
     out = fn(*inputs)
     if isinstance(out, (list, tuple)):
-        return [o for o in out if isinstance(o, _fn._Tensor)]
+        return [o for o in out if isinstance(o, _fn.TensorBase)]
     return [out]
 
 
@@ -39,7 +39,7 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
         assert dtorch.autograd.gradcheck(lambda t: (t * t).sum(1), (x,))
     """
     from . import grad as _grad
-    T = _fn._Tensor
+    T = _fn.TensorBase
     if isinstance(inputs, T):
         inputs = (inputs,)
     inputs = tuple(inputs)
@@ -65,8 +65,9 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
             outs_j = _outputs(func, inputs)[k]
             g = np.zeros(n_out)
             g[j] = 1.0
-            g = T._wrap(outs_j._xp().asarray(g.reshape(outs_j.shape)
-                                             .astype(outs_j._data.dtype)))
+            g = outs_j._make(outs_j._xp().asarray(
+                g.reshape(outs_j.shape).astype(outs_j._data.dtype)),
+                False, None)
             grads = _grad([outs_j], [inputs[i] for i in diff], [g],
                           allow_unused=True)
             for i, gi in zip(diff, grads):

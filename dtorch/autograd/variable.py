@@ -7,12 +7,12 @@ from . import function as _fn
 
 class _VariableMeta(type):
     def __instancecheck__(cls, other):
-        return isinstance(other, _fn._Tensor)
+        return isinstance(other, _fn.TensorBase)
 
 
 class Variable(metaclass=_VariableMeta):
     def __new__(cls, data, requires_grad=False, volatile=False):
-        if not isinstance(data, _fn._Tensor):
+        if not isinstance(data, _fn.TensorBase):
             raise TypeError(f"Variable data has to be a tensor, but got "
                             f"{type(data).__name__}")
         return data.detach().requires_grad_(requires_grad)
