@@ -2,63 +2,11 @@
 global batch (all ranks), so N ranks with batch b equal BatchNorm on the
 concatenated batch of N b. One all-reduce in forward (sums and counts), one
 in backward (the two gradient sums)."""
-import numpy as np
-
 from ... import distributed as dist
-from ...ops.primitives import Op, get_array_module
 from ..modules.module import Module
 from ..parameter import Parameter
 from ... import _creation as C
-
-
-class _SyncBN(Op):
-    @staticmethod
-    def forward(ctx, x, w, b, eps=1e-5, group=None, stats=None):
-        xp = get_array_module(x)
-        axes = (0,) + tuple(range(2, x.ndim))
-        C_ = x.shape[1]
-        n_local = x.size // C_
-        x64 = x.astype(np.float64)
-        sums = xp.concatenate([x64.sum(axis=axes),
-                               (x64 * x64).sum(axis=axes),
-                               xp.array([float(n_local)])])
-        if group.size > 1:
-            group.all_reduce(sums, "sum")
-        n = sums[-1]
-        mean = sums[:C_] / n
-        var = xp.maximum(sums[C_:2 * C_] / n - mean * mean, 0.0)
-        shape = (1, C_) + (1,) * (x.ndim - 2)
-        invstd = 1.0 / xp.sqrt(var + eps)
-        xhat = ((x64 - mean.reshape(shape)) * invstd.reshape(shape))
-        out = xhat
-        if w is not None:
-            out = out * w.reshape(shape) + b.reshape(shape)
-        ctx.xhat, ctx.invstd, ctx.n, ctx.w = xhat, invstd, n, w
-        ctx.axes, ctx.shape, ctx.group, ctx.xd = axes, shape, group, x.dtype
-        stats.update(mean=mean, var=var, n=n)
-        return out.astype(x.dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        xp = get_array_module(g)
-        g64 = g.astype(np.float64)
-        xhat, shape, axes = ctx.xhat, ctx.shape, ctx.axes
-        gw = (g64 * xhat).sum(axis=axes)
-        gb = g64.sum(axis=axes)
-        gxhat = g64 * ctx.w.reshape(shape) if ctx.w is not None else g64
-        sums = xp.concatenate([gxhat.sum(axis=axes),
-                               (gxhat * xhat).sum(axis=axes)])
-        if ctx.group.size > 1:
-            ctx.group.all_reduce(sums, "sum")
-        C_ = xhat.shape[1]
-        s_g = sums[:C_].reshape(shape)
-        s_gx = sums[C_:].reshape(shape)
-        gx = ctx.invstd.reshape(shape) * (gxhat - s_g / ctx.n
-                                          - xhat * s_gx / ctx.n)
-        w = ctx.w
-        return (gx.astype(ctx.xd),
-                gw.astype(w.dtype) if w is not None else None,
-                gb.astype(w.dtype) if w is not None else None)
+from ._functions import _SyncBN
 
 
 class SyncBatchNorm(Module):

@@ -36,13 +36,15 @@ and tensor-parallel groups; wrap the model in
 """
 from ... import distributed as dist
 from ...autograd.grad_mode import no_grad
-from ...ops.primitives import Op, get_array_module
+from ..._backend import get_array_module
 from ...tensor import Tensor
 from .. import functional as F
 from ..modules.linear import Linear
 from ..modules.module import Module
 from ..modules.sparse import Embedding
 from ..parameter import Parameter
+from ._functions import (CopyToTP, ReduceFromTP, ScatterToTP,  # noqa: F401
+                         GatherFromTP)
 
 __all__ = [
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
@@ -51,94 +53,6 @@ __all__ = [
     "shard_state_dict", "gather_optimizer_state_dict",
     "shard_optimizer_state_dict",
 ]
-
-
-# ================================================================ arrays ==
-
-def _all_reduce(group, x):
-    # a fresh contiguous buffer: the collective works in place, and x may
-    # be an input or a gradient that someone else still holds
-    out = get_array_module(x).array(x, order="C", copy=True)
-    if group.size > 1:
-        group.all_reduce(out, "sum")
-    return out
-
-
-def _split_last(group, x, what):
-    n = x.shape[-1]
-    if n % group.size:
-        raise ValueError(
-            f"{what}: the last dim of shape {list(x.shape)} ({n}) is not "
-            f"divisible by the tensor-parallel size {group.size}")
-    k = n // group.size
-    xp = get_array_module(x)
-    return xp.ascontiguousarray(x[..., group.rank * k:(group.rank + 1) * k])
-
-
-def _gather_last(group, x):
-    if group.size == 1:
-        return x
-    xp = get_array_module(x)
-    x = xp.ascontiguousarray(x)
-    out = xp.empty((group.size,) + x.shape, x.dtype)
-    group.all_gather(out, x)
-    return xp.concatenate(list(out), axis=-1)
-
-
-# =============================================================== regions ==
-
-class CopyToTP(Op):
-    """Identity forward; backward sums the input gradient over the group
-    (each rank used the input for its own shard of the output)."""
-
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        return x.copy()
-
-    @staticmethod
-    def backward(ctx, g):
-        return _all_reduce(ctx.group, g)
-
-
-class ReduceFromTP(Op):
-    """Sum of the ranks' partial results forward; the gradient of a sum
-    reaches every term unchanged."""
-
-    @staticmethod
-    def forward(ctx, x, group=None):
-        return _all_reduce(group, x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-class ScatterToTP(Op):
-    """Keep this rank's slice of the last dim; backward all-gathers."""
-
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        return _split_last(group, x, "scatter_to_tp_region")
-
-    @staticmethod
-    def backward(ctx, g):
-        return _gather_last(ctx.group, g)
-
-
-class GatherFromTP(Op):
-    """Concatenate the ranks' last-dim slices; backward keeps this rank's
-    slice of the gradient."""
-
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        return _gather_last(group, x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _split_last(ctx.group, g, "gather_from_tp_region backward")
 
 
 def copy_to_tp_region(x, group=None):
