@@ -109,6 +109,42 @@ def open_anonymous(path, nbytes, writable):
     return None
 
 
+def create_mapped(nbytes, tag, cookie_at):
+    """(fd, path, mm, cookie): a new `anonymous_file` mapped read-write,
+    with a random 16-byte cookie at offset cookie_at. Peers open it by
+    path with `attach_mapped` while fd is open; the caller closes fd once
+    they have (or never will): the mappings keep the file."""
+    fd, path = anonymous_file(nbytes, tag)
+    try:
+        mm = mmap.mmap(fd, nbytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    cookie = secrets.token_bytes(16)
+    mm[cookie_at:cookie_at + 16] = cookie
+    return fd, path, mm, cookie
+
+
+def attach_mapped(path, nbytes, cookie, cookie_at, writable):
+    """A mapping of another process's `create_mapped` file, or None when
+    this process cannot open it or finds another cookie inside: trying is
+    the same-host test."""
+    fd = open_anonymous(path, nbytes, writable)
+    if fd is None:
+        return None
+    try:
+        mm = mmap.mmap(fd, nbytes, prot=mmap.PROT_READ | (
+            mmap.PROT_WRITE if writable else 0))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if mm[cookie_at:cookie_at + 16] != cookie:
+        mm.close()
+        return None
+    return mm
+
+
 def usable():
     """Whether this machine may use it (see Ordering above; opt out with
     DTORCH_SHM=0)."""
@@ -152,31 +188,16 @@ class ShmReducer:
         rank is not ``enabled`` or could not map the file - a rank on
         another host cannot: trying is the same-host test."""
         nbytes = size * (HEADER + 2 * chunk)
-        path = cookie = mine = None
+        path = cookie = mine = mm = None
         try:
             if rank == 0 and enabled:
-                try:
-                    mine, path = anonymous_file(nbytes, 'ar')
-                    cookie = secrets.token_bytes(16)
-                    os.pwrite(mine, cookie, 16)   # after segment 0's counters
+                try:   # the cookie goes after segment 0's counters
+                    mine, path, mm, cookie = create_mapped(nbytes, 'ar', 16)
                 except OSError:
                     path = None
             path, cookie = bcast((path, cookie))
-            mm = None
-            if path is not None and enabled:
-                fd = mine if rank == 0 else open_anonymous(path, nbytes,
-                                                           True)
-                if fd is not None:
-                    try:
-                        mm = mmap.mmap(fd, nbytes)
-                    except OSError:
-                        mm = None
-                    finally:
-                        if fd is not mine:
-                            os.close(fd)
-                if mm is not None and mm[16:32] != cookie:
-                    mm.close()
-                    mm = None
+            if rank != 0 and path is not None and enabled:
+                mm = attach_mapped(path, nbytes, cookie, 16, writable=True)
             ok = all_true(mm is not None)   # also: everyone has mapped it
         finally:
             if mine is not None:   # the file lives on in the mappings

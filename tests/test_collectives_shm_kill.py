@@ -55,13 +55,13 @@ def _tcp_rank(mode, rank, world, port, token):
     from collectives.tcp import pipe as P
     hold = os.environ.get('TEST_HOLD') == '1'
     if hold and mode == 'ring':
-        create = P._Shm.create.__func__
+        create = P.ShmPipe.create.__func__
 
         def held_create(cls, *a):
             res = create(cls, *a)
             _hold('ring')
             return res
-        P._Shm.create = classmethod(held_create)
+        P.ShmPipe.create = classmethod(held_create)
     if hold and mode == 'reducer':
         bcast = T.TCPGroup._store_bcast
 

@@ -280,19 +280,19 @@ def test_tcp_shm_ring_unlinked_and_attach_refusals():
             assert g._shm_w.fd is None          # released after set-up
         assert not any('dtorch' in f
                        for f in set(glob.glob('/dev/shm/*')) - before)
-        ring, cookie = P._Shm.create(2, 4096)
+        ring, cookie = P.ShmPipe.create(2, 4096)
         try:
             assert ring.path.startswith(f'/proc/{os.getpid()}/fd/')
-            assert P._Shm.attach(ring.path, cookie, 2, 4096) is not None
-            assert P._Shm.attach(ring.path, b'x' * 16, 2, 4096) is None
-            assert P._Shm.attach(ring.path, cookie, 4, 4096) is None
-            assert P._Shm.attach('/etc/passwd', cookie, 2, 4096) is None
-            assert P._Shm.attach('/dev/shm/dtorch-tcp-none', cookie,
+            assert P.ShmPipe.attach(ring.path, cookie, 2, 4096) is not None
+            assert P.ShmPipe.attach(ring.path, b'x' * 16, 2, 4096) is None
+            assert P.ShmPipe.attach(ring.path, cookie, 4, 4096) is None
+            assert P.ShmPipe.attach('/etc/passwd', cookie, 2, 4096) is None
+            assert P.ShmPipe.attach('/dev/shm/dtorch-tcp-none', cookie,
                                  2, 4096) is None
-            assert P._Shm.attach('/proc/self/fd/0', cookie, 2,
+            assert P.ShmPipe.attach('/proc/self/fd/0', cookie, 2,
                                  4096) is None
             with open('/dev/null', 'rb') as f:   # a /proc path, not a ring
-                assert P._Shm.attach(f'/proc/{os.getpid()}/fd/'
+                assert P.ShmPipe.attach(f'/proc/{os.getpid()}/fd/'
                                      f'{f.fileno()}', cookie, 2,
                                      4096) is None
         finally:

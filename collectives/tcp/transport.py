@@ -30,7 +30,7 @@ from ..arrays import describe
 from ..errors import (CollectiveMismatchError, CollectiveTimeoutError,
                       RankFailureError, _Expired)
 from ..store import connect_authenticated
-from .pipe import _Shm
+from .pipe import ShmPipe
 
 SHM_MIN = 64 * 1024        # messages this big take the shm path
 SHM_SLOT = 256 * 1024      # bytes per slot: a token per 256 KiB is cheap
@@ -77,7 +77,7 @@ class SocketTransport:
         mine, offer = None, _OFFER.pack(b'', b'', 0, 0)
         if on:
             try:
-                mine, cookie = _Shm.create(SHM_SLOTS, SHM_SLOT)
+                mine, cookie = ShmPipe.create(SHM_SLOTS, SHM_SLOT)
                 offer = _OFFER.pack(mine.path.encode(), cookie,
                                     SHM_SLOTS, SHM_SLOT)
             except OSError:
@@ -89,7 +89,7 @@ class SocketTransport:
             path, cookie, k, slot = _OFFER.unpack(theirs)
             path = path.rstrip(b'\0').decode()
             if on and path:
-                self._shm_r = _Shm.attach(path, cookie, k, slot)
+                self._shm_r = ShmPipe.attach(path, cookie, k, slot)
             # the answer goes back on the same connection, reversed
             ans = bytearray(1)
             self._pump(self._lsock_in, [bytes([self._shm_r is not None])],
@@ -308,7 +308,6 @@ class SocketTransport:
             iq.append(memoryview(hb))
             nin = recv_arr.nbytes
             dst = recv_arr.reshape(-1)
-            dst8 = dst.view(np.uint8)
             if rd is None:
                 tmp = dst if op is None else np.empty_like(dst)
                 if nin:
@@ -317,26 +316,9 @@ class SocketTransport:
         while True:
             moved = False
             if src is not None and opos < src.size:
-                if w.seq - w.acked >= w.k:      # ring full: any acks?
-                    try:
-                        b = so.recv(4096)
-                    except BlockingIOError:
-                        b = None
-                    except OSError as e:
-                        raise self._fail(self._right,
-                                         f"broke ({e})") from None
-                    if b == b'':
-                        raise self._fail(self._right, "was closed")
-                    if b:
-                        w.acked += len(b)
-                filled = 0
-                while w.seq - w.acked < w.k and opos < src.size:
-                    m = min(w.slot, src.size - opos)
-                    at = (w.seq % w.k) * w.slot
-                    w.arr[at:at + m] = src[opos:opos + m]
-                    opos += m
-                    w.seq += 1
-                    filled += 1
+                if w.full():
+                    w.acked += self._take_acks(so)
+                opos, filled = w.fill(src, opos)
                 if filled:
                     oq.append(memoryview(b'\x01' * filled))
                     moved = True
@@ -353,35 +335,13 @@ class SocketTransport:
             elif rd is not None and ipos < nin:
                 # the header is in: drain the slots the tokens announce,
                 # never reading past this message's tokens
-                left = -(-(nin - ipos) // rd.slot)
-                try:
-                    n = si.recv_into(toks, min(left, len(toks)))
-                except BlockingIOError:
-                    n = -1
-                except OSError as e:
-                    raise self._fail(self._left, f"broke ({e})") from None
-                if n == 0:
-                    raise self._fail(self._left, "was closed")
-                for _ in range(max(n, 0)):
-                    m = min(rd.slot, nin - ipos)
-                    at = (rd.seq % rd.k) * rd.slot
-                    piece = rd.arr[at:at + m]
-                    if op is None:
-                        dst8[ipos:ipos + m] = piece
-                    else:
-                        d = dst8[ipos:ipos + m].view(dst.dtype)
-                        op(d, piece.view(dst.dtype), out=d)
-                    ipos += m
-                    rd.seq += 1
-                    acks += 1
+                n = self._recv_tokens(si, toks, -(-(nin - ipos) // rd.slot))
+                if n:
+                    ipos = rd.drain(n, dst, ipos, op)
+                    acks += n
                     moved = True
             if acks:
-                try:
-                    acks -= si.send(b'\x01' * acks)
-                except BlockingIOError:
-                    pass
-                except OSError as e:
-                    raise self._fail(self._left, f"broke ({e})") from None
+                acks -= self._send_acks(si, acks)
             starved = src is not None and opos < src.size
             inwait = bool(iq) or (rd is not None and ipos < nin)
             if not (oq or starved or inwait or acks):
@@ -401,6 +361,40 @@ class SocketTransport:
             poller.poll(min(left, 0.5) * 1000)
         if tmp is not None and tmp is not dst:
             op(dst, tmp, out=dst)
+
+    def _take_acks(self, so):
+        """Slots the right neighbour gave back (ack bytes) now, or 0."""
+        try:
+            b = so.recv(4096)
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            raise self._fail(self._right, f"broke ({e})") from None
+        if b == b'':
+            raise self._fail(self._right, "was closed")
+        return len(b)
+
+    def _recv_tokens(self, si, toks, most):
+        """Slot tokens from the left neighbour now (at most `most`, so no
+        byte of the next message is read), or 0."""
+        try:
+            n = si.recv_into(toks, min(most, len(toks)))
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            raise self._fail(self._left, f"broke ({e})") from None
+        if n == 0:
+            raise self._fail(self._left, "was closed")
+        return n
+
+    def _send_acks(self, si, acks):
+        """Give `acks` slots back to the left neighbour: how many went."""
+        try:
+            return si.send(b'\x01' * acks)
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            raise self._fail(self._left, f"broke ({e})") from None
 
     def _neighbours_alive(self):
         """Raise RankFailureError if a ring neighbour closed its socket
