@@ -138,15 +138,15 @@ def main():
                    "rate_ratio": [min(rate), max(rate)],
                    "wait_ratio": [min(wait), max(wait)]}
             results.append(row)
+            def span(xs, fmt="{:.0f}"):
+                return fmt.format(min(xs)) + ".." + fmt.format(max(xs))
             print(f"{name:7s} workers={nw}  samples/s dtorch "
-                  f"{min(row['dtorch_samples_s'])}..{max(row['dtorch_samples_s'])}"
-                  f" torch {min(row['torch_samples_s'])}.."
-                  f"{max(row['torch_samples_s'])}  ratio "
-                  f"{min(rate):.2f}..{max(rate):.2f} | wait ms/batch dtorch "
-                  f"{min(row['dtorch_wait_ms']):.3f}..{max(row['dtorch_wait_ms']):.3f}"
-                  f" torch {min(row['torch_wait_ms']):.3f}.."
-                  f"{max(row['torch_wait_ms']):.3f}  ratio "
-                  f"{min(wait):.2f}..{max(wait):.2f}", flush=True)
+                  f"{span(row['dtorch_samples_s'])} torch "
+                  f"{span(row['torch_samples_s'])} ratio "
+                  f"{span(rate, '{:.2f}')} | wait ms/batch dtorch "
+                  f"{span(row['dtorch_wait_ms'], '{:.3f}')} torch "
+                  f"{span(row['torch_wait_ms'], '{:.3f}')} ratio "
+                  f"{span(wait, '{:.2f}')}", flush=True)
     os.remove(path)
     os.rmdir(tmp)
     if args.out:

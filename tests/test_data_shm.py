@@ -265,3 +265,30 @@ def test_prefetch_keeps_the_pytorch_number_of_batches_in_flight():
         del it, loader
         gc.collect()
 
+
+def test_large_index_lists_and_inline_batches_do_not_deadlock(
+        clean, monkeypatch):
+    """Index lists and pickled batches larger than a socket's buffer: the
+    main process must not block sending while its worker blocks sending
+    back (a blocking send deadlocked here), and a worker waits for a slow
+    training loop to read its batch (its send timed out after the
+    parent-check interval)."""
+    import threading
+    from dtorch.utils.data import _worker
+    monkeypatch.setattr(_worker, "STATUS_CHECK_INTERVAL", 0.1)
+    n = 120000
+    batches = [list(range(k * n, (k + 1) * n)) for k in range(4)]
+    out = []
+
+    def run():
+        loader = DataLoader(range(4 * n), batch_sampler=batches,
+                            num_workers=1, collate_fn=lambda b: b)
+        for b in loader:
+            out.append(len(b))
+            time.sleep(0.4)           # a training step slower than 0.1 s
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "DataLoader deadlocked"
+    assert out == [n] * 4

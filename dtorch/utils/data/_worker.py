@@ -323,10 +323,15 @@ def from_payload(obj, fds=()):
 
 
 # ------------------------------------------------------------ channel ----
-def send(sock, obj, fds=()):
-    """One message: a header, the pickled body, descriptors attached."""
+def frame(obj, nfds=0):
+    """A message's bytes: a header, then the pickled body."""
     body = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
-    data = _HEADER.pack(len(body), len(fds)) + body
+    return _HEADER.pack(len(body), nfds) + body
+
+
+def send(sock, obj, fds=()):
+    """One message, descriptors attached (blocking)."""
+    data = frame(obj, len(fds))
     anc = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
            if fds else [])
     sent = sock.sendmsg([data], anc)
@@ -460,9 +465,11 @@ def worker_loop(make_fetcher, dataset, sock, close_in_child, worker_init_fn,
         init_error = ExceptionWrapper(sys.exc_info(), where)
     parent = os.getppid()
     iteration_end = False
-    sock.settimeout(STATUS_CHECK_INTERVAL)
     try:
         while True:
+            # waiting for work times out to check on the parent; sending a
+            # batch blocks for as long as the main process takes to read
+            sock.settimeout(STATUS_CHECK_INTERVAL)
             try:
                 msg, _ = recv(sock)
             except socket.timeout:
@@ -483,6 +490,7 @@ def worker_loop(make_fetcher, dataset, sock, close_in_child, worker_init_fn,
                             set_rng_state(r["rng"])
                     except Exception:
                         init_error = ExceptionWrapper(sys.exc_info(), where)
+                sock.settimeout(None)
                 send(sock, (msg, None, None))
                 iteration_end = False
                 continue
@@ -502,6 +510,7 @@ def worker_loop(make_fetcher, dataset, sock, close_in_child, worker_init_fn,
                     iteration_end = True
                 except Exception:
                     data = ExceptionWrapper(sys.exc_info(), where)
+            sock.settimeout(None)
             _reply(sock, idx, data, state, where)
     except (ChannelClosed, BrokenPipeError, ConnectionResetError):
         pass                                 # the main process has gone

@@ -35,8 +35,10 @@ when ``num_workers=0``) is the training script's to save, as in PyTorch.
 """
 import itertools
 import multiprocessing
+import select
 import socket
 import sys
+import time
 import warnings
 
 from ...random import _rng
@@ -557,6 +559,7 @@ class _MultiProcessIter(_BaseIter):
     _shutdown = True
     _workers = ()
     _socks = ()
+    _outbox = ()
 
     def __init__(self, loader, resume=None):
         super().__init__(loader, resume)
@@ -579,6 +582,7 @@ class _MultiProcessIter(_BaseIter):
         self._shutdown = False
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                  for _ in range(n)]
+        self._outbox = [bytearray() for _ in range(n)]
         self._socks = [p[0] for p in pairs]
         make_fetcher = loader._make_fetcher()
         try:
@@ -643,9 +647,8 @@ class _MultiProcessIter(_BaseIter):
             # resume after any results still queued from the last pass
             epoch = getattr(self._dataset, "epoch", None) if hasattr(
                 self._dataset, "set_epoch") else None
-            for i, sock in enumerate(self._socks):
-                _worker.send(sock, _worker._ResumeIteration(resumes[i],
-                                                            epoch))
+            for i in range(n):
+                self._post(i, _worker._ResumeIteration(resumes[i], epoch))
             for i in range(n):
                 while True:
                     msg, fds = self._recv_from(i)
@@ -669,7 +672,7 @@ class _MultiProcessIter(_BaseIter):
             index = self._next_index()
         except StopIteration:
             return
-        _worker.send(self._socks[w], (self._send_idx, index))
+        self._post(w, (self._send_idx, index))
         self._task_info[self._send_idx] = (w, _batch_len(index))
         self._tasks_outstanding += 1
         self._send_idx += 1
@@ -682,6 +685,48 @@ class _MultiProcessIter(_BaseIter):
         raise RuntimeError(f"DataLoader worker (pid(s) {pid}) exited "
                            f"unexpectedly (exit code(s) {code})") from None
 
+    # The main process never blocks sending to a worker: a worker blocked
+    # sending its batch is not reading, so a blocking send of a large
+    # index list could wait on it forever. Messages wait in an outbox,
+    # written as the sockets take them while waiting for results.
+    def _post(self, w, msg):
+        self._outbox[w] += _worker.frame(msg)
+        self._flush(w)
+
+    def _flush(self, w):
+        box = self._outbox[w]
+        sock = self._socks[w]
+        # non-blocking mode: with a timeout set, a send that would block
+        # waits for it, then raises TimeoutError mid-message
+        sock.settimeout(0.0)
+        while box:
+            try:
+                sent = sock.send(box)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:        # the worker has gone: _recv_from says
+                box.clear()
+                return
+            del box[:sent]
+
+    def _wait_readable(self, w, limit):
+        """Flush outboxes until worker ``w`` has something to read; False
+        after ``limit`` seconds."""
+        sock = self._socks[w]
+        deadline = time.monotonic() + limit
+        while True:
+            pending = [i for i, b in enumerate(self._outbox) if b]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            readable, writable, _ = select.select(
+                [sock], [self._socks[i] for i in pending], [], left)
+            for i in pending:
+                if self._socks[i] in writable:
+                    self._flush(i)
+            if readable:
+                return True
+
     def _recv_from(self, w):
         """The next message from worker ``w`` (its results come in the
         order of its tasks)."""
@@ -689,8 +734,10 @@ class _MultiProcessIter(_BaseIter):
         limit = self._timeout if self._timeout > 0 else \
             _worker.STATUS_CHECK_INTERVAL
         while True:
-            sock.settimeout(limit)
             try:
+                if not self._wait_readable(w, limit):
+                    raise socket.timeout
+                sock.settimeout(limit)
                 return _worker.recv(sock)
             except socket.timeout:
                 if self._timeout > 0:
@@ -769,11 +816,11 @@ class _MultiProcessIter(_BaseIter):
             return
         self._shutdown = True
         for sock in self._socks:
-            try:
-                sock.settimeout(0.05)
-                _worker.send(sock, None)
-            except OSError:
-                pass
+            if not self._outbox[self._socks.index(sock)]:
+                try:        # a polite stop; closing the socket suffices
+                    sock.send(_worker.frame(None), socket.MSG_DONTWAIT)
+                except OSError:
+                    pass
             # a worker waiting on the socket sees its end close, one
             # blocked sending a batch gets EPIPE; undelivered batches'
             # shared memory is freed with the socket
