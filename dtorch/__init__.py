@@ -69,7 +69,7 @@ def numel(t):
     return t.numel()
 
 
-from ._tensor_more import (  # noqa: E402
+from ._tensor_methods import (  # noqa: E402
     tril, triu, sort, argsort, msort, topk, kthvalue, median, quantile,
     nanquantile, gather, take_along_dim, take, scatter, scatter_add,
     scatter_reduce, index_select, index_add, index_copy, index_fill,

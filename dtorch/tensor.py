@@ -1669,8 +1669,8 @@ class Tensor(_function.TensorBase):
                       requires_grad=requires_grad)
 
     # ------------- selection, scatter, triangles, scans, sampling, maths --
-    # (dtorch/_tensor_more.py: each is also dtorch.<name>(input, ...))
-    from ._tensor_more import (  # noqa: E402
+    # (dtorch/_tensor_methods/, by family: each is also dtorch.<name>)
+    from ._tensor_methods import (  # noqa: E402
         tril, triu, tril_, triu_, sort, argsort, msort, topk, kthvalue,
         median, quantile, nanquantile, gather, take_along_dim, take, scatter,
         scatter_add, scatter_, scatter_add_, scatter_reduce, index_select,

@@ -1,0 +1,186 @@
+"""Tensor methods of elementwise maths: inverse trigonometry, special
+functions, remainder/fmod, bitwise and logical ops, nansum/nanmean.
+
+Each function takes the tensor first: it is a Tensor method (the class body
+of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
+"""
+from .. import _backend as B
+from ..ops import elementwise as E
+from ._common import _TensorBase, _arr
+
+
+# ========================================================= elementwise =====
+
+def erf(self):
+    return E.Erf.apply(self)
+
+
+def erfc(self):
+    return E.Erfc.apply(self)
+
+
+def erfinv(self):
+    return E.Erfinv.apply(self)
+
+
+def asin(self):
+    return E.Asin.apply(self)
+
+
+def acos(self):
+    return E.Acos.apply(self)
+
+
+def atan(self):
+    return E.Atan.apply(self)
+
+
+def sinh(self):
+    return E.Sinh.apply(self)
+
+
+def cosh(self):
+    return E.Cosh.apply(self)
+
+
+def asinh(self):
+    return E.Asinh.apply(self)
+
+
+def acosh(self):
+    return E.Acosh.apply(self)
+
+
+def atanh(self):
+    return E.Atanh.apply(self)
+
+
+def exp2(self):
+    return E.Exp2.apply(self)
+
+
+def frac(self):
+    return E.Frac.apply(self)
+
+
+def sinc(self):
+    return E.Sinc.apply(self)
+
+
+def logit(self, eps=None):
+    return E.Logit.apply(self, eps=eps)
+
+
+def _other(self, other):
+    from ..tensor import _operand
+    return _operand(other, self)
+
+
+def atan2(self, other):
+    return E.Atan2.apply(self, _other(self, other))
+
+
+arctan2 = atan2
+
+
+def hypot(self, other):
+    return E.Hypot.apply(self, _other(self, other))
+
+
+def xlogy(self, other):
+    return E.Xlogy.apply(self, _other(self, other))
+
+
+def _exact_int(self, other):
+    return not self.dtype.is_floating_point and not (
+        isinstance(other, float) or (isinstance(other, _TensorBase)
+                                     and other.dtype.is_floating_point))
+
+
+def remainder(self, other):
+    """Python's modulo: the result has the sign of the divisor."""
+    if _exact_int(self, other):
+        return self % other
+    from .. import ops as P
+    return P.Mod.apply(self, _other(self, other), floor=True)
+
+
+def fmod(self, other):
+    """C's fmod: the result has the sign of the dividend."""
+    if _exact_int(self, other):
+        xp = self._xp()
+        from ..ops import promote
+        a, b = promote(self._data, _arr(_other(self, other)), "fmod")
+        return self._wrap(xp.fmod(a, b))
+    from .. import ops as P
+    return P.Mod.apply(self, _other(self, other), floor=False)
+
+
+def floor_divide(self, other):
+    return self // other
+
+
+def float_power(self, exponent):
+    e = exponent.double() if isinstance(exponent, _TensorBase) else float(exponent)
+    return self.double() ** e
+
+
+@B.on_own_device
+def logical_xor(self, other):
+    return self._wrap(self._xp().logical_xor(self._data, _arr(other)))
+
+
+def bitwise_and(self, other):
+    return self & other
+
+
+def bitwise_or(self, other):
+    return self | other
+
+
+def bitwise_xor(self, other):
+    return self ^ other
+
+
+def bitwise_not(self):
+    return ~self
+
+
+def signbit(self):
+    return self._wrap(self._xp().signbit(self._data))
+
+
+def heaviside(self, values):
+    x = self._data
+    xp = self._xp()
+    v = _arr(values)
+    return self._wrap(xp.where(x == 0, v, (x > 0)).astype(
+        xp.result_type(x, v), copy=False))
+
+
+def copysign(self, other):
+    o = _arr(_other(self, other))
+    sgn = self._xp().where(self._xp().signbit(o), -1.0, 1.0)
+    return self.abs() * self._wrap(sgn.astype(
+        self._data.dtype if self.dtype.is_floating_point
+        else B.get_default_dtype().np))
+
+
+def nansum(self, dim=None, keepdim=False, dtype=None):
+    return self.masked_fill(self.isnan(), 0).sum(dim, keepdim, dtype=dtype)
+
+
+def nanmean(self, dim=None, keepdim=False, dtype=None):
+    ok = ~self.isnan()
+    return nansum(self, dim, keepdim, dtype) / ok.sum(dim, keepdim).to(
+        self.dtype)
+
+
+# ====================================================== issue 14, part 2 ==
+
+def lgamma(self):
+    return E.Lgamma.apply(self)
+
+
+def digamma(self):
+    return E.Digamma.apply(self)

@@ -1,0 +1,120 @@
+"""Tensor methods that sample: multinomial, bernoulli, the in-place
+exponential_/geometric_/log_normal_/cauchy_.
+
+Each function takes the tensor first: it is a Tensor method (the class body
+of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
+"""
+import numpy as np
+
+from .. import _backend as B
+from ._common import _TensorBase
+
+
+# ============================================================ sampling ======
+
+@B.on_own_device
+def multinomial(self, num_samples, replacement=False, generator=None):
+    """Category indices drawn from each row's (unnormalised) weights, on
+    self's device (checks of the weights deferred there, no host sync)."""
+    from ..random import draw
+    if self.ndim not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if not self.dtype.is_floating_point:
+        raise RuntimeError("multinomial only supports floating-point dtypes "
+                           "for input")
+    xp = self._xp()
+    p = self._data.astype(np.float64).reshape(-1, self.shape[-1])
+    k = p.shape[1]
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    B.check_or_defer(~(xp.isfinite(p).all() & (p >= 0).all()),
+                     lambda: RuntimeError(
+                         "probability tensor contains either `inf`, `nan` "
+                         "or element < 0"))
+    tot = p.sum(1)
+    B.check_or_defer((tot <= 0).any(), lambda: RuntimeError(
+        "invalid multinomial distribution (sum of probabilities <= 0)"))
+    if not replacement and num_samples > k:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) "
+                           "samples without replacement")
+    rows = p.shape[0]
+    dev = self.device
+    if replacement:
+        # inverse CDF, all rows at once: row r's CDF lives in [r, r + 1]
+        cdf = xp.cumsum(p, 1) / tot[:, None]
+        cdf[:, -1] = 1.0
+        off = xp.arange(rows)[:, None]
+        u = draw("random", size=(rows, num_samples), device=dev,
+                 generator=generator, dtype=np.float64)
+        idx = xp.searchsorted((cdf + off).reshape(-1), (u + off).reshape(-1),
+                              side="right").reshape(rows, num_samples)
+        idx = xp.minimum(idx - off * k, k - 1)
+        # a zero-weight category can be hit only at a CDF plateau edge
+    else:
+        B.check_or_defer(((p > 0).sum(1) < num_samples).any(),
+                         lambda: RuntimeError(
+                             "invalid multinomial distribution (with "
+                             "replacement=False, not enough non-negative "
+                             "category to sample)"))
+        # exponential race (Gumbel top-k): the first num_samples arrivals
+        # of Exp(p_i) clocks are a draw without replacement
+        e = draw("exponential", size=p.shape, device=dev,
+                 generator=generator, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            keys = e / p
+        idx = xp.argsort(keys, axis=1, kind="stable")[:, :num_samples]
+    idx = idx.astype(np.int64)
+    if self.ndim == 1:
+        idx = idx.reshape(num_samples)
+    return self._wrap(idx)
+
+
+@B.on_own_device
+def bernoulli(self, p=None, generator=None):
+    from ..random import draw
+    # drawn on self's device; the range check is deferred there (no sync)
+    xp = self._xp()
+    prob = self._data if p is None else (
+        p._data if isinstance(p, _TensorBase) else p)
+    prob = self.device.send(xp.asarray(prob)) if not isinstance(
+        prob, (int, float)) else prob
+    bad = ~((xp.asarray(prob) >= 0) & (xp.asarray(prob) <= 1)).all()
+    B.check_or_defer(bad, lambda: RuntimeError(
+        "Expected p_in >= 0 && p_in <= 1 to be true, but got false."))
+    vals = draw("random", size=self.shape, device=self.device,
+                generator=generator) < prob
+    dt = self._data.dtype if self.dtype.is_floating_point else \
+        B.get_default_dtype().np
+    return self._wrap(vals.astype(dt))
+
+
+@B.on_own_device
+def _fill_random(self, method, *args, generator=None, scale=None):
+    # drawn on self's device by its generator, not on the host
+    from ..random import draw
+    self._check_inplace()
+    vals = draw(method, *args, size=self.shape, device=self.device,
+                generator=generator)
+    if scale is not None:
+        vals = scale[0] + scale[1] * vals
+    self._data[...] = vals.astype(self._data.dtype)
+    self._vc[0] += 1
+    return self
+
+
+def exponential_(self, lambd=1.0, generator=None):
+    return _fill_random(self, "exponential", 1.0 / lambd,
+                        generator=generator)
+
+
+def geometric_(self, p, generator=None):
+    return _fill_random(self, "geometric", p, generator=generator)
+
+
+def log_normal_(self, mean=1.0, std=2.0, generator=None):
+    return _fill_random(self, "lognormal", mean, std, generator=generator)
+
+
+def cauchy_(self, median=0.0, sigma=1.0, generator=None):
+    return _fill_random(self, "standard_cauchy", generator=generator,
+                        scale=(median, sigma))
