@@ -67,14 +67,15 @@ def _sync_time(fn):
     return time.perf_counter() - t
 
 
-def _raw_write(folder, arrays):
+def _raw_write(folder, arrays, sync=True):
     os.makedirs(folder, exist_ok=True)
     for name, a in arrays.items():
         path = os.path.join(folder, name)
         with open(path, "wb") as fh:
             a.tofile(fh)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
 
 
 def _raw_fromfile(folder, arrays):
@@ -96,7 +97,8 @@ def throughput(gb, repeats, root):
     arrays = {k: v.numpy() for k, v in st.items()}
     nbytes = sum(a.nbytes for a in arrays.values()) * world
     res = {"raw_write": [], "raw_read": [], "raw_fromfile": [],
-           "dcp_save": [], "dcp_load": []}
+           "dcp_save": [], "dcp_load": [], "raw_write_nosync": [],
+           "dcp_save_nosync": []}
     out = {k: np.empty_like(a) for k, a in arrays.items()}
     target = {k: dcp.shard_of(dtorch.zeros(v.shape), v._dcp_shard[0],
                               v._dcp_shard[1]) for k, v in st.items()}
@@ -106,6 +108,8 @@ def throughput(gb, repeats, root):
         order = ["raw", "dcp"] if i % 2 == 0 else ["dcp", "raw"]
         for what in order:
             if what == "raw":
+                res["raw_write_nosync"].append(_sync_time(
+                    lambda: _raw_write(raw_dir + "n", arrays, False)))
                 res["raw_write"].append(_sync_time(
                     lambda: _raw_write(raw_dir, arrays)))
                 res["raw_read"].append(_sync_time(
@@ -113,6 +117,9 @@ def throughput(gb, repeats, root):
                 res["raw_fromfile"].append(_sync_time(
                     lambda: _raw_fromfile(raw_dir, arrays)))
             else:
+                res["dcp_save_nosync"].append(_sync_time(
+                    lambda: dcp.save(st, storage_writer=dcp.FileSystemWriter(
+                        ck + "n", sync_files=False))))
                 res["dcp_save"].append(_sync_time(
                     lambda: dcp.save(st, checkpoint_id=ck)))
                 res["dcp_load"].append(_sync_time(
@@ -123,6 +130,7 @@ def throughput(gb, repeats, root):
             dist.barrier()
         if rank == 0:
             shutil.rmtree(ck, ignore_errors=True)
+            shutil.rmtree(ck + "n", ignore_errors=True)
             shutil.rmtree(os.path.join(root, f"raw{i}"), ignore_errors=True)
     gbs = {k: [nbytes / t / 1e9 for t in v] for k, v in res.items()}
     return {"world": world, "bytes": nbytes, "seconds": res, "GB/s": gbs}
@@ -178,7 +186,13 @@ def stall(gb, steps, root):
 
 
 def _rng(v):
-    return f"{min(v):.2f}..{max(v):.2f}"
+    """min..max (median)"""
+    m = sorted(v)[len(v) // 2]
+    return f"{min(v):.2f}..{max(v):.2f} (median {m:.2f})"
+
+
+def _ratio(a, b):
+    return _rng([x / y for x, y in zip(a, b)])
 
 
 def _worker(args):
@@ -239,15 +253,18 @@ def main():
             report["runs"].append(r)
             g = r["GB/s"]
             print(f"{world} rank(s), {r['bytes'] / 1e9:.2f} GB, GB/s over "
-                  f"{args.repeats} runs (min..max):\n"
-                  f"  save: dcp {_rng(g['dcp_save'])}  raw tofile+fsync "
+                  f"{args.repeats} runs, min..max (median); ratio = dcp / "
+                  f"raw of the same run:\n"
+                  f"  save, fsync: dcp {_rng(g['dcp_save'])}  raw tofile "
                   f"{_rng(g['raw_write'])}  ratio "
-                  f"{_rng([a / b for a, b in zip(g['dcp_save'], g['raw_write'])])}\n"
+                  f"{_ratio(g['dcp_save'], g['raw_write'])}\n"
+                  f"  save, no fsync: dcp {_rng(g['dcp_save_nosync'])}  raw "
+                  f"{_rng(g['raw_write_nosync'])}  ratio "
+                  f"{_ratio(g['dcp_save_nosync'], g['raw_write_nosync'])}\n"
                   f"  load: dcp {_rng(g['dcp_load'])}  raw readinto "
                   f"{_rng(g['raw_read'])} (fromfile "
                   f"{_rng(g['raw_fromfile'])})  ratio "
-                  f"{_rng([a / b for a, b in zip(g['dcp_load'], g['raw_read'])])}",
-                  flush=True)
+                  f"{_ratio(g['dcp_load'], g['raw_read'])}", flush=True)
         if args.stall_steps:
             s = stall(args.gb, args.stall_steps, args.dir)
             report["stall"] = s
@@ -256,7 +273,7 @@ def main():
                   f"({s['layers']} x Linear({s['width']}) + Adam):\n"
                   f"  plain step {_rng(s['plain_step_s'])} s; the step "
                   f"calling async_save {_rng(s['trigger_step_s'])} s "
-                  f"(+{_rng([t / base * 100 - 100 for t in s['trigger_step_s']])}"
+                  f"(slower by {_rng([t / base * 100 - 100 for t in s['trigger_step_s']])}"
                   f" %; the call itself {_rng(s['async_save_call_s'])} s); "
                   f"steps while it writes "
                   f"{_rng(s['steps_during_write_s'] or [0])} s", flush=True)

@@ -46,10 +46,15 @@ __all__ = ["save", "load", "async_save", "CheckpointException",
 
 class FileSystemWriter:
     """PyTorch's storage writer naming a directory: ``save(sd,
-    storage_writer=FileSystemWriter(path))`` is ``checkpoint_id=path``."""
+    storage_writer=FileSystemWriter(path))`` is ``checkpoint_id=path``.
+    ``sync_files=False`` skips the fsyncs: faster, but a power loss (not
+    a crash of the process) may then lose a checkpoint that was
+    reported saved."""
 
-    def __init__(self, path, *args, **kwargs):
+    def __init__(self, path, single_file_per_rank=True, sync_files=True,
+                 *args, **kwargs):
         self.path = path
+        self.sync_files = sync_files
 
 
 class FileSystemReader:

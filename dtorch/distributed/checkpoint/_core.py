@@ -304,6 +304,7 @@ class _Snapshot:
             else:
                 self.objects[key] = _encode_object(key, v)
         self.step = None
+        self.sync = True
         st = flat.leaves.get("step")
         if st is not None and isinstance(st[2], (int, np.integer)) \
                 and not isinstance(st[2], bool):
@@ -400,7 +401,7 @@ def _check_tiling(k, gsize, chunks):
                          f"{gsize})")
 
 
-def _write_file(path, arrays, crcs):
+def _write_file(path, arrays, crcs, sync=True):
     """One safetensors file through dtorch.serialization's writer, with
     checksums computed at planning; returns (size, header CRC-32)."""
     order, entries = S._layout(arrays)
@@ -413,7 +414,8 @@ def _write_file(path, arrays, crcs):
         for n in order:
             fh.write(S._bytes_of(arrays[n]))
         fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            os.fsync(fh.fileno())
     return os.path.getsize(path), hcrc
 
 
@@ -487,7 +489,8 @@ def _save_snapshot(snap, path, ck, after_commit=None):
                 n = _tensor_name(k)
                 arrays[n] = snap.tensors[k][0]
                 crcs[n] = int(mine["plan"]["tensors"][k][4])
-            size, hcrc = _write_file(os.path.join(tmp, fname), arrays, crcs)
+            size, hcrc = _write_file(os.path.join(tmp, fname), arrays, crcs,
+                                     snap.sync)
             res["file"] = [fname, size, hcrc]
     except Exception as e:
         res["err"] = f"writing {os.path.join(tmp, fname)}: " \
@@ -503,7 +506,7 @@ def _save_snapshot(snap, path, ck, after_commit=None):
         try:
             _raise_failures(results, f"dcp.save to {path}")
             _commit(path, tmp, entries, results, plans, per_rank_keys,
-                    len(plans))
+                    len(plans), snap.sync)
             if after_commit is not None:
                 after_commit(path)
         except Exception as e:
@@ -515,7 +518,8 @@ def _save_snapshot(snap, path, ck, after_commit=None):
     return path
 
 
-def _commit(path, tmp, entries, results, plans, per_rank_keys, world):
+def _commit(path, tmp, entries, results, plans, per_rank_keys, world,
+            sync=True):
     files = {}
     for r, x in enumerate(results):
         if x.get("file"):
@@ -540,8 +544,10 @@ def _commit(path, tmp, entries, results, plans, per_rank_keys, world):
     with open(mpath, "wb") as fh:
         fh.write(M.dumps(doc))
         fh.flush()
-        os.fsync(fh.fileno())
-    _fsync_dir(tmp)
+        if sync:
+            os.fsync(fh.fileno())
+    if sync:
+        _fsync_dir(tmp)
     old = None
     if os.path.lexists(path):
         # replace a checkpoint of the same name: move it aside first (a
@@ -549,18 +555,21 @@ def _commit(path, tmp, entries, results, plans, per_rank_keys, world):
         old = f"{tmp[:-4]}.old"
         os.rename(path, old)
     os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    if sync:
+        _fsync_dir(os.path.dirname(path))
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _prepare(state_dict, process_group, no_dist, copy):
+def _prepare(state_dict, process_group, no_dist, copy, writer):
     base = _base_group(process_group, no_dist)
     ck = _ckpt_group(base)
     flat = _Flat(state_dict)
     err = None
     try:
         snap = _Snapshot(flat, copy)
+        # FileSystemWriter(sync_files=False): no fsync (PyTorch's option)
+        snap.sync = bool(getattr(writer, "sync_files", True))
     except Exception as e:
         err, snap = e, None
     return ck, snap, err
@@ -583,7 +592,8 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None,
     all. ``storage_writer``/``planner`` are PyTorch's extension points;
     only a writer with a ``path`` is understood."""
     path = _checkpoint_path(checkpoint_id, storage_writer)
-    ck, snap, err = _prepare(state_dict, process_group, no_dist, False)
+    ck, snap, err = _prepare(state_dict, process_group, no_dist, False,
+                             storage_writer)
     _wait_pending(ck)        # saves of a group run in call order
     return _save_or_fail(snap, err, path, ck, _after_commit)
 
@@ -608,7 +618,8 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
     writes it; ``future.result()`` returns the path or raises
     CheckpointException. Saves of one group run in call order."""
     path = _checkpoint_path(checkpoint_id, storage_writer)
-    ck, snap, err = _prepare(state_dict, process_group, no_dist, True)
+    ck, snap, err = _prepare(state_dict, process_group, no_dist, True,
+                             storage_writer)
     return _submit(ck, _save_or_fail, snap, err, path, ck, _after_commit)
 
 
