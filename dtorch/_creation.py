@@ -6,7 +6,8 @@ import numpy as np
 from . import _backend as B
 from . import ops as P
 from .random import draw as _draw
-from .tensor import Tensor, _dims, _finish, _np_dtype, _fill, _where
+from ._tensor_methods._common import _dims
+from .tensor import Tensor, _finish, _np_dtype, _fill, _where
 from .tensor import tensor  # noqa: F401 (dtorch.tensor)
 
 
@@ -227,9 +228,4 @@ def where(condition, input=None, other=None):
 
 
 def nonzero(t, as_tuple=False):
-    xp = t._xp()
-    idx = xp.nonzero(t._data)
-    if as_tuple:
-        return tuple(Tensor._wrap(i.astype(np.int64)) for i in idx)
-    return Tensor._wrap(xp.stack(idx, axis=1).astype(np.int64)
-                        if idx else xp.zeros((0, 0), np.int64))
+    return t.nonzero(as_tuple=as_tuple)

@@ -6,7 +6,6 @@ method is composed from the primitives in ``dtorch/ops``.
 """
 import builtins
 import copy
-import numbers
 import weakref
 
 import numpy as np
@@ -14,6 +13,7 @@ import numpy as np
 from . import _backend as B
 from . import ops as P
 from ._format import format_tensor
+from ._tensor_methods._common import _dims, _operand
 from .autograd import backward as _backward
 from .autograd import function as _function
 from .autograd.grad_mode import _state
@@ -46,25 +46,6 @@ class Size(tuple):
 
 def _arr(x):
     return x._data if isinstance(x, Tensor) else x
-
-
-def _operand(x, like):
-    """A binary op's other operand: Tensor, Python scalar, or array-like."""
-    if isinstance(x, Tensor) or type(x) in _SCALARS:
-        return x
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, numbers.Number):
-        return float(x) if isinstance(x, numbers.Real) else x
-    xp = like._xp()
-    return Tensor._wrap(xp.asarray(x))
-
-
-def _dims(args):
-    """Accept f(1, 2) and f((1, 2)) for shape-like varargs."""
-    if len(args) == 1 and isinstance(args[0], (tuple, list, Size)):
-        return tuple(args[0])
-    return tuple(args)
 
 
 def _finish(data, dtype, device, requires_grad):

@@ -1,4 +1,6 @@
-"""Helpers shared by the Tensor method families."""
+"""Helpers shared by the Tensor method families (and dtorch/tensor.py)."""
+import numbers
+
 import numpy as np
 
 from .. import _backend as B
@@ -9,10 +11,31 @@ from ..autograd import function as _function
 # sits below dtorch/tensor.py (whose class body binds these functions), and
 # new tensors are made by the _wrap of the tensor at hand.
 _TensorBase = _function.TensorBase
+_SCALARS = (int, float, bool)
 
 
 def _arr(x):
     return x._data if isinstance(x, _TensorBase) else x
+
+
+
+def _dims(args):
+    """Accept f(1, 2) and f((1, 2)) for shape-like varargs."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def _operand(x, like):
+    """A binary op's other operand: Tensor, Python scalar, or array-like."""
+    if isinstance(x, _TensorBase) or type(x) in _SCALARS:
+        return x
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, numbers.Number):
+        return float(x) if isinstance(x, numbers.Real) else x
+    xp = like._xp()
+    return like._wrap(xp.asarray(x))
 
 
 def _index_array(self, index, op):

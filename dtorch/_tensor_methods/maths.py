@@ -5,8 +5,9 @@ Each function takes the tensor first: it is a Tensor method (the class body
 of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
 """
 from .. import _backend as B
+from .. import ops as P
 from ..ops import elementwise as E
-from ._common import _TensorBase, _arr
+from ._common import _TensorBase, _arr, _operand
 
 
 # ========================================================= elementwise =====
@@ -72,7 +73,6 @@ def logit(self, eps=None):
 
 
 def _other(self, other):
-    from ..tensor import _operand
     return _operand(other, self)
 
 
@@ -101,7 +101,6 @@ def remainder(self, other):
     """Python's modulo: the result has the sign of the divisor."""
     if _exact_int(self, other):
         return self % other
-    from .. import ops as P
     return P.Mod.apply(self, _other(self, other), floor=True)
 
 
@@ -109,10 +108,8 @@ def fmod(self, other):
     """C's fmod: the result has the sign of the dividend."""
     if _exact_int(self, other):
         xp = self._xp()
-        from ..ops import promote
-        a, b = promote(self._data, _arr(_other(self, other)), "fmod")
+        a, b = P.promote(self._data, _arr(_other(self, other)), "fmod")
         return self._wrap(xp.fmod(a, b))
-    from .. import ops as P
     return P.Mod.apply(self, _other(self, other), floor=False)
 
 
@@ -175,8 +172,6 @@ def nanmean(self, dim=None, keepdim=False, dtype=None):
     return nansum(self, dim, keepdim, dtype) / ok.sum(dim, keepdim).to(
         self.dtype)
 
-
-# ====================================================== issue 14, part 2 ==
 
 def lgamma(self):
     return E.Lgamma.apply(self)

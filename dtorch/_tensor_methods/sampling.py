@@ -7,6 +7,7 @@ of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
 import numpy as np
 
 from .. import _backend as B
+from ..random import draw
 from ._common import _TensorBase
 
 
@@ -16,7 +17,6 @@ from ._common import _TensorBase
 def multinomial(self, num_samples, replacement=False, generator=None):
     """Category indices drawn from each row's (unnormalised) weights, on
     self's device (checks of the weights deferred there, no host sync)."""
-    from ..random import draw
     if self.ndim not in (1, 2):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
     if not self.dtype.is_floating_point:
@@ -71,7 +71,6 @@ def multinomial(self, num_samples, replacement=False, generator=None):
 
 @B.on_own_device
 def bernoulli(self, p=None, generator=None):
-    from ..random import draw
     # drawn on self's device; the range check is deferred there (no sync)
     xp = self._xp()
     prob = self._data if p is None else (
@@ -91,7 +90,6 @@ def bernoulli(self, p=None, generator=None):
 @B.on_own_device
 def _fill_random(self, method, *args, generator=None, scale=None):
     # drawn on self's device by its generator, not on the host
-    from ..random import draw
     self._check_inplace()
     vals = draw(method, *args, size=self.shape, device=self.device,
                 generator=generator)

@@ -5,7 +5,9 @@ Each function takes the tensor first: it is a Tensor method (the class body
 of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
 """
 from .. import _backend as B
+from .. import ops as P
 from ..ops import selection as S
+from ..return_types import MinMax
 from ._common import _TensorBase
 
 
@@ -17,7 +19,6 @@ def cumprod(self, dim, dtype=None):
 
 
 def _cumext(self, dim, is_min):
-    from ..return_types import MinMax
     vals = S.CumExtreme.apply(self, dim=dim, is_min=is_min)
     fn = vals.grad_fn
     if fn is not None:
@@ -42,19 +43,17 @@ def cummin(self, dim):
 
 def logcumsumexp(self, dim):
     # one node with PyTorch's scan and backward (dtorch/ops/selection.py)
-    from .. import ops as P
     return P.LogCumSumExp.apply(self, dim=S.axis_of(dim, self.ndim))
 
 
 def diff(self, n=1, dim=-1, prepend=None, append=None):
     T = _TensorBase
-    from .._creation import cat
     x = self
     d = S.axis_of(dim, self.ndim)
     if prepend is not None or append is not None:
         parts = [p if isinstance(p, T) else self._wrap(self._xp().asarray(p))
                  for p in (prepend, self, append) if p is not None]
-        x = cat(parts, d)
+        x = P.Cat.apply(*parts, dim=d)
     for _ in range(n):
         m = x.shape[d]
         hi = x.narrow(d, 1, m - 1) if m else x

@@ -7,6 +7,8 @@ of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
 import numpy as np
 
 from .. import _backend as B
+from .. import ops as P
+from .. import return_types as R
 from ..ops import selection as S
 from ._common import _TensorBase, _arr, _index_array, _inplace
 
@@ -42,11 +44,10 @@ def _selected(self, idx, axis, keepdim=True):
 @B.on_own_device
 def sort(self, dim=-1, descending=False, stable=False):
     """Values and indices along dim; ties keep their order (stable)."""
-    from ..return_types import sort as _rt
     if isinstance(dim, bool):     # sort(x, True) is sort(descending=...)
         raise TypeError("sort(): dim must be an int")
     idx = S.sort_indices(self._data, dim, descending)
-    return _rt(*_selected(self, idx, S.axis_of(dim, self.ndim)))
+    return R.sort(*_selected(self, idx, S.axis_of(dim, self.ndim)))
 
 
 @B.on_own_device
@@ -62,16 +63,14 @@ def msort(self):
 @B.on_own_device
 def topk(self, k, dim=-1, largest=True, sorted=True):
     """The k largest (smallest) values along dim and their indices."""
-    from ..return_types import topk as _rt
     if isinstance(k, _TensorBase):
         k = int(k.item())
     idx = S.topk_indices(self._data, int(k), dim, largest)
-    return _rt(*_selected(self, idx, S.axis_of(dim, self.ndim)))
+    return R.topk(*_selected(self, idx, S.axis_of(dim, self.ndim)))
 
 
 @B.on_own_device
 def kthvalue(self, k, dim=-1, keepdim=False):
-    from ..return_types import kthvalue as _rt
     axis = S.axis_of(dim, self.ndim)
     n = self.shape[axis] if self.ndim else 1
     if not 1 <= k <= n:
@@ -81,21 +80,19 @@ def kthvalue(self, k, dim=-1, keepdim=False):
     idx = S.sort_indices(self._data, dim, False)
     if self.ndim:
         idx = xp.take(idx, xp.arange(k - 1, k), axis=axis)
-    return _rt(*_selected(self, idx, axis, keepdim))
+    return R.kthvalue(*_selected(self, idx, axis, keepdim))
 
 
 @B.on_own_device
 def median(self, dim=None, keepdim=False):
     """The lower median (PyTorch's: no averaging of the two middle values);
     NaN if the slice holds a NaN."""
-    from ..return_types import median as _rt
     if dim is None:
         flat = self.reshape(-1)
         n = flat.numel()
         if n == 0:
             return self.new_full((), float("nan"))
         # NaN if any is NaN; g shared evenly among equal elements (torch)
-        from .. import ops as P
         return P.MedianAll.apply(self)
     axis = S.axis_of(dim, self.ndim)
     n = self.shape[axis] if self.ndim else 1
@@ -109,7 +106,7 @@ def median(self, dim=None, keepdim=False):
             isn = xp.isnan(self._data)
             idx = xp.where(isn.any(axis, keepdims=True),
                            isn.argmax(axis, keepdims=True), idx)
-    return _rt(*_selected(self, idx, axis, keepdim))
+    return R.median(*_selected(self, idx, axis, keepdim))
 
 
 @B.on_own_device
@@ -392,18 +389,21 @@ def unique_consecutive(self, return_inverse=False, return_counts=False,
 
 @B.on_own_device
 def nonzero(self, *, as_tuple=False):
-    from .._creation import nonzero as _nz
-    return _nz(self, as_tuple)
+    xp = self._xp()
+    idx = xp.nonzero(self._data)
+    if as_tuple:
+        return tuple(self._wrap(i.astype(np.int64)) for i in idx)
+    return self._wrap(xp.stack(idx, axis=1).astype(np.int64)
+                      if idx else xp.zeros((0, 0), np.int64))
 
 
 @B.on_own_device
 def mode(self, dim=-1, keepdim=False):
     """The most frequent value along dim (the smallest among ties) and the
     index of its last occurrence, as PyTorch."""
-    from ..return_types import mode as _rt
     xp = self._xp()
     if self.ndim == 0:
-        return _rt(self.clone(), self._wrap(xp.zeros((), np.int64)))
+        return R.mode(self.clone(), self._wrap(xp.zeros((), np.int64)))
     axis = S.axis_of(dim, self.ndim)
     x = xp.moveaxis(self._data, axis, -1)
     n = x.shape[-1]
@@ -430,7 +430,7 @@ def mode(self, dim=-1, keepdim=False):
     best = xp.argmax(xp.where(end, run, 0), axis=-1)[..., None]
     idx = xp.take_along_axis(order, best, -1).astype(np.int64)
     idx = xp.moveaxis(idx, -1, axis)
-    return _rt(*_selected(self, idx, axis, keepdim))
+    return R.mode(*_selected(self, idx, axis, keepdim))
 
 
 @B.on_own_device

@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _backend as B
 from ..ops import selection as S
-from ._common import _arr
+from ._common import _arr, _dims
 from .selection import scatter, index_select
 
 
@@ -130,7 +130,6 @@ def unfold(self, dimension, size, step):
 
 
 def sum_to_size(self, *size):
-    from ..tensor import _dims
     shape = tuple(_dims(size))
     out = self
     lead = self.ndim - len(shape)
@@ -207,7 +206,6 @@ def storage_offset(self):
 def resize_(self, *sizes, memory_format=None):
     """Reshape in place to ``sizes``, keeping the leading elements and
     zero-filling new ones (PyTorch leaves them uninitialised)."""
-    from ..tensor import _dims
     shape = tuple(int(s) for s in _dims(sizes))
     if self.requires_grad:
         raise RuntimeError("cannot resize variables that require grad")
