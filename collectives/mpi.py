@@ -17,7 +17,7 @@ in the calling rank. async_op=True always uses the nonblocking calls.
 
 When every rank of a group shares one host, a blocking
 all_reduce_coalesced (DDP's bucket reduction) goes through
-`collectives.shm`: it reduces straight from and into the arrays (MPI would
+`collectives.shm_reduce`: it reduces straight from and into the arrays (MPI would
 need them packed and unpacked) and a waiting rank sleeps instead of
 busy-polling, which matters when DDP's communication thread shares a core
 with backward. Such a wait has its own deadline, so its timeout raises in
@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from . import shm
+from . import shm_reduce
 from .arrays import check_buffer, describe, divide_avg, is_cupy, ReduceOp
 from .errors import CollectiveError, CollectiveMismatchError, _Expired
 from .group import ProcessGroup
@@ -172,14 +172,14 @@ class MPIGroup(ProcessGroup):
         node.Free()
         if not one_host:
             return None
-        return shm.ShmReducer.setup(
+        return shm_reduce.ShmReducer.setup(
             self.rank, self.size, lambda obj: c.bcast(obj, 0),
             lambda flag: c.allreduce(bool(flag), op=MPI.LAND),
-            enabled=shm.usable())
+            enabled=shm_reduce.usable())
 
     def _shm_ok(self, arrs, op):
         return (self._shm is not None and not self._nb
-                and shm.supports(arrs, op))
+                and shm_reduce.supports(arrs, op))
 
     def _shm_all_reduce(self, arrs, op, deadline):
         # the wait has its own deadline and raises in this rank: not a

@@ -93,10 +93,10 @@ def test_mpi_shared_memory_all_reduce_and_its_timeout():
     """Ranks on one host reduce coalesced lists through shared memory; a
     rank that does not come is named in a timeout raised in the others
     (not an abort: nobody is stuck inside MPI)."""
-    from collectives import shm
+    from collectives import shm_reduce
     from collectives.mpi import MPIGroup
     g = MPIGroup(timeout=1.0, name='shm-skip')
-    if not shm.usable():
+    if not shm_reduce.usable():
         assert g._shm is None
         return
     assert g._shm is not None          # mpiexec -n k on this one host

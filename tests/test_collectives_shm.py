@@ -1,6 +1,6 @@
-"""collectives.shm.ShmReducer in one process: n threads, each with its own
-mapping of the shared file (as n processes would have), tiny slots so that
-chunks, slot reuse and array boundaries inside chunks are all exercised."""
+"""collectives.shm_reduce.ShmReducer in one process: n threads, each with
+its own mapping of the shared file (as n processes would have), tiny slots so
+that chunks, slot reuse and array boundaries inside chunks are all exercised."""
 import os
 import threading
 import time
@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from collectives import ReduceOp, shm
+from collectives import ReduceOp, shm_reduce
 from collectives.errors import _Expired
 
-pytestmark = pytest.mark.skipif(not shm.usable(),
+pytestmark = pytest.mark.skipif(not shm_reduce.usable(),
                                 reason="shared-memory reduction is x86-64 "
                                        "+ /dev/shm only")
 
@@ -38,7 +38,7 @@ def run_ranks(n, body, chunk=64):
 
     def thread(r):
         try:
-            red = shm.ShmReducer.setup(r, n, lambda o: bcast(o, r),
+            red = shm_reduce.ShmReducer.setup(r, n, lambda o: bcast(o, r),
                                        lambda f: all_true(f, r), chunk)
             out[r] = body(r, red)
             red.close()
@@ -92,11 +92,11 @@ def test_all_ops_many_chunks_and_array_boundaries(n):
 
 def test_supports_only_what_it_reduces():
     f = np.ones(4, np.float32)
-    assert shm.supports([f, np.ones(2, np.float32)], ReduceOp.SUM)
-    assert not shm.supports([f, np.ones(2)], ReduceOp.SUM)      # dtypes
-    assert not shm.supports([np.ones((4, 4))[:, 0]], ReduceOp.SUM)
-    assert not shm.supports([np.ones(3, bool)], ReduceOp.MAX)
-    assert not shm.supports([np.ones(3, np.int32)], ReduceOp.AVG)
+    assert shm_reduce.supports([f, np.ones(2, np.float32)], ReduceOp.SUM)
+    assert not shm_reduce.supports([f, np.ones(2)], ReduceOp.SUM)      # dtypes
+    assert not shm_reduce.supports([np.ones((4, 4))[:, 0]], ReduceOp.SUM)
+    assert not shm_reduce.supports([np.ones(3, bool)], ReduceOp.MAX)
+    assert not shm_reduce.supports([np.ones(3, np.int32)], ReduceOp.AVG)
 
 
 def test_a_rank_that_does_not_come_is_named():

@@ -91,8 +91,8 @@ def _tcp_rank(mode, rank, world, port, token):
 
 
 def _mpi_rank():
-    from collectives import shm
-    setup = shm.ShmReducer.setup.__func__
+    from collectives import shm_reduce
+    setup = shm_reduce.ShmReducer.setup.__func__
 
     def killed_setup(cls, rank, size, bcast, all_true, *a, **k):
         def bcast_then_die(obj):
@@ -100,7 +100,7 @@ def _mpi_rank():
                 os.kill(os.getpid(), signal.SIGKILL)  # holding the file
             return bcast(obj)
         return setup(cls, rank, size, bcast_then_die, all_true, *a, **k)
-    shm.ShmReducer.setup = classmethod(killed_setup)
+    shm_reduce.ShmReducer.setup = classmethod(killed_setup)
     from collectives.mpi import world_group
     world_group(timeout=20)
     print('set-up survived', flush=True)
@@ -146,8 +146,8 @@ def test_tcp_rank_killed_during_shm_setup_leaves_nothing(mode, holder):
 
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason='no mpiexec')
 def test_mpi_rank_killed_during_shm_setup_leaves_nothing():
-    from collectives import shm
-    if not shm.usable():
+    from collectives import shm_reduce
+    if not shm_reduce.usable():
         pytest.skip("no shared-memory reduction on this machine")
     env = dict(os.environ, PYTHONPATH=ROOT, OMPI_ALLOW_RUN_AS_ROOT='1',
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1',

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from .. import shm
+from .. import shm_reduce
 from ..arrays import ReduceOp, divide_avg, row
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, _Expired
 from ..group import ProcessGroup
@@ -76,11 +76,11 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
                 f"they reach this host?", op='init', group=name,
                 missing=e.missing or ()) from None
         # all ranks on this host: all_reduce_coalesced (DDP's buckets)
-        # goes through one shared file (collectives.shm); the set-up talks
+        # goes through one shared file (collectives.shm_reduce); the set-up talks
         # through the store, so that it is not a collective of the group
-        self._red = shm.ShmReducer.setup(
+        self._red = shm_reduce.ShmReducer.setup(
             rank, size, self._store_bcast, self._store_all_true,
-            enabled=shm.usable() and os.environ.get('DTORCH_TCP_SHM',
+            enabled=shm_reduce.usable() and os.environ.get('DTORCH_TCP_SHM',
                                                     '1') != '0')
         watchdog.register(self)
 
@@ -146,7 +146,7 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
                             'coll')
 
     def _start_all_reduce_coalesced(self, arrs, op, deadline):
-        if self._red is not None and shm.supports(arrs, op):
+        if self._red is not None and shm_reduce.supports(arrs, op):
             # in the collectives' lane, so issue order is kept
             return self._launch(
                 lambda dl: self._red.all_reduce(arrs, op, dl,
