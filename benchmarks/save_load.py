@@ -9,13 +9,14 @@ interleaved run by run so that load from other processes hits them alike.
 Reports the median and the range (min..max) of MB/s over ``--repeats``,
 the median process CPU time per operation (steadier than wall time on a
 shared machine), and the rates of zlib.crc32 and of dtorch's tensor
-checksum alone. The implementations take turns going first.
+checksum (XXH3-64) alone. The implementations take turns going first.
 
-    python benchmarks/save_load.py [--baseline REV] [--repeats 9]
+    python benchmarks/save_load.py [--baseline REV ...] [--repeats 9]
         [--dir DIR] [--out benchmarks/results/save_load.json]
 
-``--baseline REV`` loads ``dtorch/serialization.py`` as of REV (git show)
-as a second module of the dtorch package and times it the same way.
+``--baseline REV`` (repeatable) loads ``dtorch/serialization.py`` as of
+REV (git show) as another module of the dtorch package and times it the
+same way. The implementations take turns going first (rotated).
 """
 import argparse
 import gc
@@ -67,7 +68,8 @@ def baseline_module(rev):
     with os.fdopen(fd, "w") as fh:
         fh.write(src)
     # a module of the dtorch package, so its relative imports resolve
-    name = "dtorch._serialization_baseline"
+    name = "dtorch._serialization_" + rev.replace("^", "_").replace(
+        "~", "_")
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = "dtorch"
@@ -99,17 +101,19 @@ def summary(times, size, cpu=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--baseline", default=None,
-                    help="git revision whose serialization.py to compare")
+    ap.add_argument("--baseline", action="append", default=[],
+                    help="git revision whose serialization.py to compare "
+                         "(repeatable)")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--out", default="benchmarks/results/save_load.json")
     args = ap.parse_args()
 
     impls = {"current": dtorch.serialization}
-    if args.baseline:
-        impls[f"baseline {args.baseline}"] = baseline_module(args.baseline)
-    results = {}
+    for rev in args.baseline:
+        impls[f"baseline {rev}"] = baseline_module(rev)
+    # other processes' load skews wall times: recorded with the figures
+    results = {"loadavg_before": [round(x, 2) for x in os.getloadavg()]}
     folder = tempfile.mkdtemp(dir=args.dir, prefix="dtorch-bench-")
     try:
         for wname, obj in workloads().items():
@@ -120,7 +124,9 @@ def main():
             for r in range(args.repeats):
                 # alternate who goes first: no order effect (page cache,
                 # allocator, garbage) favours either
-                for k, mod in list(impls.items())[::1 if r % 2 else -1]:
+                items = list(impls.items())
+                items = items[r % len(items):] + items[:r % len(items)]
+                for k, mod in items[::1 if r % 2 else -1]:
                     gc.collect()
                     run = one_run(mod, obj, os.path.join(folder, "c.pt"))
                     for col, v in zip(times[k], run):
@@ -144,7 +150,9 @@ def main():
         zlib.crc32(memoryview(a).cast("B"))
         crc.append(time.perf_counter() - t0)
     results["zlib.crc32"] = summary(crc, a.nbytes)
-    # dtorch's tensor checksum, in the 1 MiB pieces save/load feed it
+    results["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    # dtorch's tensor checksum (XXH3-64), in the 1 MiB pieces save and
+    # load feed it
     sums = getattr(dtorch.serialization, "_Checksums", None)
     if sums is not None:
         mv, piece, times = memoryview(a).cast("B"), 1 << 20, []
@@ -153,6 +161,7 @@ def main():
             c = sums()
             for i in range(0, len(mv), piece):
                 c.add("a", mv[i:i + piece])
+            c.crc
             times.append(time.perf_counter() - t0)
         results["dtorch checksum"] = summary(times, a.nbytes)
 
@@ -162,9 +171,11 @@ def main():
                 f" {op} {r[op]['median_MBps']:6.1f} MB/s [{r[op]['min_MBps']}"
                 f"..{r[op]['max_MBps']}] cpu {r[op]['cpu_ms_median']} ms"
                 for op in ("save", "load")))
-        else:
+        elif "median_MBps" in r:
             print(f"{k:28s} {r['median_MBps']:7.1f} MB/s "
                   f"[{r['min_MBps']}..{r['max_MBps']}]")
+        else:
+            print(f"{k:28s} {r}")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=1)

@@ -45,6 +45,7 @@ tensors.
 """
 import collections
 import contextlib
+import errno
 import json
 import math
 import mmap as _mmap
@@ -144,14 +145,27 @@ class safe_globals:
 # --------------------------------------------------------------- encode --
 
 class _Encoder:
-    """Turns an object into a JSON tree plus a dict of named arrays."""
+    """Turns an object into a JSON tree plus a dict of named arrays.
+
+    ``enc(obj, path)``: ``path`` names the object in messages. Inside,
+    a node's place is its ``trail``, the tuple of dict keys and sequence
+    indices that lead to it: messages (``obj['a'][0]``) and tensor names
+    (``a.0``) are both made from it, only when needed."""
 
     def __init__(self):
         self.arrays = {}
         self.names = {}       # id(tensor) -> name: shared tensors once
         self.keep = []        # holds the tensors so their ids stay unique
+        self.root = "obj"
 
-    def tensor(self, t, kind, path, keys):
+    def __call__(self, obj, path="obj"):
+        self.root = path
+        return self.encode(obj, ())
+
+    def where(self, trail):
+        return self.root + "".join(["[%r]" % k for k in trail])
+
+    def tensor(self, t, kind, trail):
         name = self.names.get(id(t))
         a = t._data if kind == "tensor" else t
         gpu = B.is_cupy_array(a)
@@ -159,8 +173,8 @@ class _Encoder:
             if gpu:
                 a = a.get()
             if not (a.flags.c_contiguous and a.dtype in _LITTLE):
-                a = self._convert(a, path)
-            name = self.names[id(t)] = self._name(keys)
+                a = self._convert(a, self.where(trail))
+            name = self.names[id(t)] = self._name(trail)
             self.arrays[name] = a
             self.keep.append(t)
         node = {kind: name}
@@ -171,10 +185,11 @@ class _Encoder:
                 node["requires_grad"] = True
         return node
 
-    def _name(self, keys):
-        """The tensor's name: its key path joined with dots, made unique
-        (see the module docstring)."""
-        name = ".".join(keys)
+    def _name(self, trail):
+        """The tensor's name: its trail joined with dots (str keys as they
+        are, others by repr), made unique (see the module docstring)."""
+        name = ".".join([k if isinstance(k, str) else repr(k)
+                         for k in trail])
         try:
             name.encode("utf-8")
             plain = (name not in ("", "__metadata__")
@@ -204,15 +219,13 @@ class _Encoder:
                 f"{a.dtype} have no safetensors encoding")
         return np.asarray(a, dtype=dt.newbyteorder("<"), order="C")
 
-    def __call__(self, obj, path="obj", keys=()):
-        """``path``: where ``obj`` sits, for messages (``obj['a'][0]``);
-        ``keys``: the same as the parts of its tensor name."""
+    def encode(self, obj, trail):
         if obj is None or isinstance(obj, (bool, str)):
             return obj
         if isinstance(obj, Tensor):
-            return self.tensor(obj, "tensor", path, keys)
+            return self.tensor(obj, "tensor", trail)
         if isinstance(obj, np.ndarray):
-            return self.tensor(obj, "ndarray", path, keys)
+            return self.tensor(obj, "ndarray", trail)
         if isinstance(obj, (int, np.integer)):
             return int(obj)
         if isinstance(obj, (float, np.floating)):
@@ -220,14 +233,12 @@ class _Encoder:
             # JSON has no inf/nan
             return obj if math.isfinite(obj) else {"float": repr(obj)}
         if isinstance(obj, (list, tuple)):
-            items = [self(v, f"{path}[{i}]", keys + (str(i),))
+            items = [self.encode(v, trail + (i,))
                      for i, v in enumerate(obj)]
             # lists stay JSON arrays; tuples (named ones too) are tagged
             return items if isinstance(obj, list) else {"tuple": items}
         if isinstance(obj, dict):
-            pairs = [[self._key(k, path), self(
-                v, f"{path}[{k!r}]", keys + (k if isinstance(k, str)
-                                             else repr(k),))]
+            pairs = [[self._key(k, trail), self.encode(v, trail + (k,))]
                      for k, v in obj.items()]
             kind = ("odict" if isinstance(obj, collections.OrderedDict)
                     else "dict")
@@ -236,6 +247,7 @@ class _Encoder:
             return {"dtype": obj.name}
         if isinstance(obj, B.device):
             return {"device": str(obj)}
+        path = self.where(trail)
         if callable(getattr(obj, "state_dict", None)):
             # a Module or Optimizer: torch.save would pickle the object
             var = ("model" if any(c.__name__ == "Module"
@@ -255,12 +267,14 @@ class _Encoder:
             "arrays, dicts, lists, tuples, numbers, strings and None "
             "(dtorch.save never pickles)")
 
-    def _key(self, k, path):
-        if k is None or isinstance(k, (bool, str, int, float, tuple)):
-            return self(k, path)
+    def _key(self, k, trail):
+        if type(k) is str:
+            return k
+        if k is None or isinstance(k, (bool, int, float, tuple)):
+            return self.encode(k, trail)
         raise SerializationError(
             f"dtorch.save cannot store a dict key of type "
-            f"{type(k).__name__} in {path}")
+            f"{type(k).__name__} in {self.where(trail)}")
 
 
 # ------------------------------------------------------------ checksums --
@@ -335,27 +349,42 @@ def _layout(arrays):
     return order, entries
 
 
-def _header_bytes(entries, meta, crcs):
+class _Header:
     """The length field and the header: tensor entries, the metadata, the
-    per-tensor checksums (``crcs``: {name: int digest}, missing ones
-    written as zeros: the length does not depend on them) and the
-    header's own CRC-32, padded with spaces so that the data section
-    starts 8-aligned."""
-    head = json.dumps(dict(entries, __metadata__=meta), separators=(",", ":"))
-    table = json.dumps({n: "%016x" % crcs.get(n, 0) for n in entries},
-                       separators=(",", ":"))
-    # (head ends with the metadata's and the header's closing braces)
-    raw = b"".join((head[:-2].encode(), b",", json.dumps(_CRC_KEY).encode(),
-                    b":", json.dumps(table).encode(), b",", _HCRC_AT,
-                    _HCRC_ZERO, b'"}}'))
-    if len(raw) > _MAX_HEADER:
-        raise SerializationError(
-            f"dtorch.save: the header would take {len(raw)} bytes, over "
-            f"safetensors' limit of {_MAX_HEADER} (too many tensors)")
-    raw += b" " * (-len(raw) % 8)
-    crc = b"%08x" % _header_crc(raw, _HCRC_ZERO.decode())
-    raw = raw.replace(_HCRC_AT + _HCRC_ZERO, _HCRC_AT + crc)
-    return struct.pack("<Q", len(raw)) + raw
+    per-tensor checksums and the header's own CRC-32, padded with spaces
+    so that the data section starts 8-aligned. The entries and metadata
+    are encoded once; ``bytes(crcs)`` ({name: int digest}, missing ones
+    written as zeros) has the same length whatever the digests."""
+
+    def __init__(self, entries, meta):
+        head = json.dumps(dict(entries, __metadata__=meta),
+                          separators=(",", ":"))
+        # (head ends with the metadata's and the header's closing braces)
+        self.head = head[:-2].encode() + b"," + json.dumps(
+            _CRC_KEY).encode() + b":"
+        self.names = list(entries)
+
+    def bytes(self, crcs):
+        table = json.dumps(dict(zip(self.names, [
+            "%016x" % crcs.get(n, 0) for n in self.names])),
+            separators=(",", ":"))
+        raw = b"".join((self.head, json.dumps(table).encode(), b",",
+                        _HCRC_AT, _HCRC_ZERO, b'"}}'))
+        if len(raw) > _MAX_HEADER:
+            raise SerializationError(
+                f"dtorch.save: the header would take {len(raw)} bytes, "
+                f"over safetensors' limit of {_MAX_HEADER} (too many "
+                "tensors)")
+        raw += b" " * (-len(raw) % 8)
+        crc = b"%08x" % _header_crc(raw, _HCRC_ZERO.decode())
+        raw = raw.replace(_HCRC_AT + _HCRC_ZERO, _HCRC_AT + crc)
+        return struct.pack("<Q", len(raw)) + raw
+
+
+def _header_bytes(entries, meta, crcs):
+    """The header of a file with these entries, metadata and checksums
+    (see ``_Header``)."""
+    return _Header(entries, meta).bytes(crcs)
 
 
 def _write(fh, arrays, meta, seekable=False):
@@ -366,16 +395,17 @@ def _write(fh, arrays, meta, seekable=False):
     checksums take a pass of their own before a front-to-back write."""
     order, entries = _layout(arrays)
     views = [_bytes_of(arrays[n]) for n in order]
+    header = _Header(entries, meta)
     if seekable:
-        fh.seek(len(_header_bytes(entries, meta, {})))
+        fh.seek(len(header.bytes({})))
         sums = _write_data(fh, order, views, _Checksums())
         fh.seek(0)
-        fh.write(_header_bytes(entries, meta, sums.crc))
+        fh.write(header.bytes(sums.crc))
         return
     sums = _Checksums()
     for n, v in zip(order, views):
         sums.whole(n, v)
-    fh.write(_header_bytes(entries, meta, sums.crc))
+    fh.write(header.bytes(sums.crc))
     _write_data(fh, order, views, None)
 
 
@@ -428,9 +458,42 @@ def _lock(fd):
     """A saver holds an exclusive flock on its temporary file until the
     rename: the kernel drops it when the process dies, however it dies,
     and it is seen from other pid namespaces (containers sharing the
-    hostname and the folder), where the pid in the name means nothing."""
+    hostname and the folder), where the pid in the name means nothing.
+    Blocking: only a cleaner can hold it first, for an instant."""
     with contextlib.suppress(OSError):   # no locks here: never cleaned
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _create_tmp(path, folder):
+    """Create and lock the temporary file of a save to ``path``: (name,
+    fd). Between the creation and the lock, a cleaner in another pid
+    namespace (where our pid is not alive) may take the new file for a
+    dead saver's and remove it; once locked, a file whose name no longer
+    leads to it was taken that way, and another name is tried."""
+    for _ in range(100):
+        # (the name is cut so that the temporary name fits NAME_MAX)
+        tmp = os.path.join(folder, "." + os.path.basename(path)[:200]
+                           + f".dtorch-{_host_tag()}-{os.getpid()}-"
+                           f"{os.urandom(4).hex()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                     | getattr(os, "O_CLOEXEC", 0), 0o666)  # umask applies
+        if fcntl is None:
+            return tmp, fd
+        try:
+            _lock(fd)
+            if os.path.samestat(os.fstat(fd), os.stat(tmp)):
+                return tmp, fd
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "every temporary file created for the save "
+                  "was removed by another process before it was locked",
+                  tmp)
 
 
 def _remove_stale_tmps(folder):
@@ -507,19 +570,13 @@ def save(obj, f, pickle_module=None, pickle_protocol=None,
     path = os.fspath(f)
     folder = os.path.dirname(os.path.abspath(path))
     _remove_stale_tmps(folder)
-    # (the name is cut so that the temporary name fits NAME_MAX)
-    tmp = os.path.join(folder, "." + os.path.basename(path)[:200] + ".dtorch-"
-                       f"{_host_tag()}-{os.getpid()}-"
-                       f"{os.urandom(4).hex()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                     | getattr(os, "O_CLOEXEC", 0), 0o666)   # umask applies
+        tmp, fd = _create_tmp(path, folder)
     except OSError as e:
         raise _named(e, path) from e
     fh = os.fdopen(fd, "wb")
     try:
         if fcntl is not None:
-            _lock(fd)
             # overwriting keeps the file's mode, as open(path, "wb")
             with contextlib.suppress(FileNotFoundError):
                 os.fchmod(fd, stat.S_IMODE(os.stat(path).st_mode))

@@ -779,6 +779,63 @@ def test_locked_temp_file_of_a_pid_we_cannot_see_is_kept(tmp_path):
 
 
 @pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_a_cleaner_between_create_and_lock_costs_no_save(tmp_path,
+                                                         monkeypatch):
+    # A cleaner in another pid namespace (our pid is not alive there)
+    # that runs after a save created its temporary file but before it
+    # locked it takes the file for a dead saver's and removes it; the
+    # save must go on with another file, not fail at the rename.
+    cleaner = ("import sys, dtorch.serialization as s\n"
+               "s._pid_alive = lambda pid: False\n"
+               "s._remove_stale_tmps(sys.argv[1])\n")
+    real_lock = dtorch.serialization._lock
+    calls = []
+
+    def late_lock(fd):
+        if not calls:
+            r = subprocess.run([sys.executable, "-c", cleaner,
+                                str(tmp_path)], timeout=120)
+            assert r.returncode == 0
+            assert not [n for n in os.listdir(tmp_path)
+                        if n.endswith(".tmp")]       # it took ours
+        calls.append(fd)
+        real_lock(fd)
+    monkeypatch.setattr(dtorch.serialization, "_lock", late_lock)
+    dtorch.save({"x": dtorch.arange(3.0)}, tmp_path / "c.pt")
+    assert len(calls) == 2 and os.listdir(tmp_path) == ["c.pt"]
+    assert dtorch.load(tmp_path / "c.pt")["x"].tolist() == [0, 1, 2]
+
+
+def test_concurrent_saves_to_one_path_and_loads_never_see_a_bad_file(
+        tmp_path):
+    # two processes (ranks) saving to the same path in a loop while this
+    # one loads it: every load gets one complete save, never a torn,
+    # partial or checksum-failing file, and no temporary file is left
+    path = tmp_path / "ck.pt"
+    script = ("import sys, dtorch\n"
+              "v = float(sys.argv[2])\n"
+              "x = dtorch.full((300_000,), v)\n"
+              "for i in range(25):\n"
+              "    dtorch.save({'v': v, 'i': i, 'x': x}, sys.argv[1])\n")
+    dtorch.save({"v": 0.0, "i": -1, "x": dtorch.zeros(300_000)}, path)
+    writers = [subprocess.Popen([sys.executable, "-c", script, str(path),
+                                 str(v)]) for v in (1.0, 2.0)]
+    try:
+        while any(w.poll() is None for w in writers):
+            out = dtorch.load(path)
+            x = out["x"].numpy()
+            assert x[0] == x[-1] == out["v"]
+    finally:
+        for w in writers:
+            if w.poll() is None:
+                w.kill()
+            w.wait()
+    assert [w.returncode for w in writers] == [0, 0]
+    assert os.listdir(tmp_path) == ["ck.pt"]
+    assert dtorch.load(path)["i"] == 24
+
+
+@pytest.mark.skipif(os.name != "posix", reason="flock")
 def test_a_save_holds_the_lock_on_its_temp_file(tmp_path, monkeypatch):
     import fcntl
     real_write = dtorch.serialization._write
