@@ -139,8 +139,9 @@ def _threads_rank(paths, nw):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_threads_backend_each_sample_once(shards, world):
-    res = dist.spawn_threads(_threads_rank(shards, 0), world, timeout=60)
+@pytest.mark.parametrize("nw", [0, 2])
+def test_threads_backend_each_sample_once(shards, world, nw):
+    res = dist.spawn_threads(_threads_rank(shards, nw), world, timeout=60)
     ids = collections.Counter(i for r, _ in res for i in r)
     assert set(ids) == set(range(N))
     assert len({s for _, s in res}) == 1
