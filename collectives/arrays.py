@@ -82,15 +82,23 @@ def check_buffer(arr, what='arr'):
             f"strides {arr.strides}: pass a contiguous copy")
 
 
+# the elementwise function of each op (avg sums, then divides)
+UFUNC_NAMES = {ReduceOp.SUM: 'add', ReduceOp.AVG: 'add',
+                ReduceOp.MAX: 'maximum', ReduceOp.MIN: 'minimum',
+                ReduceOp.PRODUCT: 'multiply'}
+
+
+def ufunc(op, xp=np):
+    """xp's binary ufunc for a ReduceOp (np.add for SUM and AVG, ...)."""
+    return getattr(xp, UFUNC_NAMES[op])
+
+
 def reduce_into(out, vals, op, size):
     """out <- op(vals[0], vals[1], ...) in list order (so every rank that
     reduces the same list gets bitwise the same result)."""
-    xp = get_array_module(out)
     op = reduce_op(op)
     out[...] = vals[0]
-    f = {ReduceOp.SUM: xp.add, ReduceOp.AVG: xp.add,
-         ReduceOp.MAX: xp.maximum, ReduceOp.MIN: xp.minimum,
-         ReduceOp.PRODUCT: xp.multiply}[op]
+    f = ufunc(op, get_array_module(out))
     for v in vals[1:]:
         f(out, v, out=out)
     if op is ReduceOp.AVG:

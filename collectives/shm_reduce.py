@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from .arrays import ReduceOp
+from .arrays import UFUNC_NAMES, ReduceOp, ufunc
 from .errors import _Expired
 from .shm import anonymous_ok, attach_mapped, create_mapped
 
@@ -52,9 +52,6 @@ CHUNK = 1024 * 1024           # bytes per slot (two slots per rank)
 SPIN = 300                    # busy checks (~20-30 us) before sleeping
 NAP = 50e-6                   # seconds per sleep while a peer is late
 CHECK = 100                   # naps between calls of the liveness check
-_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add,
-          ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
-          ReduceOp.PRODUCT: np.multiply}
 
 
 def usable():
@@ -68,7 +65,7 @@ def usable():
 
 def supports(arrs, op):
     """Whether all_reduce can take these host arrays and this op."""
-    if op not in _UFUNC:
+    if op not in UFUNC_NAMES:
         return False
     dt = arrs[0].dtype
     for a in arrs:
@@ -149,7 +146,7 @@ class ShmReducer:
         for f in flats:
             starts.append(starts[-1] + f.size)
         per = max(1, self.chunk // dt.itemsize)
-        ufunc = _UFUNC[op]
+        f = ufunc(op)
         n, me = self.size, self.rank
         for lo in range(0, starts[-1], per):
             hi = min(starts[-1], lo + per)
@@ -167,7 +164,7 @@ class ShmReducer:
             part = mine[cut[me]:cut[me + 1]]
             for r in range(n):
                 if r != me:
-                    ufunc(part, slots[r][cut[me]:cut[me + 1]], out=part)
+                    f(part, slots[r][cut[me]:cut[me + 1]], out=part)
             if op is ReduceOp.AVG:
                 np.divide(part, n, out=part)
             self._flags[me][1] = k

@@ -7,12 +7,10 @@ on every rank.
 """
 import numpy as np
 
-from ..arrays import ReduceOp, divide_avg, get_array_module, reduce_into
+from ..arrays import (ReduceOp, divide_avg, get_array_module, reduce_into,
+                      ufunc)
 
 SMALL = 64 * 1024
-_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add,
-          ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
-          ReduceOp.PRODUCT: np.multiply}
 
 
 class RingAlgorithms:
@@ -49,7 +47,7 @@ class RingAlgorithms:
         """Afterwards this rank's chunk (rank + 1 + shift) % n holds the
         reduction over all ranks."""
         n, r = self.size, self.rank
-        f = _UFUNC[op]
+        f = ufunc(op)
         for s in range(n - 1):
             out = chunks[(r - s + shift) % n]
             dst = chunks[(r - s - 1 + shift) % n]
