@@ -2,6 +2,10 @@
 distributed training. ``import dtorch as torch`` runs the covered subset of
 PyTorch scripts."""
 from . import _backend
+import os as _os
+if _os.environ.get("DTORCH_MALLOC_TUNING", "1") != "0":
+    from ._malloc import tune_malloc as _tune_malloc
+    _tune_malloc()      # the one process-wide setting dtorch makes
 from ._backend import (dtype, device, get_default_dtype, set_default_dtype,
                        promote_types, bool_ as bool, uint8, int8, int16,
                        int32, int64, float16, bfloat16, float32, float64)

@@ -1,4 +1,4 @@
-"""The fused nn primitives (dtorch/ops/nn_ops.py): gradcheck in float64 and
+"""The fused nn ops (dtorch/ops: conv, pool, norm, rnn, ...): gradcheck in float64 and
 agreement with the composed Tensor version or a NumPy reference."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import pytest
 import dtorch
 import dtorch.nn.functional as F
 from dtorch.autograd import gradcheck
-from dtorch.ops import nn_ops as N
+from dtorch.ops import conv, rnn
 
 
 def t64(*shape, seed=0, req=True, scale=1.0):
@@ -103,7 +103,7 @@ def test_conv2d_channels_last_path_in_chunks(case, monkeypatch):
     # C*KH*KW >= 128 takes the channels-last path; a tiny chunk size makes
     # every image its own chunk, so forward, weight gradient and the
     # stride-1 input gradient (a convolution itself) cross chunk borders
-    monkeypatch.setattr(N, "_CONV_CHUNK_BYTES", 1)
+    monkeypatch.setattr(conv, "_CONV_CHUNK_BYTES", 1)
     x = t64(3, 24, 5, 6, seed=1)
     kshape = (2, 3) if case["padding"] == "same" else (3, 3)
     w, b = t64(3, 24, *kshape, seed=2, scale=0.3), t64(3, seed=3)
@@ -444,12 +444,12 @@ def test_lstm_layer_matches_composed_and_gradcheck():
     T, n, H = 4, 2, 3
     xw, h0, c0 = t64(T, n, 4 * H), t64(n, H, seed=1), t64(n, H, seed=2)
     w, b = t64(4 * H, H, seed=3), t64(4 * H, seed=4)
-    y = N.LSTMLayer.apply(xw, h0, c0, w, b)
+    y = rnn.LSTMLayer.apply(xw, h0, c0, w, b)
     hs, c = lstm_composed(xw, h0, c0, w, b)
     np.testing.assert_allclose(y[:T].detach().numpy(), hs.detach().numpy())
     np.testing.assert_allclose(y[T].detach().numpy(), c.detach().numpy())
-    assert gradcheck(lambda *a: N.LSTMLayer.apply(*a), (xw, h0, c0, w, b))
-    assert gradcheck(lambda *a: N.LSTMLayer.apply(*a, reverse=True),
+    assert gradcheck(lambda *a: rnn.LSTMLayer.apply(*a), (xw, h0, c0, w, b))
+    assert gradcheck(lambda *a: rnn.LSTMLayer.apply(*a, reverse=True),
                      (xw, h0, c0, w, b))
 
 
@@ -457,17 +457,17 @@ def test_gru_and_rnn_layers_gradcheck():
     T, n, H = 4, 2, 3
     xw, h0 = t64(T, n, 3 * H), t64(n, H, seed=1)
     w, b = t64(3 * H, H, seed=3), t64(3 * H, seed=4)
-    y = N.GRULayer.apply(xw, h0, w, b)
+    y = rnn.GRULayer.apply(xw, h0, w, b)
     np.testing.assert_allclose(y[:T].detach().numpy(),
                                gru_composed(xw, h0, w, b).detach().numpy())
-    assert gradcheck(lambda *a: N.GRULayer.apply(*a), (xw, h0, w, b))
-    assert gradcheck(lambda *a: N.GRULayer.apply(*a, reverse=True),
+    assert gradcheck(lambda *a: rnn.GRULayer.apply(*a), (xw, h0, w, b))
+    assert gradcheck(lambda *a: rnn.GRULayer.apply(*a, reverse=True),
                      (xw, h0, w, b))
     xr, wr, br = t64(T, n, H), t64(H, H, seed=5), t64(H, seed=6)
     for act in ("tanh", "relu"):
-        assert gradcheck(lambda *a: N.RNNLayer.apply(*a, nonlinearity=act),
+        assert gradcheck(lambda *a: rnn.RNNLayer.apply(*a, nonlinearity=act),
                          (xr, h0, wr, br))
-        assert gradcheck(lambda *a: N.RNNLayer.apply(
+        assert gradcheck(lambda *a: rnn.RNNLayer.apply(
             *a, reverse=True, nonlinearity=act), (xr, h0, wr, br))
 
 

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from .. import _backend as B
-from ..ops import nn_ops as N
+from .. import ops as N
 from ..tensor import Tensor
 
 __all__ = [
@@ -158,7 +158,7 @@ def pdist(input, p=2.0):
 # ====================================================== activations =======
 
 # the piecewise activations are one node each with PyTorch's backward
-# (dtorch/ops/nn_ops.py): composed from clamp, their gradients at the kinks
+# (dtorch/ops/activation.py): composed from clamp, their gradients at the kinks
 # and under an infinite upstream gradient differed (tests/test_boundary_grads)
 
 def hardswish(input, inplace=False):

@@ -1,6 +1,6 @@
 """``dtorch.nn.functional``: PyTorch's functional API.
 
-Heavy ops call the fused primitives of ``dtorch/ops/nn_ops.py`` (conv,
+Heavy ops call the fused ops of ``dtorch/ops`` (conv,
 pooling, softmax, nll, norms, embedding, dropout, GELU), and so do the
 activations and losses whose gradient a composition would get wrong at a
 kink or under a mask (their own backward, PyTorch's formula); the rest is a
@@ -13,8 +13,8 @@ import warnings
 import numpy as np
 
 from .. import _backend as B
-from ..ops import primitives as P
-from ..ops import nn_ops as N
+from .. import ops as P
+from .. import ops as N
 from ..tensor import Tensor
 from ..autograd.grad_mode import no_grad
 

@@ -12,7 +12,7 @@ copied to the host and the gradient back).
 import numpy as np
 
 from .._backend import get_array_module
-from .primitives import Op
+from .base import Op
 
 _NEG = -np.inf
 

@@ -9,7 +9,7 @@ that diagonal.
 import string
 
 from .._backend import get_array_module
-from .primitives import Op, promote
+from .base import Op, promote
 
 _LETTERS = string.ascii_letters
 

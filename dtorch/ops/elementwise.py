@@ -1,17 +1,249 @@
-"""More elementwise maths, forward and backward side by side: inverse and
-hyperbolic trigonometry, erf/erfc/erfinv, exp2, logit, atan2, hypot, xlogy.
+"""Elementwise maths, forward and backward side by side: exp/log/sqrt and
+their one-step variants, abs, reciprocal, the trigonometric and hyperbolic
+functions and their inverses, tanh/sigmoid/relu, erf/erfc/erfinv, exp2,
+logit, atan2, hypot, xlogy, lgamma/digamma.
 
-Each unary op is a small Op class made by ``_unary`` from its value and its
-derivative, both written for any array module. Integer inputs give the
-default float dtype, as in PyTorch.
+The less common unary ops are small Op classes made by ``_unary`` from
+their value and their derivative, both written for any array module.
+Integer inputs give the default float dtype, as in PyTorch.
 """
 import math
 
 import numpy as np
 
 from .._backend import get_array_module
-from .primitives import Op, _float_input, promote, unbroadcast, _meta
-from .nn_ops import _erf
+from .base import Op, _float_input, _meta, keep_grad, promote, sgn, \
+    unbroadcast
+
+
+class Neg(Op):
+    @staticmethod
+    def forward(ctx, x):
+        if x.dtype == np.bool_:
+            raise RuntimeError(
+                "Negation, the `-` operator, on a bool tensor is not "
+                "supported. If you are trying to invert a mask, use the `~` "
+                "or `logical_not()` operator instead.")
+        return -x
+
+    @staticmethod
+    def backward(ctx, g):
+        return -g
+
+
+class Exp(Op):
+    @staticmethod
+    def forward(ctx, x):
+        out = get_array_module(x).exp(_float_input(x))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.to_save[0]
+
+
+class Log(Op):
+    @staticmethod
+    def forward(ctx, x):
+        x = _float_input(x)
+        ctx.save_for_backward(x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return get_array_module(x).log(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / ctx.to_save[0]
+
+
+class Sqrt(Op):
+    @staticmethod
+    def forward(ctx, x):
+        with np.errstate(invalid="ignore"):
+            out = get_array_module(x).sqrt(_float_input(x))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        with np.errstate(divide="ignore"):
+            return g / (2 * ctx.to_save[0])
+
+
+class StdSqrt(Sqrt):
+    """sqrt of a variance: std(). The gradient is 0 where the std is 0
+    (PyTorch's std_backward), not g / 0 times a zero deviation (NaN)."""
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.to_save[0]
+        xp = get_array_module(g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return xp.where(out == 0, xp.zeros((), g.dtype), g / (2 * out))
+
+
+class Rsqrt(Op):
+    @staticmethod
+    def forward(ctx, x):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = 1 / get_array_module(x).sqrt(_float_input(x))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.to_save[0]
+        # PyTorch's order: out^3 may overflow where g is 0 (NaN there too)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return (-0.5 * g) * (out * out * out)
+
+
+class Abs(Op):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return abs(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        # a product, as in PyTorch (inf * 0 is NaN there too); sgn(NaN) = 0
+        return g * sgn(get_array_module(g), ctx.to_save[0])
+
+
+class Reciprocal(Op):
+    """1 / x, with PyTorch's backward -g (out * out)."""
+    @staticmethod
+    def forward(ctx, x):
+        with np.errstate(divide="ignore"):
+            out = 1 / _float_input(x)
+        ctx.save_for_backward(out)
+        return out.astype(_float_input(x).dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.to_save[0]
+        with np.errstate(over="ignore", invalid="ignore"):
+            return -g * (out * out)
+
+
+class Expm1(Op):
+    """e^x - 1 in one step (exact near 0); backward g (out + 1), as in
+    PyTorch (so inf * 0 is NaN where e^x underflows, as there)."""
+    @staticmethod
+    def forward(ctx, x):
+        with np.errstate(over="ignore"):
+            out = get_array_module(x).expm1(_float_input(x))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        with np.errstate(invalid="ignore"):
+            return g * (ctx.to_save[0] + 1)
+
+
+class Log1p(Op):
+    """log(1 + x) in one step (exact near 0); backward g / (x + 1)."""
+    @staticmethod
+    def forward(ctx, x):
+        x = _float_input(x)
+        ctx.save_for_backward(x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return get_array_module(x).log1p(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return g / (ctx.to_save[0] + 1)
+
+
+class Sin(Op):
+    @staticmethod
+    def forward(ctx, x):
+        x = _float_input(x)
+        ctx.save_for_backward(x)
+        return get_array_module(x).sin(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * get_array_module(g).cos(ctx.to_save[0])
+
+
+class Cos(Op):
+    @staticmethod
+    def forward(ctx, x):
+        x = _float_input(x)
+        ctx.save_for_backward(x)
+        return get_array_module(x).cos(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -g * get_array_module(g).sin(ctx.to_save[0])
+
+
+class Tanh(Op):
+    @staticmethod
+    def forward(ctx, x):
+        out = get_array_module(x).tanh(_float_input(x))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.to_save[0]
+        return g * (1 - out * out)
+
+
+class Sigmoid(Op):
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        x = _float_input(x)
+        # PyTorch's 1 / (1 + e^-x): e^-x overflows to inf below about -88
+        # (float32), giving exactly 0 there as in PyTorch (no denormals)
+        with np.errstate(over="ignore"):
+            out = (1 / (1 + xp.exp(-x))).astype(x.dtype, copy=False)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out = ctx.to_save[0]
+        return g * out * (1 - out)
+
+
+class Relu(Op):
+    @staticmethod
+    def forward(ctx, x):
+        out = get_array_module(x).maximum(x, 0).astype(x.dtype, copy=False)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        # PyTorch's threshold_backward: 0 where out <= 0 (NaN passes g)
+        keep = ctx.to_save[0] <= 0
+        xp = get_array_module(g)
+        xp.logical_not(keep, out=keep)      # in place: no second mask
+        return keep_grad(xp, keep, g)
+
+
+# ================================================= special functions ==
+
+def _erf(xp, x):
+    if xp is np:
+        try:
+            from scipy.special import erf
+            return erf(x)
+        except ImportError:  # Abramowitz-Stegun 7.1.26, |error| < 1.5e-7
+            s = np.sign(x)
+            a = np.abs(x)
+            t = 1.0 / (1.0 + 0.3275911 * a)
+            y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741)
+                        * t - 0.284496736) * t + 0.254829592) * t \
+                * np.exp(-a * a)
+            return (s * y).astype(x.dtype, copy=False)
+    from cupyx.scipy.special import erf
+    return erf(x)
 
 
 def _unary(name, f, df, save_out=False):
@@ -71,32 +303,59 @@ def erfinv(xp, y):
 
 _2_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
+
 Asin = _unary("Asin", lambda xp, x: xp.arcsin(x),
               lambda xp, x, o: 1 / xp.sqrt(1 - x * x))
+
+
 Acos = _unary("Acos", lambda xp, x: xp.arccos(x),
               lambda xp, x, o: -1 / xp.sqrt(1 - x * x))
+
+
 Atan = _unary("Atan", lambda xp, x: xp.arctan(x),
               lambda xp, x, o: 1 / (1 + x * x))
+
+
 Sinh = _unary("Sinh", lambda xp, x: xp.sinh(x),
               lambda xp, x, o: xp.cosh(x))
+
+
 Cosh = _unary("Cosh", lambda xp, x: xp.cosh(x),
               lambda xp, x, o: xp.sinh(x))
+
+
 Asinh = _unary("Asinh", lambda xp, x: xp.arcsinh(x),
                lambda xp, x, o: 1 / xp.sqrt(x * x + 1))
+
+
 Acosh = _unary("Acosh", lambda xp, x: xp.arccosh(x),
                lambda xp, x, o: 1 / xp.sqrt(x * x - 1))
+
+
 Atanh = _unary("Atanh", lambda xp, x: xp.arctanh(x),
                lambda xp, x, o: 1 / (1 - x * x))
+
+
 Exp2 = _unary("Exp2", lambda xp, x: xp.exp2(x),
               lambda xp, x, o: o * math.log(2.0))
+
+
 Erf = _unary("Erf", lambda xp, x: _erf(xp, x),
              lambda xp, x, o: _2_SQRT_PI * xp.exp(-x * x))
+
+
 Erfc = _unary("Erfc", lambda xp, x: 1 - _erf(xp, x),
               lambda xp, x, o: -_2_SQRT_PI * xp.exp(-x * x))
+
+
 Erfinv = _unary("Erfinv", erfinv,
                 lambda xp, x, o: (math.sqrt(math.pi) / 2) * xp.exp(o * o))
+
+
 Frac = _unary("Frac", lambda xp, x: x - xp.trunc(x),
               lambda xp, x, o: xp.ones_like(x))
+
+
 Sinc = _unary(
     "Sinc", lambda xp, x: xp.sinc(x),
     lambda xp, x, o: xp.where(
@@ -180,6 +439,42 @@ class Hypot(Op):
                     unbroadcast(g * y / out, ctx.ys, ctx.yd) if n[1] else None)
 
 
+def xlogy_grad_x(xp, g, x, y):
+    """PyTorch's d xlogy(x, y) / dx: xlogy(g, y) (g log y, 0 where g == 0
+    unless y is NaN), masked to 0 where x == 0 and y <= 0."""
+    zero = xp.zeros((), g.dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gx = xp.where((g == 0) & ~xp.isnan(y), zero, g * xp.log(y))
+    return xp.where((x == 0) & (y <= 0), zero, gx)
+
+
+class XLogY(Op):
+    """x log y, 0 where x == 0 (unless y is NaN), PyTorch's xlogy, with
+    its gradients (``xlogy_grad_x``; g x / y)."""
+    @staticmethod
+    def forward(ctx, x, y):
+        x2, y2 = promote(x, y, "xlogy", true_div=True)
+        xp = get_array_module(x2, y2)
+        _meta(ctx, x, y)
+        ctx.save_for_backward(x2, y2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = xp.where(x2 == 0, xp.zeros((), x2.dtype), x2 * xp.log(y2))
+            return xp.where(xp.isnan(y2), y2, out)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.to_save
+        xp = get_array_module(g)
+        n = ctx.needs_input_grad
+        gx = gy = None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if n[0]:
+                gx = unbroadcast(xlogy_grad_x(xp, g, x, y), ctx.xs, ctx.xd)
+            if n[1]:
+                gy = unbroadcast(g * x / y, ctx.ys, ctx.yd)
+        return gx, gy
+
+
 class Xlogy(Op):
     """x * log(y), 0 where x == 0 (unless y is NaN)."""
     @staticmethod
@@ -200,7 +495,6 @@ class Xlogy(Op):
         n = ctx.needs_input_grad
         with np.errstate(all="ignore"):
             # PyTorch's: xlogy(g, y), 0 where x == 0 and y <= 0
-            from .primitives import xlogy_grad_x
             gx = xlogy_grad_x(xp, g, x, y) if n[0] else None
             gy = g * x / y if n[1] else None
         return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None,
@@ -271,4 +565,6 @@ def trigamma(xp, x):
 
 
 Lgamma = _unary("Lgamma", lgamma, lambda xp, x, o: digamma(xp, x))
+
+
 Digamma = _unary("Digamma", digamma, lambda xp, x, o: trigamma(xp, x))

@@ -1,6 +1,7 @@
-"""Selection, gather/scatter and triangle ops, forward and backward side by
-side: tril/triu, sort/topk/kthvalue, gather/scatter/scatter_add,
-index_select/index_add/index_copy/index_fill, cumprod, cummax/cummin.
+"""Selection, gather/scatter, triangle and scan ops, forward and backward side
+by side: tril/triu, sort/topk/kthvalue, gather/scatter/scatter_add,
+index_select/index_add/index_copy/index_fill, cumsum, cumprod,
+cummax/cummin, logcumsumexp.
 
 Arrays in, arrays out (NumPy or CuPy, ``get_array_module`` is the only device
 switch). A gradient that several outputs send to one input element is summed
@@ -9,7 +10,9 @@ with ``scatter_add_flat`` (``bincount`` on the CPU), never a Python loop.
 import numpy as np
 
 from .._backend import get_array_module
-from .primitives import Op
+from .base import Op
+from .index import index_add0
+from .reduce import _axes
 
 
 def axis_of(dim, ndim, op="op"):
@@ -51,7 +54,7 @@ def _check_index(idx, size, op, dim):
                          f"dimension {dim} with size {size}")
 
 
-# ================================================================ triangles ==
+# ========================================================= triangles ==
 
 class Tril(Op):
     """tril/triu: keep the elements on and below (above) the diagonal
@@ -73,7 +76,7 @@ class Tril(Op):
             xp.tril(g, ctx.diagonal)
 
 
-# ================================================================== sorting ==
+# =========================================================== sorting ==
 
 def _sort_indices(xp, x, axis, descending):
     """Stable argsort along axis; NaN counts as the largest value, as in
@@ -159,7 +162,7 @@ def topk_indices(x, k, dim=-1, largest=True):
     return xp.take(idx, xp.arange(k), axis=axis).astype(np.int64)
 
 
-# ============================================================ gather/scatter ==
+# ==================================================== gather/scatter ==
 
 def _check_same_rank(x, idx, op):
     if idx.ndim != x.ndim and not (x.ndim == 0 and idx.ndim <= 1):
@@ -298,7 +301,6 @@ class IndexSelect(Op):
 
     @staticmethod
     def backward(ctx, g):
-        from .primitives import index_add0
         xp = get_array_module(g)
         moved = xp.moveaxis(g.reshape(xp.take(
             xp.empty(ctx.shape, bool), ctx.idx, ctx.axis).shape), ctx.axis, 0)
@@ -313,7 +315,6 @@ class IndexAdd(Op):
     index_copy with ``copy=True``: the rows are replaced)."""
     @staticmethod
     def forward(ctx, x, src, idx=None, dim=0, alpha=1, copy=False):
-        from .primitives import index_add0
         xp = get_array_module(x)
         axis = axis_of(dim, x.ndim)
         idx = idx.reshape(-1)
@@ -360,7 +361,26 @@ class IndexAdd(Op):
         return gx, gs
 
 
-# ============================================================ scans =========
+# ============================================================= scans ==
+
+class Cumsum(Op):
+    @staticmethod
+    def forward(ctx, x, dim=0):
+        axis = _axes(dim, x.ndim)[0] if x.ndim else None
+        ctx.axis = axis
+        xp = get_array_module(x)
+        if x.ndim == 0:
+            return x.copy()
+        dt = np.int64 if x.dtype.kind in "biu" else None
+        return xp.cumsum(x, axis=axis, dtype=dt)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.axis is None:
+            return g
+        xp = get_array_module(g)
+        return xp.flip(xp.cumsum(xp.flip(g, ctx.axis), ctx.axis), ctx.axis)
+
 
 class Cumprod(Op):
     @staticmethod
@@ -452,3 +472,51 @@ class CumExtreme(Op):
         lin = flat_along(xp, ctx.shape, ctx.idx, ctx.axis)
         return scatter_add_flat(xp, int(np.prod(ctx.shape)), lin, g,
                                 g.dtype).reshape(ctx.shape)
+
+
+def _logcumsumexp(xp, x, axis):
+    """Running log-add-exp along ``axis`` (PyTorch's scan: exact for
+    entries far below the running maximum, +-inf handled). NumPy has it
+    as one ufunc accumulate; elsewhere shift by the slice's finite max."""
+    if xp is np:
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.logaddexp.accumulate(x, axis=axis)
+    m = xp.max(x, axis=axis, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    return xp.log(xp.cumsum(xp.exp(x - m), axis=axis)) + m
+
+
+class LogCumSumExp(Op):
+    """log(cumsum(exp(x))) along ``dim``; backward is PyTorch's (after
+    TensorFlow's): exp(reverse_logcumsumexp(log|g| - out) + x) for the
+    positive and for the negative parts of g, so that -inf entries and
+    infinite results give what PyTorch gives, not 0 * inf."""
+    @staticmethod
+    def forward(ctx, x, dim=0):
+        xp = get_array_module(x)
+        if x.ndim == 0:
+            ctx.axis = None
+            return x.copy()
+        axis = dim % x.ndim
+        out = _logcumsumexp(xp, x, axis)
+        ctx.axis = axis
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.axis is None or g.size == 0:
+            return g
+        x, out = ctx.to_save
+        xp = get_array_module(g)
+        ax = ctx.axis
+        low = np.finfo(g.dtype).min
+
+        def rev(v):
+            return xp.flip(_logcumsumexp(xp, xp.flip(v, ax), ax), ax)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            lg = xp.log(abs(g))
+            pos = xp.where(g > 0, lg, low)
+            neg = xp.where(g < 0, lg, low)
+            return (xp.exp(rev(pos - out) + x)
+                    - xp.exp(rev(neg - out) + x)).astype(g.dtype, copy=False)

@@ -1,5 +1,5 @@
 """Convolutions: Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, over the
-im2col primitives of ``dtorch/ops/nn_ops.py``."""
+im2col ops of ``dtorch/ops/conv.py``."""
 
 from .module import Module
 from ..parameter import Parameter

@@ -2,7 +2,7 @@
 parameter names (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...), gate order
 and init. Each layer and direction is two nodes: one Linear for the input
 projections of all time steps, then one fused recurrence primitive
-(``dtorch/ops/nn_ops.py``) that loops over time in forward and backward.
+(``dtorch/ops/rnn.py``) that loops over time in forward and backward.
 
 Embedding straight into the first layer: when the input is the output of an
 ``Embedding`` (its grad_fn, with a leaf weight, no padding_idx, no
@@ -20,7 +20,7 @@ from ..parameter import Parameter
 from .. import functional as F
 from .. import init
 from ..._creation import empty, zeros, cat, stack
-from ...ops import nn_ops as N
+from ... import ops as N
 
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}

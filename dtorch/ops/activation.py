@@ -1,0 +1,325 @@
+"""Activations, forward and backward side by side: softmax and log_softmax,
+GELU, and the piecewise and smooth activations of ``torch.nn.functional``.
+
+Each activation is one node with PyTorch's own backward formula. Composed
+from relu / abs / where pieces, a function takes those pieces'
+subgradients at its kinks (softplus'(0) came out 0, not 1/2), and a branch
+that where() discards but that overflows (elu's exp at +inf) turns its
+zero gradient into 0 * inf = NaN (tests/test_boundary_grads.py compares
+them with PyTorch at 0, +-inf, NaN, kinks and ties). relu, tanh and
+sigmoid are Tensor methods and live in ``elementwise.py``.
+"""
+import math
+
+import numpy as np
+
+from .._backend import get_array_module
+from .base import Op, keep_grad, unbroadcast
+from .elementwise import _erf
+
+
+# ==================================================== softmax family ==
+
+def _zero(xp, g):
+    return xp.zeros((), g.dtype)
+
+
+class Softmax(Op):
+    """softmax along ``dim``. ``safe``: PyTorch's _safe_softmax (its
+    scaled_dot_product_attention): a slice that is -inf throughout (a
+    fully masked attention row) gives 0, and so a zero gradient, not
+    NaN."""
+    @staticmethod
+    def forward(ctx, x, dim=-1, safe=False):
+        xp = get_array_module(x)
+        with np.errstate(invalid="ignore"):
+            e = xp.exp(x - x.max(axis=dim, keepdims=True))
+            e /= e.sum(axis=dim, keepdims=True)
+        if safe and x.dtype.kind == "f":
+            dead = (x == -np.inf).all(axis=dim, keepdims=True)
+            if bool(dead.any()):
+                e = xp.where(dead, _zero(xp, e), e)
+        ctx.save_for_backward(e)
+        ctx.dim = dim
+        return e
+
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.to_save
+        gy = g * y
+        return gy - y * gy.sum(axis=ctx.dim, keepdims=True)
+
+
+def _log_softmax(x, dim):
+    xp = get_array_module(x)
+    s = x - x.max(axis=dim, keepdims=True)
+    s -= xp.log(xp.exp(s).sum(axis=dim, keepdims=True))
+    return s
+
+
+class LogSoftmax(Op):
+    @staticmethod
+    def forward(ctx, x, dim=-1):
+        s = _log_softmax(x, dim)
+        ctx.save_for_backward(s)
+        ctx.dim = dim
+        return s
+
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.to_save
+        xp = get_array_module(g)
+        return g - xp.exp(y) * g.sum(axis=ctx.dim, keepdims=True)
+
+
+# ======================================================= activations ==
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+class Gelu(Op):
+    @staticmethod
+    def forward(ctx, x, approximate="none"):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        ctx.approx = approximate
+        if approximate == "tanh":
+            t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+            ctx.t = t
+            return (0.5 * x * (1 + t)).astype(x.dtype, copy=False)
+        cdf = 0.5 * (1 + _erf(xp, x * (1 / math.sqrt(2))))
+        ctx.cdf = cdf
+        return (x * cdf).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        if ctx.approx == "tanh":
+            t = ctx.t
+            dt = (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+            d = 0.5 * (1 + t) + 0.5 * x * dt
+        else:
+            pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+            d = ctx.cdf + x * pdf
+        return (g * d).astype(g.dtype, copy=False)
+
+
+class LeakyRelu(Op):
+    @staticmethod
+    def forward(ctx, x, slope=0.01):
+        ctx.save_for_backward(x)
+        ctx.slope = slope
+        return get_array_module(x).where(x > 0, x, x * slope)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        return get_array_module(g).where(x > 0, g, g * ctx.slope)
+
+
+class Elu(Op):
+    """scale x for x > 0, scale alpha (e^(input_scale x) - 1) otherwise:
+    elu, and selu / celu with PyTorch's scales. NaN takes the exp branch,
+    so its gradient is NaN, as in PyTorch's vectorised loop."""
+    @staticmethod
+    def forward(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        ctx.coef = (alpha * scale, scale, input_scale)
+        with np.errstate(over="ignore", invalid="ignore"):
+            neg = xp.expm1(x * input_scale) * (alpha * scale)
+            return xp.where(x > 0, x * scale if scale != 1 else x,
+                            neg).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        neg, pos, ins = ctx.coef
+        with np.errstate(over="ignore", invalid="ignore"):
+            return xp.where(x > 0, g * pos if pos != 1 else g,
+                            g * (ins * neg * xp.exp(x * ins))).astype(
+                                g.dtype, copy=False)
+
+
+class Hardswish(Op):
+    """x relu6(x + 3) / 6; gradient 0 up to -3 included, g from 3 on,
+    g (x / 3 + 1/2) between (NaN: NaN), PyTorch's vectorised loop."""
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        return x * xp.minimum(xp.maximum(x + 3, 0), 6) / 6
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        mid = g * (x / 3 + 0.5)
+        return xp.where(x <= -3, _zero(xp, g), xp.where(x >= 3, g, mid))
+
+
+class Hardsigmoid(Op):
+    """relu6(x + 3) / 6; gradient g / 6 strictly inside (-3, 3), else 0."""
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        return xp.minimum(xp.maximum(x + 3, 0), 6) / 6
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        # PyTorch multiplies by the float32 constant 1/6, in float64 too
+        sixth = g.dtype.type(np.float32(1.0) / np.float32(6.0))
+        return keep_grad(get_array_module(g), (x > -3) & (x < 3), g * sixth)
+
+
+class Shrink(Op):
+    """hardshrink (soft=False): x outside [-lambd, lambd], else 0;
+    softshrink: x -+ lambd outside, else 0 (0 * x, so NaN stays NaN).
+    The gradient is g strictly outside the interval, else 0 (NaN: 0), as
+    PyTorch's vectorised loop."""
+    @staticmethod
+    def forward(ctx, x, lambd=0.5, soft=False):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        ctx.lambd = lambd
+        inside = (x >= -lambd) & (x <= lambd)
+        if not soft:
+            return xp.where(inside, _zero(xp, x), x)
+        with np.errstate(invalid="ignore"):
+            return xp.where(x > lambd, x - lambd,
+                            xp.where(x < -lambd, x + lambd, x * 0))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        lam = ctx.lambd
+        return keep_grad(get_array_module(g), (x < -lam) | (x > lam), g)
+
+
+class Threshold(Op):
+    """x where x > threshold, else value; gradient g where x > threshold
+    (NaN included: 'x <= threshold' is False there), as PyTorch."""
+    @staticmethod
+    def forward(ctx, x, threshold=0.0, value=0.0):
+        xp = get_array_module(x)
+        low = x <= threshold
+        ctx.keep = ~low
+        return xp.where(low, xp.asarray(value, dtype=x.dtype), x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return keep_grad(get_array_module(g), ctx.keep, g)
+
+
+class PRelu(Op):
+    """x for x > 0, w x otherwise, w broadcast over x (one weight, or one
+    per channel on axis 1). Gradients: g or w g for x; x g where x <= 0
+    (or NaN), summed to w's shape."""
+    @staticmethod
+    def forward(ctx, x, w):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x, w)
+        return xp.where(x > 0, x, w * x).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.to_save
+        xp = get_array_module(g)
+        pos = x > 0
+        n = ctx.needs_input_grad
+        gx = xp.where(pos, g, w * g).astype(g.dtype, copy=False) \
+            if n[0] else None
+        gw = None
+        if n[1]:
+            gw = unbroadcast(xp.where(pos, _zero(xp, g), x * g), w.shape)
+        return gx, gw
+
+
+class Softplus(Op):
+    """log(1 + e^(beta x)) / beta, and x itself where beta x > threshold."""
+    @staticmethod
+    def forward(ctx, x, beta=1.0, threshold=20.0):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        ctx.beta, ctx.threshold = beta, threshold
+        z = x * beta
+        with np.errstate(over="ignore", invalid="ignore"):
+            sp = xp.log1p(xp.exp(z))
+            if beta != 1:
+                sp /= beta
+            return xp.where(z > threshold, x, sp).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        z = x * ctx.beta
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = xp.exp(z)
+            return xp.where(z > ctx.threshold, g, g * e / (e + 1))
+
+
+class Silu(Op):
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x / (1 + xp.exp(-x))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = 1 / (1 + xp.exp(-x))
+            return g * s * (1 + x * (1 - s))
+
+
+class Mish(Op):
+    """x tanh(softplus(x))."""
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x * xp.tanh(xp.log1p(xp.exp(x)))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        xp = get_array_module(g)
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = 1 / (1 + xp.exp(-x))
+            t = xp.tanh(xp.log1p(xp.exp(x)))
+            return g * (t + x * s * (1 - t * t))
+
+
+def _log_sigmoid(xp, x):
+    """log(sigmoid(x)) = min(x, 0) - log1p(e^-|x|): never overflows."""
+    return xp.minimum(x, 0) - xp.log1p(xp.exp(-abs(x)))
+
+
+def _log_sigmoid_grad(xp, x):
+    """d/dx log(sigmoid(x)) = 1 - sigmoid(x), PyTorch's way (exactly 1/2
+    at 0, finite at +-inf)."""
+    neg = x < 0
+    e = xp.exp(-abs(x))
+    r = e / (1 + e)
+    return xp.where(neg, 1 - r, r)
+
+
+class LogSigmoid(Op):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _log_sigmoid(get_array_module(x), x)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.to_save
+        return g * _log_sigmoid_grad(get_array_module(g), x)

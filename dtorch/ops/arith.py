@@ -1,0 +1,385 @@
+"""Arithmetic operators, forward and backward side by side: + - * / **,
+maximum/minimum, fmod/remainder, lerp, where, clamp (number or tensor
+bounds) and hardtanh. Binary ops promote their operands with ``promote``
+and sum their gradients back to each operand's shape with ``unbroadcast``.
+"""
+import numpy as np
+
+from .._backend import get_array_module
+from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast
+
+
+def _shape_error(op, x, y):
+    return RuntimeError(
+        f"{op}: the shapes {list(np.shape(x))} and {list(np.shape(y))} "
+        f"cannot be broadcast together")
+
+
+def pow_scalar(xp, x, e):
+    """x ** e for a float array and a Python number, by the kernels that
+    PyTorch picks for special exponents (sqrt for 0.5, rsqrt for -0.5,
+    products for 2, 3, -2, reciprocal for -1), so that values at -0.0
+    and -inf agree with it (rsqrt(-0.0) is -inf, pow(-0.0, -0.5) is
+    inf)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if e == 0:
+            return xp.ones_like(x)
+        if e == 1:
+            return x.copy()
+        if e == 0.5:
+            return xp.sqrt(x)
+        if e == -0.5:
+            return (1 / xp.sqrt(x)).astype(x.dtype, copy=False)
+        if e == -1:
+            return (1 / x).astype(x.dtype, copy=False)
+        if e == 2:
+            return x * x
+        if e == 3:
+            return x * x * x
+        if e == -2:
+            return (1 / (x * x)).astype(x.dtype, copy=False)
+        return x ** e
+
+
+# ============================================================ binary ==
+
+class Add(Op):
+    @staticmethod
+    def forward(ctx, x, y):
+        x2, y2 = promote(x, y, "add")
+        _meta(ctx, x, y)
+        try:
+            return x2 + y2
+        except ValueError:
+            raise _shape_error("add", x, y) from None
+
+    @staticmethod
+    def backward(ctx, g):
+        n = ctx.needs_input_grad
+        return (unbroadcast(g, ctx.xs, ctx.xd) if n[0] else None,
+                unbroadcast(g, ctx.ys, ctx.yd) if n[1] else None)
+
+
+class Sub(Op):
+    @staticmethod
+    def forward(ctx, x, y):
+        x2, y2 = promote(x, y, "sub")
+        _meta(ctx, x, y)
+        try:
+            return x2 - y2
+        except ValueError:
+            raise _shape_error("sub", x, y) from None
+
+    @staticmethod
+    def backward(ctx, g):
+        n = ctx.needs_input_grad
+        return (unbroadcast(g, ctx.xs, ctx.xd) if n[0] else None,
+                unbroadcast(-g, ctx.ys, ctx.yd) if n[1] else None)
+
+
+class Mul(Op):
+    @staticmethod
+    def forward(ctx, x, y):
+        x2, y2 = promote(x, y, "mul")
+        _meta(ctx, x, y)
+        n = ctx.needs_input_grad
+        # keep only what backward reads, so that a later in-place change to
+        # an unneeded operand is legal (x * 3 saves nothing of x)
+        ctx.save_for_backward(x if n[1] else None, y if n[0] else None)
+        try:
+            return x2 * y2
+        except ValueError:
+            raise _shape_error("mul", x, y) from None
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.to_save
+        n = ctx.needs_input_grad
+        return (unbroadcast(g * y, ctx.xs, ctx.xd) if n[0] else None,
+                unbroadcast(g * x, ctx.ys, ctx.yd) if n[1] else None)
+
+
+class Div(Op):
+    @staticmethod
+    def forward(ctx, x, y):
+        x2, y2 = promote(x, y, "div", true_div=True)
+        _meta(ctx, x, y)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, y)
+        try:
+            return x2 / y2
+        except ValueError:
+            raise _shape_error("div", x, y) from None
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.to_save
+        n = ctx.needs_input_grad
+        gx = g / y
+        gy = unbroadcast(-gx * x / y, ctx.ys, ctx.yd) if n[1] else None
+        return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None, gy)
+
+
+class Pow(Op):
+    @staticmethod
+    def forward(ctx, x, y):
+        x2, y2 = promote(x, y, "pow")
+        _meta(ctx, x, y)
+        if type(y2) in _SCALARS and type(x2) not in _SCALARS \
+                and x2.dtype.kind == "f":
+            out = pow_scalar(get_array_module(x2), x2, y2)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out = x2 ** y2
+        ctx.save_for_backward(x2, y2, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        # PyTorch's pow_backward_self / pow_backward_exponent
+        x, y, out = ctx.to_save
+        n = ctx.needs_input_grad
+        xp = get_array_module(g)
+        gx = gy = None
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if n[0]:
+                if type(y) in _SCALARS:
+                    # a zero exponent gives zeros, whatever g holds
+                    gx = xp.zeros_like(g) if y == 0 else \
+                        g * (y * pow_scalar(xp, x, y - 1))
+                else:
+                    gx = xp.where(y == 0, xp.zeros((), g.dtype),
+                                  g * (y * x ** (y - 1)))
+                gx = unbroadcast(gx, ctx.xs, ctx.xd)
+            if n[1]:
+                lx = xp.log(x) if type(x) not in _SCALARS else np.log(x)
+                # d/dy x**y = x**y log x, taken as 0 where x == 0 and
+                # y >= 0 (there x**y is 0 or 1 on both sides)
+                # (x may be a Python scalar: CuPy's where needs an array)
+                zero = xp.asarray((x == 0) & (y >= 0))
+                gy = g * xp.where(zero, xp.zeros((), g.dtype), out * lx)
+                gy = unbroadcast(gy, ctx.ys, ctx.yd)
+        return gx, gy
+
+
+class Maximum(Op):
+    """Elementwise maximum; ties split the gradient evenly, and where
+    either side is NaN both get the whole gradient (PyTorch: g, halved
+    where x == y, zeroed where the other side wins)."""
+    _lose = staticmethod(np.less)        # x loses where x < y
+
+    @classmethod
+    def forward(cls, ctx, x, y):
+        x, y = promote(x, y, cls.__name__.lower())
+        _meta(ctx, x, y)
+        ctx.save_for_backward(x, y)
+        # xp.maximum / xp.minimum: NaN propagates, as in PyTorch
+        return getattr(get_array_module(x, y), cls.__name__.lower())(x, y)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        x, y = ctx.to_save
+        xp = get_array_module(g)
+        tie = x == y
+        if xp is not np or bool(tie.any()):
+            g = xp.where(tie, g / 2, g)
+        n = ctx.needs_input_grad
+        gx = gy = None
+        if n[0]:
+            gx = unbroadcast(keep_grad(xp, ~cls._lose(x, y), g), ctx.xs,
+                             ctx.xd)
+        if n[1]:
+            gy = unbroadcast(keep_grad(xp, ~cls._lose(y, x), g), ctx.ys,
+                             ctx.yd)
+        return gx, gy
+
+
+class Minimum(Maximum):
+    """Elementwise minimum; ties split the gradient evenly."""
+    _lose = staticmethod(np.greater)
+
+
+class Lerp(Op):
+    """a + w (b - a), PyTorch's two-sided form (b - (b - a)(1 - w) for
+    w >= 1/2, so lerp(a, b, 1) is b exactly); gradients g (1 - w), g w and
+    g (b - a), without the NaN that composing gives at infinite ends."""
+    @staticmethod
+    def forward(ctx, a, b, w=0.5):
+        a2, b2 = promote(a, b, "lerp")
+        xp = get_array_module(a2, b2)
+        _meta(ctx, a, b)
+        ctx.wshape = getattr(w, "shape", None)
+        ctx.wd = getattr(w, "dtype", None)
+        ctx.save_for_backward(a2, b2, w)
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = b2 - a2
+            out = xp.where(xp.asarray(w < 0.5), a2 + w * d,
+                           b2 - d * (1 - w))
+        return out.astype(xp.result_type(a2, b2), copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, w = ctx.to_save
+        n = ctx.needs_input_grad
+        with np.errstate(invalid="ignore", over="ignore"):
+            return (unbroadcast(g * (1 - w), ctx.xs, ctx.xd) if n[0] else None,
+                    unbroadcast(g * w, ctx.ys, ctx.yd) if n[1] else None,
+                    unbroadcast(g * (b - a), ctx.wshape, ctx.wd)
+                    if len(n) > 2 and n[2] else None)
+
+
+def _div_floor(xp, a, b):
+    """PyTorch's floor division of floats (c10::div_floor_floating): from
+    fmod, so that 1 // -inf is -1 (floor(1 / -inf) would be -0)."""
+    mod = xp.fmod(a, b)
+    div = (a - mod) / b
+    div = xp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    fl = xp.floor(div)
+    fl = xp.where(div - fl > 0.5, fl + 1, fl)
+    return xp.where(b == 0, a / b,
+                    xp.where(div != 0, fl, xp.copysign(0.0 * div, a / b)))
+
+
+class Mod(Op):
+    """fmod (``floor=False``: C's, sign of the dividend) or remainder
+    (Python's, sign of the divisor) of floats, computed by NumPy (exact,
+    and x itself for an infinite divisor); gradients g and -g q, q the
+    quotient rounded toward zero or down (PyTorch)."""
+    @staticmethod
+    def forward(ctx, x, y, floor=False):
+        x2, y2 = promote(x, y, "remainder" if floor else "fmod")
+        xp = get_array_module(x2, y2)
+        _meta(ctx, x, y)
+        ctx.floor = floor
+        ctx.save_for_backward(x2, y2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (xp.remainder if floor else xp.fmod)(x2, y2)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.to_save
+        xp = get_array_module(g)
+        n = ctx.needs_input_grad
+        gy = None
+        if n[1]:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                q = _div_floor(xp, x, y) if ctx.floor else xp.trunc(x / y)
+                gy = unbroadcast(-g * q, ctx.ys, ctx.yd)
+        return (unbroadcast(g, ctx.xs, ctx.xd) if n[0] else None, gy)
+
+
+# ================================================ selection by value ==
+
+class Where(Op):
+    """where(cond, x, y); cond is a plain bool array (not differentiable)."""
+    @staticmethod
+    def forward(ctx, cond, x, y):
+        x2, y2 = promote(x, y, "where")
+        xp = get_array_module(cond, x2, y2)
+        _meta(ctx, x, y)
+        ctx.save_for_backward(cond)
+        return xp.where(cond, x2, y2)
+
+    @staticmethod
+    def backward(ctx, g):
+        cond = ctx.to_save[0]
+        n = ctx.needs_input_grad
+        xp = get_array_module(g)
+        return (None,
+                unbroadcast(keep_grad(xp, cond, g), ctx.xs, ctx.xd)
+                if n[1] else None,
+                unbroadcast(keep_grad(xp, ~cond, g), ctx.ys, ctx.yd)
+                if n[2] else None)
+
+
+class Clamp(Op):
+    @staticmethod
+    def forward(ctx, x, min=None, max=None):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        ctx.lo, ctx.hi = min, max
+        out = x
+        if min is not None:
+            out = xp.maximum(out, min)
+        if max is not None:
+            out = xp.minimum(out, max)
+        if out is x:
+            out = x.copy()
+        if type(min) is float or type(max) is float:
+            return out.astype(promote(x, 1.0)[0].dtype, copy=False)
+        return out.astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        # g where lo <= x <= hi (bounds included; NaN gets 0), as PyTorch
+        x = ctx.to_save[0]
+        if ctx.lo is not None and ctx.hi is not None:
+            keep = (x >= ctx.lo) & (x <= ctx.hi)
+        elif ctx.lo is not None:
+            keep = x >= ctx.lo
+        else:
+            keep = x <= ctx.hi
+        return keep_grad(get_array_module(g), keep, g)
+
+
+class Hardtanh(Clamp):
+    """clamp(x, lo, hi) whose gradient is 0 at the bounds themselves
+    (PyTorch's hardtanh_backward: g only where lo < x < hi); relu6 is
+    hardtanh(0, 6)."""
+    @staticmethod
+    def backward(ctx, g):
+        x = ctx.to_save[0]
+        xp = get_array_module(g)
+        # NaN gets 0 too (PyTorch)
+        return keep_grad(xp, (x > ctx.lo) & (x < ctx.hi), g)
+
+
+class ClampT(Op):
+    """clamp(x, lo, hi) with tensor bounds (either may be None), PyTorch's
+    clamp_backward_min_max: x gets g where lo <= x <= hi; lo where x < lo
+    (and lo < hi); hi where x > hi, or everywhere if hi < lo (then hi is
+    the result)."""
+    @staticmethod
+    def forward(ctx, x, lo=None, hi=None):
+        xp = get_array_module(x)
+        _meta(ctx, x, lo if lo is not None else hi)
+        ctx.ls = getattr(lo, "shape", None)      # a bound may be a number
+        ctx.hs = getattr(hi, "shape", None)
+        ctx.ld = getattr(lo, "dtype", None)
+        ctx.hd = getattr(hi, "dtype", None)
+        out = x
+        if lo is not None:
+            out, lo = promote(out, lo, "clamp")
+            out = xp.maximum(out, lo)
+        if hi is not None:
+            out, hi = promote(out, hi, "clamp")
+            out = xp.minimum(out, hi)
+        ctx.save_for_backward(x, lo, hi)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, lo, hi = ctx.to_save
+        xp = get_array_module(g)
+        zero = xp.zeros((), g.dtype)
+        n = ctx.needs_input_grad
+        gx = glo = ghi = None
+        if lo is not None and hi is not None:
+            if n[0]:
+                gx = xp.where((x >= lo) & (x <= hi), g, zero)
+            if n[1]:
+                glo = xp.where((x < lo) & (lo < hi), g, zero)
+            if n[2]:
+                ghi = xp.where((x > hi) | (hi < lo), g, zero)
+        elif lo is not None:
+            if n[0]:
+                gx = xp.where(x >= lo, g, zero)
+            if n[1]:
+                glo = xp.where(x < lo, g, zero)
+        else:
+            if n[0]:
+                gx = xp.where(x <= hi, g, zero)
+            if n[2]:
+                ghi = xp.where(x > hi, g, zero)
+        return (None if gx is None else unbroadcast(gx, ctx.xs, ctx.xd),
+                None if glo is None else unbroadcast(glo, ctx.ls, ctx.ld),
+                None if ghi is None else unbroadcast(ghi, ctx.hs, ctx.hd))

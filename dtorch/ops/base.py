@@ -1,0 +1,121 @@
+"""What every op shares: the ``Op`` base class (a Function over raw arrays),
+``unbroadcast`` (the backward of broadcasting, in one place), ``promote``
+(PyTorch's result dtype for two operands), ``keep_grad`` (masking a
+gradient without inf * 0 = NaN) and the small helpers the families reuse.
+
+Every op in ``dtorch/ops`` works on raw arrays (``_array_api = True``) of
+either NumPy or CuPy; ``get_array_module`` is the only device switch.
+"""
+import numpy as np
+
+from .._backend import from_np, result_type, get_default_dtype, device_of
+from ..autograd.function import Function
+
+
+class Op(Function):
+    _array_api = True
+
+
+def unbroadcast(g, shape, dtype=None):
+    """Sum ``g`` down to ``shape``: the backward of NumPy broadcasting."""
+    if g.shape != shape:
+        extra = g.ndim - len(shape)
+        if extra:
+            g = g.sum(axis=tuple(range(extra)))
+        axes = tuple(i for i, n in enumerate(shape)
+                     if n == 1 and g.shape[i] != 1)
+        if axes:
+            g = g.sum(axis=axes, keepdims=True)
+        if g.shape != shape:
+            g = g.reshape(shape)
+    if dtype is not None and g.dtype != dtype:
+        g = g.astype(dtype)
+    return g
+
+
+_SCALARS = (int, float, bool)
+
+
+def _device_error(op, x, y):
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least "
+        f"two devices, {device_of(x)} and {device_of(y)}! (in {op})")
+
+
+def promote(x, y, op="binary op", true_div=False):
+    """Cast two operands (arrays or Python scalars) to PyTorch's result dtype.
+
+    Python scalars stay scalars: NumPy treats them as weak, as PyTorch does.
+    """
+    tx, ty = type(x), type(y)
+    if (ty is float or ty is int) and tx is not float and tx is not int \
+            and x.dtype.kind == "f":
+        return x, y      # the common case: a float tensor and a number
+    if ty in _SCALARS:
+        if tx in _SCALARS:
+            raise TypeError(f"{op}: expected at least one tensor operand")
+        dx = from_np(x.dtype)
+        rt = result_type(dx, ty, x.ndim > 0, False)
+        if true_div and not rt.is_floating_point:
+            rt = get_default_dtype()
+        if rt is not dx:
+            x = x.astype(rt.np)
+        return x, y
+    if tx in _SCALARS:
+        dy = from_np(y.dtype)
+        rt = result_type(tx, dy, False, y.ndim > 0)
+        if true_div and not rt.is_floating_point:
+            rt = get_default_dtype()
+        if rt is not dy:
+            y = y.astype(rt.np)
+        return x, y
+    if tx is not ty:
+        raise _device_error(op, x, y)
+    if x.dtype == y.dtype and not (true_div and x.dtype.kind in "biu"):
+        return x, y
+    rt = result_type(from_np(x.dtype), from_np(y.dtype), x.ndim > 0,
+                     y.ndim > 0)
+    if true_div and not rt.is_floating_point:
+        rt = get_default_dtype()
+    if x.dtype != rt.np:
+        x = x.astype(rt.np)
+    if y.dtype != rt.np:
+        y = y.astype(rt.np)
+    return x, y
+
+
+def _meta(ctx, x, y):
+    # what backward needs to shape gradients: shapes and dtypes of inputs
+    ctx.xs = x.shape if not type(x) in _SCALARS else None
+    ctx.ys = y.shape if not type(y) in _SCALARS else None
+    ctx.xd = getattr(x, "dtype", None)
+    ctx.yd = getattr(y, "dtype", None)
+
+
+def keep_grad(xp, cond, g):
+    """g where ``cond``, else 0: PyTorch's masking in backward. A bare
+    ``g * cond`` is wrong where g holds inf or NaN and cond is False
+    (inf * 0 = NaN, PyTorch gives 0). On NumPy the product is still
+    computed first: np.where over a random mask is 5-10x slower than a
+    product (measured 256x1024 float32: 2.2-3.0 ms against 0.19 ms), and
+    the product is exact unless it made a NaN, which its max shows; only
+    then the where() runs. CuPy's where costs what a product costs."""
+    zero = xp.zeros((), g.dtype)
+    if xp is not np:
+        return xp.where(cond, g, zero)
+    r = g * cond
+    if r.dtype.kind == "f" and r.size and np.isnan(r.max()):
+        r = np.where(cond, g, zero)
+    return r
+
+
+def sgn(xp, x):
+    """PyTorch's sign for gradients: -1, 0 or 1, and 0 at NaN."""
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def _float_input(x):
+    # unary maths on integer tensors gives the default float dtype (PyTorch)
+    if x.dtype.kind in "biu":
+        return x.astype(get_default_dtype().np)
+    return x

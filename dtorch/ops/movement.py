@@ -1,0 +1,194 @@
+"""Moving data without arithmetic, forward and backward side by side:
+reshape, permute, expand (views), cat, stack, pad (constant, reflect,
+replicate, circular), contiguous copies, dtype casts and device moves.
+"""
+import numpy as np
+
+from .._backend import get_array_module, from_np, result_type, device_of
+from .base import Op, _device_error, unbroadcast
+from .index import index_add0
+from .reduce import _axes
+
+
+# ============================================================= views ==
+
+class Reshape(Op):
+    _is_view = True
+
+    @staticmethod
+    def forward(ctx, x, shape=()):
+        ctx.shape = x.shape
+        try:
+            return x.reshape(shape)
+        except ValueError:
+            raise RuntimeError(
+                f"shape '{list(shape)}' is invalid for input of size "
+                f"{x.size}") from None
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.reshape(ctx.shape)
+
+
+class Permute(Op):
+    _is_view = True
+
+    @staticmethod
+    def forward(ctx, x, dims=()):
+        ctx.dims = dims
+        return x.transpose(dims)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.transpose(np.argsort(ctx.dims))
+
+
+class Expand(Op):
+    _is_view = True
+
+    @staticmethod
+    def forward(ctx, x, shape=()):
+        ctx.shape = x.shape
+        return get_array_module(x).broadcast_to(x, shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        return unbroadcast(g, ctx.shape)
+
+
+# =============================================== joining and padding ==
+
+class Cat(Op):
+    @staticmethod
+    def forward(ctx, *xs, dim=0):
+        xp = get_array_module(*xs)
+        ref = xs[0]
+        axis = _axes(dim, ref.ndim)[0]
+        for i, x in enumerate(xs):
+            if type(x) is not type(ref):
+                raise _device_error("cat", ref, x)
+            if x.ndim != ref.ndim or any(
+                    a != b for j, (a, b) in enumerate(zip(x.shape, ref.shape))
+                    if j != axis):
+                raise RuntimeError(
+                    f"Sizes of tensors must match except in dimension "
+                    f"{axis}. Expected {list(ref.shape)} but got "
+                    f"{list(x.shape)} for tensor number {i} in the list.")
+        dt = xs[0].dtype
+        if any(x.dtype != dt for x in xs):
+            rt = from_np(dt)
+            for x in xs[1:]:
+                rt = result_type(rt, from_np(x.dtype))
+            dt = rt.np
+        ctx.sizes = [x.shape[axis] for x in xs]
+        ctx.dtypes = [x.dtype for x in xs]
+        ctx.axis = axis
+        return xp.concatenate(xs, axis=axis).astype(dt, copy=False)
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        splits = np.cumsum(ctx.sizes)[:-1]
+        parts = xp.split(g, splits.tolist(), axis=ctx.axis)
+        return tuple(p.astype(d, copy=False)
+                     for p, d in zip(parts, ctx.dtypes))
+
+
+class Stack(Op):
+    @staticmethod
+    def forward(ctx, *xs, dim=0):
+        ref = xs[0]
+        for i, x in enumerate(xs):
+            if type(x) is not type(ref):
+                raise _device_error("stack", ref, x)
+            if x.shape != ref.shape:
+                raise RuntimeError(
+                    f"stack expects each tensor to be equal size, but got "
+                    f"{list(ref.shape)} at entry 0 and {list(x.shape)} at "
+                    f"entry {i}")
+        axis = _axes(dim, ref.ndim + 1)[0]
+        ctx.axis, ctx.n = axis, len(xs)
+        ctx.dtypes = [x.dtype for x in xs]
+        return get_array_module(*xs).stack(xs, axis=axis)
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        return tuple(xp.take(g, i, axis=ctx.axis).astype(d, copy=False)
+                     for i, d in enumerate(ctx.dtypes))
+
+
+_NP_PAD_MODES = {"reflect": "reflect", "replicate": "edge",
+                 "circular": "wrap"}
+
+
+class Pad(Op):
+    """Pad with ``pads`` = ((before, after), ...) for every axis. Constant
+    padding slices in backward; the other modes gather along each axis with
+    an index array and scatter back with ``index_add0``."""
+    @staticmethod
+    def forward(ctx, x, pads=(), mode="constant", value=0.0):
+        xp = get_array_module(x)
+        ctx.pads, ctx.mode, ctx.shape = pads, mode, x.shape
+        if mode == "constant":
+            return xp.pad(x, pads, constant_values=value)
+        idxs = []
+        out = x
+        for ax, (lo, hi) in enumerate(pads):
+            if lo or hi:
+                idx = np.pad(np.arange(x.shape[ax]), (lo, hi),
+                             mode=_NP_PAD_MODES[mode])
+                idx = xp.asarray(idx)
+                out = xp.take(out, idx, axis=ax)
+                idxs.append((ax, idx))
+        ctx.idxs = idxs
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        if ctx.mode == "constant":
+            key = tuple(slice(lo, g.shape[i] - hi)
+                        for i, (lo, hi) in enumerate(ctx.pads))
+            return g[key]
+        for ax, idx in reversed(ctx.idxs):
+            gm = xp.moveaxis(g, ax, 0)
+            gm = index_add0(xp, (ctx.shape[ax],) + gm.shape[1:], g.dtype,
+                            idx, gm)
+            g = xp.moveaxis(gm, 0, ax)
+        return g
+
+
+# ============================================================ copies ==
+
+class Copy(Op):
+    """A C-contiguous copy (``contiguous()``)."""
+    @staticmethod
+    def forward(ctx, x):
+        return get_array_module(x).ascontiguousarray(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class Cast(Op):
+    @staticmethod
+    def forward(ctx, x, np_dtype=None):
+        ctx.src = x.dtype
+        return x.astype(np_dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.astype(ctx.src)
+
+
+class ToDevice(Op):
+    @staticmethod
+    def forward(ctx, x, device=None):
+        ctx.src = device_of(x)
+        return device.send(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.src.send(g)

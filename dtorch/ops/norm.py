@@ -1,0 +1,112 @@
+"""Normalisation and dropout, forward and backward side by side: layer norm
+over the last axes, training-mode batch norm (running statistics updated
+in the same pass), and dropout with a given keep-mask.
+"""
+from .._backend import get_array_module
+from .base import Op
+
+
+class LayerNorm(Op):
+    """Normalise over the last ``nd`` axes, then ``* w + b`` (optional)."""
+    @staticmethod
+    def forward(ctx, x, w=None, b=None, nd=1, eps=1e-5):
+        xp = get_array_module(x)
+        axes = tuple(range(x.ndim - nd, x.ndim))
+        mu = x.mean(axis=axes, keepdims=True)
+        xc = x - mu
+        var = (xc * xc).mean(axis=axes, keepdims=True)
+        rstd = 1 / xp.sqrt(var + eps)
+        xhat = xc * rstd
+        ctx.save_for_backward(w)
+        ctx.xhat, ctx.rstd, ctx.axes = xhat, rstd, axes
+        out = xhat
+        if w is not None:
+            out = out * w
+        if b is not None:
+            out = out + b
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        w, = ctx.to_save
+        xhat, rstd, axes = ctx.xhat, ctx.rstd, ctx.axes
+        need = ctx.needs_input_grad
+        lead = tuple(range(g.ndim - len(axes)))
+        gw = (g * xhat).sum(axis=lead) if len(need) > 1 and need[1] else None
+        gb = g.sum(axis=lead) if len(need) > 2 and need[2] else None
+        gx = None
+        if need[0]:
+            gh = g * w if w is not None else g
+            gx = rstd * (gh - gh.mean(axis=axes, keepdims=True)
+                         - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
+        return gx, gw, gb
+
+
+class BatchNorm(Op):
+    """Training-mode batch norm over all axes but 1, with batch statistics.
+
+    ``running_mean`` / ``running_var`` (arrays, optional) are updated in
+    place with ``momentum`` and the unbiased batch variance, as in PyTorch;
+    doing it here saves a second pass over the batch."""
+    @staticmethod
+    def forward(ctx, x, w=None, b=None, eps=1e-5, running_mean=None,
+                running_var=None, momentum=0.1):
+        xp = get_array_module(x)
+        axes = (0,) + tuple(range(2, x.ndim))
+        shape = [1] * x.ndim
+        shape[1] = x.shape[1]
+        mu = x.mean(axis=axes, keepdims=True)
+        xc = x - mu
+        var = (xc * xc).mean(axis=axes, keepdims=True)
+        rstd = 1 / xp.sqrt(var + eps)
+        xhat = xc * rstd
+        ctx.save_for_backward(w)
+        ctx.xhat, ctx.rstd, ctx.axes, ctx.shape = xhat, rstd, axes, shape
+        m = x.size // x.shape[1]
+        if running_mean is not None:
+            running_mean *= 1 - momentum
+            running_mean += momentum * mu.reshape(-1)
+        if running_var is not None:
+            running_var *= 1 - momentum
+            running_var += (momentum * m / max(m - 1, 1)) * var.reshape(-1)
+        out = xhat
+        if w is not None:
+            out = out * w.reshape(shape)
+        if b is not None:
+            out = out + b.reshape(shape)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        w, = ctx.to_save
+        xhat, rstd, axes = ctx.xhat, ctx.rstd, ctx.axes
+        need = ctx.needs_input_grad
+        gw = gb = gx = None
+        gsum = g.sum(axis=axes)
+        gxh = (g * xhat).sum(axis=axes)
+        if len(need) > 1 and need[1]:
+            gw = gxh
+        if len(need) > 2 and need[2]:
+            gb = gsum
+        if need[0]:
+            m = g.size // g.shape[1]
+            scale = rstd if w is None else rstd * w.reshape(ctx.shape)
+            gx = scale * (g - (gsum.reshape(ctx.shape)
+                               + xhat * gxh.reshape(ctx.shape)) / m)
+        return gx, gw, gb
+
+
+class Dropout(Op):
+    """x * mask / (1 - p) with a given boolean keep-mask. Backward is a
+    product with the mask too, as PyTorch's (an infinite gradient at a
+    dropped element gives NaN in both)."""
+    @staticmethod
+    def forward(ctx, x, keep=None, p=0.5):
+        scale = x.dtype.type(1.0 / (1.0 - p)) if x.dtype.kind == "f" else \
+            1.0 / (1.0 - p)
+        ctx.keep, ctx.scale = keep, scale
+        return x * keep * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.keep * ctx.scale, None

@@ -1,0 +1,251 @@
+"""Reductions, forward and backward side by side: sum, prod, amax/amin
+(and max()/min() over everything), vector norms, max/min along one dim,
+median of all elements. Backward reshapes the reduced gradient with
+``_expand_back`` so that it broadcasts over the input.
+"""
+import numpy as np
+
+from .._backend import get_array_module, put_along_axis
+from .base import Op, _float_input, keep_grad, sgn
+
+
+def _axes(dim, ndim):
+    if dim is None:
+        return None
+    if isinstance(dim, int):
+        dim = (dim,)
+    out = []
+    for d in dim:
+        if not -max(ndim, 1) <= d < max(ndim, 1):
+            raise IndexError(
+                f"Dimension out of range (expected to be in range of "
+                f"[{-max(ndim, 1)}, {max(ndim, 1) - 1}], but got {d})")
+        out.append(d % max(ndim, 1))
+    return tuple(out)
+
+
+def _expand_back(g, shape, axes, keepdim):
+    """Reshape a reduced gradient so that it broadcasts over ``shape``."""
+    if axes is None:
+        return g.reshape((1,) * len(shape)) if len(shape) else g
+    if not keepdim:
+        g = g.reshape([1 if i in axes else n for i, n in enumerate(shape)])
+    return g
+
+
+class Sum(Op):
+    @staticmethod
+    def forward(ctx, x, dim=None, keepdim=False, dtype=None):
+        axes = _axes(dim, x.ndim) if x.ndim else None
+        ctx.shape, ctx.axes, ctx.keepdim = x.shape, axes, keepdim
+        ctx.xd = x.dtype
+        if dtype is None and x.dtype.kind in "biu":
+            dtype = np.int64      # PyTorch sums bools and ints as int64
+        return get_array_module(x).sum(x, axis=axes, keepdims=keepdim,
+                                       dtype=dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = _expand_back(g, ctx.shape, ctx.axes, ctx.keepdim)
+        xp = get_array_module(g)
+        return xp.broadcast_to(g, ctx.shape).astype(ctx.xd)
+
+
+class Prod(Op):
+    @staticmethod
+    def forward(ctx, x, dim=None, keepdim=False):
+        xp = get_array_module(x)
+        axis = None if dim is None else _axes(dim, x.ndim)[0]
+        ctx.save_for_backward(x)
+        ctx.axis, ctx.keepdim = axis, keepdim
+        if x.dtype.kind in "biu":
+            return xp.prod(x, axis=axis, keepdims=keepdim, dtype=np.int64)
+        return xp.prod(x, axis=axis, keepdims=keepdim)
+
+    @staticmethod
+    def backward(ctx, g):
+        x = ctx.to_save[0]
+        xp = get_array_module(x)
+        axis = ctx.axis
+        if x.ndim == 0:
+            return g
+        if not bool((x == 0).any()):
+            # PyTorch: g * prod / x when no element (in the whole tensor)
+            # is 0; so an infinite factor gets inf / inf = NaN there too
+            out = xp.prod(x, axis=axis, keepdims=True)
+            if axis is not None and not ctx.keepdim:
+                g = xp.expand_dims(g, axis)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return g * (out / x)
+        flat = axis is None
+        if flat:
+            shape = x.shape
+            x = x.reshape(-1)
+            axis = 0
+        # product of all the others, without dividing (x may hold zeros):
+        # exclusive cumulative products from the left and from the right
+        ones = xp.ones_like(xp.take(x, [0], axis=axis))
+        left = xp.cumprod(xp.concatenate(
+            [ones, xp.take(x, range(x.shape[axis] - 1), axis=axis)],
+            axis=axis), axis=axis)
+        rx = xp.flip(x, axis=axis)
+        right = xp.flip(xp.cumprod(xp.concatenate(
+            [ones, xp.take(rx, range(x.shape[axis] - 1), axis=axis)],
+            axis=axis), axis=axis), axis=axis)
+        others = left * right
+        if flat:
+            return (g * others).reshape(shape)
+        if not ctx.keepdim:
+            g = xp.expand_dims(g, axis)
+        return g * others
+
+
+class Amax(Op):
+    """max/min over dims; ties share the gradient evenly (PyTorch amax:
+    (g / count) * mask). ``evenly`` is max()/min() over everything, whose
+    PyTorch backward (evenly_distribute_backward) also shares it among
+    the NaN entries when the result is NaN, and writes zeros elsewhere."""
+    @staticmethod
+    def forward(ctx, x, dim=None, keepdim=False, is_min=False, evenly=False):
+        if x.size == 0:
+            raise RuntimeError(
+                "max(): Expected reduction dim to be specified for input."
+                "numel() == 0. Specify the reduction dim with the 'dim' "
+                "argument.")
+        xp = get_array_module(x)
+        axes = _axes(dim, x.ndim) if x.ndim else None
+        f = xp.amin if is_min else xp.amax
+        out = f(x, axis=axes, keepdims=keepdim)
+        ctx.save_for_backward(x, out)
+        ctx.axes, ctx.keepdim, ctx.evenly = axes, keepdim, evenly
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.to_save
+        xp = get_array_module(g)
+        o = _expand_back(out, x.shape, ctx.axes, ctx.keepdim)
+        g = _expand_back(g, x.shape, ctx.axes, ctx.keepdim)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if ctx.evenly:
+                mask = xp.isnan(x) if bool(xp.isnan(out)) else x == o
+                return keep_grad(xp, mask, g / mask.sum())
+            mask = x == o
+            count = mask.sum(axis=ctx.axes, keepdims=True)
+            return g / count * mask
+
+
+class Norm(Op):
+    """Vector p-norm over ``dim`` (all dims when None): PyTorch's
+    linalg.vector_norm, with its norm_backward as one node: the gradient
+    at a zero norm is 0 (composing sqrt(sum(x * x)) gives 0 * inf = NaN);
+    p = +-inf share it evenly among the entries of largest (smallest)
+    magnitude, or among NaN ones; p = 0 counts non-zeros (no gradient)."""
+    @staticmethod
+    def forward(ctx, x, p=2.0, dim=None, keepdim=False):
+        xp = get_array_module(x)
+        x = _float_input(x)
+        axes = _axes(dim, x.ndim) if x.ndim else None
+        a = abs(x)
+        kw = dict(axis=axes, keepdims=keepdim)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if p == np.inf:
+                out = xp.amax(a, **kw)
+            elif p == -np.inf:
+                out = xp.amin(a, **kw)
+            elif p == 0:
+                out = (a != 0).sum(**kw).astype(x.dtype)
+            elif p == 1:
+                out = a.sum(**kw)
+            elif p == 2:
+                out = xp.sqrt((x * x).sum(**kw))
+            else:
+                out = (a ** p).sum(**kw) ** (1.0 / p)
+        out = xp.asarray(out, dtype=x.dtype)
+        ctx.save_for_backward(x, out)
+        ctx.p, ctx.axes, ctx.keepdim = p, axes, keepdim
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.to_save
+        xp = get_array_module(g)
+        p, axes = ctx.p, ctx.axes
+        g = _expand_back(g, x.shape, axes, ctx.keepdim)
+        n = _expand_back(out, x.shape, axes, ctx.keepdim)
+        zero = xp.zeros((), g.dtype)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if p == 0:
+                return xp.zeros(x.shape, g.dtype)
+            if p == 1:
+                return sgn(xp, x) * g
+            if p == 2:
+                return g * xp.where(n == 0, zero, x / n)
+            a = abs(x)
+            if p in (np.inf, -np.inf):
+                mask = (a == n) | xp.isnan(a)
+                count = mask.sum(axis=axes, keepdims=True)
+                return sgn(xp, x) * ((g / count) * mask)
+            if p < 1:
+                s = sgn(xp, x) * xp.where(x == 0, zero, a ** (p - 1))
+                return s * g * n ** (1 - p)
+            s = sgn(xp, x) * a ** (p - 1) if p < 2 else x * a ** (p - 2)
+            return s * xp.where(n == 0, zero, g / n ** (p - 1))
+
+
+class MaxDim(Op):
+    """values of max/min along one dim; the gradient goes to the index
+    that argmax/argmin picked, as in PyTorch's ``max(dim)``."""
+    @staticmethod
+    def forward(ctx, x, dim=0, keepdim=False, is_min=False):
+        xp = get_array_module(x)
+        axis = _axes(dim, x.ndim)[0] if x.ndim else None
+        if x.ndim == 0:
+            ctx.idx = None
+            return x.copy()
+        if x.shape[axis] == 0:
+            raise IndexError(
+                f"max(): Expected reduction dim {axis} to have non-zero size.")
+        idx = (xp.argmin if is_min else xp.argmax)(x, axis=axis)
+        idx = xp.expand_dims(idx, axis)
+        out = xp.take_along_axis(x, idx, axis=axis)
+        ctx.idx, ctx.axis, ctx.shape = idx, axis, x.shape
+        ctx.indices = idx if keepdim else xp.squeeze(idx, axis)
+        return out if keepdim else xp.squeeze(out, axis)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.idx is None:
+            return g
+        xp = get_array_module(g)
+        gx = xp.zeros(ctx.shape, g.dtype)
+        g = g.reshape(ctx.idx.shape)
+        put_along_axis(xp, gx, ctx.idx, g, axis=ctx.axis)
+        return gx
+
+
+class MedianAll(Op):
+    """The lower median of all elements (NaN if any is NaN); backward
+    shares g evenly among the elements equal to it, or among the NaN ones
+    (PyTorch's evenly_distribute_backward)."""
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        flat = x.reshape(-1)
+        if flat.size == 0:
+            out = xp.asarray(np.nan, dtype=x.dtype)
+        elif x.dtype.kind == "f" and bool(xp.isnan(flat).any()):
+            out = xp.asarray(np.nan, dtype=x.dtype)
+        else:
+            k = (flat.size - 1) // 2
+            out = xp.partition(flat, k)[k]
+        ctx.save_for_backward(x, out)
+        return xp.asarray(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.to_save
+        xp = get_array_module(g)
+        mask = xp.isnan(x) if bool(xp.isnan(out)) else x == out
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return keep_grad(xp, mask, g / mask.sum())
