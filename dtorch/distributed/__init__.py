@@ -444,4 +444,4 @@ def get_default_backend_for_device(device):
     raise ValueError(f"no default backend for device type {dev.type!r}")
 
 
-from . import metrics  # noqa: E402,F401  (needs _default_or_none)
+from . import metrics  # noqa: E402,F401

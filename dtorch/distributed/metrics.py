@@ -37,17 +37,18 @@ class MetricSum:
 
     def compute(self):
         """The sums over all ranks (one all-reduce, float64)."""
-        from . import _default_or_none
-        g = self.group if self.group is not None else _default_or_none()
+        from .. import distributed as dist
+        g = self.group if self.group is not None else dist.group.WORLD
         names = sorted(self.sums)
         buf = np.array([self.sums[k] for k in names], dtype=np.float64)
-        if g is not None and g.size > 1:
+        if g is not None and dist.get_world_size(g) > 1:
             # every rank must hold the same names in the same order
-            all_names = g.all_gather_object(names)
+            all_names = [None] * dist.get_world_size(g)
+            dist.all_gather_object(all_names, names, group=g)
             for r, other in enumerate(all_names):
                 if other != names:
                     raise RuntimeError(
-                        f"MetricSum.compute: rank {g.rank} has metrics "
-                        f"{names} but rank {r} has {other}")
-            g.all_reduce(buf, "sum")
+                        f"MetricSum.compute: rank {dist.get_rank(g)} has "
+                        f"metrics {names} but rank {r} has {other}")
+            dist.all_reduce(Tensor._wrap(buf), group=g)
         return dict(zip(names, buf.tolist()))

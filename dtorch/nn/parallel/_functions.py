@@ -4,40 +4,71 @@ other, and not in ``dtorch.ops``: their forward and backward call
 collectives, and ops/ is below the distributed layer."""
 import numpy as np
 
+from ... import distributed as dist
 from ..._backend import get_array_module
 from ...ops.base import Op
+from ...tensor import Tensor
 
 
 # ================================================================ arrays ==
+
+def resolve_group(group):
+    """``group``, or the calling thread's default group (an error naming
+    the missing init_process_group when there is none)."""
+    if group is not None:
+        return group
+    g = dist.group.WORLD
+    if g is None:
+        raise RuntimeError(
+            "Default process group has not been initialized, please make "
+            "sure to call init_process_group.")
+    return g
+
+
+def _size(group):
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def _sum_(group, arr):
+    """In place: ``arr`` (contiguous) becomes the sum over ``group``."""
+    if _size(group) > 1:
+        dist.all_reduce(Tensor._wrap(arr), group=group)
+
 
 def _all_reduce(group, x):
     # a fresh contiguous buffer: the collective works in place, and x may
     # be an input or a gradient that someone else still holds
     out = get_array_module(x).array(x, order="C", copy=True)
-    if group.size > 1:
-        group.all_reduce(out, "sum")
+    _sum_(group, out)
     return out
 
 
 def _split_last(group, x, what):
-    n = x.shape[-1]
-    if n % group.size:
+    n, size = x.shape[-1], _size(group)
+    if n % size:
         raise ValueError(
             f"{what}: the last dim of shape {list(x.shape)} ({n}) is not "
-            f"divisible by the tensor-parallel size {group.size}")
-    k = n // group.size
+            f"divisible by the tensor-parallel size {size}")
+    k, r = n // size, dist.get_rank(group)
     xp = get_array_module(x)
-    return xp.ascontiguousarray(x[..., group.rank * k:(group.rank + 1) * k])
+    return xp.ascontiguousarray(x[..., r * k:(r + 1) * k])
 
 
-def _gather_last(group, x):
-    if group.size == 1:
+def gather_along(group, x, dim):
+    """The full array from every rank's slice of ``x`` along ``dim``."""
+    size = _size(group)
+    if size == 1:
         return x
     xp = get_array_module(x)
     x = xp.ascontiguousarray(x)
-    out = xp.empty((group.size,) + x.shape, x.dtype)
-    group.all_gather(out, x)
-    return xp.concatenate(list(out), axis=-1)
+    out = xp.empty((size,) + x.shape, x.dtype)
+    dist.all_gather_into_tensor(Tensor._wrap(out), Tensor._wrap(x),
+                                group=group)
+    return xp.concatenate(list(out), axis=dim)
+
+
+def _gather_last(group, x):
+    return gather_along(group, x, -1)
 
 
 # =============================================================== regions ==
@@ -110,8 +141,7 @@ class _SyncBN(Op):
         sums = xp.concatenate([x64.sum(axis=axes),
                                (x64 * x64).sum(axis=axes),
                                xp.array([float(n_local)])])
-        if group.size > 1:
-            group.all_reduce(sums, "sum")
+        _sum_(group, sums)
         n = sums[-1]
         mean = sums[:C_] / n
         var = xp.maximum(sums[C_:2 * C_] / n - mean * mean, 0.0)
@@ -136,8 +166,7 @@ class _SyncBN(Op):
         gxhat = g64 * ctx.w.reshape(shape) if ctx.w is not None else g64
         sums = xp.concatenate([gxhat.sum(axis=axes),
                                (gxhat * xhat).sum(axis=axes)])
-        if ctx.group.size > 1:
-            ctx.group.all_reduce(sums, "sum")
+        _sum_(ctx.group, sums)
         C_ = xhat.shape[1]
         s_g = sums[:C_].reshape(shape)
         s_gx = sums[C_:].reshape(shape)

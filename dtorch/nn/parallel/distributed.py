@@ -34,17 +34,9 @@ from ...autograd.function import AccumulateGrad
 from ...autograd.grad_mode import is_grad_enabled, no_grad
 from ...tensor import Tensor
 from ..modules.module import Module
+from ._functions import resolve_group
 from ._reducer import (CoalescedReduction, GradBucket,  # noqa: F401
                        HookReduction, Reducer, _allreduce_hook)
-
-
-def _default_group():
-    g = dist.group.WORLD
-    if g is None:
-        raise RuntimeError(
-            "Default process group has not been initialized, please make "
-            "sure to call init_process_group.")
-    return g
 
 
 class DistributedDataParallel(Module):
@@ -88,7 +80,7 @@ class DistributedDataParallel(Module):
                            static_graph)
         self.module = module
         group = process_group if process_group is not None \
-            else _default_group()
+            else resolve_group(None)
         # plain attributes, not registered as submodules or parameters
         object.__setattr__(self, "process_group", group)
         self.broadcast_buffers = broadcast_buffers

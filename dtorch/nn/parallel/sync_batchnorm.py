@@ -65,10 +65,11 @@ class SyncBatchNorm(Module):
             if self.affine:
                 y = y * self.weight.view(shape) + self.bias.view(shape)
             return y
-        group = self.process_group or dist._default_or_none()
-        if group is None:
-            group = _SoloGroup()
-        if x.numel() // x.shape[1] <= 1 and group.size == 1:
+        # None: a single process with no process group, plain batch norm
+        group = self.process_group if self.process_group is not None \
+            else dist.group.WORLD
+        size = 1 if group is None else dist.get_world_size(group)
+        if x.numel() // x.shape[1] <= 1 and size == 1:
             raise ValueError(f"Expected more than 1 value per channel when "
                              f"training, got input size {list(x.shape)}")
         st = {}
@@ -82,6 +83,8 @@ class SyncBatchNorm(Module):
             rm._data[...] = (1 - m) * rm._data + m * mean
             rv._data[...] = (1 - m) * rv._data + m * unbiased
             self.num_batches_tracked._data += 1
+            for t in (rm, rv, self.num_batches_tracked):
+                t._bump_version()
         return y
 
     @classmethod
@@ -106,7 +109,3 @@ class SyncBatchNorm(Module):
             out.add_module(name, cls.convert_sync_batchnorm(child,
                                                             process_group))
         return out
-
-
-class _SoloGroup:
-    size = 1

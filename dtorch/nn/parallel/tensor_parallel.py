@@ -44,7 +44,7 @@ from ..modules.module import Module
 from ..modules.sparse import Embedding
 from ..parameter import Parameter
 from ._functions import (CopyToTP, ReduceFromTP, ScatterToTP,  # noqa: F401
-                         GatherFromTP)
+                         GatherFromTP, gather_along, resolve_group)
 
 __all__ = [
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
@@ -56,19 +56,19 @@ __all__ = [
 
 
 def copy_to_tp_region(x, group=None):
-    return CopyToTP.apply(x, group=dist._group(group))
+    return CopyToTP.apply(x, group=resolve_group(group))
 
 
 def reduce_from_tp_region(x, group=None):
-    return ReduceFromTP.apply(x, group=dist._group(group))
+    return ReduceFromTP.apply(x, group=resolve_group(group))
 
 
 def scatter_to_tp_region(x, group=None):
-    return ScatterToTP.apply(x, group=dist._group(group))
+    return ScatterToTP.apply(x, group=resolve_group(group))
 
 
 def gather_from_tp_region(x, group=None):
-    return GatherFromTP.apply(x, group=dist._group(group))
+    return GatherFromTP.apply(x, group=resolve_group(group))
 
 
 # ================================================================ layers ==
@@ -83,21 +83,16 @@ def _divide(n, size, what, cls):
 
 def _shard(full, dim, group):
     """This rank's slice of ``full`` along ``dim`` (an array)."""
-    k = full.shape[dim] // group.size
+    k = full.shape[dim] // dist.get_world_size(group)
+    r = dist.get_rank(group)
     idx = [slice(None)] * full.ndim
-    idx[dim] = slice(group.rank * k, (group.rank + 1) * k)
+    idx[dim] = slice(r * k, (r + 1) * k)
     return get_array_module(full).array(full[tuple(idx)], order="C")
 
 
 def _unshard(arr, dim, group):
     """The full array from every rank's slice along ``dim``."""
-    if group.size == 1:
-        return arr
-    xp = get_array_module(arr)
-    arr = xp.ascontiguousarray(arr)
-    out = xp.empty((group.size,) + arr.shape, arr.dtype)
-    group.all_gather(out, arr)
-    return xp.concatenate(list(out), axis=dim)
+    return gather_along(group, arr, dim)
 
 
 class _OneRank:
@@ -117,9 +112,10 @@ class _TPLayer(Module):
         if process_group is None and not dist.is_initialized():
             g = _ONE       # no launcher: one rank holds the whole layer
         else:
-            g = dist._group(process_group)
-        # a plain attribute: not a submodule, not in the state_dict
+            g = resolve_group(process_group)
+        # plain attributes: not a submodule, not in the state_dict
         object.__setattr__(self, "process_group", g)
+        self.tp_rank, self.tp_size = dist.get_rank(g), dist.get_world_size(g)
         return g
 
     def _load_full(self, **full):
@@ -138,10 +134,11 @@ class _TPLayer(Module):
                     a = _shard(a, dim, g)
                 if list(a.shape) != want:
                     raise ValueError(
-                        f"{type(self).__name__}.{name}: rank {g.rank} of "
-                        f"{g.size} expects a shard of shape {want}, got "
-                        f"{list(a.shape)}")
+                        f"{type(self).__name__}.{name}: rank {self.tp_rank} "
+                        f"of {self.tp_size} expects a shard of shape {want}, "
+                        f"got {list(a.shape)}")
                 p._data[...] = a
+                p._bump_version()
 
     def full_tensors(self):
         """{name: full array} of the parameters, gathered over the group
@@ -198,7 +195,7 @@ class ColumnParallelLinear(_TPLinear):
         g = self._set_group(process_group)
         self.in_features, self.out_features = in_features, out_features
         self.gather_output = gather_output
-        self.out_per_rank = _divide(out_features, g.size, "out_features",
+        self.out_per_rank = _divide(out_features, self.tp_size, "out_features",
                                     type(self).__name__)
         fk = {"device": device, "dtype": dtype}
         self.weight = Parameter(_empty((self.out_per_rank, in_features),
@@ -230,18 +227,18 @@ class ColumnParallelLinear(_TPLinear):
             raise RuntimeError(
                 f"{type(self).__name__}: input of shape {list(input.shape)}"
                 f" does not end in in_features={self.in_features}")
-        x = CopyToTP.apply(input, group=g) if g.size > 1 else input
+        x = CopyToTP.apply(input, group=g) if self.tp_size > 1 else input
         y = F.linear(x, self.weight, self.bias)
-        if self.gather_output and g.size > 1:
+        if self.gather_output and self.tp_size > 1:
             y = GatherFromTP.apply(y, group=g)
         return y
 
     def extra_repr(self):
-        g = self.process_group
         return (f"in_features={self.in_features}, "
                 f"out_features={self.out_features} ({self.out_per_rank} on "
-                f"rank {g.rank} of {g.size}), bias={self.bias is not None},"
-                f" gather_output={self.gather_output}")
+                f"rank {self.tp_rank} of {self.tp_size}), "
+                f"bias={self.bias is not None}, "
+                f"gather_output={self.gather_output}")
 
 
 class RowParallelLinear(_TPLinear):
@@ -270,7 +267,7 @@ class RowParallelLinear(_TPLinear):
         g = self._set_group(process_group)
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = input_is_parallel
-        self.in_per_rank = _divide(in_features, g.size, "in_features",
+        self.in_per_rank = _divide(in_features, self.tp_size, "in_features",
                                    type(self).__name__)
         fk = {"device": device, "dtype": dtype}
         self.weight = Parameter(_empty((out_features, self.in_per_rank),
@@ -297,25 +294,24 @@ class RowParallelLinear(_TPLinear):
             else self.in_features
         if input.shape[-1] != want:
             what = (f"this rank's slice of in_features={self.in_features} "
-                    f"({want} = {self.in_features} / {g.size})"
+                    f"({want} = {self.in_features} / {self.tp_size})"
                     if self.input_is_parallel
                     else f"in_features={self.in_features}")
             raise RuntimeError(
-                f"{type(self).__name__} on rank {g.rank}: input of shape "
-                f"{list(input.shape)} does not end in {what}")
+                f"{type(self).__name__} on rank {self.tp_rank}: input of "
+                f"shape {list(input.shape)} does not end in {what}")
         x = input
-        if not self.input_is_parallel and g.size > 1:
+        if not self.input_is_parallel and self.tp_size > 1:
             x = ScatterToTP.apply(x, group=g)
         y = F.linear(x, self.weight)
-        if g.size > 1:
+        if self.tp_size > 1:
             y = ReduceFromTP.apply(y, group=g)
         # after the reduction: the bias is added once, not size times
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self):
-        g = self.process_group
         return (f"in_features={self.in_features} ({self.in_per_rank} on "
-                f"rank {g.rank} of {g.size}), "
+                f"rank {self.tp_rank} of {self.tp_size}), "
                 f"out_features={self.out_features}, "
                 f"bias={self.bias is not None}, "
                 f"input_is_parallel={self.input_is_parallel}")
@@ -337,9 +333,9 @@ class VocabParallelEmbedding(_TPLayer):
         g = self._set_group(process_group)
         self.num_embeddings, self.embedding_dim = (num_embeddings,
                                                    embedding_dim)
-        self.rows_per_rank = _divide(num_embeddings, g.size,
+        self.rows_per_rank = _divide(num_embeddings, self.tp_size,
                                      "num_embeddings", type(self).__name__)
-        self.vocab_start = g.rank * self.rows_per_rank
+        self.vocab_start = self.tp_rank * self.rows_per_rank
         self.vocab_end = self.vocab_start + self.rows_per_rank
         self.weight = Parameter(_empty((self.rows_per_rank, embedding_dim),
                                        device=device, dtype=dtype))
@@ -368,7 +364,7 @@ class VocabParallelEmbedding(_TPLayer):
 
     def forward(self, input):
         g = self.process_group
-        if g.size == 1:
+        if self.tp_size == 1:
             return F.embedding(input, self.weight)
         ids = input._data
         xp = get_array_module(ids)
@@ -382,10 +378,9 @@ class VocabParallelEmbedding(_TPLayer):
         return ReduceFromTP.apply(out, group=g)
 
     def extra_repr(self):
-        g = self.process_group
         return (f"{self.num_embeddings}, {self.embedding_dim} (rows "
-                f"{self.vocab_start}:{self.vocab_end} on rank {g.rank} of "
-                f"{g.size})")
+                f"{self.vocab_start}:{self.vocab_end} on rank {self.tp_rank} "
+                f"of {self.tp_size})")
 
 
 def _empty(shape, device=None, dtype=None):
@@ -417,14 +412,15 @@ def make_dp_tp_groups(tp_size, group=None):
     order. World 4, tp 2: TP groups [0, 1], [2, 3]; DP groups [0, 2],
     [1, 3].
     """
-    g = dist._group(group)
+    g = resolve_group(group)
     tp_size = int(tp_size)
-    if tp_size < 1 or g.size % tp_size:
+    size, rank = dist.get_world_size(g), dist.get_rank(g)
+    if tp_size < 1 or size % tp_size:
         raise ValueError(
             f"make_dp_tp_groups: tp_size {tp_size} does not divide the "
-            f"world size {g.size}")
-    ranks = list(g.ranks)
-    dp_size = g.size // tp_size
+            f"world size {size}")
+    ranks = dist.get_process_group_ranks(g)
+    dp_size = size // tp_size
     tp_group = dp_group = None
     # every rank creates every group (new_group is collective over the
     # parent) and keeps the ones it belongs to. Always new groups, even
@@ -432,11 +428,11 @@ def make_dp_tp_groups(tp_size, group=None):
     # backward runs TP collectives, so the two must not share a group.
     for i in range(dp_size):
         sub = g.new_group(ranks[i * tp_size:(i + 1) * tp_size])
-        if g.rank // tp_size == i:
+        if rank // tp_size == i:
             tp_group = sub
     for j in range(tp_size):
         sub = g.new_group(ranks[j::tp_size])
-        if g.rank % tp_size == j:
+        if rank % tp_size == j:
             dp_group = sub
     return dp_group, tp_group
 
@@ -480,11 +476,12 @@ def shard_state_dict(module, state_dict):
 def _check_full(module, key, t, dim, g):
     a = t._data if isinstance(t, Tensor) else t
     local = module.get_parameter(key).shape[dim]
-    if a.shape[dim] != local * g.size:
+    size = dist.get_world_size(g)
+    if a.shape[dim] != local * size:
         raise ValueError(
             f"shard_state_dict: {key} has shape {list(a.shape)}; rank "
-            f"{g.rank} of a TP group of {g.size} expects dim {dim} = "
-            f"{local} x {g.size}")
+            f"{dist.get_rank(g)} of a TP group of {size} expects dim {dim} = "
+            f"{local} x {size}")
     return a
 
 
