@@ -126,7 +126,7 @@ add(unary("nn.LeakyReLU", lambda M, x: M.nn.LeakyReLU(0.1)(x)))
 add(unary("nn.Mish", lambda M, x: M.nn.Mish()(x)))
 add(unary("nn.SiLU", lambda M, x: M.nn.SiLU()(x)))
 
-# more activations (dtorch/nn/_functional_more.py)
+# more activations (dtorch/nn/_functional/activation.py)
 add(unary("hardswish", lambda M, x: F(M).hardswish(x), extra=[3.0, -3.0]))
 add(unary("hardsigmoid", lambda M, x: F(M).hardsigmoid(x)))
 add(unary("selu", lambda M, x: F(M).selu(x)))
@@ -556,7 +556,7 @@ for r in RED:
         [In(LOGITS), In([1, 1, 1, 1, 1], False, "int64"), CW],
         up="cycle"))
 
-# more losses and distances (dtorch/nn/_functional_more.py)
+# more losses and distances (dtorch/nn/_functional/loss.py, distance.py)
 M1, M2, MT = grid([0.0, 1.0, -1.0, INF, NAN, 0.5], [0.0, 1.0, 0.5, -INF],
                   [1.0, -1.0])
 for r in RED:
