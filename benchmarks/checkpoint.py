@@ -163,26 +163,32 @@ def stall(gb, steps, root):
                       for a in list(msd.values()) + [
                           v for s in osd["state"].values()
                           for v in s.values()])
-    plain, trigger, during, call = [], [], [], []
-    for i in range(steps):
-        t = time.perf_counter()
-        step()
-        plain.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        fut = dcp.async_save(state, checkpoint_id=os.path.join(root,
-                                                               f"a{i}"))
-        call.append(time.perf_counter() - t)
-        step()
-        trigger.append(time.perf_counter() - t)
-        while not fut.done():
+    out = {"state_bytes": state_bytes, "layers": layers, "width": width}
+    for cache in (False, True):
+        plain, trigger, during, call = [], [], [], []
+        for i in range(steps + cache):      # (the first fills the cache)
             t = time.perf_counter()
             step()
-            during.append(time.perf_counter() - t)
-        fut.result()
-        shutil.rmtree(os.path.join(root, f"a{i}"), ignore_errors=True)
-    return {"state_bytes": state_bytes, "layers": layers, "width": width,
+            plain.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            fut = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(
+                os.path.join(root, f"a{i}"),
+                cache_staged_state_dict=cache))
+            call.append(time.perf_counter() - t)
+            step()
+            trigger.append(time.perf_counter() - t)
+            while not fut.done():
+                t = time.perf_counter()
+                step()
+                during.append(time.perf_counter() - t)
+            fut.result()
+            shutil.rmtree(os.path.join(root, f"a{i}"), ignore_errors=True)
+        if cache:
+            call, trigger = call[1:], trigger[1:]
+        out["cached" if cache else "fresh"] = {
             "plain_step_s": plain, "async_save_call_s": call,
             "trigger_step_s": trigger, "steps_during_write_s": during}
+    return out
 
 
 def _rng(v):
@@ -266,17 +272,22 @@ def main():
                   f"{_rng(g['raw_fromfile'])})  ratio "
                   f"{_ratio(g['dcp_load'], g['raw_read'])}", flush=True)
         if args.stall_steps:
-            s = stall(args.gb, args.stall_steps, args.dir)
-            report["stall"] = s
-            base = sorted(s["plain_step_s"])[len(s["plain_step_s"]) // 2]
-            print(f"async_save stall, state {s['state_bytes'] / 1e9:.2f} GB "
-                  f"({s['layers']} x Linear({s['width']}) + Adam):\n"
-                  f"  plain step {_rng(s['plain_step_s'])} s; the step "
-                  f"calling async_save {_rng(s['trigger_step_s'])} s "
-                  f"(slower by {_rng([t / base * 100 - 100 for t in s['trigger_step_s']])}"
-                  f" %; the call itself {_rng(s['async_save_call_s'])} s); "
-                  f"steps while it writes "
-                  f"{_rng(s['steps_during_write_s'] or [0])} s", flush=True)
+            s0 = stall(args.gb, args.stall_steps, args.dir)
+            report["stall"] = s0
+            print(f"async_save stall, state {s0['state_bytes'] / 1e9:.2f} "
+                  f"GB ({s0['layers']} x Linear({s0['width']}) + Adam):",
+                  flush=True)
+            for kind in ("fresh", "cached"):
+                s = s0[kind]
+                base = sorted(s["plain_step_s"])[len(s["plain_step_s"]) // 2]
+                slow = [t / base * 100 - 100 for t in s["trigger_step_s"]]
+                print(f"  {kind} staging buffers: plain step "
+                      f"{_rng(s['plain_step_s'])} s; the step calling "
+                      f"async_save {_rng(s['trigger_step_s'])} s (slower by "
+                      f"{_rng(slow)} %; the call itself "
+                      f"{_rng(s['async_save_call_s'])} s); steps while it "
+                      f"writes {_rng(s['steps_during_write_s'] or [0])} s",
+                      flush=True)
     finally:
         if own:
             shutil.rmtree(args.dir, ignore_errors=True)

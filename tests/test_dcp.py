@@ -526,3 +526,27 @@ def test_device_round_trip_and_async_snapshot(tmp_path, device):
     assert all(p.device.type == dtorch.device(device).type
                for p in m2.parameters())
     same(snapshot(m2, opt2), want)
+
+
+def test_async_save_staging_cache_reuses_buffers_safely(tmp_path):
+    """cache_staged_state_dict: the second snapshot goes into the first
+    one's buffers once that save is done, and every checkpoint still holds
+    the values of its own call."""
+    from dtorch.distributed.checkpoint import _core
+    t = dtorch.zeros(1000)
+    saved = []
+    for i in range(3):
+        t.fill_(float(i))
+        w = dcp.FileSystemWriter(tmp_path / f"c{i}",
+                                 cache_staged_state_dict=True)
+        f = dcp.async_save({"t": t}, storage_writer=w)
+        if i == 1:
+            t.fill_(-1.0)             # right after the call: not saved
+        f.result(timeout=60)
+        saved.append(_core._staging[_core._key(None)]["t"])
+    # one buffer, reused (the saves did not overlap)
+    assert saved[0] is saved[1] is saved[2] and saved[2][0] == 2.0
+    for i in range(3):
+        st = {"t": dtorch.zeros(1000)}
+        dcp.load(st, checkpoint_id=tmp_path / f"c{i}")
+        assert (st["t"] == i).all().item()

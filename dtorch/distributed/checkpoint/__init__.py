@@ -49,12 +49,16 @@ class FileSystemWriter:
     storage_writer=FileSystemWriter(path))`` is ``checkpoint_id=path``.
     ``sync_files=False`` skips the fsyncs: faster, but a power loss (not
     a crash of the process) may then lose a checkpoint that was
-    reported saved."""
+    reported saved. ``cache_staged_state_dict=True``: async_save copies
+    into the host buffers of the previous async save (kept between saves:
+    one more copy of the state in memory) instead of fresh memory, whose
+    first touch costs more than the copy."""
 
     def __init__(self, path, single_file_per_rank=True, sync_files=True,
-                 *args, **kwargs):
+                 *args, cache_staged_state_dict=False, **kwargs):
         self.path = path
         self.sync_files = sync_files
+        self.cache_staged_state_dict = cache_staged_state_dict
 
 
 class FileSystemReader:

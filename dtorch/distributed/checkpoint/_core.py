@@ -170,6 +170,7 @@ def _decode_object(text, where):
 
 _groups = {}              # id(base group) -> (base, checkpoint group)
 _pending = {}             # id(checkpoint group) -> last async Future
+_staging = {}             # id(checkpoint group) -> {key: host buffer}
 _groups_lock = threading.Lock()
 
 
@@ -271,14 +272,22 @@ def _tensor_name(key):
                   key)
 
 
-def _host_array(a, copy):
-    """A host, C-contiguous, little-endian array (a copy if ``copy``)."""
+def _host_array(a, copy, buf=None):
+    """A host, C-contiguous, little-endian array (a copy if ``copy``:
+    into ``buf`` when it has the shape and dtype)."""
     if B.is_cupy_array(a):
-        a = a.get()            # already a fresh host copy
-        copy = False
+        if buf is not None and buf.shape == a.shape and \
+                buf.dtype == a.dtype:
+            return a.get(out=buf)
+        return a.get()         # already a fresh host copy
     if a.dtype not in S._LITTLE or not a.flags.c_contiguous:
         return S._Encoder._convert(a, "tensor")
-    return np.array(a, copy=True) if copy else a
+    if not copy:
+        return a
+    if buf is not None and buf.shape == a.shape and buf.dtype == a.dtype:
+        np.copyto(buf, a)
+        return buf
+    return np.array(a, copy=True)
 
 
 def _checksum(a):
@@ -290,12 +299,15 @@ def _checksum(a):
 class _Snapshot:
     """What one rank saves: host arrays with their boxes, JSON objects."""
 
-    def __init__(self, flat, copy):
+    def __init__(self, flat, copy, staging=None):
         self.tensors = {}          # key -> (array, global, offsets)
         self.objects = {}          # key -> JSON text
         for key, (_, _, v) in flat.leaves.items():
             if _is_tensor(v):
-                a = _host_array(_array(v), copy)
+                buf = None if staging is None else staging.get(key)
+                a = _host_array(_array(v), copy, buf)
+                if staging is not None:
+                    staging[key] = a
                 if a.dtype not in S._CODES:
                     raise TypeError(f"dcp: {key!r} has dtype {a.dtype}, "
                                     "which safetensors cannot store")
@@ -566,8 +578,15 @@ def _prepare(state_dict, process_group, no_dist, copy, writer):
     ck = _ckpt_group(base)
     flat = _Flat(state_dict)
     err = None
+    staging = None
+    if copy and getattr(writer, "cache_staged_state_dict", False):
+        # the previous snapshot's buffers, unless a save still reads them
+        # (memory already faulted in: the copy runs at memcpy speed)
+        with _groups_lock:
+            if _key(ck) not in _pending:
+                staging = _staging.setdefault(_key(ck), {})
     try:
-        snap = _Snapshot(flat, copy)
+        snap = _Snapshot(flat, copy, staging)
         # FileSystemWriter(sync_files=False): no fsync (PyTorch's option)
         snap.sync = bool(getattr(writer, "sync_files", True))
     except Exception as e:
@@ -788,7 +807,7 @@ def _copy_in(target, arr):
     else:
         dst[...] = arr
     if isinstance(target, Tensor):
-        target._vc[0] += 1
+        target._bump_version()
 
 
 def load(state_dict, *, checkpoint_id=None, storage_reader=None,
@@ -867,7 +886,9 @@ def _load(state_dict, checkpoint_id, ck):
 class CheckpointManager:
     """Checkpoints ``root/step_<NNNNNNNN>`` with a ``latest`` pointer,
     keeping the newest ``keep_last`` (all when None). Collective: every
-    rank calls save/load.
+    rank calls save/load. ``cache_staged_state_dict``: async saves copy
+    into the previous save's host buffers (one more copy of the state
+    kept in memory; the copy at call time then runs at memcpy speed).
 
     Example::
 
@@ -877,12 +898,14 @@ class CheckpointManager:
         fut = mgr.async_save(state, step=step)
     """
 
-    def __init__(self, root, keep_last=None, prefix="step_"):
+    def __init__(self, root, keep_last=None, prefix="step_",
+                 cache_staged_state_dict=False):
         if keep_last is not None and int(keep_last) < 1:
             raise ValueError(f"keep_last must be >= 1 or None, got "
                              f"{keep_last}")
         self.root, self.keep_last, self.prefix = os.fspath(root), \
             keep_last, prefix
+        self.cache_staged_state_dict = cache_staged_state_dict
 
     def path(self, step):
         return os.path.join(self.root, f"{self.prefix}{int(step):08d}")
@@ -926,6 +949,10 @@ class CheckpointManager:
                     _after_commit=self._after_commit, **kw)
 
     def async_save(self, state_dict, step, **kw):
+        from . import FileSystemWriter
+        kw.setdefault("storage_writer", FileSystemWriter(
+            self.path(step),
+            cache_staged_state_dict=self.cache_staged_state_dict))
         return async_save(state_dict, checkpoint_id=self.path(step),
                           _after_commit=self._after_commit, **kw)
 
