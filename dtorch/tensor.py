@@ -1305,7 +1305,7 @@ class Tensor(_function.TensorBase):
             self._rebase(lambda t: P.SetIndex.apply(t, v, key=key))
             return
         self._data[key] = _arr(v)
-        self._vc[0] += 1
+        self._bump_version()
 
     def __len__(self):
         if self.ndim == 0:
@@ -1385,7 +1385,7 @@ class Tensor(_function.TensorBase):
         if res._data.dtype != self._data.dtype:
             self._check_cast(res._data.dtype)
         self._data[...] = res._data
-        self._vc[0] += 1
+        self._bump_version()
         if res.requires_grad:
             self.grad_fn = res.grad_fn
             self._output_nr = res._output_nr
@@ -1425,7 +1425,7 @@ class Tensor(_function.TensorBase):
                 f"output with shape {list(self.shape)} doesn't match the "
                 f"broadcast shape {list(np.broadcast_shapes(self.shape, np.shape(oa)))}") \
                 from None
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     def add_(self, other, alpha=1):
@@ -1476,7 +1476,7 @@ class Tensor(_function.TensorBase):
             return self._rebase(lambda t: getattr(t, method)())
         res = getattr(self.detach(), method)()
         self._data[...] = res._data
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     def neg_(self):
@@ -1505,7 +1505,7 @@ class Tensor(_function.TensorBase):
         if self._tracked():
             return self._rebase(lambda t: t.relu())
         self._xp().maximum(self._data, 0, out=self._data)
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     @B.on_own_device
@@ -1513,7 +1513,7 @@ class Tensor(_function.TensorBase):
         if self._tracked(min, max):
             return self._rebase(lambda t: t.clamp(min, max))
         self._data[...] = self.detach().clamp(min, max)._data
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     clip_ = clamp_
@@ -1522,7 +1522,7 @@ class Tensor(_function.TensorBase):
     def zero_(self):
         self._check_inplace()
         self._data.fill(0)
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     @B.on_own_device
@@ -1531,7 +1531,7 @@ class Tensor(_function.TensorBase):
         if isinstance(value, Tensor):
             value = value.item()
         self._data.fill(value)
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     @B.on_own_device
@@ -1551,7 +1551,7 @@ class Tensor(_function.TensorBase):
             raise RuntimeError(
                 f"The size of tensor a ({list(self.shape)}) must match the "
                 f"size of tensor b ({list(src.shape)}) (copy_)") from None
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     @B.on_own_device
@@ -1559,7 +1559,7 @@ class Tensor(_function.TensorBase):
         if self._tracked(value):
             return self._rebase(lambda t: t.masked_fill(mask, value))
         self._data[...] = self.detach().masked_fill(mask, value)._data
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     @B.on_own_device
@@ -1607,7 +1607,7 @@ class Tensor(_function.TensorBase):
         u = _draw("random", size=self.shape, device=self.device,
                  generator=generator)
         self._data[...] = (u < _arr(p)).astype(self._data.dtype)
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     @B.on_own_device
@@ -1623,7 +1623,7 @@ class Tensor(_function.TensorBase):
         self._data[...] = _draw(method, *args, size=self.shape,
                                device=self.device, generator=generator,
                                dtype=self._data.dtype)
-        self._vc[0] += 1
+        self._bump_version()
         return self
 
     # --------------------------------------------------------- new_* ------

@@ -61,5 +61,5 @@ def _inplace(self, compute):
     self._check_inplace()
     res = compute(self.detach())
     self._data[...] = res._data
-    self._vc[0] += 1
+    self._bump_version()
     return self

@@ -96,7 +96,7 @@ def _fill_random(self, method, *args, generator=None, scale=None):
     if scale is not None:
         vals = scale[0] + scale[1] * vals
     self._data[...] = vals.astype(self._data.dtype)
-    self._vc[0] += 1
+    self._bump_version()
     return self
 
 

@@ -164,7 +164,7 @@ def _reshape_(self, res, op):
             f"{op}: dtorch does not support in-place shape changes of a "
             f"tensor that requires grad; use the out-of-place form")
     self._data = res._data
-    self._vc[0] += 1
+    self._bump_version()
     return self
 
 
@@ -216,5 +216,5 @@ def resize_(self, *sizes, memory_format=None):
     k = min(n, flat.size)
     new[:k] = flat[:k]
     self._data = new.reshape(shape)
-    self._vc[0] += 1
+    self._bump_version()
     return self

@@ -253,7 +253,7 @@ def _accumulate(node, buf, capture, results, accumulate):
         gd = t._grad._data
         if gd.shape == g.shape and gd.dtype == g.dtype:
             gd += g        # in place: .grad may be a view into a DDP bucket
-            t._grad._vc[0] += 1
+            t._grad._bump_version()
         else:
             t._grad = t._make(gd + g, False, None)
     if t._post_hooks:

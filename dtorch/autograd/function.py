@@ -318,7 +318,7 @@ def _apply_tensor(cls, args, kwargs):
             meta.append(None)
             continue
         if dirty and any(o is d for d in dirty):
-            o._vc[0] += 1
+            o._bump_version()
         elif any(o is a for a in tensors):
             o = o._alias()     # returning an input: a new tensor, same data
         diff = (o.dtype.is_floating_point

@@ -59,7 +59,7 @@ def _fill(tensor, values):
     """Write an array (made on tensor's device) into tensor's memory."""
     tensor._data[...] = tensor.device.send(values).astype(
         tensor._data.dtype)
-    tensor._vc[0] += 1
+    tensor._bump_version()
     return tensor
 
 

@@ -229,5 +229,5 @@ def _next_step(state):
 def _bump(p):
     """Count an in-place update of ``p``'s array: a graph that saved ``p``
     before the step then fails at backward, as in PyTorch."""
-    p._vc[0] += 1
+    p._bump_version()
 

@@ -381,7 +381,7 @@ class Module:
                 new = fn(p)
                 if new._data is not p._data:
                     p._data = new._data
-                    p._vc[0] += 1
+                    p._bump_version()
                 if p.grad is not None:
                     g = fn(p.grad)
                     p._grad = g if g is not p.grad else p.grad

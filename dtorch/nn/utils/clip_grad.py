@@ -97,7 +97,7 @@ def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
             c = g.device.send(c)    # to g's device, from any
         with device_guard(g._data):
             g._data *= xp.asarray(c).astype(g._data.dtype)
-        g._vc[0] += 1
+        g._bump_version()
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0,
@@ -144,4 +144,4 @@ def clip_grad_value_(parameters, clip_value, foreach=None):
             xp = get_array_module(g._data)
             with device_guard(g._data):
                 xp.clip(g._data, -clip_value, clip_value, out=g._data)
-            g._vc[0] += 1
+            g._bump_version()
