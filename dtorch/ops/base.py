@@ -16,6 +16,25 @@ class Op(Function):
     _array_api = True
 
 
+def axis_of(dim, ndim, op="op"):
+    """A dim in [-ndim, ndim) as an axis; 0-d tensors take dims 0 and -1."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of "
+            f"[{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def _axes(dim, ndim):
+    """dim (None, an int or a sequence of ints) as a tuple of axes."""
+    if dim is None:
+        return None
+    if isinstance(dim, int):
+        dim = (dim,)
+    return tuple(axis_of(d, ndim) for d in dim)
+
+
 def unbroadcast(g, shape, dtype=None):
     """Sum ``g`` down to ``shape``: the backward of NumPy broadcasting."""
     if g.shape != shape:

@@ -83,11 +83,6 @@ class CrossEntropy(NllLoss):
         return gx, None, None
 
 
-def _unb(g, shape):
-    """Sum a gradient down to a broadcast operand's shape."""
-    return unbroadcast(g, shape)
-
-
 class SoftMargin(Op):
     """log(1 + e^(-t x)), PyTorch's formula; backward -t z / (1 + z) g with
     z = e^(-t x) (so inf / inf = NaN where -t x is +inf, as there)."""
@@ -104,7 +99,7 @@ class SoftMargin(Op):
         xp = get_array_module(g)
         with np.errstate(over="ignore", invalid="ignore"):
             z = xp.exp(-x * t)
-            return _unb(-t * z / (1 + z) * g, x.shape), None
+            return unbroadcast(-t * z / (1 + z) * g, x.shape), None
 
 
 class MultiMargin(Op):
@@ -176,9 +171,9 @@ class BinaryCrossEntropy(Op):
                 # PyTorch's EPSILON is the float 1e-12 (9.9999999600e-13)
                 gx = gw * (x - t) / xp.maximum((1 - x) * x,
                                                x.dtype.type(_BCE_EPS))
-                gx = _unb(gx.astype(g.dtype, copy=False), x.shape)
+                gx = unbroadcast(gx.astype(g.dtype, copy=False), x.shape)
             if n[1]:
-                gt = _unb(-xp.log(x / (1 - x)) * gw, t.shape)
+                gt = unbroadcast(-xp.log(x / (1 - x)) * gw, t.shape)
         return gx, gt, None
 
 
@@ -220,7 +215,7 @@ class BinaryCrossEntropyWithLogits(Op):
                 gx = gx * g
                 if w is not None:
                     gx = gx * w
-                out[0] = _unb(gx, x.shape)
+                out[0] = unbroadcast(gx, x.shape)
             if n[1]:
                 if pw is None:
                     gt = -x * g
@@ -228,7 +223,7 @@ class BinaryCrossEntropyWithLogits(Op):
                     gt = (_log_sigmoid(xp, -x) - ctx.ls * pw) * g
                 if w is not None:
                     gt = gt * w
-                out[1] = _unb(gt, t.shape)
+                out[1] = unbroadcast(gt, t.shape)
         return tuple(out)
 
 
@@ -250,8 +245,8 @@ class SmoothL1(Op):
         xp = get_array_module(g)
         gd = xp.where(d <= -b, -g, xp.where(d >= b, g, d * g / b))
         n = ctx.needs_input_grad
-        return (_unb(gd, ctx.shapes[0]) if n[0] else None,
-                _unb(-gd, ctx.shapes[1]) if n[1] else None)
+        return (unbroadcast(gd, ctx.shapes[0]) if n[0] else None,
+                unbroadcast(-gd, ctx.shapes[1]) if n[1] else None)
 
 
 class Huber(Op):
@@ -272,5 +267,5 @@ class Huber(Op):
         xp = get_array_module(g)
         gd = xp.where(d <= -c, -c * g, xp.where(d >= c, c * g, d * g))
         n = ctx.needs_input_grad
-        return (_unb(gd, ctx.shapes[0]) if n[0] else None,
-                _unb(-gd, ctx.shapes[1]) if n[1] else None)
+        return (unbroadcast(gd, ctx.shapes[0]) if n[0] else None,
+                unbroadcast(-gd, ctx.shapes[1]) if n[1] else None)

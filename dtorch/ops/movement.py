@@ -5,9 +5,8 @@ replicate, circular), contiguous copies, dtype casts and device moves.
 import numpy as np
 
 from .._backend import get_array_module, from_np, result_type, device_of
-from .base import Op, _device_error, unbroadcast
+from .base import Op, _axes, _device_error, unbroadcast
 from .index import index_add0
-from .reduce import _axes
 
 
 # ============================================================= views ==

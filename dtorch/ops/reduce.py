@@ -6,22 +6,7 @@ median of all elements. Backward reshapes the reduced gradient with
 import numpy as np
 
 from .._backend import get_array_module, put_along_axis
-from .base import Op, _float_input, keep_grad, sgn
-
-
-def _axes(dim, ndim):
-    if dim is None:
-        return None
-    if isinstance(dim, int):
-        dim = (dim,)
-    out = []
-    for d in dim:
-        if not -max(ndim, 1) <= d < max(ndim, 1):
-            raise IndexError(
-                f"Dimension out of range (expected to be in range of "
-                f"[{-max(ndim, 1)}, {max(ndim, 1) - 1}], but got {d})")
-        out.append(d % max(ndim, 1))
-    return tuple(out)
+from .base import Op, _axes, _float_input, keep_grad, sgn
 
 
 def _expand_back(g, shape, axes, keepdim):
@@ -224,10 +209,10 @@ class MaxDim(Op):
         return gx
 
 
-class MedianAll(Op):
-    """The lower median of all elements (NaN if any is NaN); backward
-    shares g evenly among the elements equal to it, or among the NaN ones
-    (PyTorch's evenly_distribute_backward)."""
+class MedianAll(Amax):
+    """The lower median of all elements (NaN if any is NaN). Backward is
+    Amax's ``evenly`` one: g shared evenly among the elements equal to the
+    result, or among the NaN ones (PyTorch's evenly_distribute_backward)."""
     @staticmethod
     def forward(ctx, x):
         xp = get_array_module(x)
@@ -240,12 +225,5 @@ class MedianAll(Op):
             k = (flat.size - 1) // 2
             out = xp.partition(flat, k)[k]
         ctx.save_for_backward(x, out)
+        ctx.axes, ctx.keepdim, ctx.evenly = None, False, True
         return xp.asarray(out)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, out = ctx.to_save
-        xp = get_array_module(g)
-        mask = xp.isnan(x) if bool(xp.isnan(out)) else x == out
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return keep_grad(xp, mask, g / mask.sum())

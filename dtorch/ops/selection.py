@@ -10,19 +10,8 @@ with ``scatter_add_flat`` (``bincount`` on the CPU), never a Python loop.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op
+from .base import Op, _axes, axis_of
 from .index import index_add0
-from .reduce import _axes
-
-
-def axis_of(dim, ndim, op="op"):
-    """A dim in [-ndim, ndim) as an axis; 0-d tensors take dims 0 and -1."""
-    n = max(ndim, 1)
-    if not -n <= dim < n:
-        raise IndexError(
-            f"Dimension out of range (expected to be in range of "
-            f"[{-n}, {n - 1}], but got {dim})")
-    return dim % n
 
 
 def scatter_add_flat(xp, size, lin, vals, dtype):
