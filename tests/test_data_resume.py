@@ -263,3 +263,35 @@ def test_prefetch_factor_zero_is_an_error():
     with pytest.raises(ValueError, match="prefetch_factor must be greater "
                                          "than 0"):
         DataLoader(list(range(4)), num_workers=1, prefetch_factor=0)
+
+
+def test_persistent_workers_resume_after_an_abandoned_epoch():
+    """Epoch 1 is left early (its prefetched batches still moved the
+    workers' RNG); a state saved in epoch 2 restores the RNG they really
+    had, not the one after their last batch handed out."""
+    def make():
+        return DataLoader(_Augmented(40), batch_size=2, shuffle=True,
+                          num_workers=2, persistent_workers=True,
+                          generator=dtorch.Generator().manual_seed(5))
+
+    def epoch1(loader):
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        del it
+    _restart()
+    loader = make()
+    epoch1(loader)
+    full = _collect(loader)
+    _restart()
+    loader = make()
+    epoch1(loader)
+    it = iter(loader)
+    head = _collect(loader, it, limit=1)
+    state = loader.state_dict()
+    del it, loader
+    again = make()
+    again.load_state_dict(state)
+    tail = _collect(again)
+    assert all(np.array_equal(a, b) for a, b in zip(head + tail, full))
+    assert len(head + tail) == len(full) == 20

@@ -656,6 +656,11 @@ class _MultiProcessIter(_BaseIter):
                         _sock_close_fd(fd)
                     if isinstance(msg[0], _worker._ResumeIteration):
                         break
+                    if msg[2] is not None and (
+                            resumes[i] is None or resumes[i]["rng"] is None):
+                        # a batch of the abandoned pass: the worker's RNG
+                        # moved on with it
+                        self._snaps[i] = {"rng": msg[2][0], "fetcher": None}
         for _ in range(self._prefetch_factor * n):
             self._try_put_index()
 
