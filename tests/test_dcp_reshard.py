@@ -226,3 +226,35 @@ def test_per_rank_values_on_another_world_size(tmp_path):
     msgs = [str(x.message) for x in rec]
     assert len(msgs) == 1 and "rank 2" in msgs[0] and "'own'" in msgs[0] \
         and "'r'" in msgs[0] and "2-rank world" in msgs[0], msgs
+
+
+def test_format_utils_round_trip(tmp_path):
+    """dcp_to_torch_save assembles a 3-rank checkpoint offline into one
+    dtorch.save file; torch_save_to_dcp turns a file into a checkpoint
+    that loads on 2 ranks. A dtorch.save file at the checkpoint's path is
+    replaced by the directory."""
+    path = str(tmp_path / "c")
+    dtorch.save({"old": dtorch.ones(1)}, path)       # a file there first
+    dist.spawn_threads(lambda r, w: dcp.save(_state(w, r),
+                                             checkpoint_id=path), 3,
+                       timeout=60)
+    assert os.path.isdir(path)
+    assert not [n for n in os.listdir(tmp_path) if n != "c"]
+    from dtorch.distributed.checkpoint.format_utils import (
+        dcp_to_torch_save, torch_save_to_dcp)
+    dcp_to_torch_save(path, str(tmp_path / "whole.st"))
+    whole = dtorch.load(str(tmp_path / "whole.st"))
+    assert np.array_equal(whole["rows"].numpy(), ROWS)
+    assert np.array_equal(whole["cols"].numpy(), COLS)
+    assert np.array_equal(whole["tiny"].numpy(), TINY)
+    assert whole["meta"] == {"epoch": 7, "name": "run"}
+    torch_save_to_dcp(str(tmp_path / "whole.st"), str(tmp_path / "d"))
+
+    def load(rank, world):
+        st = _state(world, rank, fill=0)
+        st["meta"] = {"epoch": 0, "name": ""}
+        dcp.load(st, checkpoint_id=str(tmp_path / "d"))
+        return np.array_equal(st["rows"].numpy(),
+                              _state(world, rank)["rows"].numpy()) \
+            and st["meta"]["epoch"] == 7
+    assert all(dist.spawn_threads(load, 2, timeout=60))

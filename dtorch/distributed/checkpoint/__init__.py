@@ -35,13 +35,14 @@ from .metadata import (BytesStorageMetadata,  # noqa: F401
                        ChunkStorageMetadata, Metadata,
                        TensorStorageMetadata)
 from .stateful import RNGState, Stateful  # noqa: F401
-from . import state_dict  # noqa: F401
+from . import format_utils, state_dict  # noqa: F401
 
 __all__ = ["save", "load", "async_save", "CheckpointException",
            "CheckpointManager", "latest_checkpoint", "shard_of",
            "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata",
            "BytesStorageMetadata", "Stateful", "RNGState",
-           "FileSystemWriter", "FileSystemReader", "state_dict"]
+           "FileSystemWriter", "FileSystemReader", "state_dict",
+           "format_utils"]
 
 
 class FileSystemWriter:

@@ -570,7 +570,11 @@ def _commit(path, tmp, entries, results, plans, per_rank_keys, world,
     if sync:
         _fsync_dir(os.path.dirname(path))
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if os.path.isdir(old) and not os.path.islink(old):
+            shutil.rmtree(old, ignore_errors=True)
+        else:        # a file (a dtorch.save checkpoint) or a link
+            with contextlib.suppress(OSError):
+                os.remove(old)
 
 
 def _prepare(state_dict, process_group, no_dist, copy, writer):

@@ -1,0 +1,66 @@
+"""Offline conversion between a distributed checkpoint and one
+``dtorch.save`` file, as ``torch.distributed.checkpoint.format_utils``:
+no process group, any number of saving ranks; every tensor comes out
+whole (its chunks assembled), per-rank values as the lowest saving rank's.
+
+    dcp_to_torch_save("runs/ddp_digits", "ddp_digits.safetensors")
+    torch_save_to_dcp("model.safetensors", "runs/from_file")
+"""
+import numpy as np
+
+from ... import serialization as S
+from ...tensor import Tensor
+from . import _core
+
+__all__ = ["dcp_to_torch_save", "torch_save_to_dcp"]
+
+
+def _full_state(dcp_checkpoint_dir):
+    """{dotted key: whole tensor or value} of a checkpoint, and its path."""
+    path = _core.latest_checkpoint(dcp_checkpoint_dir) or \
+        str(dcp_checkpoint_dir)
+    meta = _core._read_metadata(path)
+    reader = _core._Reader(path, meta)
+    out = {}
+    for key, e in meta.raw["state_dict_metadata"].items():
+        if e["type"] != "tensor":
+            text = e["value"] if "value" in e else \
+                e["per_rank"][min(e["per_rank"], key=int)]
+            out[key] = _core._decode_object(text, f"{path} ({key!r})")
+            continue
+        whole = Tensor._wrap(np.empty(e["size"], S._DTYPES[e["dtype"]]))
+        out[key] = Tensor._wrap(np.array(
+            _core._assemble(key, e, whole, 0, reader, []), copy=True))
+    return out, path
+
+
+def _nest(flat):
+    """Dotted keys back to nested dicts where that is unambiguous at the
+    first level (``model.fc.weight`` -> ``{"model": {"fc.weight": ..}}``);
+    the checkpoint does not record deeper nesting."""
+    out = {}
+    for k, v in flat.items():
+        top, dot, rest = k.partition(".")
+        if dot and (top not in out or isinstance(out[top], dict)):
+            out.setdefault(top, {})[rest] = v
+        else:
+            out[k] = v
+    return out
+
+
+def dcp_to_torch_save(dcp_checkpoint_dir, torch_save_path):
+    """Write the whole checkpoint as one ``dtorch.save`` file: a dict of
+    the top-level keys, each a dict by the rest of the dotted key
+    (``{"model": {"fc.weight": tensor}, "step": 5}``)."""
+    flat, _ = _full_state(dcp_checkpoint_dir)
+    S.save(_nest(flat), torch_save_path)
+
+
+def torch_save_to_dcp(torch_save_path, dcp_checkpoint_dir):
+    """Write a ``dtorch.save`` file (a dict) as a one-rank distributed
+    checkpoint, which then loads on any number of ranks."""
+    obj = S.load(torch_save_path)
+    if not isinstance(obj, dict):
+        raise TypeError(f"{torch_save_path} holds a "
+                        f"{type(obj).__name__}, not a dict")
+    _core.save(obj, checkpoint_id=dcp_checkpoint_dir, no_dist=True)
