@@ -337,14 +337,19 @@ def lr_at(step, args):
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def build(args, mesh, vocab):
-    """This rank's stage (DDP-wrapped when dp > 1), its plain module and
-    the pipe."""
+def build_model(args, mesh, vocab):
+    """The full model, the same on every rank (TP layers keep their
+    shards of it)."""
+    torch.manual_seed(args.seed)
+    return GPT(vocab, args.n_layer, args.n_head, args.d_model,
+               args.block_size, mesh.get_group("tp")).to(
+                   getattr(torch, args.dtype))
+
+
+def build_stage(args, mesh, model):
+    """This rank's pipeline stage of ``model`` (its module DDP-wrapped
+    over the DP group when dp > 1), the plain stage module and the pipe."""
     pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
-    tp_group = mesh.get_group("tp")
-    torch.manual_seed(args.seed)     # every rank builds the same full model
-    model = GPT(vocab, args.n_layer, args.n_head, args.d_model,
-                args.block_size, tp_group).to(getattr(torch, args.dtype))
     pipe = pipeline(model, split_spec=split_points(args.n_layer, args.pp))
     s = mesh.get_local_rank("pp")
     dev = ("cuda:%d" % torch.cuda.current_device()
@@ -356,6 +361,21 @@ def build(args, mesh, vocab):
     stage = PipelineStage(run, s, args.pp, dev, group=pp_group,
                           tied_parameters=pipe.tied_parameters(s))
     return stage, stage_mod, pipe
+
+
+def train_step(stage, schedule, x, y):
+    """One batch through the pipeline; the losses of its micro-batches on
+    the last stage ([] elsewhere)."""
+    losses = []
+    if stage.is_first and stage.is_last:
+        schedule.step(x, target=y, losses=losses, return_outputs=False)
+    elif stage.is_first:
+        schedule.step(x, return_outputs=False)
+    elif stage.is_last:
+        schedule.step(target=y, losses=losses, return_outputs=False)
+    else:
+        schedule.step(return_outputs=False)
+    return losses
 
 
 def main(argv=None):
@@ -381,7 +401,8 @@ def main(argv=None):
         pass
 
     chars, train, val = load_text()
-    stage, stage_mod, pipe = build(args, mesh, len(chars))
+    model = build_model(args, mesh, len(chars))
+    stage, stage_mod, pipe = build_stage(args, mesh, model)
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=args.lr,
                             betas=(0.9, 0.95), weight_decay=0.01)
     sched_cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
@@ -400,7 +421,8 @@ def main(argv=None):
         discard(args.checkpoint)
     if rank == 0:
         n = sum(p.numel() for p in pipe.module.parameters())
-        print(f"GPT {n / 1e3:.1f}k parameters, vocab {len(chars)}, "
+        per = " (this TP rank's shards)" if args.tp > 1 else ""
+        print(f"GPT {n / 1e3:.1f}k parameters{per}, vocab {len(chars)}, "
               f"{layout} on {world} ranks, {args.schedule} with "
               f"{args.microbatches} micro-batches\n{pipe}", flush=True)
 
@@ -412,15 +434,7 @@ def main(argv=None):
         x, y = get_batch(train, args.batch_size, args.block_size,
                          args.seed, step, dp_rank)
         opt.zero_grad()
-        losses = []
-        if stage.is_first and stage.is_last:
-            schedule.step(x, target=y, losses=losses, return_outputs=False)
-        elif stage.is_first:
-            schedule.step(x, return_outputs=False)
-        elif stage.is_last:
-            schedule.step(target=y, losses=losses, return_outputs=False)
-        else:
-            schedule.step(return_outputs=False)
+        losses = train_step(stage, schedule, x, y)
         opt.step()
         done += 1
         stop = world > 1 and everyone_stops(_stop[0])
