@@ -21,6 +21,7 @@ from collectives import ReduceOp  # noqa: F401  (dist.ReduceOp.SUM, ...)
 from collectives import (CollectiveError, CollectiveTimeoutError,  # noqa
                          CollectiveMismatchError, RankFailureError)
 
+from .._ignored import ignored_argument
 from ..tensor import Tensor
 
 __all__ = [
@@ -105,6 +106,8 @@ def init_process_group(backend=None, init_method=None, timeout=None,
     if _default_or_none() is not None:
         raise RuntimeError("trying to initialize the default process group "
                            "twice!")
+    _ignored("init_process_group", store=store, group_name=group_name or None,
+             pg_options=pg_options, device_id=device_id)
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
     b = None
@@ -189,11 +192,21 @@ def get_backend(group=None):
 
 
 def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
+    # a subgroup always uses its parent's backend
+    _ignored("new_group", backend=backend, pg_options=pg_options)
     g = _group(None)
     if ranks is None:
         ranks = list(g.ranks)
     sub = g.new_group(list(ranks), timeout=timeout)
     return sub if sub is not None else GroupMember.NON_GROUP_MEMBER
+
+
+def _ignored(owner, **args):
+    """Warn once for each of PyTorch's arguments given a value here that
+    dtorch does not act on (None: not given)."""
+    for name, value in args.items():
+        if value is not None:
+            ignored_argument(owner, name, value, stacklevel=4)
 
 
 def _local_rank(g, global_rank, what):
@@ -370,6 +383,7 @@ def all_to_all_single(output, input, output_split_sizes=None,
 
 
 def barrier(group=None, async_op=False, device_ids=None):
+    _ignored("barrier", device_ids=device_ids)
     return _group(group).barrier(async_op=async_op)
 
 
@@ -404,6 +418,7 @@ def irecv(tensor, src=None, group=None, tag=0):
 
 def broadcast_object_list(object_list, src=0, group=None, device=None):
     """In place: ``object_list`` on every rank becomes src's list."""
+    _ignored("broadcast_object_list", device=device)
     g = _group(group)
     res = g.broadcast_object(list(object_list), _local_rank(g, src, "src"))
     object_list[:] = res

@@ -3,6 +3,7 @@ wrapped module on its one device (PyTorch does the same with no GPUs); the
 wrapper keeps PyTorch's ``module.`` prefix in state_dict keys, so
 checkpoints written by DataParallel scripts load 1:1. Multi-device data
 parallelism is DistributedDataParallel's job."""
+from ..._ignored import ignored_argument
 from ..modules.module import Module
 
 
@@ -18,6 +19,13 @@ class DataParallel(Module):
                 "DataParallel over several devices is not supported by "
                 "dtorch; use DistributedDataParallel (one process per "
                 "device)")
+        # one device: nothing is scattered or gathered
+        if output_device is not None:
+            ignored_argument("DataParallel", "output_device", output_device,
+                             "the output stays on the module's device")
+        if dim != 0:
+            ignored_argument("DataParallel", "dim", dim,
+                             "inputs are not scattered (one device)")
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)

@@ -308,20 +308,23 @@ def _check_compat_args(device_ids, output_device, dim, check_reduction,
             f"{owner}: device_ids={list(device_ids)}: one device per "
             f"process; device_ids can only be None or contain a single "
             f"element")
-    if output_device is not None and device_ids is not None and \
-            str(output_device) != str(list(device_ids)[0]):
+    if output_device is not None and (
+            not device_ids or str(output_device) != str(list(device_ids)[0])):
         ignored_argument(owner, "output_device", output_device,
-                         "outputs stay on the module's device")
+                         "outputs stay on the module's device",
+                         stacklevel=4)
     if dim != 0:
         ignored_argument(owner, "dim", dim, "inputs are not scattered "
-                         "(one device per process)")
+                         "(one device per process)", stacklevel=4)
     if check_reduction:
         ignored_argument(owner, "check_reduction", check_reduction,
                          "deprecated in PyTorch too; unreduced gradients "
-                         "are reported at the next forward anyway")
+                         "are reported at the next forward anyway",
+                         stacklevel=4)
     if static_graph:
         ignored_argument(owner, "static_graph", static_graph,
-                         "the reducer needs no graph-specific plan")
+                         "the reducer needs no graph-specific plan",
+                         stacklevel=4)
 
 
 def _int64(values):
