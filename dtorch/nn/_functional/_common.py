@@ -4,9 +4,12 @@ import numpy as np
 
 from ... import _backend as B
 from ...tensor import Tensor
+from ...random import draw
+from .padding import pad
 
 
 # ============================================================ helpers ==
+
 def _ntuple(v, n, name="argument"):
     if isinstance(v, (tuple, list)):
         if len(v) == 1:
@@ -45,7 +48,6 @@ def _legacy_reduction(size_average, reduce, reduction):
 def _keep_mask(x, p, generator=None, shape=None):
     """A boolean array of ``shape`` (default x's), True with probability
     1 - p, on x's device."""
-    from ...random import draw
     shape = x.shape if shape is None else shape
     # drawn on x's device, by its generator (float32 on a GPU)
     u = draw("random", size=shape, device=x.device, generator=generator)
@@ -86,7 +88,6 @@ def _window_index(sizes, k, s, d):
 
 
 def _columns(x, k, s, p, d, fill=0.0):
-    from .padding import pad
     if any(p):
         x = pad(x, (p[2], p[2], p[1], p[1], p[0], p[0]), value=fill)
     n, c = x.shape[:2]

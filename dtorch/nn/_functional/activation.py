@@ -6,6 +6,7 @@ from ...autograd.grad_mode import no_grad
 
 
 # ============================================================ activations ==
+
 def relu(input, inplace=False):
     if inplace:
         return input.relu_()
@@ -186,29 +187,18 @@ def gumbel_softmax(logits, tau=1.0, hard=False, eps=1e-10, dim=-1):
     return onehot - y.detach() + y     # straight-through
 
 
-def _inplace_of(name):
+def _inplace_of(f):
     def fn(input, *args, **kwargs):
-        from .. import functional as F
-        out = getattr(F, name)(input, *args, **kwargs)
+        out = f(input, *args, **kwargs)
         return input.copy_(out) if not input.requires_grad else \
-            input._rebase(lambda t: getattr(F, name)(t, *args, **kwargs))
-    fn.__name__ = name + "_"
+            input._rebase(lambda t: f(t, *args, **kwargs))
+    fn.__name__ = f.__name__ + "_"
     return fn
 
 
-silu_ = _inplace_of("silu")
-
-
-relu_ = _inplace_of("relu")
-
-
-elu_ = _inplace_of("elu")
-
-
-leaky_relu_ = _inplace_of("leaky_relu")
-
-
-hardtanh_ = _inplace_of("hardtanh")
-
-
-threshold_ = _inplace_of("threshold")
+silu_ = _inplace_of(silu)
+relu_ = _inplace_of(relu)
+elu_ = _inplace_of(elu)
+leaky_relu_ = _inplace_of(leaky_relu)
+hardtanh_ = _inplace_of(hardtanh)
+threshold_ = _inplace_of(threshold)

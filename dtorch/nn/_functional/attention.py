@@ -12,6 +12,7 @@ from .dropout import dropout
 
 
 # ============================================================== attention ==
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None,
                                  dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):

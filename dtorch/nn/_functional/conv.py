@@ -2,10 +2,13 @@
 import numpy as np
 
 from ... import ops as N
+from ..._functions import einsum
+from .padding import pad as _pad
 from ._common import _columns, _ntuple, _pair, _triple, _wrap
 
 
 # ============================================================ convolution ==
+
 def _conv_pads(padding, k, dilation, stride, n, name):
     if isinstance(padding, str):
         if padding == "valid":
@@ -142,7 +145,6 @@ def _unfold_index(xp, hw, k, d, p, s):
 
 def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     """im2col: (N, C, H, W) -> (N, C*kh*kw, L) sliding blocks."""
-    from .padding import pad as _pad
     if input.ndim not in (3, 4):
         raise NotImplementedError("Input Error: Only 3D or 4D input Tensors "
                                   "are supported (got {}D)".format(input.ndim))
@@ -214,7 +216,6 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1,
     n, _, kk, L = cols.shape
     cols = cols.reshape(n, groups, cg * kk, L)
     w = weight.reshape(groups, o // groups, cg * kk)
-    from ..._functions import einsum
     y = einsum("gok,ngkl->ngol", w, cols).reshape(n, o, *out)
     if bias is not None:
         y = y + bias.reshape(1, o, 1, 1, 1)

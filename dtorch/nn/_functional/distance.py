@@ -5,6 +5,7 @@ from ._common import _wrap
 
 
 # ======================================================= distances ========
+
 def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     """x1 . x2 / max(||x1|| ||x2||, eps), along dim (broadcasting)."""
     w12 = (x1 * x2).sum(dim)

@@ -8,6 +8,7 @@ from .activation import _SELU_ALPHA, _SELU_SCALE
 
 
 # ========================================================= regularisation ==
+
 def dropout(input, p=0.5, training=True, inplace=False):
     return _dropout(input, p, training, inplace, input.shape)
 

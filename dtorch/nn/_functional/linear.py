@@ -3,6 +3,7 @@ from ... import ops as P
 
 
 # ============================================================ linear ==
+
 def linear(input, weight, bias=None):
     """y = input @ weight.T + bias, one fused node."""
     return P.Linear.apply(input, weight, bias)

@@ -9,14 +9,14 @@ from ... import ops as P
 from ... import ops as N
 from ...tensor import Tensor
 from ._common import _legacy_reduction, _reduce
-from .activation import log_softmax
+from .activation import log_softmax, logsigmoid
 from .distance import pairwise_distance
 
 
 # ================================================================= losses ==
+
 def _check_same_size(input, target, name):
     if tuple(input.shape) != tuple(target.shape):
-        import warnings
         warnings.warn(
             f"Using a target size ({target.shape}) that is different to the "
             f"input size ({input.shape}). This will likely lead to incorrect "
@@ -212,13 +212,14 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean",
     else:
         # PyTorch's xlogy(t, t) - t * x: 0 where t == 0, NaN where t < 0,
         # and differentiable in the target too
-        loss = P.XLogY.apply(target, target) - target * input
+        loss = P.Xlogy.apply(target, target) - target * input
     if reduction == "batchmean":
         return loss.sum() / input.shape[0]
     return _reduce(loss, reduction)
 
 
 # ============================================================ losses ======
+
 def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None,
                         reduce=None, reduction="mean"):
     return _reduce((-target * (input1 - input2) + margin).clamp(min=0),
@@ -308,7 +309,6 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6,
 def multilabel_soft_margin_loss(input, target, weight=None,
                                 size_average=None, reduce=None,
                                 reduction="mean"):
-    from .activation import logsigmoid
     loss = -(target * logsigmoid(input) + (1 - target) * logsigmoid(-input))
     if weight is not None:
         loss = loss * weight
@@ -336,13 +336,13 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None,
 
 
 # =================================================================== CTC ==
+
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0,
              reduction="mean", zero_infinity=False):
     """Connectionist temporal classification loss of (T, N, C)
     log-probabilities (or unbatched (T, C)) against padded (N, S) or
     concatenated targets. 'mean' divides each sample's loss by its target
     length, then averages, as PyTorch."""
-    from ...ops.ctc import CTCLoss
 
     def arr(v):
         if isinstance(v, Tensor):
@@ -378,7 +378,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0,
         tgt = np.asarray(targets.detach().cpu()._data, np.int64)
     if tgt.shape[1] < (tl.max() if tl.size else 0):
         raise RuntimeError("target_lengths exceed the targets' length")
-    loss = CTCLoss.apply(lp, targets=tgt, input_lengths=il,
+    loss = N.CTCLoss.apply(lp, targets=tgt, input_lengths=il,
                          target_lengths=tl, blank=blank,
                          zero_infinity=zero_infinity)
     if reduction == "none":

@@ -1,9 +1,13 @@
 """Normalization functions: batch/layer/group/instance norm,
 local_response_norm, normalize."""
 from ... import ops as N
+from ..._creation import cat
+from .padding import pad
+from .pooling import avg_pool2d
 
 
 # ========================================================= normalisation ==
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     ns = tuple(normalized_shape) if isinstance(normalized_shape,
                                                (tuple, list)) \
@@ -53,6 +57,7 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
 
 
 # ============================================================== norms =====
+
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """Normalise each of ``num_groups`` channel groups of each sample over
     its channels and positions, then scale and shift per channel."""
@@ -104,8 +109,6 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None,
 
 
 def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
-    from .padding import pad
-    from .pooling import avg_pool2d
     sq = (input * input).unsqueeze(1)
     if input.ndim == 3:
         sq = pad(sq, (0, 0, size // 2, (size - 1) // 2))
@@ -123,7 +126,6 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
 
 
 def _cat_zero(t, dim):
-    from ..._creation import cat
     shape = list(t.shape)
     shape[dim] = 1
     return cat([t.new_zeros(shape), t], dim)

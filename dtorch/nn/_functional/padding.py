@@ -4,6 +4,7 @@ from ... import ops as N
 
 
 # ================================================================ padding ==
+
 def pad(input, pad, mode="constant", value=None):
     """Pad the last len(pad) // 2 dims; pad = (left, right, top, bottom, ...)
     starting from the last dim, as in PyTorch. Negative pads crop."""

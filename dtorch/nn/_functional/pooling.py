@@ -9,6 +9,7 @@ from .conv import _as_pair
 
 
 # ================================================================ pooling ==
+
 def _pool_out(size, k, s, p, d, ceil_mode):
     num = size + 2 * p - d * (k - 1) - 1
     out = (-(-num // s) if ceil_mode else num // s) + 1

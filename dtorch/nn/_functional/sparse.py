@@ -8,6 +8,7 @@ from ...autograd.grad_mode import no_grad
 
 
 # ============================================================== embedding ==
+
 @B.on_own_device
 def embedding(input, weight, padding_idx=None, max_norm=None,
               norm_type=2.0, scale_grad_by_freq=False, sparse=False):
@@ -57,6 +58,7 @@ def one_hot(tensor, num_classes=-1):
 
 
 # ========================================================= embedding bags ==
+
 def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2,
                   scale_grad_by_freq=False, mode="mean", sparse=False,
                   per_sample_weights=None, include_last_offset=False,

@@ -7,9 +7,11 @@ import numpy as np
 
 from ... import _backend as B
 from ._common import _wrap
+from .pooling import adaptive_avg_pool1d, adaptive_avg_pool2d
 
 
 # ====================================================== interpolation =====
+
 def _out_size(input, size, scale_factor, nd):
     if size is not None and scale_factor is not None:
         raise ValueError("only one of size or scale_factor should be defined")
@@ -87,8 +89,6 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest",
             x = x.index_select(2 + i, _wrap(idx))
         return x
     if mode == "area":
-        from .pooling import adaptive_avg_pool1d
-        from .pooling import adaptive_avg_pool2d
         if nd == 1:
             return adaptive_avg_pool1d(x, out)
         if nd == 2:
