@@ -292,3 +292,23 @@ def test_large_index_lists_and_inline_batches_do_not_deadlock(
     t.join(120)
     assert not t.is_alive(), "DataLoader deadlocked"
     assert out == [n] * 4
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+@pytest.mark.parametrize("kw", [dict(batch_size=5),
+                                dict(batch_size=5, drop_last=True),
+                                dict(batch_size=None)])
+def test_batches_equal_torchs(nw, kw):
+    torch = pytest.importorskip("torch")
+    data = [(np.full((2, 3), i, np.float32), i, {"k": float(i)})
+            for i in range(17)]
+
+    def plain(v):                  # a tensor of either library, or not
+        return (type(v).__name__ == "Tensor", v.tolist()) \
+            if hasattr(v, "tolist") else (type(v).__name__, v)
+
+    def flat(batches):
+        return [(type(b).__name__, plain(b[0]), plain(b[1]),
+                 plain(b[2]["k"])) for b in batches]
+    ref = flat(torch.utils.data.DataLoader(data, num_workers=nw, **kw))
+    assert flat(DataLoader(data, num_workers=nw, **kw)) == ref

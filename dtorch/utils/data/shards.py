@@ -292,6 +292,12 @@ class ShardedIterableDataset(IterableDataset):
         """Shuffle differently for this epoch (the same on every rank)."""
         self.epoch = int(epoch)
 
+    def __getstate__(self):
+        # spawned workers open their own maps (pickling one copies it)
+        d = dict(self.__dict__)
+        d["_open"] = collections.OrderedDict()
+        return d
+
     def __len__(self):
         """Samples this rank yields per epoch (over all its workers)."""
         n = self.num_samples
