@@ -854,8 +854,9 @@ def _check_metadata(header, meta, dtorch_file, where):
         unknown = set(meta) - _DTORCH_META
         if unknown:
             raise SerializationError(
-                f"{where} is corrupt: unknown dtorch metadata entries "
-                f"{sorted(unknown)!r}")
+                f"{where}: unknown dtorch metadata entries "
+                f"{sorted(unknown)!r} (a corrupt file, or one written by "
+                "another dtorch version)")
 
 
 def _check_header_crc(meta, raw, where):
