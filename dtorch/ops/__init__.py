@@ -29,7 +29,7 @@ from .arith import Add, Sub, Mul, Div, Pow, Maximum, Minimum, Lerp, Mod, \
 from .elementwise import Neg, Exp, Log, Sqrt, StdSqrt, Rsqrt, Abs, \
     Reciprocal, Expm1, Log1p, Sin, Cos, Tanh, Sigmoid, Relu, Asin, Acos, \
     Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Exp2, Erf, Erfc, Erfinv, Frac, \
-    Sinc, Logit, Atan2, Hypot, XLogY, Xlogy, Lgamma, Digamma
+    Sinc, Logit, Atan2, Hypot, Xlogy, Lgamma, Digamma
 from .reduce import Sum, Prod, Amax, Norm, MaxDim, MedianAll
 from .movement import Reshape, Permute, Expand, Cat, Stack, Pad, Copy, \
     Cast, ToDevice

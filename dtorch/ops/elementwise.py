@@ -448,35 +448,10 @@ def xlogy_grad_x(xp, g, x, y):
     return xp.where((x == 0) & (y <= 0), zero, gx)
 
 
-class XLogY(Op):
-    """x log y, 0 where x == 0 (unless y is NaN), PyTorch's xlogy, with
-    its gradients (``xlogy_grad_x``; g x / y)."""
-    @staticmethod
-    def forward(ctx, x, y):
-        x2, y2 = promote(x, y, "xlogy", true_div=True)
-        xp = get_array_module(x2, y2)
-        _meta(ctx, x, y)
-        ctx.save_for_backward(x2, y2)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = xp.where(x2 == 0, xp.zeros((), x2.dtype), x2 * xp.log(y2))
-            return xp.where(xp.isnan(y2), y2, out)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, y = ctx.to_save
-        xp = get_array_module(g)
-        n = ctx.needs_input_grad
-        gx = gy = None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if n[0]:
-                gx = unbroadcast(xlogy_grad_x(xp, g, x, y), ctx.xs, ctx.xd)
-            if n[1]:
-                gy = unbroadcast(g * x / y, ctx.ys, ctx.yd)
-        return gx, gy
-
-
 class Xlogy(Op):
-    """x * log(y), 0 where x == 0 (unless y is NaN)."""
+    """x log y, 0 where x == 0 (unless y is NaN), PyTorch's xlogy (also
+    kl_div's), with its gradients (``xlogy_grad_x``; g x / y). x may be a
+    number."""
     @staticmethod
     def forward(ctx, x, y):
         x2, y2 = promote(_float_input(x) if hasattr(x, "dtype") else x,
