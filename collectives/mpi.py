@@ -17,8 +17,8 @@ in the calling rank. async_op=True always uses the nonblocking calls.
 
 When every rank of a group shares one host, a blocking
 all_reduce_coalesced (DDP's bucket reduction) goes through
-`collectives.shm_reduce`: it reduces straight from and into the arrays (MPI would
-need them packed and unpacked) and a waiting rank sleeps instead of
+`collectives.shm_reduce`: it reduces straight from and into the arrays
+(MPI would need them packed and unpacked) and a waiting rank sleeps instead of
 busy-polling, which matters when DDP's communication thread shares a core
 with backward. Such a wait has its own deadline, so its timeout raises in
 the rank. A plain all_reduce stays with MPI: alone in a tight loop, MPI's
@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from . import shm_reduce
+from .env import env_choice, env_flag
 from .arrays import check_buffer, describe, divide_avg, is_cupy, ReduceOp
 from .errors import CollectiveError, CollectiveMismatchError, _Expired
 from .group import ProcessGroup
@@ -67,8 +68,7 @@ def _op_table(MPI):
 
 
 def abort_on_error_enabled():
-    return os.environ.get('DTORCH_ABORT_ON_ERROR', '1') not in ('0', 'no',
-                                                                'false')
+    return env_flag('DTORCH_ABORT_ON_ERROR', True)
 
 
 _hook_installed = False
@@ -129,7 +129,8 @@ class MPIGroup(ProcessGroup):
                          timeout)
         self.comm = comm.Dup() if dup else comm
         self._side = self.comm.Dup()   # status queries of the watchdog
-        wait = wait or os.environ.get('DTORCH_MPI_WAIT', 'blocking')
+        wait = wait or env_choice('DTORCH_MPI_WAIT', 'blocking',
+                                  ('blocking', 'poll'))
         if wait not in ('blocking', 'poll'):
             raise ValueError(f"wait must be 'blocking' or 'poll', got "
                              f"{wait!r}")
@@ -606,9 +607,9 @@ def _unstack(out, buf):
 
 
 def _cuda_aware(MPI):
-    env = os.environ.get('DTORCH_MPI_CUDA_AWARE')
+    env = env_flag('DTORCH_MPI_CUDA_AWARE', None)
     if env is not None:
-        return env not in ('0', 'no', 'false')
+        return env
     q = getattr(MPI, 'Query_cuda_support', None)
     try:
         return bool(q()) if q is not None else False

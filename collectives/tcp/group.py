@@ -5,7 +5,6 @@ and teardown. Its transport is in `transport` (sockets, the same-host
 shm `pipe`), its collectives in `rings`.
 """
 import json
-import os
 import queue
 import socket
 import threading
@@ -15,6 +14,7 @@ import numpy as np
 
 from .. import shm_reduce
 from ..arrays import ReduceOp, divide_avg, row
+from ..env import env_flag
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, _Expired
 from ..group import ProcessGroup
 from ..store import HandshakeGate
@@ -76,12 +76,11 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
                 f"they reach this host?", op='init', group=name,
                 missing=e.missing or ()) from None
         # all ranks on this host: all_reduce_coalesced (DDP's buckets)
-        # goes through one shared file (collectives.shm_reduce); the set-up talks
-        # through the store, so that it is not a collective of the group
+        # goes through one shared file (collectives.shm_reduce); the set-up
+        # talks through the store, so that it is not a collective of the group
         self._red = shm_reduce.ShmReducer.setup(
             rank, size, self._store_bcast, self._store_all_true,
-            enabled=shm_reduce.usable() and os.environ.get('DTORCH_TCP_SHM',
-                                                    '1') != '0')
+            enabled=shm_reduce.usable() and env_flag('DTORCH_TCP_SHM', True))
         watchdog.register(self)
 
     def _store_bcast(self, obj):
