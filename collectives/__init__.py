@@ -15,7 +15,7 @@ from .arrays import get_array_module, ReduceOp
 from .errors import (CollectiveError, CollectiveMismatchError,
                      CollectiveTimeoutError, RankFailureError)
 from .group import DEFAULT_TIMEOUT, ProcessGroup, Work
-from .env import RankInfo, discover
+from .env import RankInfo, discover, env_choice, env_flag, env_number
 from .fusion import FlatLayout, bucketize, pack, unpack
 from .store import RendezvousAuthError, RendezvousError, TCPStore
 from .threads import ThreadGroup, single_group, spawn_threads
@@ -75,5 +75,5 @@ __all__ = [
     'CollectiveError', 'CollectiveTimeoutError', 'CollectiveMismatchError',
     'RankFailureError', 'RendezvousError', 'RendezvousAuthError',
     'FlatLayout', 'pack', 'unpack', 'bucketize', 'get_array_module',
-    'DEFAULT_TIMEOUT', 'BACKENDS',
+    'DEFAULT_TIMEOUT', 'BACKENDS', 'env_flag', 'env_number', 'env_choice',
 ]

@@ -92,3 +92,60 @@ def discover(env=None):
                          f"{info.world_size} (from {info.launcher} "
                          f"environment)")
     return info
+
+
+# ---------------------------------------------------------------- switches
+# Every DTORCH_* switch is read through these three helpers (README's table
+# lists them all): one spelling of true/false, empty means unset, and a
+# value that cannot be understood is an error naming the variable instead
+# of a silent default.
+
+_TRUE = ('1', 'yes', 'true', 'on')
+_FALSE = ('0', 'no', 'false', 'off')
+
+
+def _raw(name, env):
+    v = (os.environ if env is None else env).get(name)
+    return None if v is None or v.strip() == '' else v.strip()
+
+
+def env_flag(name, default, env=None):
+    """A yes/no switch: 1/yes/true/on or 0/no/false/off (any case); unset
+    or empty gives `default` (which may be None: "not set")."""
+    v = _raw(name, env)
+    if v is None:
+        return default
+    if v.lower() in _TRUE:
+        return True
+    if v.lower() in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name}={v!r}: expected one of "
+                     f"{'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
+
+
+def env_number(name, default, kind=float, env=None):
+    """A positive number (`kind`: float or int); unset or empty gives
+    `default`."""
+    v = _raw(name, env)
+    if v is None:
+        return default
+    try:
+        x = kind(v)
+    except ValueError:
+        x = 0
+    if not x > 0:
+        raise ValueError(f"{name}={v!r} must be a positive number")
+    return x
+
+
+def env_choice(name, default, choices, env=None):
+    """One of `choices` (compared case-insensitively, returned as spelled
+    in `choices`); unset or empty gives `default`."""
+    v = _raw(name, env)
+    if v is None:
+        return default
+    for c in choices:
+        if v.lower() == c.lower():
+            return c
+    raise ValueError(f"environment variable {name}={v!r}: expected one of "
+                     f"{', '.join(choices)}")

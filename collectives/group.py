@@ -14,12 +14,12 @@ wait times out, the statuses of all ranks are gathered and the error names
 where each one is.
 """
 import datetime
-import os
 import pickle
 import time
 
 import numpy as np
 
+from .env import env_choice, env_number
 from .arrays import (ReduceOp, check_buffer, describe, divide_avg,
                      get_array_module, reduce_op, row)
 from .errors import (CollectiveError, CollectiveMismatchError,
@@ -33,8 +33,7 @@ def as_seconds(timeout, default=None):
     if timeout is None:
         if default is not None:
             return default
-        env = os.environ.get('DTORCH_COLLECTIVE_TIMEOUT')
-        return float(env) if env else DEFAULT_TIMEOUT
+        return env_number('DTORCH_COLLECTIVE_TIMEOUT', DEFAULT_TIMEOUT)
     if isinstance(timeout, datetime.timedelta):
         return timeout.total_seconds()
     t = float(timeout)
@@ -45,7 +44,8 @@ def as_seconds(timeout, default=None):
 
 def debug_level():
     """DTORCH_DISTRIBUTED_DEBUG: OFF (default), INFO or DETAIL."""
-    return os.environ.get('DTORCH_DISTRIBUTED_DEBUG', 'OFF').upper()
+    return env_choice('DTORCH_DISTRIBUTED_DEBUG', 'OFF',
+                      ('OFF', 'INFO', 'DETAIL'))
 
 
 # --------------------------------------------------------------- work

@@ -44,6 +44,7 @@ import time
 import numpy as np
 
 from .arrays import UFUNC_NAMES, ReduceOp, ufunc
+from .env import env_flag
 from .errors import _Expired
 from .shm import anonymous_ok, attach_mapped, create_mapped
 
@@ -57,7 +58,7 @@ CHECK = 100                   # naps between calls of the liveness check
 def usable():
     """Whether this machine may use it (see Ordering above; opt out with
     DTORCH_SHM=0)."""
-    if os.environ.get('DTORCH_SHM', '1') in ('0', 'no', 'false'):
+    if not env_flag('DTORCH_SHM', True):
         return False
     return (platform.machine().lower() in ('x86_64', 'amd64')
             and anonymous_ok())

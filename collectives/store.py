@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 
+from .env import env_number
 from .errors import CollectiveError, CollectiveTimeoutError
 
 _OK, _NO = b'OK', b'NO'
@@ -104,19 +105,6 @@ def client_handshake(sock, token, where):
             f"the job)")
 
 
-def _env_number(name, default, kind=float):
-    v = os.environ.get(name)
-    if not v:
-        return default
-    try:
-        x = kind(v)
-    except ValueError:
-        x = 0
-    if not x > 0:
-        raise ValueError(f"{name}={v!r} must be a positive number")
-    return x
-
-
 class _Pending:
     __slots__ = ('sock', 'nonce', 'buf', 'need', 'authed', 'deadline')
 
@@ -141,9 +129,9 @@ class HandshakeGate:
                  max_pending=None, timeout=None):
         self.lsock, self.token, self.on_ready = lsock, token, on_ready
         self.extra = extra
-        self.max_pending = max_pending or _env_number(
+        self.max_pending = max_pending or env_number(
             'DTORCH_RDZV_MAX_PENDING', 64, int)
-        self.timeout = timeout or _env_number(
+        self.timeout = timeout or env_number(
             'DTORCH_RDZV_HANDSHAKE_TIMEOUT', 5.0)
         self.pending = {}          # fd -> _Pending, oldest first
         self.closed = False

@@ -17,7 +17,6 @@ recvmsg_into on memoryviews) so big transfers cannot deadlock on full
 buffers. A peer that dies closes its sockets: survivors raise
 RankFailureError and close theirs, so the failure travels round the ring.
 """
-import os
 import select
 import socket
 import struct
@@ -27,6 +26,7 @@ import numpy as np
 
 from .. import shm
 from ..arrays import describe
+from ..env import env_flag
 from ..errors import (CollectiveMismatchError, CollectiveTimeoutError,
                       RankFailureError, _Expired)
 from ..store import connect_authenticated
@@ -72,8 +72,7 @@ class SocketTransport:
         """Offer the right neighbour a shm ring and answer the left one's
         offer. Trying is the test: ranks on other hosts (or in another
         pid namespace) cannot open the file and keep the socket."""
-        on = (os.environ.get('DTORCH_TCP_SHM', '1') != '0'
-              and shm.anonymous_ok())
+        on = env_flag('DTORCH_TCP_SHM', True) and shm.anonymous_ok()
         mine, offer = None, _OFFER.pack(b'', b'', 0, 0)
         if on:
             try:

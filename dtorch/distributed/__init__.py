@@ -13,7 +13,6 @@ The default group is per thread when set by ``spawn_threads``, so N ranks
 can run as threads in one process (the single-process test mode).
 """
 import datetime
-import os
 import threading
 
 import collectives as _c
@@ -113,8 +112,9 @@ def init_process_group(backend=None, init_method=None, timeout=None,
     b = None
     if backend is None:
         # dtorch-launch --backend passes its choice this way
-        env = os.environ.get("DTORCH_BACKEND", "auto")
-        backend = None if env in ("", "auto") else env
+        env = _c.env_choice("DTORCH_BACKEND", "auto",
+                            ("auto",) + tuple(_BACKEND_ALIASES))
+        backend = None if env == "auto" else env
     if backend is not None:
         b = _BACKEND_ALIASES.get(str(backend).lower())
         if b is None:
