@@ -85,7 +85,8 @@ from ._tensor_methods import (  # noqa: E402
     bitwise_or, bitwise_xor, bitwise_not, signbit, heaviside, copysign,
     nansum, nanmean, mv, addmm, baddbmm, addbmm, addmv, tile, unique,
     unique_consecutive, multinomial, bernoulli, lgamma, digamma, mode)
-from ._functions import *  # noqa: F401,F403,E402
+from .functional import *  # noqa: F401,F403,E402
+from ._settings import *  # noqa: F401,F403,E402
 from ._legacy import *  # noqa: F401,F403,E402
 arctan2, arcsin, arccos, arctan, moveaxis = atan2, asin, acos, atan, movedim
 

@@ -2,6 +2,7 @@
 element, as PyTorch's default ``vectorize=False``). ``hessian`` and the
 other second-order functions need double backward, which dtorch lacks."""
 from . import function as _fn
+from .grad_mode import enable_grad
 
 
 def _tuple(x):
@@ -13,7 +14,6 @@ def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False,
     """d func(inputs) / d inputs: for one input and one output a tensor of
     shape output.shape + input.shape; tuples of tuples otherwise."""
     from . import grad
-    from ..autograd.grad_mode import enable_grad
     if create_graph:
         raise NotImplementedError("jacobian(create_graph=True) needs double "
                                   "backward, which dtorch does not support")
@@ -47,9 +47,10 @@ def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False,
                 per_in[j].append(g)
         jac = []
         for j, x in enumerate(ins):
-            from .._creation import stack
             if per_in[j]:
-                J = stack(per_in[j], 0)
+                # gradients carry no graph here: stack their arrays
+                J = x._make(x._xp().stack([g._data for g in per_in[j]], 0),
+                            False, None)
             else:
                 J = x.new_zeros((0,) + tuple(x.shape))
             jac.append(J.reshape(tuple(out.shape) + tuple(x.shape)))

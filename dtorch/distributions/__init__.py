@@ -112,7 +112,7 @@ class Categorical(Distribution):
         return self.logits.expand(shape).gather(-1, v).squeeze(-1)
 
     def entropy(self):
-        from .._functions import finfo
+        from .._settings import finfo
         lo = finfo(self.logits.dtype).min
         return -(self.logits.clamp(min=lo) * self.probs).sum(-1)
 

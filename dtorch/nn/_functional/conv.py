@@ -2,7 +2,7 @@
 import numpy as np
 
 from ... import ops as N
-from ..._functions import einsum
+from ...functional import einsum
 from .padding import pad as _pad
 from ._common import _columns, _ntuple, _pair, _triple, _wrap
 

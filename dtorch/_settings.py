@@ -1,0 +1,209 @@
+"""Process-wide settings scripts call at their top (``set_num_threads``,
+``use_deterministic_algorithms``, matmul precision, print options), dtype
+information (``finfo``, ``iinfo``, ``result_type``, ``can_cast``), memory
+formats and layouts, and small predicates."""
+import os
+
+import numpy as np
+
+from . import _backend as B
+from .tensor import Tensor
+
+__all__ = [
+    "finfo", "iinfo", "get_num_threads", "set_num_threads",
+    "get_num_interop_threads", "set_num_interop_threads",
+    "use_deterministic_algorithms", "are_deterministic_algorithms_enabled",
+    "set_printoptions", "compile", "is_complex", "is_nonzero",
+    "memory_format", "contiguous_format", "channels_last",
+    "channels_last_3d", "preserve_format", "layout", "strided",
+    "set_float32_matmul_precision", "get_float32_matmul_precision",
+    "is_storage", "result_type", "can_cast",
+]
+
+
+# ==================================================== dtype info, settings ==
+
+class finfo:
+    """Machine limits of a floating dtype (``torch.finfo``)."""
+
+    def __init__(self, type=None):
+        d = B.to_dtype(type) if type is not None else B.get_default_dtype()
+        if not d.is_floating_point:
+            raise TypeError(f"torch.finfo() requires a floating point input "
+                            f"type. Use torch.iinfo to handle '{d}'")
+        i = np.finfo(d.np)
+        self.bits = i.bits
+        self.eps = float(i.eps)
+        self.max = float(i.max)
+        self.min = float(i.min)
+        self.tiny = self.smallest_normal = float(i.tiny)
+        self.resolution = 10.0 ** -int(i.precision)   # as PyTorch's
+        self.dtype = d.name
+
+    def __repr__(self):
+        return (f"finfo(resolution={self.resolution}, min={self.min:g}, "
+                f"max={self.max:g}, eps={self.eps:g}, "
+                f"smallest_normal={self.tiny:g}, tiny={self.tiny:g}, "
+                f"dtype={self.dtype})")
+
+
+class iinfo:
+    """Limits of an integer dtype (``torch.iinfo``)."""
+
+    def __init__(self, type):
+        d = B.to_dtype(type)
+        if d.is_floating_point:
+            raise TypeError(f"torch.iinfo() requires an integer input type. "
+                            f"Use torch.finfo to handle '{d}'")
+        i = np.iinfo(d.np if d.np != np.bool_ else np.uint8)
+        self.bits, self.min, self.max = i.bits, int(i.min), int(i.max)
+        self.dtype = d.name
+
+    def __repr__(self):
+        return f"iinfo(min={self.min}, max={self.max}, dtype={self.dtype})"
+
+
+_settings = {"deterministic": False, "warn_only": False,
+             "matmul_precision": "highest",
+             "threads": None, "interop": None}
+
+
+def get_num_threads():
+    """The BLAS thread count (the OMP/OpenBLAS environment, else the
+    number of usable cores)."""
+    if _settings["threads"] is not None:
+        return _settings["threads"]
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                "MKL_NUM_THREADS"):
+        v = os.environ.get(var)
+        if v and v.isdigit():
+            return int(v)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+
+
+def set_num_threads(n):
+    """Limit the BLAS thread pool (threadpoolctl when installed)."""
+    if int(n) <= 0:
+        raise RuntimeError("set_num_threads expects a positive integer")
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(int(n))
+    except ImportError:
+        pass
+    _settings["threads"] = int(n)
+
+
+def get_num_interop_threads():
+    return _settings["interop"] or 1
+
+
+def set_num_interop_threads(n):
+    _settings["interop"] = int(n)
+
+
+def use_deterministic_algorithms(mode, *, warn_only=False):
+    """dtorch's CPU ops are deterministic; the flag is kept for scripts
+    that read it back."""
+    _settings["deterministic"] = bool(mode)
+    _settings["warn_only"] = bool(warn_only)
+
+
+def are_deterministic_algorithms_enabled():
+    return _settings["deterministic"]
+
+
+def set_float32_matmul_precision(precision):
+    if precision not in ("highest", "high", "medium"):
+        raise RuntimeError(f"Invalid precision: {precision}")
+    _settings["matmul_precision"] = precision
+
+
+def get_float32_matmul_precision():
+    return _settings["matmul_precision"]
+
+
+def set_printoptions(precision=None, threshold=None, edgeitems=None,
+                     linewidth=None, profile=None, sci_mode=None):
+    """Printing options, passed to NumPy's (dtorch formats via NumPy)."""
+    kw = {}
+    if profile == "full":
+        kw["threshold"] = np.inf
+    elif profile == "short":
+        kw.update(precision=2, threshold=1000, edgeitems=2)
+    elif profile == "default":
+        kw.update(precision=4, threshold=1000, edgeitems=3, linewidth=80)
+    for k, v in (("precision", precision), ("threshold", threshold),
+                 ("edgeitems", edgeitems), ("linewidth", linewidth)):
+        if v is not None:
+            kw[k] = v
+    if sci_mode is not None:
+        kw["suppress"] = not sci_mode
+    np.set_printoptions(**kw)
+
+
+def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
+            mode=None, options=None, disable=False):
+    """``torch.compile`` is an optimisation with no change in results;
+    dtorch runs the model (or function) as it is."""
+    if model is None:
+        return lambda m: m
+    return model
+
+
+def is_complex(input):
+    return False
+
+
+def is_nonzero(input):
+    if input.numel() != 1:
+        raise RuntimeError("Boolean value of Tensor with more than one value "
+                           "is ambiguous" if input.numel() else
+                           "Boolean value of Tensor with no values is "
+                           "ambiguous")
+    return bool(input.item())
+
+
+def is_storage(obj):
+    return False
+
+
+def result_type(tensor1, tensor2):
+    def d(x):
+        return (x.dtype, x.ndim > 0) if isinstance(x, Tensor) else \
+            (type(x), False)
+    (a, ad), (b, bd) = d(tensor1), d(tensor2)
+    return B.result_type(a, b, ad, bd)
+
+
+def can_cast(from_, to):
+    return bool(np.can_cast(B.to_dtype(from_).np, B.to_dtype(to).np,
+                            "same_kind"))
+
+
+class memory_format:
+    """A memory layout request. dtorch keeps arrays C-contiguous and takes
+    these where PyTorch does (``contiguous``, ``to``, ``*_like``)."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return f"torch.{self._name}"
+
+
+contiguous_format = memory_format("contiguous_format")
+channels_last = memory_format("channels_last")
+channels_last_3d = memory_format("channels_last_3d")
+preserve_format = memory_format("preserve_format")
+
+
+class layout:
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return f"torch.{self._name}"
+
+
+strided = layout("strided")
