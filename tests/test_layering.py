@@ -39,7 +39,8 @@ LAYERS = {
     'dtorch.ops': 2,
     # 3 Tensor, its methods, creation functions, printing
     'dtorch.tensor': 3, 'dtorch._tensor_methods': 3, 'dtorch._creation': 3,
-    'dtorch._functions': 3, 'dtorch._legacy': 3, 'dtorch._format': 3,
+    'dtorch.functional': 3, 'dtorch._settings': 3, 'dtorch._legacy': 3,
+    'dtorch._format': 3,
     # 4 the single-process training stack (siblings; no cycles among them),
     # and the package faces `dtorch` and `dtorch.utils` that re-export it
     # (dtorch.distributed loads lazily, through dtorch.__getattr__)
@@ -62,10 +63,6 @@ LAYERS = {
 
 # (importer, imported) pairs that break (b) today, with who removes them.
 ALLOWED_UPWARD = {
-    # jacobian/hessian stack per-input rows with the tensor-level stack:
-    # L1b (autograd/*, issue 10 item 2) is giving autograd its dependencies
-    ('dtorch.autograd.functional', 'dtorch._creation'):
-        'L1b: autograd reaches up to Tensor creation',
     # PyTorch's DistributedSampler (and the shard datasets) read the default
     # group when num_replicas/rank are not given: a call-time lookup of the
     # layer above. Owner of utils/data (H8) or the coordinator decides:
