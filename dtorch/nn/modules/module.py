@@ -1,13 +1,18 @@
 """``Module``: the base class of layers and models, with PyTorch's semantics
 (registration by attribute assignment, dotted ``state_dict`` keys, hooks,
 ``repr``) at the size of PyTorch's early ``module.py``."""
+from __future__ import annotations
 from collections import OrderedDict, namedtuple
+from collections.abc import Callable, Iterator, Mapping
 import itertools
+from typing import Any, TypeVar
 
 from ... import _backend as B
 from ...tensor import Tensor
 from ...autograd.grad_mode import no_grad
 from ..parameter import Parameter, Buffer
+
+_M = TypeVar("_M", bound="Module")    # methods that return self
 
 
 class _IncompatibleKeys(namedtuple("IncompatibleKeys",
@@ -24,11 +29,11 @@ class RemovableHandle:
     """Returned by ``register_*_hook``; ``remove()`` unregisters."""
     _ids = itertools.count()
 
-    def __init__(self, hooks_dict):
+    def __init__(self, hooks_dict: dict[int, Any]) -> None:
         self.hooks_dict = hooks_dict
         self.id = next(RemovableHandle._ids)
 
-    def remove(self):
+    def remove(self) -> None:
         self.hooks_dict.pop(self.id, None)
 
     def __enter__(self):
@@ -84,7 +89,7 @@ class Module:
     _version = 1
     call_super_init = False
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         if args or kwargs:
             raise TypeError(
                 f"{type(self).__name__}.__init__() got an unexpected "
@@ -101,13 +106,13 @@ class Module:
         d["_state_dict_hooks"] = OrderedDict()
         d["_load_state_dict_pre_hooks"] = OrderedDict()
 
-    def forward(self, *input):
+    def forward(self, *input: Any) -> Any:
         raise NotImplementedError(
             f'Module [{type(self).__name__}] is missing the required '
             f'"forward" function')
 
     # ------------------------------------------------------ registration --
-    def register_parameter(self, name, param):
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
         if "_parameters" not in self.__dict__:
             raise AttributeError(
                 "cannot assign parameter before Module.__init__() call")
@@ -127,7 +132,8 @@ class Module:
                 f"forward() method.")
         self._parameters[name] = param
 
-    def register_buffer(self, name, tensor, persistent=True):
+    def register_buffer(self, name: str, tensor: Tensor | None,
+                        persistent: bool = True) -> None:
         if "_buffers" not in self.__dict__:
             raise AttributeError(
                 "cannot assign buffer before Module.__init__() call")
@@ -142,10 +148,10 @@ class Module:
         else:
             self._non_persistent_buffers_set.add(name)
 
-    def register_module(self, name, module):
+    def register_module(self, name: str, module: Module | None) -> None:
         self.add_module(name, module)
 
-    def add_module(self, name, module):
+    def add_module(self, name: str, module: Module | None) -> None:
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(module).__name__} is not a Module "
                             f"subclass")
@@ -265,40 +271,45 @@ class Module:
                     memo.add(id(v))
                 yield (mod_prefix + ("." if mod_prefix else "") + k, v)
 
-    def parameters(self, recurse=True):
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
-    def named_parameters(self, prefix="", recurse=True,
-                         remove_duplicate=True):
+    def named_parameters(
+            self, prefix: str = "", recurse: bool = True,
+            remove_duplicate: bool = True) -> Iterator[tuple[str, Parameter]]:
         yield from self._named_members(
             lambda m: m._parameters.items(), prefix, recurse,
             remove_duplicate)
 
-    def buffers(self, recurse=True):
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
         for _, b in self.named_buffers(recurse=recurse):
             yield b
 
-    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+    def named_buffers(
+            self, prefix: str = "", recurse: bool = True,
+            remove_duplicate: bool = True) -> Iterator[tuple[str, Tensor]]:
         yield from self._named_members(
             lambda m: m._buffers.items(), prefix, recurse, remove_duplicate)
 
-    def children(self):
+    def children(self) -> Iterator[Module]:
         for _, m in self.named_children():
             yield m
 
-    def named_children(self):
+    def named_children(self) -> Iterator[tuple[str, Module]]:
         memo = set()
         for name, m in self._modules.items():
             if m is not None and id(m) not in memo:
                 memo.add(id(m))
                 yield name, m
 
-    def modules(self):
+    def modules(self) -> Iterator[Module]:
         for _, m in self.named_modules():
             yield m
 
-    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+    def named_modules(
+            self, memo: set[int] | None = None, prefix: str = "",
+            remove_duplicate: bool = True) -> Iterator[tuple[str, Module]]:
         if memo is None:
             memo = set()
         if remove_duplicate:
@@ -312,7 +323,7 @@ class Module:
             sub = prefix + ("." if prefix else "") + name
             yield from m.named_modules(memo, sub, remove_duplicate)
 
-    def get_submodule(self, target):
+    def get_submodule(self, target: str) -> Module:
         if target == "":
             return self
         mod = self
@@ -325,7 +336,7 @@ class Module:
                 raise AttributeError(f"`{item}` is not an nn.Module")
         return mod
 
-    def get_parameter(self, target):
+    def get_parameter(self, target: str) -> Parameter:
         mod_path, _, name = target.rpartition(".")
         mod = self.get_submodule(mod_path)
         if name not in mod._parameters:
@@ -333,7 +344,7 @@ class Module:
                                  f"`{name}`")
         return mod._parameters[name]
 
-    def get_buffer(self, target):
+    def get_buffer(self, target: str) -> Tensor:
         mod_path, _, name = target.rpartition(".")
         mod = self.get_submodule(mod_path)
         if name not in mod._buffers:
@@ -342,7 +353,7 @@ class Module:
         return mod._buffers[name]
 
     # ------------------------------------------------------------- modes --
-    def train(self, mode=True):
+    def train(self: _M, mode: bool = True) -> _M:
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")
         self.training = mode
@@ -350,18 +361,18 @@ class Module:
             m.train(mode)
         return self
 
-    def eval(self):
+    def eval(self: _M) -> _M:
         return self.train(False)
 
-    def requires_grad_(self, requires_grad=True):
+    def requires_grad_(self: _M, requires_grad: bool = True) -> _M:
         for p in self.parameters():
             p.requires_grad_(requires_grad)
         return self
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         zero_grads(self.parameters(), set_to_none)
 
-    def apply(self, fn):
+    def apply(self: _M, fn: Callable[[Module], None]) -> _M:
         for m in self.children():
             m.apply(fn)
         fn(self)
@@ -390,7 +401,7 @@ class Module:
                     self._buffers[key] = fn(b)
         return self
 
-    def to(self, *args, **kwargs):
+    def to(self: _M, *args: Any, **kwargs: Any) -> _M:
         """to(device), to(dtype) (floating point tensors only), to(tensor),
         to(device, dtype)."""
         dev = kwargs.get("device")
@@ -414,36 +425,37 @@ class Module:
                         dtype=dt if t.is_floating_point() else None)
         return self._apply(convert)
 
-    def cuda(self, device=None):
+    def cuda(self: _M, device: int | B.device | None = None) -> _M:
         if isinstance(device, int):
             device = B.device("cuda", device)
         return self._apply(lambda t: t.to(device or "cuda"))
 
-    def cpu(self):
+    def cpu(self: _M) -> _M:
         return self._apply(lambda t: t.to("cpu"))
 
-    def type(self, dst_type):
+    def type(self: _M, dst_type: B.dtype | str) -> _M:
         return self._apply(lambda t: t.to(dst_type))
 
     def _float_cast(self, dt):
         return self._apply(
             lambda t: t.to(dt) if t.is_floating_point() else t)
 
-    def float(self):
+    def float(self: _M) -> _M:
         return self._float_cast(B.float32)
 
-    def double(self):
+    def double(self: _M) -> _M:
         return self._float_cast(B.float64)
 
-    def half(self):
+    def half(self: _M) -> _M:
         return self._float_cast(B.float16)
 
-    def bfloat16(self):
+    def bfloat16(self: _M) -> _M:
         return self._float_cast(B.bfloat16)
 
     # ------------------------------------------------------------- hooks --
-    def register_forward_pre_hook(self, hook, *, prepend=False,
-                                  with_kwargs=False):
+    def register_forward_pre_hook(
+            self, hook: Callable[..., Any], *, prepend: bool = False,
+            with_kwargs: bool = False) -> RemovableHandle:
         """``hook(module, args)`` runs before forward; a returned value
         (a tuple, or one value) replaces the positional args."""
         h = RemovableHandle(self._forward_pre_hooks)
@@ -452,8 +464,9 @@ class Module:
             self._forward_pre_hooks.move_to_end(h.id, last=False)
         return h
 
-    def register_forward_hook(self, hook, *, prepend=False,
-                              with_kwargs=False, always_call=False):
+    def register_forward_hook(self, hook: Callable[..., Any], *,
+                              prepend: bool = False, with_kwargs: bool = False,
+                              always_call: bool = False) -> RemovableHandle:
         """``hook(module, args, output)`` runs after forward; a returned
         value replaces the output."""
         h = RemovableHandle(self._forward_hooks)
@@ -462,14 +475,15 @@ class Module:
             self._forward_hooks.move_to_end(h.id, last=False)
         return h
 
-    def register_full_backward_hook(self, hook, prepend=False):
+    def register_full_backward_hook(self, hook: Callable[..., Any],
+                                    prepend: bool = False) -> RemovableHandle:
         raise NotImplementedError(
             "dtorch does not support module backward hooks; use "
             "Tensor.register_hook on the output instead")
 
     register_backward_hook = register_full_backward_hook
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if B._cupy is not None and args and isinstance(args[0], Tensor):
             # functional code in forward may call CuPy directly: run it on
             # the input's device (CuPy's kernels go to the current one)
@@ -519,18 +533,19 @@ class Module:
         if extra is not None and extra is not Module.get_extra_state:
             destination[prefix + "_extra_state"] = self.get_extra_state()
 
-    def get_extra_state(self):
+    def get_extra_state(self) -> Any:
         raise RuntimeError(
             "Reached a code path in Module.get_extra_state() that should "
             "never be called.")
 
-    def set_extra_state(self, state):
+    def set_extra_state(self, state: Any) -> None:
         raise RuntimeError(
             "Reached a code path in Module.set_extra_state() that should "
             "never be called.")
 
-    def state_dict(self, *args, destination=None, prefix="",
-                   keep_vars=False):
+    def state_dict(self, *args: Any, destination: dict[str, Any] | None = None,
+                   prefix: str = "",
+                   keep_vars: bool = False) -> dict[str, Any]:
         """Parameters and persistent buffers by dotted name."""
         if args:   # the old positional form: (destination, prefix, keep)
             destination = args[0]
@@ -610,7 +625,9 @@ class Module:
                 if name not in self._modules and name not in local:
                     unexpected_keys.append(key)
 
-    def load_state_dict(self, state_dict, strict=True, assign=False):
+    def load_state_dict(self, state_dict: Mapping[str, Any],
+                        strict: bool = True,
+                        assign: bool = False) -> _IncompatibleKeys:
         """Copy parameters and buffers from ``state_dict``; returns
         ``(missing_keys, unexpected_keys)``; with ``strict`` any mismatch
         raises RuntimeError listing them, as in PyTorch."""
@@ -640,7 +657,8 @@ class Module:
                     type(self).__name__, "\n\t".join(errors)))
         return _IncompatibleKeys(missing, unexpected)
 
-    def register_state_dict_pre_hook(self, hook):
+    def register_state_dict_pre_hook(
+            self, hook: Callable[..., Any]) -> RemovableHandle:
         raise NotImplementedError("state_dict pre hooks are not supported")
 
     def _register_state_dict_hook(self, hook):
@@ -654,7 +672,7 @@ class Module:
         return h
 
     # ----------------------------------------------------------- printing --
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return ""
 
     def _get_name(self):
