@@ -1,7 +1,8 @@
 """Adadelta, as ``torch.optim.Adadelta``."""
+from __future__ import annotations
 from .. import _backend as B
-from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
-    _zeros
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
+                        _step_tensor, _zeros)
 
 __all__ = ["Adadelta"]
 
@@ -15,9 +16,10 @@ class Adadelta(Optimizer):
         opt = dtorch.optim.Adadelta(model.parameters(), lr=1.0)
     """
 
-    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0,
-                 foreach=None, *, capturable=False, maximize=False,
-                 differentiable=False):
+    def __init__(self, params: ParamsT, lr: float = 1.0, rho: float = 0.9,
+                 eps: float = 1e-6, weight_decay: float = 0,
+                 foreach: bool | None = None, *, capturable: bool = False,
+                 maximize: bool = False, differentiable: bool = False) -> None:
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= rho <= 1.0, f"Invalid rho value: {rho}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")

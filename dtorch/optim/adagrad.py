@@ -1,7 +1,9 @@
 """Adagrad, as ``torch.optim.Adagrad``."""
+from __future__ import annotations
 from .. import _backend as B
 from ..tensor import Tensor
-from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
+                        _step_tensor)
 
 __all__ = ["Adagrad"]
 
@@ -16,9 +18,9 @@ class Adagrad(Optimizer):
         opt = dtorch.optim.Adagrad(model.parameters(), lr=1e-2)
     """
 
-    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0,
-                 initial_accumulator_value=0, eps=1e-10, *,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-2, lr_decay: float = 0,
+                 weight_decay: float = 0, initial_accumulator_value: float = 0,
+                 eps: float = 1e-10, *, maximize: bool = False) -> None:
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= lr_decay, f"Invalid lr_decay value: {lr_decay}")
         _check(0.0 <= weight_decay,

@@ -1,9 +1,10 @@
 """Adam and AdamW, as ``torch.optim.Adam`` / ``torch.optim.AdamW``."""
+from __future__ import annotations
 import math
 
 from .. import _backend as B
-from .optimizer import (Optimizer, _bump, _check, _next_step, _step_tensor,
-                        _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
+                        _step_tensor, _zeros)
 
 __all__ = ["Adam", "AdamW"]
 
@@ -18,9 +19,11 @@ class Adam(Optimizer):
         opt = dtorch.optim.Adam(model.parameters(), lr=1e-3)
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0, amsgrad=False, *, maximize=False,
-                 decoupled_weight_decay=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, amsgrad: bool = False, *,
+                 maximize: bool = False,
+                 decoupled_weight_decay: bool = False) -> None:
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= betas[0] < 1.0,
@@ -84,7 +87,9 @@ class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov & Hutter):
     ``p *= 1 - lr * weight_decay`` before the Adam step."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=1e-2, amsgrad=False, *, maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 maximize: bool = False) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
                          maximize=maximize, decoupled_weight_decay=True)

@@ -1,10 +1,11 @@
 """ASGD, as ``torch.optim.ASGD``: SGD with a decaying step and a running
 average of the iterates (``state['ax']``)."""
+from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
-    _zeros
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
+                        _step_tensor, _zeros)
 
 __all__ = ["ASGD"]
 
@@ -15,9 +16,11 @@ def _f32(v):
 
 
 class ASGD(Optimizer):
-    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6,
-                 weight_decay=0, foreach=None, maximize=False,
-                 differentiable=False, capturable=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-2, lambd: float = 1e-4,
+                 alpha: float = 0.75, t0: float = 1e6, weight_decay: float = 0,
+                 foreach: bool | None = None, maximize: bool = False,
+                 differentiable: bool = False,
+                 capturable: bool = False) -> None:
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= weight_decay,
                f"Invalid weight_decay value: {weight_decay}")

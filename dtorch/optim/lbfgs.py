@@ -6,12 +6,13 @@ PyTorch's from the same start.
 The parameters are handled as one flat vector (their gradients are
 concatenated), as in PyTorch; only one parameter group is supported.
 """
+from __future__ import annotations
 import math
 
 from .. import _backend as B
 from ..autograd import enable_grad
 from ..tensor import Tensor
-from .optimizer import Optimizer, _bump
+from .optimizer import Optimizer, ParamsT, _bump
 
 __all__ = ["LBFGS"]
 
@@ -137,9 +138,10 @@ class LBFGS(Optimizer):
         opt.step(closure)
     """
 
-    def __init__(self, params, lr=1, max_iter=20, max_eval=None,
-                 tolerance_grad=1e-7, tolerance_change=1e-9,
-                 history_size=100, line_search_fn=None):
+    def __init__(self, params: ParamsT, lr: float = 1, max_iter: int = 20,
+                 max_eval: int | None = None, tolerance_grad: float = 1e-7,
+                 tolerance_change: float = 1e-9, history_size: int = 100,
+                 line_search_fn: str | None = None) -> None:
         if isinstance(lr, Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
         if not 0.0 <= lr:

@@ -1,20 +1,24 @@
 """NAdam, as ``torch.optim.NAdam`` (Adam with Nesterov momentum and
 Dozat's momentum schedule)."""
+from __future__ import annotations
 import numpy as np
 
 from .. import _backend as B
 from ..tensor import Tensor
-from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
-    _zeros
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
+                        _step_tensor, _zeros)
 
 __all__ = ["NAdam"]
 
 
 class NAdam(Optimizer):
-    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0, momentum_decay=4e-3,
-                 decoupled_weight_decay=False, *, foreach=None,
-                 maximize=False, capturable=False, differentiable=False):
+    def __init__(self, params: ParamsT, lr: float = 2e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, momentum_decay: float = 4e-3,
+                 decoupled_weight_decay: bool = False, *,
+                 foreach: bool | None = None, maximize: bool = False,
+                 capturable: bool = False,
+                 differentiable: bool = False) -> None:
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= betas[0] < 1.0,

@@ -5,10 +5,13 @@ Subclasses implement ``step`` as one readable per-parameter update on the
 parameters' arrays (the shape of mlx's ``apply_single``), with no
 foreach/fused variants.
 """
+from __future__ import annotations
 import copy
 import warnings
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from itertools import chain
+from typing import Any, Union
 
 import numpy as np
 
@@ -16,6 +19,9 @@ from .. import _backend as B
 from ..autograd import enable_grad
 from ..nn.modules.module import zero_grads
 from ..tensor import Tensor
+
+# what an optimizer takes: tensors, or parameter groups (dicts with "params")
+ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
 
 __all__ = ["Optimizer", "required"]
 
@@ -39,7 +45,7 @@ class Optimizer:
         defaults: hyper-parameters used by groups that do not set them.
     """
 
-    def __init__(self, params, defaults):
+    def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         self.defaults = defaults
         self.state = defaultdict(dict)
         self.param_groups = []
@@ -66,7 +72,7 @@ class Optimizer:
         lines.append(")")
         return "\n".join(lines)
 
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group of parameters (a dict with ``'params'``), e.g. when
         unfreezing layers during fine-tuning."""
         if not isinstance(param_group, dict):
@@ -106,13 +112,13 @@ class Optimizer:
                              "parameter group")
         self.param_groups.append(param_group)
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all optimized tensors: drop them
         (``set_to_none=True``, the default) or fill them with zeros."""
         zero_grads((p for group in self.param_groups
                     for p in group["params"]), set_to_none)
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One optimization step. ``closure`` (optional) re-evaluates the
         model and returns the loss, which ``step`` returns."""
         loss = None
@@ -138,7 +144,7 @@ class Optimizer:
         raise NotImplementedError
 
     # ------------------------------------------------------ state dict --
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The state as PyTorch lays it out: ``{'state': {index: {...}},
         'param_groups': [{..., 'params': [index, ...]}]}``, parameters
         numbered in group order. Tensors are references, not copies."""
@@ -154,7 +160,7 @@ class Optimizer:
                  for k, v in self.state.items()}
         return {"state": state, "param_groups": groups}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()``; state tensors are copied onto each
         parameter's device (and floating dtype, except ``step``)."""
         groups = self.param_groups

@@ -1,19 +1,22 @@
 """RAdam, as ``torch.optim.RAdam`` (Adam with the variance of the adaptive
 learning rate rectified; plain momentum SGD while it is undefined)."""
+from __future__ import annotations
 import math
 
 from .. import _backend as B
-from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
-    _zeros
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
+                        _step_tensor, _zeros)
 
 __all__ = ["RAdam"]
 
 
 class RAdam(Optimizer):
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0, decoupled_weight_decay=False, *,
-                 foreach=None, maximize=False, capturable=False,
-                 differentiable=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, decoupled_weight_decay: bool = False,
+                 *, foreach: bool | None = None, maximize: bool = False,
+                 capturable: bool = False,
+                 differentiable: bool = False) -> None:
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= betas[0] < 1.0,

@@ -1,7 +1,8 @@
 """RMSprop, as ``torch.optim.RMSprop``."""
+from __future__ import annotations
 from .. import _backend as B
-from .optimizer import (Optimizer, _bump, _check, _next_step, _step_tensor,
-                        _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
+                        _step_tensor, _zeros)
 
 __all__ = ["RMSprop"]
 
@@ -16,9 +17,10 @@ class RMSprop(Optimizer):
         opt = dtorch.optim.RMSprop(model.parameters(), lr=1e-2)
     """
 
-    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8,
-                 weight_decay=0, momentum=0, centered=False, *,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-2, alpha: float = 0.99,
+                 eps: float = 1e-8, weight_decay: float = 0,
+                 momentum: float = 0, centered: bool = False, *,
+                 maximize: bool = False) -> None:
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= momentum, f"Invalid momentum value: {momentum}")

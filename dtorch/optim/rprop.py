@@ -1,17 +1,20 @@
 """Rprop, as ``torch.optim.Rprop``: per-element step sizes that grow while
 the gradient keeps its sign and shrink when it flips."""
+from __future__ import annotations
 from .. import _backend as B
 from ..tensor import Tensor
-from .optimizer import Optimizer, _bump, _check, _next_step, _step_tensor, \
-    _zeros
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
+                        _step_tensor, _zeros)
 
 __all__ = ["Rprop"]
 
 
 class Rprop(Optimizer):
-    def __init__(self, params, lr=1e-2, etas=(0.5, 1.2),
-                 step_sizes=(1e-6, 50), *, capturable=False, foreach=None,
-                 maximize=False, differentiable=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-2,
+                 etas: tuple[float, float] = (0.5, 1.2),
+                 step_sizes: tuple[float, float] = (1e-6, 50), *,
+                 capturable: bool = False, foreach: bool | None = None,
+                 maximize: bool = False, differentiable: bool = False) -> None:
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 < etas[0] < 1.0 < etas[1],
                f"Invalid eta values: {etas[0]}, {etas[1]}")

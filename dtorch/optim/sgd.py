@@ -1,6 +1,7 @@
 """Stochastic gradient descent with momentum, as ``torch.optim.SGD``."""
+from __future__ import annotations
 from ..tensor import Tensor
-from .optimizer import Optimizer, _bump, _check
+from .optimizer import Optimizer, ParamsT, _bump, _check
 
 __all__ = ["SGD"]
 
@@ -20,8 +21,9 @@ class SGD(Optimizer):
         opt.zero_grad(); loss.backward(); opt.step()
     """
 
-    def __init__(self, params, lr=1e-3, momentum=0, dampening=0,
-                 weight_decay=0, nesterov=False, *, maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, momentum: float = 0,
+                 dampening: float = 0, weight_decay: float = 0,
+                 nesterov: bool = False, *, maximize: bool = False) -> None:
         _check(lr >= 0.0, f"Invalid learning rate: {lr}")
         _check(momentum >= 0.0, f"Invalid momentum value: {momentum}")
         _check(weight_decay >= 0.0,
