@@ -610,7 +610,7 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None,
          planner=None, process_group=None, no_dist=False, _after_commit=None):
     """Save ``state_dict`` as a distributed checkpoint in the directory
     ``checkpoint_id``; every rank of the group calls it. Returns the
-    checkpoint's Metadata-less path. Each rank writes only what it owns
+    checkpoint's path. Each rank writes only what it owns
     (replicated tensors once); the directory appears complete or not at
     all. ``storage_writer``/``planner`` are PyTorch's extension points;
     only a writer with a ``path`` is understood."""
