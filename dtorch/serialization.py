@@ -55,6 +55,7 @@ import socket
 import stat
 import struct
 import zlib
+from typing import IO, Any, Callable, Union
 
 import numpy as np
 import xxhash
@@ -66,6 +67,10 @@ except ImportError:        # not POSIX: stale temporary files are kept
 
 from . import _backend as B
 from .tensor import Tensor
+
+# the argument types of save/load, as PyTorch spells them
+FileLike = Union[str, os.PathLike, IO[bytes]]
+MapLocation = Union[str, B.device, dict[str, str], Callable[..., Any], None]
 
 __all__ = ["save", "load", "SerializationError", "ChecksumError",
            "add_safe_globals", "get_safe_globals", "clear_safe_globals",
@@ -540,9 +545,10 @@ def _named(e, path, atomic=True):
     return OSError(e.errno, msg, path)   # errno picks the subclass
 
 
-def save(obj, f, pickle_module=None, pickle_protocol=None,
-         _use_new_zipfile_serialization=True,
-         _disable_byteorder_record=False):
+def save(obj: Any, f: FileLike, pickle_module: Any = None,
+         pickle_protocol: int | None = None,
+         _use_new_zipfile_serialization: bool = True,
+         _disable_byteorder_record: bool = False) -> None:
     """Save ``obj`` (tensors in nested dicts/lists/tuples with plain Python
     values) to ``f``, a path or a binary file object.
 
@@ -615,8 +621,9 @@ def _fsync_dir(folder):
 
 # ----------------------------------------------------------------- load --
 
-def load(f, map_location=None, pickle_module=None, *, weights_only=None,
-         mmap=None, **pickle_load_args):
+def load(f: FileLike, map_location: MapLocation = None,
+         pickle_module: Any = None, *, weights_only: bool | None = None,
+         mmap: bool | None = None, **pickle_load_args: Any) -> Any:
     """Load an object written by ``dtorch.save`` (or any safetensors file,
     as a dict of tensors). Never runs code from the file.
 
