@@ -7,7 +7,8 @@ import numpy as np
 
 from . import _backend as B
 from .ops.einsum import Einsum
-from .tensor import Tensor
+from .random import draw
+from .tensor import Size, Tensor
 from ._creation import cat, stack, zeros
 
 __all__ = [
@@ -202,7 +203,6 @@ def block_diag(*tensors):
 
 
 def broadcast_shapes(*shapes):
-    from .tensor import Size
     return Size(np.broadcast_shapes(*[tuple(s) if not isinstance(s, int)
                                       else (s,) for s in shapes]))
 
@@ -384,7 +384,6 @@ def dsplit(t, sections):
 
 @B.on_own_device
 def poisson(input, generator=None):
-    from .random import draw
     lam = input.detach()._data      # drawn on input's device
     return Tensor._wrap(draw("poisson", lam, device=input.device,
                              generator=generator, dtype=lam.dtype))

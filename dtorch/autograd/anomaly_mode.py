@@ -1,6 +1,8 @@
 """``detect_anomaly`` / ``set_detect_anomaly``: while enabled, backward
 checks each node's gradients and raises, naming the node, when one holds a
 NaN (as PyTorch does). dtorch records no forward traceback."""
+from .._backend import get_array_module
+
 _state = [False]
 
 
@@ -10,7 +12,6 @@ def is_anomaly_enabled():
 
 def check_grads(node, grads):
     """Called by the engine after a node's backward while enabled."""
-    from .._backend import get_array_module
     for i, g in enumerate(grads):
         if g is None or getattr(g, "dtype", None) is None or \
                 g.dtype.kind != "f":

@@ -3,6 +3,8 @@
 Use float64 inputs; the full Jacobian is compared (torch.autograd.gradcheck's
 default), which is cheap for the small shapes tests use.
 """
+import warnings
+
 import numpy as np
 
 from . import function as _fn
@@ -50,7 +52,6 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
                          "require gradient")
     for i in diff:
         if inputs[i].dtype.name != "float64":
-            import warnings
             warnings.warn(f"gradcheck: input {i} is {inputs[i].dtype}, not "
                           f"float64; the check may fail from rounding")
     outs = _outputs(func, inputs)
