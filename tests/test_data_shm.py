@@ -312,3 +312,25 @@ def test_batches_equal_torchs(nw, kw):
                  plain(b[2]["k"])) for b in batches]
     ref = flat(torch.utils.data.DataLoader(data, num_workers=nw, **kw))
     assert flat(DataLoader(data, num_workers=nw, **kw)) == ref
+
+
+def test_unbatched_memmap_rows_through_workers(clean, tmp_path):
+    """Tensors over rows of a memory map (np.memmap, an ndarray subclass)
+    are carried like any array (they were taken for CUDA arrays)."""
+    import dtorch
+    x = np.arange(5 * 20000, dtype=np.float32).reshape(5, 20000)
+    np.save(tmp_path / "x.npy", x)
+
+    class Rows(Dataset):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            row = np.load(tmp_path / "x.npy", mmap_mode="r")[i]
+            assert isinstance(row, np.memmap)
+            return dtorch.from_numpy(row), row[:10]
+
+    rows = [(t.numpy(), r.numpy()) for t, r in
+            DataLoader(Rows(), batch_size=None, num_workers=1)]
+    assert np.array_equal(np.stack([t for t, _ in rows]), x)
+    assert np.array_equal(np.stack([r for _, r in rows]), x[:, :10])

@@ -252,13 +252,13 @@ class _Packer:
     def pack(self, obj):
         if isinstance(obj, Tensor):
             a = obj._data
-            if type(a) is not np.ndarray:
+            if not isinstance(a, np.ndarray):    # np.memmap is one
                 if _cuda_forbidden or not B.is_cupy_array(a):
                     raise RuntimeError(_CUDA_IN_WORKER + f" (got a "
                                        f"{obj.device} tensor)")
                 a = a.get()
             return _TensorPayload(self.array(a), obj.requires_grad)
-        if type(obj) is np.ndarray:
+        if isinstance(obj, np.ndarray):
             return self.array(obj)
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
             return type(obj)(*(self.pack(o) for o in obj))
