@@ -867,7 +867,7 @@ def _pin_nested(obj, cp):
     from ...tensor import Tensor
     if isinstance(obj, Tensor):
         a = obj._data
-        if type(a) is not np.ndarray or a.nbytes == 0:
+        if not isinstance(a, np.ndarray) or a.nbytes == 0:
             return obj
         mem = cp.cuda.alloc_pinned_memory(a.nbytes)
         pinned = np.frombuffer(mem, a.dtype, a.size).reshape(a.shape)
