@@ -6,11 +6,14 @@ Throughput: a state of ``--gb`` GB (float32 tensors of 64 MiB or less)
 split over the ranks as shards (each rank owns 1/world of it, as tensor
 parallel or ZeRO shards), so every rank writes its own part. Per repeat,
 in alternating order: raw = every rank ``tofile`` + fsync of its arrays
-(then ``readinto`` of existing arrays, and ``fromfile``); dcp = ``dcp.save`` (checksums, safetensors, fsync,
-metadata, the directory rename) then ``dcp.load`` into existing tensors
-(checksums verified). Times run from a barrier to the last rank's end.
-Reads hit the page cache for raw and dcp alike (the cache is not dropped:
-this machine is shared).
+(then ``readinto`` of existing arrays, and ``fromfile``); dcp =
+``dcp.save`` (checksums, safetensors, fsync, metadata, the directory
+rename) then ``dcp.load`` into existing tensors (checksums verified).
+Both again without fsync (``FileSystemWriter(sync_files=False)``).
+Times run from a barrier to the last rank's end. Reads hit the page
+cache for raw and dcp alike (the cache is not dropped: this machine is
+shared). Each rate is given as min..max (median) over the repeats, and
+each ratio over the runs' own pairs.
 
 Stall: an MLP whose parameters plus Adam's two moments are about
 ``--gb`` GB trains on one rank; the time of a step that calls

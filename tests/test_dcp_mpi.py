@@ -2,7 +2,6 @@
 loads on every smaller group and the other way round (resharding over
 the MPI backend), and async_save's background thread writes while the
 training thread runs its own collectives on the world."""
-import os
 import shutil
 import tempfile
 

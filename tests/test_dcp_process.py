@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 if __name__ != "__main__" and ("OMPI_COMM_WORLD_SIZE" in os.environ
