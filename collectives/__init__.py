@@ -11,10 +11,11 @@ are imported only when their backend is used.
 
     collectives.spawn_threads(lambda g: ..., world_size=4)  # in one process
 """
+from __future__ import annotations
 from .arrays import get_array_module, ReduceOp
 from .errors import (CollectiveError, CollectiveMismatchError,
                      CollectiveTimeoutError, RankFailureError)
-from .group import DEFAULT_TIMEOUT, ProcessGroup, Work
+from .group import DEFAULT_TIMEOUT, ProcessGroup, Timeout, Work
 from .env import RankInfo, discover, env_choice, env_flag, env_number
 from .fusion import FlatLayout, bucketize, pack, unpack
 from .store import RendezvousAuthError, RendezvousError, TCPStore
@@ -23,8 +24,11 @@ from .threads import ThreadGroup, single_group, spawn_threads
 BACKENDS = ('threads', 'mpi', 'tcp', 'nccl')
 
 
-def init(backend=None, rank=None, world_size=None, timeout=None,
-         master_addr=None, master_port=None, token=None, bootstrap=None):
+def init(backend: str | None = None, rank: int | None = None,
+         world_size: int | None = None, timeout: Timeout = None,
+         master_addr: str | None = None, master_port: int | None = None,
+         token: str | None = None,
+         bootstrap: ProcessGroup | None = None) -> ProcessGroup:
     """The world ProcessGroup of this process.
 
     Unset arguments come from the environment (`discover()`). backend None

@@ -2,10 +2,18 @@
 an array (numpy or cupy; collectives cannot use dtorch._backend, which sits
 above it), buffer checks, descriptions for error messages, reductions in
 rank order."""
+from __future__ import annotations
 import sys
 from enum import Enum
+from types import ModuleType
+from typing import Any, Union
 
 import numpy as np
+
+# A NumPy or CuPy ndarray (CuPy is optional, so it has no static type here)
+Array = Any
+# a per-rank buffer: an [n, ...] array or a list of n arrays
+PerRank = Union[Array, list]
 
 
 class ReduceOp(str, Enum):
@@ -25,7 +33,7 @@ _OPS = {op.value: op for op in ReduceOp}
 _OPS.update({op: op for op in ReduceOp})
 
 
-def reduce_op(op):
+def reduce_op(op: str | ReduceOp) -> ReduceOp:
     """Normalise 'sum' / ReduceOp.SUM / ... to a ReduceOp, or raise."""
     try:
         return _OPS[op]
@@ -35,7 +43,7 @@ def reduce_op(op):
                          f"{names}") from None
 
 
-def get_array_module(arr):
+def get_array_module(arr: Any) -> ModuleType:
     """numpy or cupy, whichever owns `arr` (cupy only if already loaded)."""
     if type(arr) is np.ndarray:
         return np

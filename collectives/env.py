@@ -5,9 +5,12 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DTORCH_RDZV_TOKEN), then Open MPI
 / PMI / PMIx under mpiexec, then SLURM under srun (master = first host of
 SLURM_NODELIST). Nothing set: a world of one.
 """
+from __future__ import annotations
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_PORT = 29500
 
@@ -55,7 +58,7 @@ def first_host(nodelist):
     return prefix + rng.split(',')[0].split('-')[0]
 
 
-def discover(env=None):
+def discover(env: Mapping[str, str] | None = None) -> RankInfo:
     """RankInfo from the environment (see the module docstring)."""
     env = os.environ if env is None else env
     info = RankInfo()
@@ -109,7 +112,8 @@ def _raw(name, env):
     return None if v is None or v.strip() == '' else v.strip()
 
 
-def env_flag(name, default, env=None):
+def env_flag(name: str, default: bool | None,
+             env: Mapping[str, str] | None = None) -> bool | None:
     """A yes/no switch: 1/yes/true/on or 0/no/false/off (any case); unset
     or empty gives `default` (which may be None: "not set")."""
     v = _raw(name, env)
@@ -123,7 +127,8 @@ def env_flag(name, default, env=None):
                      f"{'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
 
 
-def env_number(name, default, kind=float, env=None):
+def env_number(name: str, default: float | None, kind: type = float,
+               env: Mapping[str, str] | None = None) -> Any:
     """A positive number (`kind`: float or int); unset or empty gives
     `default`."""
     v = _raw(name, env)
@@ -138,7 +143,8 @@ def env_number(name, default, kind=float, env=None):
     return x
 
 
-def env_choice(name, default, choices, env=None):
+def env_choice(name: str, default: str | None, choices: Sequence[str],
+               env: Mapping[str, str] | None = None) -> str | None:
     """One of `choices` (compared case-insensitively, returned as spelled
     in `choices`); unset or empty gives `default`."""
     v = _raw(name, env)

@@ -1,5 +1,7 @@
 """The errors collectives raise, and the internal deadline signal the
 backends pass to the group's bookkeeping."""
+from __future__ import annotations
+from collections.abc import Iterable
 
 
 class CollectiveError(RuntimeError):
@@ -10,8 +12,10 @@ class CollectiveTimeoutError(CollectiveError):
     """Peers did not arrive in time. Attributes: op, group, seq, missing
     (group ranks that did not arrive), statuses (rank -> text)."""
 
-    def __init__(self, msg, op=None, group=None, seq=None, missing=(),
-                 statuses=None):
+    def __init__(self, msg: str, op: str | None = None,
+                 group: str | None = None, seq: int | None = None,
+                 missing: Iterable[int] = (),
+                 statuses: dict[int, str] | None = None) -> None:
         super().__init__(msg)
         self.op, self.group, self.seq = op, group, seq
         self.missing = list(missing)
@@ -21,7 +25,7 @@ class CollectiveTimeoutError(CollectiveError):
 class CollectiveMismatchError(CollectiveError):
     """Ranks called different collectives, shapes or dtypes (debug mode)."""
 
-    def __init__(self, msg, rank=None):
+    def __init__(self, msg: str, rank: int | None = None) -> None:
         super().__init__(msg)
         self.rank = rank
 
@@ -29,7 +33,7 @@ class CollectiveMismatchError(CollectiveError):
 class RankFailureError(CollectiveError):
     """A peer failed or died (thread raised, socket closed)."""
 
-    def __init__(self, msg, rank=None):
+    def __init__(self, msg: str, rank: int | None = None) -> None:
         super().__init__(msg)
         self.rank = rank
 

@@ -8,13 +8,17 @@ paid once. Like mlx's `average_gradients`: concatenate, reduce, split.
     group.all_reduce(flat, 'avg')
     layout.unpack(flat, grads)              # copy back in place
 """
-from .arrays import get_array_module
+from __future__ import annotations
+from collections.abc import Sequence
+from typing import Any
+
+from .arrays import Array, get_array_module
 
 
 class FlatLayout:
     """Offsets of arrays of one dtype inside a flat buffer."""
 
-    def __init__(self, shapes, dtype):
+    def __init__(self, shapes: Sequence[tuple[int, ...]], dtype: Any) -> None:
         self.shapes = [tuple(s) for s in shapes]
         self.dtype = dtype
         self.offsets = [0]
@@ -26,7 +30,7 @@ class FlatLayout:
         self.numel = self.offsets[-1]
 
     @classmethod
-    def of(cls, arrays):
+    def of(cls, arrays: Sequence[Array]) -> FlatLayout:
         if not arrays:
             raise ValueError("cannot fuse an empty list of arrays")
         dt = arrays[0].dtype
@@ -38,7 +42,7 @@ class FlatLayout:
                     f"(see bucketize)")
         return cls([a.shape for a in arrays], dt)
 
-    def pack(self, arrays, out=None):
+    def pack(self, arrays: Sequence[Array], out: Array | None = None) -> Array:
         """Copy arrays into `out` (allocated when None); returns it."""
         if len(arrays) != len(self.shapes):
             raise ValueError(f"layout has {len(self.shapes)} arrays, got "
@@ -57,12 +61,13 @@ class FlatLayout:
             out[lo:hi] = a.reshape(-1)
         return out
 
-    def views(self, flat):
+    def views(self, flat: Array) -> list[Array]:
         """Views of flat shaped like the packed arrays (no copy)."""
         return [flat[lo:hi].reshape(s) for s, lo, hi in
                 zip(self.shapes, self.offsets, self.offsets[1:])]
 
-    def unpack(self, flat, arrays=None):
+    def unpack(self, flat: Array,
+               arrays: Sequence[Array] | None = None) -> Sequence[Array]:
         """Copy back into `arrays` in place, or return new arrays."""
         if flat.shape != (self.numel,):
             raise ValueError(f"flat buffer is {list(flat.shape)}, layout "
@@ -75,17 +80,20 @@ class FlatLayout:
         return arrays
 
 
-def pack(arrays, out=None):
+def pack(arrays: Sequence[Array],
+         out: Array | None = None) -> tuple[Array, FlatLayout]:
     """(flat, layout) for a list of same-dtype arrays."""
     layout = FlatLayout.of(arrays)
     return layout.pack(arrays, out), layout
 
 
-def unpack(flat, layout, arrays=None):
+def unpack(flat: Array, layout: FlatLayout,
+           arrays: Sequence[Array] | None = None) -> Sequence[Array]:
     return layout.unpack(flat, arrays)
 
 
-def bucketize(arrays, cap_bytes=25 * 1024 * 1024):
+def bucketize(arrays: Sequence[Array],
+              cap_bytes: int = 25 * 1024 * 1024) -> list[list[int]]:
     """Split indices of `arrays` into buckets of consecutive same-dtype
     arrays, each at most cap_bytes (an array bigger than the cap gets a
     bucket of its own). Returns a list of index lists, in input order."""

@@ -13,22 +13,27 @@ no culprit. Every rank remembers the collective it is in (or last left); when a
 wait times out, the statuses of all ranks are gathered and the error names
 where each one is.
 """
+from __future__ import annotations
 import datetime
 import pickle
 import time
+from collections.abc import Callable, Sequence
+from typing import Any, Union
 
 import numpy as np
 
 from .env import env_choice, env_number
-from .arrays import (ReduceOp, check_buffer, describe, divide_avg,
-                     get_array_module, reduce_op, row)
+from .arrays import (Array, PerRank, ReduceOp, check_buffer, describe,
+                     divide_avg, get_array_module, reduce_op, row)
 from .errors import (CollectiveError, CollectiveMismatchError,
                      CollectiveTimeoutError, _Expired)
 
 DEFAULT_TIMEOUT = 600.0
+# seconds, or a timedelta (torch's spelling); None: the default
+Timeout = Union[float, datetime.timedelta, None]
 
 
-def as_seconds(timeout, default=None):
+def as_seconds(timeout: Timeout, default: float | None = None) -> float:
     """Seconds from a float or a datetime.timedelta (torch's spelling)."""
     if timeout is None:
         if default is not None:
@@ -57,7 +62,9 @@ class Work:
     group timeout, counted from the call, or after `timeout` seconds).
     """
 
-    def __init__(self, group, rec, fin, deadline, test=None):
+    def __init__(self, group: ProcessGroup, rec: tuple,
+                 fin: Callable[[float], None] | None, deadline: float,
+                 test: Callable[[], bool] | None = None) -> None:
         self._group, self._rec = group, rec
         self._fin, self._deadline, self._test = fin, deadline, test
         self._done = fin is None
@@ -65,7 +72,7 @@ class Work:
         if self._done:
             group._pending.pop(rec[0], None)
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Timeout = None) -> bool:
         if self._exc is not None:
             raise self._exc
         if self._done:
@@ -81,12 +88,12 @@ class Work:
         self._done = True
         return True
 
-    def is_completed(self):
+    def is_completed(self) -> bool:
         if not self._done and self._test is not None and self._test():
             self.wait()
         return self._done
 
-    def exception(self):
+    def exception(self) -> BaseException | None:
         return self._exc
 
 
@@ -102,7 +109,9 @@ class ProcessGroup:
     """
     backend = 'abstract'
 
-    def __init__(self, rank, size, name='world', ranks=None, timeout=None):
+    def __init__(self, rank: int, size: int, name: str = 'world',
+                 ranks: Sequence[int] | None = None,
+                 timeout: Timeout = None) -> None:
         self.rank, self.size, self.name = rank, size, name
         self.ranks = list(range(size)) if ranks is None else list(ranks)
         self.timeout = as_seconds(timeout)
@@ -120,7 +129,7 @@ class ProcessGroup:
                 f"/{self.size} backend={self.backend}>")
 
     # ---- the flight recorder
-    def status(self):
+    def status(self) -> tuple:
         """(in_flight, seq, op, description) of this rank, for reports."""
         if self._inflight is not None:
             rec, busy = self._inflight, True
@@ -139,7 +148,7 @@ class ProcessGroup:
         return {self.rank: self.status()}
 
     @staticmethod
-    def format_status(rank, st):
+    def format_status(rank: int, st: tuple | None) -> str:
         if st is None:
             return (f"rank {rank} did not report (busy outside this "
                     f"group's collectives, hung or dead)")
@@ -298,7 +307,8 @@ class ProcessGroup:
         return lst
 
     # ---- public ops
-    def all_reduce(self, arr, op='sum', async_op=False):
+    def all_reduce(self, arr: Array, op: str | ReduceOp = 'sum',
+                   async_op: bool = False) -> Work | None:
         """arr <- op over ranks of arr, in place (bitwise equal on all)."""
         op = reduce_op(op)
         check_buffer(arr)
@@ -306,7 +316,9 @@ class ProcessGroup:
                          lambda d: self._start_all_reduce(arr, op, d),
                          async_op)
 
-    def all_reduce_coalesced(self, arrs, op='sum', async_op=False):
+    def all_reduce_coalesced(self, arrs: Sequence[Array],
+                             op: str | ReduceOp = 'sum',
+                             async_op: bool = False) -> Work | None:
         """Every array in the list <- op over ranks, in place, as ONE
         collective over the arrays read back to back (PyTorch's
         ``all_reduce_coalesced``): one message for many small tensors, and
@@ -327,7 +339,8 @@ class ProcessGroup:
                          lambda d: self._start_all_reduce_coalesced(
                              arrs, op, d), async_op)
 
-    def broadcast(self, arr, src=0, async_op=False):
+    def broadcast(self, arr: Array, src: int = 0,
+                  async_op: bool = False) -> Work | None:
         """arr <- rank src's arr."""
         check_buffer(arr)
         self._check_rank(src, 'broadcast src')
@@ -335,7 +348,8 @@ class ProcessGroup:
                          lambda d: self._start_broadcast(arr, src, d),
                          async_op)
 
-    def reduce(self, arr, dst=0, op='sum', async_op=False):
+    def reduce(self, arr: Array, dst: int = 0, op: str | ReduceOp = 'sum',
+               async_op: bool = False) -> Work | None:
         """Rank dst's arr <- op over ranks; others' arr is left as is."""
         op = reduce_op(op)
         check_buffer(arr)
@@ -344,7 +358,8 @@ class ProcessGroup:
                          lambda d: self._start_reduce(arr, dst, op, d),
                          async_op)
 
-    def all_gather(self, out, inp, async_op=False):
+    def all_gather(self, out: PerRank, inp: Array,
+                   async_op: bool = False) -> Work | None:
         """out[r] <- rank r's inp; out is [size, *inp.shape] or a list."""
         check_buffer(inp, 'inp')
         out = self._stacked(out, inp, 'all_gather out')
@@ -352,7 +367,8 @@ class ProcessGroup:
                          lambda d: self._start_all_gather(out, inp, d),
                          async_op)
 
-    def gather(self, out, inp, dst=0, async_op=False):
+    def gather(self, out: PerRank | None, inp: Array, dst: int = 0,
+               async_op: bool = False) -> Work | None:
         """On dst: out[r] <- rank r's inp. out is ignored (may be None)
         elsewhere."""
         check_buffer(inp, 'inp')
@@ -363,7 +379,8 @@ class ProcessGroup:
                          lambda d: self._start_gather(out, inp, dst, d),
                          async_op)
 
-    def scatter(self, out, inp=None, src=0, async_op=False):
+    def scatter(self, out: Array, inp: PerRank | None = None, src: int = 0,
+                async_op: bool = False) -> Work | None:
         """out <- rank src's inp[rank]; inp is [size, *out.shape] or a
         list on src, ignored elsewhere."""
         check_buffer(out, 'out')
@@ -374,7 +391,9 @@ class ProcessGroup:
                          lambda d: self._start_scatter(out, inp, src, d),
                          async_op)
 
-    def reduce_scatter(self, out, inp, op='sum', async_op=False):
+    def reduce_scatter(self, out: Array, inp: PerRank,
+                       op: str | ReduceOp = 'sum',
+                       async_op: bool = False) -> Work | None:
         """out <- op over ranks r of r's inp[rank]; inp is
         [size, *out.shape] or a list."""
         op = reduce_op(op)
@@ -384,7 +403,8 @@ class ProcessGroup:
                          lambda d: self._start_reduce_scatter(
                              out, inp, op, d), async_op)
 
-    def all_to_all(self, out, inp, async_op=False):
+    def all_to_all(self, out: PerRank, inp: PerRank,
+                   async_op: bool = False) -> Work | None:
         """out[r] <- rank r's inp[rank]; both [size, ...] or lists."""
         if isinstance(inp, (list, tuple)):
             if not inp:
@@ -403,12 +423,13 @@ class ProcessGroup:
                          lambda d: self._start_all_to_all(out, inp, d),
                          async_op)
 
-    def barrier(self, async_op=False):
+    def barrier(self, async_op: bool = False) -> Work | None:
         """Return when every rank of the group has called barrier."""
         return self._run('barrier', None, '', self._start_barrier,
                          async_op)
 
-    def send(self, arr, dst, tag=0, async_op=False):
+    def send(self, arr: Array, dst: int, tag: int = 0,
+             async_op: bool = False) -> Work | None:
         """Send arr to group rank dst (buffered: may return before dst
         receives)."""
         check_buffer(arr)
@@ -419,7 +440,8 @@ class ProcessGroup:
                          lambda d: self._start_send(arr, dst, tag, d),
                          async_op, p2p=True)
 
-    def recv(self, arr, src, tag=0, async_op=False):
+    def recv(self, arr: Array, src: int, tag: int = 0,
+             async_op: bool = False) -> Work | None:
         """arr <- the next message from group rank src with this tag."""
         check_buffer(arr)
         self._check_rank(src, 'recv src')
@@ -429,14 +451,14 @@ class ProcessGroup:
                          lambda d: self._start_recv(arr, src, tag, d),
                          async_op, p2p=True)
 
-    def isend(self, arr, dst, tag=0):
+    def isend(self, arr: Array, dst: int, tag: int = 0) -> Work:
         return self.send(arr, dst, tag, async_op=True)
 
-    def irecv(self, arr, src, tag=0):
+    def irecv(self, arr: Array, src: int, tag: int = 0) -> Work:
         return self.recv(arr, src, tag, async_op=True)
 
     # ---- object variants (pickle; trusted peers of one job only)
-    def broadcast_object(self, obj, src=0):
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return rank src's obj on every rank."""
         self._check_rank(src, 'broadcast_object src')
 
@@ -458,7 +480,7 @@ class ProcessGroup:
         res, self._obj_result = self._obj_result, None
         return res
 
-    def all_gather_object(self, obj):
+    def all_gather_object(self, obj: Any) -> list[Any]:
         """Return [rank 0's obj, rank 1's obj, ...] on every rank."""
         def start(deadline):
             self._obj_result = self._gather_objects(obj, deadline,
@@ -468,7 +490,8 @@ class ProcessGroup:
         return res
 
     # ---- sub-groups
-    def new_group(self, ranks, name=None, timeout=None):
+    def new_group(self, ranks: Sequence[int], name: str | None = None,
+                  timeout: Timeout = None) -> ProcessGroup | None:
         """A group of the given *global* ranks. Like torch, every member
         of this group must call it, in the same order; non-members get
         None."""
@@ -487,7 +510,7 @@ class ProcessGroup:
         return self._new_group(sub, ranks, me, name,
                                as_seconds(timeout, self.timeout))
 
-    def destroy(self):
+    def destroy(self) -> None:
         """Release sockets/communicators; the group is unusable after."""
         self._broken = CollectiveError(f"group {self.name!r} destroyed")
 

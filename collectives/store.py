@@ -19,6 +19,7 @@ exhaust the rank's threads or descriptors, and an accept() that fails
 (EMFILE: the process is out of descriptors) pauses the gate briefly instead
 of ending it. The tcp backend's data-plane listeners use the same gate.
 """
+from __future__ import annotations
 import errno
 import hashlib
 import hmac
@@ -356,7 +357,8 @@ class TCPStore:
     Thread-safe: requests of one client are serialised by a lock.
     """
 
-    def __init__(self, host, port, token, is_server=False, timeout=300.0):
+    def __init__(self, host: str, port: int, token: str | bytes | None,
+                 is_server: bool = False, timeout: float = 300.0) -> None:
         if not token:
             raise RendezvousError(
                 "the tcp rendezvous needs a per-job secret token: set "
@@ -375,7 +377,7 @@ class TCPStore:
         return connect_authenticated(self.host, self.port, self.token,
                                      time.monotonic() + self.timeout, where)
 
-    def clone(self):
+    def clone(self) -> TCPStore:
         """Another connection to the same server (for another thread)."""
         c = object.__new__(TCPStore)
         c.host, c.token, c.timeout = self.host, self.token, self.timeout
@@ -402,10 +404,10 @@ class TCPStore:
                     f"({e}): did rank 0 exit?") from e
         return status, payload
 
-    def set(self, key, value):
+    def set(self, key: str, value: str | bytes) -> None:
         self._request(b'set', key, _as_bytes(value))
 
-    def get(self, key, timeout=None):
+    def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value of key, waiting up to timeout for it to be set."""
         wait = self.timeout if timeout is None else timeout
         status, val = self._request(b'get', key, struct.pack('<d', wait))
@@ -415,17 +417,17 @@ class TCPStore:
                 f"a rank did not arrive", op='rendezvous')
         return val
 
-    def try_get(self, key):
+    def try_get(self, key: str) -> bytes | None:
         status, val = self._request(b'get', key, struct.pack('<d', 0.0))
         return val if status == b'ok' else None
 
-    def add(self, key, amount=1):
+    def add(self, key: str, amount: int = 1) -> int:
         return int(self._request(b'add', key, struct.pack('<q', amount))[1])
 
-    def delete(self, key):
+    def delete(self, key: str) -> bool:
         return self._request(b'delete', key)[1] == b'1'
 
-    def close(self):
+    def close(self) -> None:
         try:
             self.sock.close()
         except OSError:

@@ -13,15 +13,18 @@ so results are bitwise equal across ranks, as the real backends promise.
         return x
     results = spawn_threads(fn, world_size=4)   # one result per rank
 """
+from __future__ import annotations
 import collections
 import sys
+from collections.abc import Callable
+from typing import Any
 import threading
 import time
 
 
 from .arrays import reduce_into, row
 from .errors import CollectiveMismatchError, _Expired, RankFailureError
-from .group import as_seconds, ProcessGroup
+from .group import ProcessGroup, Timeout, as_seconds
 
 
 class _World:
@@ -229,7 +232,8 @@ def _on_current_device(vals):
     return [move(v) for v in vals]
 
 
-def spawn_threads(fn, world_size, timeout=None, args=()):
+def spawn_threads(fn: Callable[..., Any], world_size: int,
+                  timeout: Timeout = None, args: tuple = ()) -> list[Any]:
     """Run fn(group, *args) on `world_size` threads, one per rank, and
     return their results in rank order.
 
@@ -278,7 +282,7 @@ def spawn_threads(fn, world_size, timeout=None, args=()):
     return results
 
 
-def single_group(timeout=None):
+def single_group(timeout: Timeout = None) -> ThreadGroup:
     """A group of size 1 in this process: every op is a local copy."""
     world = _World(1)
     return ThreadGroup(world, 'world', 0, [0], 'world', timeout)

@@ -4,6 +4,7 @@ The group: set-up, an async lane per kind of op, point to point, status
 and teardown. Its transport is in `transport` (sockets, the same-host
 shm `pipe`), its collectives in `rings`.
 """
+from __future__ import annotations
 import json
 import queue
 import socket
@@ -16,8 +17,8 @@ from .. import shm_reduce
 from ..arrays import ReduceOp, divide_avg, row
 from ..env import env_flag
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, _Expired
-from ..group import ProcessGroup
-from ..store import HandshakeGate
+from ..group import ProcessGroup, Timeout
+from ..store import HandshakeGate, TCPStore
 from ..watchdog import watchdog
 from .rings import RingAlgorithms
 from .transport import _HDR, SocketTransport, _mv
@@ -299,8 +300,10 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         ProcessGroup.destroy(self)
 
 
-def tcp_group(rank, world_size, master_addr='127.0.0.1', master_port=29500,
-              token=None, timeout=None, store=None):
+def tcp_group(rank: int, world_size: int, master_addr: str = '127.0.0.1',
+              master_port: int = 29500, token: str | None = None,
+              timeout: Timeout = None,
+              store: TCPStore | None = None) -> TCPGroup:
     """Rendezvous at master_addr:master_port (rank 0 serves the store)
     and return the world TCPGroup."""
     from ..group import as_seconds
