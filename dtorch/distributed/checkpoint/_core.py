@@ -30,6 +30,7 @@ never interleaves with training's collectives on the default group.
 """
 import concurrent.futures
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -326,9 +327,42 @@ class _Snapshot:
 def _plan_of(snap):
     """This rank's part of the plan (JSON-able)."""
     return {"tensors": {k: [S._CODES[a.dtype], list(g), list(o),
-                            list(a.shape), _checksum(a)]
+                            list(a.shape)]
                         for k, (a, g, o) in snap.tensors.items()},
             "objects": dict(snap.objects), "step": snap.step}
+
+
+def _shared(plans):
+    """{key: ranks} of the tensors whose box another rank holds too: only
+    these need a checksum before writing, to tell a replica (written
+    once) from per-rank state (written by each); the others are hashed
+    as they are written."""
+    boxes = {}
+    for r, p in enumerate(plans):
+        for k, (_, _, off, size) in p["tensors"].items():
+            boxes.setdefault((k, tuple(off), tuple(size)), []).append(r)
+    out = {}
+    for (k, _, _), ranks in boxes.items():
+        if len(ranks) > 1:
+            out.setdefault(k, set()).update(ranks)
+    return out
+
+
+def _replica_checksums(snap, plans, ck, rank):
+    """[{key: checksum}] by rank for the shared tensors (one exchange,
+    only when some tensor is shared)."""
+    shared = _shared(plans)
+    if not shared:
+        return [{} for _ in plans]
+    mine = {"err": None, "crc": {}}
+    try:
+        mine["crc"] = {k: _checksum(snap.tensors[k][0])
+                       for k, ranks in shared.items() if rank in ranks}
+    except Exception as e:
+        mine["err"] = f"{type(e).__name__}: {e}"
+    res = _gather(ck, mine)
+    _raise_failures(res, "dcp.save (checksums)")
+    return [x["crc"] for x in res]
 
 
 def _overlap(a_off, a_size, b_off, b_size):
@@ -338,9 +372,10 @@ def _overlap(a_off, a_size, b_off, b_size):
     return lo, hi, all(h > l for l, h in zip(lo, hi))
 
 
-def _global_plan(plans):
+def _global_plan(plans, crcs):
     """The same plan on every rank: {rank: [keys it writes]} and the
-    metadata's state_dict entries (chunk files filled in later)."""
+    metadata's state_dict entries (chunk files filled in later).
+    ``crcs[r]``: rank r's checksums of its shared tensors."""
     entries, writes, per_rank_keys = {}, {r: [] for r in range(len(plans))}, []
     order = []
     for p in plans:
@@ -362,7 +397,8 @@ def _global_plan(plans):
                 entries[k] = {"type": "object", "per_rank": {
                     str(r): v for r, v in vals.items()}}
             continue
-        info = {r: plans[r]["tensors"][k] for r in holders}
+        info = {r: plans[r]["tensors"][k] + [crcs[r].get(k)]
+                for r in holders}
         dtypes = {r: i[0] for r, i in info.items()}
         sizes = {r: tuple(i[1]) for r, i in info.items()}
         if len(set(dtypes.values())) > 1 or len(set(sizes.values())) > 1:
@@ -378,17 +414,16 @@ def _global_plan(plans):
             per_rank_keys.append(k)
             entries[k] = {"type": "tensor", "dtype": dtype, "size": gsize,
                           "per_rank": {}}
-            for r, (_, _, off, size, crc) in info.items():
+            for r, (_, _, off, size, _) in info.items():
                 entries[k]["per_rank"][str(r)] = [
-                    {"offsets": off, "sizes": size, "rank": r,
-                     "checksum": "%08x" % crc}]
+                    {"offsets": off, "sizes": size, "rank": r}]
                 writes[r].append(k)
             continue
         chunks = []
-        for (off, size), crcs in boxes.items():
-            w = min(crcs)
+        for (off, size), held in boxes.items():
+            w = min(held)
             chunks.append({"offsets": list(off), "sizes": list(size),
-                           "rank": w, "checksum": "%08x" % crcs[w]})
+                           "rank": w})
             writes[w].append(k)
         _check_tiling(k, gsize, chunks)
         entries[k] = {"type": "tensor", "dtype": dtype, "size": gsize,
@@ -413,22 +448,26 @@ def _check_tiling(k, gsize, chunks):
                          f"{gsize})")
 
 
-def _write_file(path, arrays, crcs, sync=True):
-    """One safetensors file through dtorch.serialization's writer, with
-    checksums computed at planning; returns (size, header CRC-32)."""
-    order, entries = S._layout(arrays)
-    header = S._header_bytes(entries, {"format": M.FORMAT}, crcs)
-    hcrc = _HCRC.search(header).group(1).decode()
+# serialization's writer hashes each piece just before writing it (one
+# pass over the data) when it may seek back to put the header in last
+_SEEKABLE = "seekable" in inspect.signature(S._write).parameters
+
+
+def _write_file(path, arrays, sync=True):
+    """One safetensors file through dtorch.serialization's writer (with
+    its per-tensor checksums); returns (size, header CRC-32)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL
                  | getattr(os, "O_CLOEXEC", 0), 0o666)
     with os.fdopen(fd, "wb") as fh:
-        fh.write(header)
-        for n in order:
-            fh.write(S._bytes_of(arrays[n]))
+        if _SEEKABLE:
+            S._write(fh, arrays, {"format": M.FORMAT}, seekable=True)
+        else:
+            S._write(fh, arrays, {"format": M.FORMAT})
         fh.flush()
         if sync:
             os.fsync(fh.fileno())
-    return os.path.getsize(path), hcrc
+    size = os.path.getsize(path)
+    return size, _file_header_crc(path, size)
 
 
 def _fsync_dir(folder):
@@ -482,26 +521,25 @@ def _save_snapshot(snap, path, ck, after_commit=None):
     tmp = plans[0].get("tmp")
     try:
         _raise_failures(plans, f"dcp.save to {path} (planning)")
-        entries, writes, per_rank_keys = _global_plan(
-            [p["plan"] for p in plans])
-    except Exception as e:
+        plans = [p["plan"] for p in plans]
+        crcs = _replica_checksums(snap, plans, ck, rank)
+        try:
+            entries, writes, per_rank_keys = _global_plan(plans, crcs)
+        except ValueError as e:
+            # the same on every rank: the plan is computed alike everywhere
+            raise CheckpointException(f"dcp.save to {path}: {e}") from None
+    except BaseException:
         if rank == 0 and tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, CheckpointException):
-            raise
-        # the same on every rank: the plan is computed alike everywhere
-        raise CheckpointException(f"dcp.save to {path}: {e}") from None
+        raise
     # 3. write this rank's file
     res = {"err": None}
     fname = f"__{rank}_0.safetensors"
     try:
         if writes[rank]:
-            arrays, crcs = {}, {}
-            for k in writes[rank]:
-                n = _tensor_name(k)
-                arrays[n] = snap.tensors[k][0]
-                crcs[n] = int(mine["plan"]["tensors"][k][4])
-            size, hcrc = _write_file(os.path.join(tmp, fname), arrays, crcs,
+            arrays = {_tensor_name(k): snap.tensors[k][0]
+                      for k in writes[rank]}
+            size, hcrc = _write_file(os.path.join(tmp, fname), arrays,
                                      snap.sync)
             res["file"] = [fname, size, hcrc]
     except Exception as e:
@@ -518,7 +556,7 @@ def _save_snapshot(snap, path, ck, after_commit=None):
         try:
             _raise_failures(results, f"dcp.save to {path}")
             _commit(path, tmp, entries, results, plans, per_rank_keys,
-                    len(plans), snap.sync)
+                    snap.sync)
             if after_commit is not None:
                 after_commit(path)
         except Exception as e:
@@ -530,8 +568,7 @@ def _save_snapshot(snap, path, ck, after_commit=None):
     return path
 
 
-def _commit(path, tmp, entries, results, plans, per_rank_keys, world,
-            sync=True):
+def _commit(path, tmp, entries, results, plans, per_rank_keys, sync=True):
     files = {}
     for r, x in enumerate(results):
         if x.get("file"):
@@ -547,7 +584,8 @@ def _commit(path, tmp, entries, results, plans, per_rank_keys, world,
                 c["name"] = _tensor_name(k)
             if chunks is not None and len(chunks) > 1:
                 layout[k] = [c["offsets"] for c in chunks]
-    steps = {p["plan"]["step"] for p in plans}
+    steps = {p["step"] for p in plans}
+    world = len(plans)
     doc = {"format": M.FORMAT, "world_size": world,
            "step": steps.pop() if len(steps) == 1 else None,
            "layout": {"sharded": layout, "per_rank": per_rank_keys},
