@@ -243,7 +243,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--ranks", type=int, nargs="*", default=[1, 2],
+                    help="world sizes of the throughput runs (none: only "
+                         "the stall)")
     ap.add_argument("--stall-steps", type=int, default=3)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--out", default=None)

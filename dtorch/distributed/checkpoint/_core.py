@@ -223,6 +223,11 @@ def _submit(ck, fn, *args):
         _pending[key] = fut
 
     def run():
+        # below the training thread: on a busy host the write waits, not
+        # the step (Linux: a thread's own nice value, by its id)
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                           min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10))
         if prev is not None:
             concurrent.futures.wait([prev])
         fut.set_running_or_notify_cancel()
