@@ -460,3 +460,5 @@ def get_default_backend_for_device(device):
 
 
 from . import metrics  # noqa: E402,F401
+from .device_mesh import DeviceMesh, init_device_mesh  # noqa: E402,F401
+__all__ += ["DeviceMesh", "init_device_mesh"]
