@@ -70,7 +70,7 @@ def _allreduce_hook(group, bucket):
     steps): a blocking MPI call gave weak-scaling efficiency 0.80-0.86; a
     nonblocking one tested every 50 us gave only 0.69-0.71, because a large
     reduction then progresses only once per test. What helps is a wait that
-    sleeps and a transfer driven by the rank itself: `collectives.shm`.
+    sleeps and a transfer driven by the rank itself: `collectives.shm_reduce`.
     """
     t = bucket.buffer()
     dist.all_reduce(t, group=group)
