@@ -13,6 +13,8 @@ dataset, and both use ``__getitems__`` when it exists):
 For 0, 1 and 2 workers each loader is timed for:
 
 - ``samples/s``: a loop that does nothing with its batches (loader-bound);
+- ``CPU us/sample``: CPU time of the main process and the workers per
+  sample during that loop (steadier than wall time on a loaded machine);
 - ``wait ms``: the mean time the main process spends in ``next()`` per
   batch while the loop does ``--step-ms`` of NumPy work per batch (what a
   training loop waits; with workers this is the main process's share:
@@ -68,15 +70,32 @@ def _busy(ms):
         a = a @ a * 1e-3
 
 
+def _cpu_seconds(pids):
+    """User + system CPU time of this process and of ``pids``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = time.process_time()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            pass
+    return total
+
+
 def _time(loader, batches, step_ms, batch_size):
     it = iter(loader)
     next(it)                                  # workers started, warm
+    pids = [w.pid for w in getattr(it, "_workers", [])]
+    c0 = _cpu_seconds(pids)
     t0 = time.perf_counter()
     n = 0
     for _ in range(batches):
         next(it)
         n += 1
     rate = n * batch_size / (time.perf_counter() - t0)
+    cpu_us = (_cpu_seconds(pids) - c0) / (n * batch_size) * 1e6
     del it
     it = iter(loader)
     next(it)
@@ -87,7 +106,7 @@ def _time(loader, batches, step_ms, batch_size):
         next(it)
         waited += time.perf_counter() - t
     del it
-    return rate, waited / batches * 1000
+    return rate, waited / batches * 1000, cpu_us
 
 
 def main():
@@ -129,7 +148,14 @@ def main():
                                                 runs["torch"])]
             wait = [d[1] / t[1] for d, t in zip(runs["dtorch"],
                                                 runs["torch"])]
+            cpu = [d[2] / t[2] for d, t in zip(runs["dtorch"],
+                                               runs["torch"])]
             row = {"workload": name, "num_workers": nw,
+                   "dtorch_cpu_us_per_sample": [round(d[2], 2)
+                                                for d in runs["dtorch"]],
+                   "torch_cpu_us_per_sample": [round(t[2], 2)
+                                               for t in runs["torch"]],
+                   "cpu_ratio": [min(cpu), max(cpu)],
                    "dtorch_samples_s": [round(d[0]) for d in runs["dtorch"]],
                    "torch_samples_s": [round(t[0]) for t in runs["torch"]],
                    "dtorch_wait_ms": [round(d[1], 3)
@@ -146,7 +172,8 @@ def main():
                   f"{span(rate, '{:.2f}')} | wait ms/batch dtorch "
                   f"{span(row['dtorch_wait_ms'], '{:.3f}')} torch "
                   f"{span(row['torch_wait_ms'], '{:.3f}')} ratio "
-                  f"{span(wait, '{:.2f}')}", flush=True)
+                  f"{span(wait, '{:.2f}')} | CPU us/sample (main + "
+                  f"workers) ratio {span(cpu, '{:.2f}')}", flush=True)
     os.remove(path)
     os.rmdir(tmp)
     if args.out:
