@@ -228,11 +228,11 @@ def gather_full_state(stage_mod, opt, pp_group):
     """{name: array} of the model and {name: {key: value}} of the optimizer
     state, full (TP gathered, all stages merged); every rank gets them
     (a collective over the TP and pipeline groups)."""
-    sd = {k: v.detach().numpy() for k, v in
+    sd = {k: v.detach().cpu().numpy() for k, v in
           tp.gather_state_dict(stage_mod).items()}
     osd = tp.gather_optimizer_state_dict(stage_mod, opt)
     names = [n for n, _ in stage_mod.named_parameters()]
-    ost = {names[int(i)]: {k: (v.detach().numpy()
+    ost = {names[int(i)]: {k: (v.detach().cpu().numpy()
                                if isinstance(v, torch.Tensor) else v)
                            for k, v in st.items()}
            for i, st in osd["state"].items()}

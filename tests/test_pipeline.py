@@ -387,3 +387,26 @@ def test_device_mesh_bad_shape():
             init_device_mesh("cpu", (3,), mesh_dim_names=("dp", "tp"))
         return True
     assert all(dist.spawn_threads(body, 3, timeout=30))
+
+
+def test_stages_on_a_device(device):
+    """Stages computing on ``device`` (cuda: CuPy arrays cross the stage
+    boundary, received into buffers on the device) give the CPU
+    reference's gradients."""
+    model = make_model()
+    x, y = data()
+    _, want = reference(model, x, y)
+    copies = [copy.deepcopy(model) for _ in range(2)]
+
+    def body(rank, world):
+        stage = pipeline(copies[rank], split_spec=SPLITS[2]).build_stage(
+            rank, device)
+        run_step(stage, Schedule1F1B(stage, 4, nn.functional.cross_entropy),
+                 x, y)
+        return {n: (p.grad.device.type, p.grad.cpu().numpy())
+                for n, p in stage.submod.named_parameters()}
+    for grads in dist.spawn_threads(body, 2, timeout=60):
+        for n, (dev, g) in grads.items():
+            assert dev == device
+            np.testing.assert_allclose(g, want[n], atol=TOL, rtol=0,
+                                       err_msg=n)

@@ -29,7 +29,7 @@ HEADER_LEN = 1 + _MAX_TENSORS * _PER
 TAG_META, TAG_ACT, TAG_GRAD, TAG_TIED = 11, 12, 13, 14
 
 
-def encode_header(tensors, where):
+def encode_header(tensors, where, device):
     if len(tensors) > _MAX_TENSORS:
         raise ValueError(f"{where}: a stage passes at most {_MAX_TENSORS} "
                          f"tensors to the next one, got {len(tensors)}")
@@ -48,7 +48,8 @@ def encode_header(tensors, where):
         o = 1 + i * _PER
         h[o:o + 3] = [_CODE[t.dtype], int(t.requires_grad), t.dim()]
         h[o + 3:o + 3 + t.dim()] = list(t.shape)
-    return dtorch.tensor(h, dtype=dtorch.int64)
+    # on the stage's device like the data: nccl moves device buffers only
+    return dtorch.tensor(h, dtype=dtorch.int64, device=device)
 
 
 def decode_header(h):

@@ -94,8 +94,9 @@ class PipelineScheduleSingle:
         out = st.forward_one_chunk(i, arg_mbs[i], kw_mbs[i],
                                    grad=self._has_backward)
         loss = None
-        if st.is_last and self._keep_outputs:
-            st.output_chunks.append(_detach(out))
+        if st.is_last:
+            if self._keep_outputs:
+                st.output_chunks.append(_detach(out))
             if self._has_backward:
                 with st._annotate("loss", i):
                     loss = self._loss_fn(out, targets[i].to(st.device))

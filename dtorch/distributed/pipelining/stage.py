@@ -110,7 +110,7 @@ class PipelineStage:
     # ----------------------------------------------------------- forward --
     def _recv_inputs(self, mb):
         src = self._peer(self.stage_index - 1)
-        h = _p2p.recv((_p2p.HEADER_LEN,), dtorch.int64, "cpu", src,
+        h = _p2p.recv((_p2p.HEADER_LEN,), dtorch.int64, self.device, src,
                       self.group, _p2p.TAG_META)
         metas = _p2p.decode_header(h)
         if self._inputs_spec is not None:
@@ -148,7 +148,8 @@ class PipelineStage:
                         f"output_args says {self._outputs_spec}")
             if not self.is_last:
                 dst = self._peer(self.stage_index + 1)
-                hdr = _p2p.encode_header(outs, self._where("forward", mb))
+                hdr = _p2p.encode_header(outs, self._where("forward", mb),
+                                         self.device)
                 self._sender.send(hdr, dst, self.group, _p2p.TAG_META)
                 for o in outs:
                     self._sender.send(o, dst, self.group, _p2p.TAG_ACT)
