@@ -84,9 +84,9 @@ class DeviceMesh:
         rank's coordinates in every other dimension."""
         if mesh_dim is None:
             if self.ndim != 1:
-                raise RuntimeError(
-                    f"get_group() of a {self.ndim}-d mesh needs mesh_dim "
-                    f"(one of {self.mesh_dim_names or list(range(self.ndim))})")
+                dims = self.mesh_dim_names or list(range(self.ndim))
+                raise RuntimeError(f"get_group() of a {self.ndim}-d mesh "
+                                   f"needs mesh_dim (one of {dims})")
             mesh_dim = 0
         return self._groups[self._dim(mesh_dim)]
 

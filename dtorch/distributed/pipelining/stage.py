@@ -81,10 +81,10 @@ class PipelineStage:
     def _peer(self, index):
         return self._ranks[index]
 
-    def _where(self, what, mb):
+    def _where(self, what, mb=None):
+        of = "" if mb is None else f" of micro-batch {mb}"
         return (f"pipeline stage {self.stage_index} of {self.num_stages} "
-                f"(global rank {self.global_rank}), {what} of micro-batch "
-                f"{mb}")
+                f"(global rank {self.global_rank}), {what}{of}")
 
     def clear_runtime_states(self):
         """Forget the micro-batches of the previous step."""
@@ -205,7 +205,7 @@ class PipelineStage:
     def finish_step(self, with_backward):
         """Wait for the sends still in flight; sum the gradients of
         parameters tied across stages."""
-        with self._annotate("end of step", "(all)"):
+        with self._annotate("end of step", None):
             self._sender.wait_all()
             if with_backward:
                 self._sync_tied()
