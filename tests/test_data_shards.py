@@ -230,6 +230,7 @@ def test_resume_on_another_world_size_covers_the_rest(shards, old, new):
             seen.update(next(it).tolist())
         state = loader.state_dict()      # every rank's is the same
         del it
+        _check_plain(state)
     first = sum(seen.values())
     counts = set()
     for r in range(w1):
@@ -250,6 +251,20 @@ def test_resume_on_another_world_size_covers_the_rest(shards, old, new):
     # padding of the rest over the new ranks
     assert first == 6 * w0
     assert sum(seen.values()) - N == -(-(N - first) // w1) * w1 - (N - first)
+
+
+def _check_plain(obj):
+    """What a checkpoint carries: dicts, lists, scalars, int64 arrays."""
+    if isinstance(obj, dict):
+        for v in obj.values():
+            _check_plain(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _check_plain(v)
+    elif isinstance(obj, np.ndarray):
+        assert obj.dtype == np.int64
+    else:
+        assert obj is None or type(obj) in (int, float, bool, str), obj
 
 
 def test_state_of_another_shard_set_is_refused(shards, tmp_path):

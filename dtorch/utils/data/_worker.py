@@ -405,12 +405,14 @@ def set_rng_state(state):
 
 
 def rng_to_plain(state):
-    """``rng_state()`` as a nested dict of ints, floats and arrays."""
+    """``rng_state()`` as a nested dict of ints, floats, strings and int64
+    arrays (a dtype every checkpoint format carries; the words are
+    32-bit)."""
     (ver, keys, gauss), npy, dt = state
     return {"python": {"version": ver,
-                       "state": np.asarray(keys, dtype=np.uint64),
+                       "state": np.asarray(keys, dtype=np.int64),
                        "gauss": [gauss is not None, gauss or 0.0]},
-            "numpy": {"keys": np.asarray(npy[1], dtype=np.uint32),
+            "numpy": {"keys": np.asarray(npy[1], dtype=np.int64),
                       "pos": int(npy[2]), "has_gauss": int(npy[3]),
                       "cached_gaussian": float(npy[4])},
             "dtorch": dict(dt)}
