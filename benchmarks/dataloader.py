@@ -28,6 +28,7 @@ processes load the machine unevenly.
         [--out benchmarks/results/dataloader.json]
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -106,7 +107,17 @@ def _time(loader, batches, step_ms, batch_size):
         next(it)
         waited += time.perf_counter() - t
     del it
-    return rate, waited / batches * 1000, cpu_us
+    return rate, waited / batches * 1000, cpu_us, pids
+
+
+def _settle(pids, limit=10.0):
+    """Wait until a finished loader's workers have exited, so that they do
+    not compete with the next measurement."""
+    gc.collect()
+    end = time.perf_counter() + limit
+    while time.perf_counter() < end and any(
+            os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.01)
 
 
 def main():
@@ -141,9 +152,11 @@ def main():
                     loader = cls(ds, batch_size=bs, shuffle=True,
                                  num_workers=nw, generator=g,
                                  persistent_workers=nw > 0)
-                    runs[impl].append(_time(loader, args.batches,
-                                            args.step_ms, bs))
+                    *res, pids = _time(loader, args.batches, args.step_ms,
+                                       bs)
+                    runs[impl].append(res)
                     del loader
+                    _settle(pids)
             rate = [d[0] / t[0] for d, t in zip(runs["dtorch"],
                                                 runs["torch"])]
             wait = [d[1] / t[1] for d, t in zip(runs["dtorch"],
