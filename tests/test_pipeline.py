@@ -18,8 +18,9 @@ from dtorch import nn
 from dtorch.distributed import CollectiveTimeoutError
 from dtorch.distributed.device_mesh import init_device_mesh
 from dtorch.distributed.pipelining import (PipelineStage, Schedule1F1B,
-                                           ScheduleGPipe, SplitPoint,
-                                           pipeline)
+                                           ScheduleGPipe,
+                                           ScheduleInterleaved1F1B,
+                                           SplitPoint, pipeline)
 
 F64 = dtorch.float64
 TOL = 1e-10
@@ -211,7 +212,7 @@ def test_stage_arguments_are_checked():
         PipelineStage(model, 3, 3, "cpu")
 
     def body(rank, world):
-        with pytest.raises(ValueError, match="group has 2 ranks but the "
+        with pytest.raises(ValueError, match="group has 2 ranks and the "
                                              "pipeline 3 stages"):
             PipelineStage(model, rank, 3, "cpu")
         with pytest.raises(ValueError, match=f"stage {1 - rank} built on "
@@ -410,3 +411,71 @@ def test_stages_on_a_device(device):
             assert dev == device
             np.testing.assert_allclose(g, want[n], atol=TOL, rtol=0,
                                        err_msg=n)
+
+
+def _deep_chain(seed=0):
+    dtorch.manual_seed(seed)
+    layers = []
+    for _ in range(6):
+        layers += [nn.Linear(6, 6), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(6, 3)).to(F64)
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (3, 2), (2, 3)])
+@pytest.mark.parametrize("rounds", [1, 2, 4])
+def test_interleaved_1f1b_equals_unsplit(p, v, rounds):
+    """p ranks x v stages each (stage i on rank i % p): the unsplit
+    model's gradients and loss; the micro-batches a stage holds do not
+    grow with m."""
+    model = _deep_chain()
+    rng = np.random.default_rng(2)
+    x = dtorch.tensor(rng.standard_normal((24, 6)), dtype=F64)
+    y = dtorch.tensor(rng.integers(0, 3, 24))
+    want_loss, want = reference(model, x, y)
+    n = p * v
+    cuts = [round(i * 13 / n) for i in range(1, n)]
+    m = p * rounds
+    copies = [copy.deepcopy(model) for _ in range(p)]
+
+    def body(rank, world):
+        pipe = pipeline(copies[rank], split_spec=cuts)
+        stages = [PipelineStage(pipe.get_stage_module(i), i, n, "cpu")
+                  for i in range(rank, n, world)]
+        sch = ScheduleInterleaved1F1B(stages, m,
+                                      nn.functional.cross_entropy)
+        losses = []
+        kw = {"losses": losses, "target": y} \
+            if (n - 1) % world == rank else {}
+        sch.step(*((x,) if rank == 0 else ()), **kw)
+        grads = {k: g.grad.numpy() for s in stages
+                 for k, g in s.submod.named_parameters()}
+        return grads, losses, [s.peak_live for s in stages]
+    res = dist.spawn_threads(body, p, timeout=60)
+    seen = {}
+    for rank, (grads, losses, peaks) in enumerate(res):
+        seen.update(grads)
+        # Megatron's warm-up: (p - rank - 1) * 2 + (v - 1) * p forwards
+        assert max(peaks) <= min(m, 2 * (p - rank - 1) + (v - 1) * p + 1)
+    assert sorted(seen) == sorted(want)
+    for k, g in want.items():
+        np.testing.assert_allclose(seen[k], g, atol=TOL, rtol=0, err_msg=k)
+    losses = res[(n - 1) % p][1]
+    assert len(losses) == m
+    assert abs(np.mean([l.item() for l in losses]) - want_loss) < TOL
+
+
+def test_interleaved_needs_a_multiple_of_the_ranks():
+    model = _deep_chain()
+
+    def body(rank, world):
+        pipe = pipeline(copy.deepcopy(model), split_spec=[3, 6, 9])
+        stages = [PipelineStage(pipe.get_stage_module(i), i, 4, "cpu")
+                  for i in range(rank, 4, world)]
+        with pytest.raises(ValueError, match="n_microbatches=3 is not a "
+                                             "multiple of the 2 pipeline"):
+            ScheduleInterleaved1F1B(stages, 3, nn.functional.mse_loss)
+        with pytest.raises(ValueError, match="runs on rank i % 2"):
+            PipelineStage(pipe.get_stage_module(1 - rank), 1 - rank, 4,
+                          "cpu")
+        return True
+    assert all(dist.spawn_threads(body, 2, timeout=30))

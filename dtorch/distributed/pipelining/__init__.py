@@ -17,11 +17,13 @@ tcp, mpi, nccl); a stage that waits past the group timeout raises the
 collectives' desync report instead of hanging, and an error inside a stage
 names the stage and its rank.
 """
-from .schedules import (PipelineScheduleSingle, Schedule1F1B,  # noqa: F401
-                        ScheduleGPipe)
+from .schedules import (PipelineScheduleMulti,  # noqa: F401
+                        PipelineScheduleSingle, Schedule1F1B, ScheduleGPipe,
+                        ScheduleInterleaved1F1B)
 from .split import Pipe, SplitPoint, chain_blocks, pipeline  # noqa: F401
 from .stage import PipelineStage  # noqa: F401
 
 __all__ = ["PipelineStage", "ScheduleGPipe", "Schedule1F1B",
-           "PipelineScheduleSingle", "pipeline", "Pipe", "SplitPoint",
+           "ScheduleInterleaved1F1B", "PipelineScheduleSingle",
+           "PipelineScheduleMulti", "pipeline", "Pipe", "SplitPoint",
            "chain_blocks"]

@@ -25,8 +25,14 @@ _MAX_TENSORS, _MAX_DIMS = 5, 8
 _PER = 3 + _MAX_DIMS                       # dtype, requires_grad, ndim, dims
 HEADER_LEN = 1 + _MAX_TENSORS * _PER
 
-# tags keep the kinds of message apart on backends that match by tag
-TAG_META, TAG_ACT, TAG_GRAD, TAG_TIED = 11, 12, 13, 14
+# tags keep the kinds of message, and the stages a rank runs, apart on
+# backends that match by tag (nccl matches by order only)
+META, ACT, GRAD, TIED = 1, 2, 3, 4
+
+
+def tag(kind, to_stage):
+    """The tag of a ``kind`` message for stage ``to_stage``."""
+    return 16 + 8 * int(to_stage) + kind
 
 
 def encode_header(tensors, where, device):

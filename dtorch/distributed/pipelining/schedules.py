@@ -10,6 +10,9 @@ forwards, then alternates one forward and one backward, then drains the
 remaining backwards. Same bubble as GPipe, but a stage never holds more
 than p-s micro-batches (at most p), whatever ``m``.
 
+Interleaved 1F1B (``ScheduleInterleaved1F1B``, several stages per rank):
+bubble (p-1)/(v m + p - 1) with v stages per rank.
+
 ``step(*args, target=y, losses=[])`` runs one batch: ``args`` on the first
 stage (cut into ``n_microbatches`` equal micro-batches along dim 0),
 ``target`` on the last, nothing on the others. The last stage computes
@@ -203,3 +206,111 @@ def _detach(out):
     if isinstance(out, (tuple, list)):
         return type(out)(_detach(o) for o in out)
     return out
+
+
+class PipelineScheduleMulti:
+    """What schedules with several stages per rank share: ``stages`` are
+    this rank's (stage i runs on rank i % ranks); ``step`` takes the batch
+    on the rank of stage 0 and ``target=`` on the rank of the last stage."""
+
+    def __init__(self, stages, n_microbatches, loss_fn=None,
+                 scale_grads=True):
+        stages = sorted(stages, key=lambda s: s.stage_index)
+        if not stages:
+            raise ValueError("a schedule needs this rank's stages")
+        self._stages = stages
+        self._n_microbatches = int(n_microbatches)
+        if self._n_microbatches < 1:
+            raise ValueError(f"n_microbatches must be >= 1, got "
+                             f"{n_microbatches}")
+        self._loss_fn = loss_fn
+        self._has_backward = loss_fn is not None
+        self.scale_grads = scale_grads
+        self._num_stages = stages[0].num_stages
+        # one single-stage helper per stage: splitting, loss, backward
+        self._one = {s.stage_index: PipelineScheduleSingle(
+            s, n_microbatches, loss_fn, scale_grads=scale_grads)
+            for s in stages}
+
+    def step(self, *args, target=None, losses=None, return_outputs=True,
+             **kwargs):
+        if self._has_backward and not dtorch.is_grad_enabled():
+            raise RuntimeError("step() runs backward: call it with "
+                               "gradients enabled (not under no_grad)")
+        plans = {}
+        for i, one in self._one.items():
+            st = one._stage
+            st.clear_runtime_states()
+            one._keep_outputs = return_outputs
+            one._losses = []
+            plans[i] = one._split_inputs(args if st.is_first else (),
+                                         kwargs if st.is_first else {},
+                                         target)
+        try:
+            for kind, stage_index, mb in self._order():
+                one = self._one[stage_index]
+                if kind == "F":
+                    one._forward(mb, *plans[stage_index])
+                else:
+                    one._backward(mb)
+        finally:
+            for one in self._one.values():
+                one._stage._live.clear()
+        for one in self._one.values():
+            one._stage.finish_step(self._has_backward)
+        last = self._one.get(self._num_stages - 1)
+        if last is None:
+            return None
+        if losses is not None:
+            losses.extend(x.detach() for x in last._losses)
+        if return_outputs:
+            return dtorch.cat(last._stage.output_chunks, 0)
+        return None
+
+
+class ScheduleInterleaved1F1B(PipelineScheduleMulti):
+    """Interleaved 1F1B (Megatron's virtual pipeline): each of the p ranks
+    runs v stages (rank r: stages r, r + p, ..., so stage i on rank
+    i % p); micro-batches go through in groups of p. The bubble shrinks to
+    (p-1)/(v m + p - 1) of a step, for a longer warm-up (rank r holds up
+    to 2 (p - r - 1) + (v - 1) p + 1 micro-batches over its v stages).
+    ``n_microbatches`` must be a multiple of p. Stages of one rank exchange
+    messages with another rank under distinct tags: a backend that matches
+    by order only (nccl) needs the single-stage schedules."""
+
+    def __init__(self, stages, n_microbatches, loss_fn=None,
+                 scale_grads=True):
+        super().__init__(stages, n_microbatches, loss_fn, scale_grads)
+        p = self._num_stages // len(self._stages)
+        if self._num_stages % len(self._stages):
+            raise ValueError("every rank must run the same number of "
+                             "stages")
+        if self._n_microbatches % p:
+            raise ValueError(
+                f"ScheduleInterleaved1F1B: n_microbatches="
+                f"{self._n_microbatches} is not a multiple of the "
+                f"{p} pipeline ranks")
+        self._p, self._v = p, len(self._stages)
+        self._rank = self._stages[0].stage_index % p
+        if any(s.stage_index % p != self._rank for s in self._stages):
+            raise ValueError(f"this rank's stages "
+                             f"{[s.stage_index for s in self._stages]} "
+                             f"are not all on rank {self._rank} (stage i "
+                             f"runs on rank i % {p})")
+
+    def _order(self):
+        p, v, m, r = self._p, self._v, self._n_microbatches, self._rank
+        total = m * v
+
+        def which(k, forward):
+            group = k % (p * v) // p          # the chunk, in this group
+            chunk = group if forward else v - 1 - group
+            return chunk * p + r, (k // (p * v)) * p + k % p
+        warmup = min((p - r - 1) * 2 + (v - 1) * p, total)
+        order = [("F",) + which(k, True) for k in range(warmup)]
+        for i in range(total - warmup):
+            order.append(("F",) + which(warmup + i, True))
+            order.append(("B",) + which(i, False))
+        order += [("B",) + which(k, False)
+                  for k in range(total - warmup, total)]
+        return order

@@ -55,22 +55,25 @@ class PipelineStage:
         self.group = group
         self.is_first = stage_index == 0
         self.is_last = stage_index == num_stages - 1
-        self._ranks = None
+        self._ranks, self._size = None, 1
         if num_stages > 1:
             size = dist.get_world_size(group)
-            if size != num_stages:
+            if num_stages % size or size == 1:
                 raise ValueError(
                     f"PipelineStage: the pipeline group has {size} ranks "
-                    f"but the pipeline {num_stages} stages (stage i runs "
-                    f"on rank i of the group)")
+                    f"and the pipeline {num_stages} stages; stage i runs "
+                    f"on rank i % {size}, so the stages must spread evenly "
+                    f"over at least 2 ranks")
             me = dist.get_rank(group)
-            if me != stage_index:
+            if me != stage_index % size:
                 raise ValueError(
                     f"PipelineStage: stage {stage_index} built on rank "
-                    f"{me} of the pipeline group; stage i runs on rank i")
+                    f"{me} of the pipeline group; stage i runs on rank "
+                    f"i % {size}")
             self._ranks = dist.get_process_group_ranks(group)
-        self.global_rank = (self._ranks[stage_index] if self._ranks
-                            else dist.get_rank())
+            self._size = size
+        self.global_rank = (self._ranks[stage_index % self._size]
+                            if self._ranks else dist.get_rank())
         self._inputs_spec = _spec(input_args)
         self._outputs_spec = _spec(output_args)
         self.tied_parameters = list(tied_parameters or [])
@@ -79,7 +82,8 @@ class PipelineStage:
 
     # ----------------------------------------------------------- helpers --
     def _peer(self, index):
-        return self._ranks[index]
+        """The global rank that runs stage ``index``."""
+        return self._ranks[index % self._size]
 
     def _where(self, what, mb=None):
         of = "" if mb is None else f" of micro-batch {mb}"
@@ -111,7 +115,7 @@ class PipelineStage:
     def _recv_inputs(self, mb):
         src = self._peer(self.stage_index - 1)
         h = _p2p.recv((_p2p.HEADER_LEN,), dtorch.int64, self.device, src,
-                      self.group, _p2p.TAG_META)
+                      self.group, _p2p.tag(_p2p.META, self.stage_index))
         metas = _p2p.decode_header(h)
         if self._inputs_spec is not None:
             got = [(tuple(s), d) for s, d, _ in metas]
@@ -122,7 +126,7 @@ class PipelineStage:
         xs = []
         for shape, dtype, rg in metas:
             x = _p2p.recv(shape, dtype, self.device, src, self.group,
-                          _p2p.TAG_ACT)
+                          _p2p.tag(_p2p.ACT, self.stage_index))
             xs.append(x.requires_grad_(True) if rg else x)
         return xs
 
@@ -150,9 +154,12 @@ class PipelineStage:
                 dst = self._peer(self.stage_index + 1)
                 hdr = _p2p.encode_header(outs, self._where("forward", mb),
                                          self.device)
-                self._sender.send(hdr, dst, self.group, _p2p.TAG_META)
+                nxt = self.stage_index + 1
+                self._sender.send(hdr, dst, self.group,
+                                  _p2p.tag(_p2p.META, nxt))
                 for o in outs:
-                    self._sender.send(o, dst, self.group, _p2p.TAG_ACT)
+                    self._sender.send(o, dst, self.group,
+                                      _p2p.tag(_p2p.ACT, nxt))
             if grad:
                 ins = [x for x in xs if isinstance(x, dtorch.Tensor)
                        and x.requires_grad and not self.is_first]
@@ -184,7 +191,8 @@ class PipelineStage:
                 for o in outs:
                     if isinstance(o, dtorch.Tensor) and o.requires_grad:
                         g = _p2p.recv(tuple(o.shape), o.dtype, self.device,
-                                      src, self.group, _p2p.TAG_GRAD)
+                                      src, self.group,
+                                      _p2p.tag(_p2p.GRAD, self.stage_index))
                         tensors.append(o)
                         grads.append(g)
             sync = getattr(self.submod, "no_sync", None)
@@ -198,7 +206,8 @@ class PipelineStage:
                 for x in ins:
                     g = x.grad if x.grad is not None else \
                         dtorch.zeros_like(x)
-                    self._sender.send(g, dst, self.group, _p2p.TAG_GRAD)
+                    self._sender.send(g, dst, self.group, _p2p.tag(
+                        _p2p.GRAD, self.stage_index - 1))
             self._sender.reap()
 
     # ------------------------------------------------------- end of step --
@@ -216,16 +225,21 @@ class PipelineStage:
             others = [h for h in holders if h != self.stage_index]
             if not others:
                 continue
+            if any(self._peer(h) == self.global_rank for h in others):
+                raise NotImplementedError(
+                    f"{self._where('end of step')}: a tied parameter held "
+                    f"by stages {holders}, two of them on this rank; tie "
+                    f"only stages on different ranks")
             mine = p.grad if p.grad is not None else dtorch.zeros_like(p)
             mine = mine.detach().contiguous()
             for h in others:
                 self._sender.send(mine, self._peer(h), self.group,
-                                  _p2p.TAG_TIED)
+                                  _p2p.tag(_p2p.TIED, h))
             parts = {self.stage_index: mine}
             for h in others:
                 parts[h] = _p2p.recv(tuple(p.shape), p.dtype, self.device,
                                      self._peer(h), self.group,
-                                     _p2p.TAG_TIED)
+                                     _p2p.tag(_p2p.TIED, self.stage_index))
             # the same order on every holder: bitwise equal copies
             total = parts[holders[0]].clone()
             for h in holders[1:]:
