@@ -1,0 +1,535 @@
+"""FullyShardedDataParallel (ZeRO stage 3): each rank stores 1/N of every
+parameter; a unit's parameters exist in full only while that unit runs.
+
+A *unit* is one FSDP wrapper: the parameters of its module that no nested
+FSDP wrapper owns, laid end to end in one flat array, cut into N equal
+chunks (the last padded); rank r keeps chunk r as the 1-D parameter
+``_flat_param``, the only parameter an optimizer sees. An
+``auto_wrap_policy`` makes submodules units of their own (e.g.
+``ModuleWrapPolicy({TransformerBlock})``); the root wrapper owns the rest.
+
+A unit's forward runs as one autograd node (``_UnitFunction``):
+
+- forward: all-gather the flat parameter, run the module without
+  recording a graph, free the gathered array. Nothing from the forward keeps
+  the full parameters alive: dtorch's ops save raw arrays for backward (no
+  storage to resize to zero, as PyTorch does), so a recorded graph would
+  hold every layer's full weights until backward.
+- backward: all-gather again, recompute the unit's forward with the graph
+  (the RNG state restored, so dropout draws the same mask), back-propagate
+  the incoming gradient through it, reduce-scatter the full flat gradient
+  (averaged over ranks, as DDP) into this rank's chunk, free.
+
+So the full parameters of at most the running unit (and the units around
+it that are still running: the root while a child runs) are alive; the
+cost is one more forward per unit (a nested unit's forward runs once more
+per enclosing unit). Buffers updated in forward (BatchNorm's running
+statistics) are updated again in the recomputation; the RNG is restored for
+the CPU generator only.
+
+``state_dict()`` is the unsharded model's (FULL_STATE_DICT, gathered on
+every rank) or, under ``state_dict_type(SHARDED_STATE_DICT)``, every
+parameter's local 1-D piece with its offsets; ``load_state_dict`` takes
+either. ``clip_grad_norm_`` clips by the global norm.
+"""
+import contextlib
+import weakref
+
+from ... import distributed as dist
+from ..._ignored import ignored_argument
+from ...autograd import backward as _backward
+from ...autograd.function import Function
+from ...autograd.grad_mode import enable_grad, no_grad
+from ...nn.modules.module import Module
+from ...nn.parameter import Parameter
+from ... import random as _random
+from ...tensor import Tensor
+from ..clip_grad import global_norm
+
+__all__ = ["FullyShardedDataParallel", "StateDictType"]
+
+_WRAPPED = "_fsdp_wrapped_module"
+
+
+class StateDictType:
+    FULL_STATE_DICT = "FULL_STATE_DICT"
+    SHARDED_STATE_DICT = "SHARDED_STATE_DICT"
+
+
+class _Stats:
+    """Bytes of parameters this rank holds: the shards always, a unit's
+    gathered flat array while it runs; ``peak`` of the sum. ``freed``:
+    weak references to gathered arrays after their free (a test checks
+    that nothing else keeps them)."""
+
+    def __init__(self):
+        self.shard_bytes = 0
+        self.live = 0
+        self.peak = 0
+        self.freed = []
+
+    def add(self, n):
+        self.live += n
+        self.peak = max(self.peak, self.shard_bytes + self.live)
+
+
+class _UnitFunction(Function):
+    @staticmethod
+    def forward(ctx, unit, flat_shard, kwargs, *args):
+        ctx.unit, ctx.kwargs, ctx.args = unit, kwargs, args
+        ctx.rng = _random.get_rng_state()
+        unit._gather(requires_grad=False)
+        try:
+            with no_grad():          # no graph: it would keep the weights
+                out = unit._fsdp_wrapped_module(*args, **kwargs)
+        finally:
+            unit._free()
+        ctx.is_tuple = isinstance(out, (tuple, list))
+        outs = tuple(out) if ctx.is_tuple else (out,)
+        for o in outs:
+            if not isinstance(o, Tensor):
+                raise TypeError(
+                    f"FullyShardedDataParallel: the wrapped "
+                    f"{type(unit._fsdp_wrapped_module).__name__} returned "
+                    f"a {type(o).__name__}; a unit's forward must return "
+                    f"tensors (one or a tuple)")
+        return tuple(outs) if ctx.is_tuple else outs[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        unit = ctx.unit
+        leaves = unit._gather(requires_grad=True)
+        try:
+            inputs = [a.detach().requires_grad_(a.requires_grad)
+                      if isinstance(a, Tensor) else a for a in ctx.args]
+            after = _random.get_rng_state()
+            _random.set_rng_state(ctx.rng)
+            try:
+                with enable_grad():
+                    out = unit._fsdp_wrapped_module(*inputs, **ctx.kwargs)
+            finally:
+                _random.set_rng_state(after)
+            outs = tuple(out) if ctx.is_tuple else (out,)
+            pairs = [(o, g) for o, g in zip(outs, grads)
+                     if g is not None and o.requires_grad]
+            if pairs:
+                _backward([o for o, _ in pairs], [g for _, g in pairs])
+            shard_grad = unit._reduce_scatter_grads(leaves)
+        finally:
+            unit._free()
+        in_grads = [a.grad if isinstance(a, Tensor) and a.requires_grad
+                    else None for a in inputs]
+        return (None, shard_grad, None, *in_grads)
+
+
+class FullyShardedDataParallel(Module):
+    """PyTorch's ``FullyShardedDataParallel(module, process_group=None,
+    sharding_strategy=None, cpu_offload=None, auto_wrap_policy=None, ...)``
+    (see the module doc). Every rank must build the same model (or pass
+    ``sync_module_states=True`` to take rank 0's)."""
+
+    def __init__(self, module, process_group=None, sharding_strategy=None,
+                 cpu_offload=None, auto_wrap_policy=None,
+                 backward_prefetch=None, mixed_precision=None,
+                 ignored_modules=None, param_init_fn=None, device_id=None,
+                 sync_module_states=False, forward_prefetch=False,
+                 limit_all_gathers=True, use_orig_params=False,
+                 ignored_states=None, device_mesh=None):
+        super().__init__()
+        if not isinstance(module, Module):
+            raise TypeError(f"FullyShardedDataParallel expects an "
+                            f"nn.Module, got {type(module).__name__}")
+        for name, val in (("sharding_strategy", sharding_strategy),
+                          ("cpu_offload", cpu_offload),
+                          ("backward_prefetch", backward_prefetch),
+                          ("mixed_precision", mixed_precision),
+                          ("ignored_modules", ignored_modules),
+                          ("param_init_fn", param_init_fn),
+                          ("ignored_states", ignored_states),
+                          ("device_mesh", device_mesh)):
+            if val is not None:
+                raise NotImplementedError(
+                    f"FullyShardedDataParallel: {name} is not supported "
+                    f"(full sharding of every parameter only)")
+        if use_orig_params or forward_prefetch:
+            ignored_argument("FullyShardedDataParallel",
+                             "use_orig_params" if use_orig_params
+                             else "forward_prefetch", True)
+        group = process_group if process_group is not None \
+            else dist.group.WORLD
+        if group is None:
+            raise RuntimeError("FullyShardedDataParallel needs an "
+                               "initialized process group")
+        object.__setattr__(self, "process_group", group)
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if auto_wrap_policy is not None:
+            _auto_wrap(module, auto_wrap_policy, group)
+        self._fsdp_wrapped_module = module
+        object.__setattr__(self, "_state_dict_type",
+                           StateDictType.FULL_STATE_DICT)
+        self._shard_params(sync_module_states)
+        stats = _Stats()
+        for u in self._units():
+            object.__setattr__(u, "_stats", stats)
+            stats.shard_bytes += u._flat_param._data.nbytes \
+                if u._flat_param is not None else 0
+        object.__setattr__(self, "_stats", stats)
+
+    # ---------------------------------------------------------- sharding --
+    def _shard_params(self, sync):
+        """Own parameters -> one flat array, keep chunk ``rank``."""
+        own, seen = [], {}
+        for owner, name, p in _own_params(self._fsdp_wrapped_module):
+            if id(p) in seen:              # a tied parameter: one copy
+                seen[id(p)][1].append((owner, name))
+                continue
+            entry = (p, [(owner, name)])
+            seen[id(p)] = entry
+            own.append(entry)
+        for _, places in own:
+            for owner, name in places:
+                del owner._parameters[name]
+        object.__setattr__(self, "_own", own)
+        self.register_parameter("_flat_param", None)
+        if not own:
+            object.__setattr__(self, "_numel", 0)
+            return
+        p0 = own[0][0]
+        for p, places in own:
+            if p._data.dtype != p0._data.dtype or type(p._data) is not \
+                    type(p0._data):
+                raise ValueError(
+                    f"FullyShardedDataParallel: parameter "
+                    f"{places[0][1]!r} is {p.dtype} on {p.device}, unlike "
+                    f"{p0.dtype} on {p0.device}: a unit flattens its "
+                    f"parameters into one array (wrap them apart)")
+            if p.requires_grad != p0.requires_grad:
+                raise ValueError("FullyShardedDataParallel: a unit mixes "
+                                 "frozen and trainable parameters")
+        shapes = [p.shape for p, _ in own]
+        sizes = [p.numel() for p, _ in own]
+        n = sum(sizes)
+        chunk = -(-n // self.world_size)
+        xp = p0._xp()
+        flat = xp.zeros(chunk * self.world_size, p0._data.dtype)
+        o = 0
+        for (p, _), k in zip(own, sizes):
+            flat[o:o + k] = p._data.reshape(-1)
+            o += k
+        if sync and self.world_size > 1:
+            dist.broadcast(Tensor._wrap(flat),
+                           dist.get_global_rank(self.process_group, 0),
+                           group=self.process_group)
+        r = self.rank
+        object.__setattr__(self, "_numel", n)
+        object.__setattr__(self, "_chunk", chunk)
+        object.__setattr__(self, "_shapes", shapes)
+        object.__setattr__(self, "_sizes", sizes)
+        self._flat_param = Parameter(
+            Tensor._wrap(flat[r * chunk:(r + 1) * chunk].copy()),
+            requires_grad=p0.requires_grad)
+
+    def _units(self):
+        """This wrapper and every nested one, pre-order."""
+        out = [self]
+        stack = [self._fsdp_wrapped_module]
+        while stack:
+            m = stack.pop()
+            for c in reversed(list(m._modules.values())):
+                if c is None:
+                    continue
+                if isinstance(c, FullyShardedDataParallel):
+                    out.extend(c._units())
+                else:
+                    stack.append(c)
+        return out
+
+    def _all_gather_flat(self):
+        shard = self._flat_param._data
+        xp = self._flat_param._xp()
+        full = xp.empty(self._chunk * self.world_size, shard.dtype)
+        if self.world_size == 1:
+            full[...] = shard
+        else:
+            dist.all_gather_into_tensor(Tensor._wrap(full),
+                                        Tensor._wrap(shard),
+                                        group=self.process_group)
+        return full
+
+    def _gather(self, requires_grad):
+        """Make the own parameters exist in full (views of one gathered
+        array) as plain attributes of their modules; with requires_grad
+        each is a fresh leaf whose .grad the recomputation fills."""
+        full = self._all_gather_flat()
+        object.__setattr__(self, "_full", full)
+        self._stats.add(full.nbytes)
+        leaves, o = [], 0
+        for (p, places), shape, k in zip(self._own, self._shapes,
+                                         self._sizes):
+            t = Tensor._wrap(full[o:o + k].reshape(shape))
+            if requires_grad:
+                t.requires_grad_(True)
+            leaves.append(t)
+            for owner, name in places:
+                owner.__dict__[name] = t
+            o += k
+        return leaves
+
+    def _free(self):
+        full = self.__dict__.pop("_full", None)
+        if full is None:
+            return
+        for p, places in self._own:
+            for owner, name in places:
+                owner.__dict__.pop(name, None)
+        self._stats.live -= full.nbytes
+        self._stats.freed.append(weakref.ref(full))
+        del self._stats.freed[:-64]
+
+    def _reduce_scatter_grads(self, leaves):
+        full = self._full
+        xp = self._flat_param._xp()
+        g = xp.zeros(full.size, full.dtype)
+        o = 0
+        for t, k in zip(leaves, self._sizes):
+            if t.grad is not None:
+                g[o:o + k] = t.grad._data.reshape(-1)
+            o += k
+        mine = xp.empty(self._chunk, full.dtype)
+        if self.world_size == 1:
+            mine[...] = g
+        else:
+            dist.reduce_scatter_tensor(Tensor._wrap(mine), Tensor._wrap(g),
+                                       group=self.process_group)
+            mine /= self.world_size
+        return Tensor._wrap(mine)
+
+    # ----------------------------------------------------------- forward --
+    def forward(self, *args, **kwargs):
+        if self._flat_param is None:
+            return self._fsdp_wrapped_module(*args, **kwargs)
+        return _UnitFunction.apply(self, self._flat_param, kwargs, *args)
+
+    @property
+    def module(self):
+        return self._fsdp_wrapped_module
+
+    @contextlib.contextmanager
+    def summon_full_params(self, writeback=True):
+        """The full parameters of every unit, as plain tensors of their
+        modules, inside the block (a collective); with ``writeback``,
+        changes made there go back into the shards."""
+        units = [u for u in self._units() if u._flat_param is not None]
+        for u in units:
+            u._gather(requires_grad=False)
+        try:
+            yield
+        finally:
+            for u in units:
+                if writeback:
+                    c, r = u._chunk, u.rank
+                    u._flat_param._data[...] = u._full[r * c:(r + 1) * c]
+                    u._flat_param._bump_version()
+                u._free()
+
+    # ---------------------------------------------------------- clipping --
+    def clip_grad_norm_(self, max_norm, norm_type=2.0,
+                        error_if_nonfinite=False):
+        """Clip every unit's gradient shard by the norm of the whole
+        model's gradient (a collective over the group); returns it."""
+        from ...nn.utils.clip_grad import clip_grads_with_norm_
+        units = [u for u in self._units() if u._flat_param is not None]
+        arrays = []
+        for u in units:
+            g = u._flat_param.grad
+            if g is not None:       # the padding is not the model's
+                real = max(0, min(u._chunk, u._numel - u.rank * u._chunk))
+                arrays.append(g._data[:real])
+        fp = units[0]._flat_param
+        total = global_norm(arrays, norm_type, (self.process_group,),
+                            fp.dtype, fp.device, error_if_nonfinite)
+        clip_grads_with_norm_([u._flat_param for u in units], max_norm,
+                              total)
+        return total
+
+    # -------------------------------------------------------- state dict --
+    @contextlib.contextmanager
+    def state_dict_type(self, state_dict_type):
+        """PyTorch's ``FSDP.state_dict_type(model, type)`` as a method:
+        ``state_dict()`` inside the block returns that type."""
+        prev = self._state_dict_type
+        object.__setattr__(self, "_state_dict_type", state_dict_type)
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "_state_dict_type", prev)
+
+    def _named_pieces(self, prefix=""):
+        """(unit, full name, offset in the flat, size, shape) of every
+        parameter, nested units included."""
+        out = []
+        pre = {}
+        for owner_prefix, m in _walk(self._fsdp_wrapped_module, prefix):
+            pre[id(m)] = owner_prefix
+        o = 0
+        for (p, places), shape, k in zip(self._own, getattr(
+                self, "_shapes", []), getattr(self, "_sizes", [])):
+            owner, name = places[0]
+            out.append((self, _join(pre[id(owner)], name), o, k, shape))
+            o += k
+        for owner_prefix, m in _walk(self._fsdp_wrapped_module, prefix):
+            for cname, c in m._modules.items():
+                if isinstance(c, FullyShardedDataParallel):
+                    out += c._named_pieces(_join(owner_prefix, cname))
+        return out
+
+    def _buffers_named(self):
+        out = {}
+        for name, b in self._fsdp_wrapped_module.named_buffers():
+            out[name.replace(_WRAPPED + ".", "")] = b
+        return out
+
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        sd = {} if destination is None else destination
+        sharded = self._state_dict_type == StateDictType.SHARDED_STATE_DICT
+        if sharded:
+            for u, name, o, k, shape in self._named_pieces():
+                c, r = u._chunk, u.rank
+                lo, hi = max(o, r * c), min(o + k, (r + 1) * c)
+                piece = u._flat_param._data[max(lo - r * c, 0):
+                                            max(hi - r * c, 0)].copy()
+                sd[prefix + name] = ShardedPiece(
+                    Tensor._wrap(piece), tuple(shape), max(lo - o, 0))
+        else:
+            fulls = {}
+            for u in self._units():
+                if u._flat_param is not None:
+                    fulls[id(u)] = u._all_gather_flat()
+            for u, name, o, k, shape in self._named_pieces():
+                sd[prefix + name] = Tensor._wrap(
+                    fulls[id(u)][o:o + k].reshape(shape).copy())
+        for name, b in self._buffers_named().items():
+            sd[prefix + name] = b if keep_vars else b.detach()
+        return sd
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """A full state dict (the unsharded model's) or a sharded one from
+        the same world size."""
+        pieces = self._named_pieces()
+        names = {n for _, n, _, _, _ in pieces}
+        bufs = self._buffers_named()
+        want = names | set(bufs)
+        missing = sorted(want - set(state_dict))
+        unexpected = sorted(set(state_dict) - want)
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"Error(s) in loading state_dict for "
+                f"FullyShardedDataParallel: missing keys {missing}, "
+                f"unexpected keys {unexpected}")
+        with no_grad():
+            for u, name, o, k, shape in pieces:
+                if name not in state_dict:
+                    continue
+                v = state_dict[name]
+                c, r = u._chunk, u.rank
+                lo, hi = max(o, r * c), min(o + k, (r + 1) * c)
+                if lo >= hi:
+                    continue
+                dst = u._flat_param._data[lo - r * c:hi - r * c]
+                if isinstance(v, ShardedPiece):
+                    if v.offset != lo - o or v.tensor.numel() != hi - lo:
+                        raise ValueError(
+                            f"FullyShardedDataParallel.load_state_dict: "
+                            f"{name!r} is a shard of elements [{v.offset}, "
+                            f"{v.offset + v.tensor.numel()}) but rank "
+                            f"{r} holds [{lo - o}, {hi - o}); load a full "
+                            f"state dict to change the world size")
+                    dst[...] = v.tensor._data
+                else:
+                    if tuple(v.shape) != tuple(shape):
+                        raise RuntimeError(
+                            f"size mismatch for {name}: copying a param "
+                            f"with shape {list(v.shape)}, the shape in "
+                            f"current model is {list(shape)}")
+                    dst[...] = u._flat_param.device.send(
+                        v._data.reshape(-1)[lo - o:hi - o])
+                u._flat_param._bump_version()
+            for name, b in bufs.items():
+                if name in state_dict:
+                    b._data[...] = state_dict[name]._data
+        return _Keys(missing, unexpected)
+
+
+class ShardedPiece:
+    """One parameter's local piece in a sharded state dict: ``tensor``
+    holds elements [offset, offset + numel) of the flattened parameter of
+    shape ``global_shape``."""
+    __slots__ = ("tensor", "global_shape", "offset")
+
+    def __init__(self, tensor, global_shape, offset):
+        self.tensor, self.global_shape = tensor, tuple(global_shape)
+        self.offset = int(offset)
+
+    def __repr__(self):
+        return (f"ShardedPiece(global_shape={list(self.global_shape)}, "
+                f"offset={self.offset}, numel={self.tensor.numel()})")
+
+
+class _Keys(tuple):
+    def __new__(cls, missing, unexpected):
+        self = super().__new__(cls, (missing, unexpected))
+        self.missing_keys, self.unexpected_keys = missing, unexpected
+        return self
+
+
+def _join(a, b):
+    return f"{a}.{b}" if a else b
+
+
+def _walk(module, prefix):
+    """(prefix, module) of ``module`` and its descendants, not entering
+    nested FSDP wrappers."""
+    out, stack = [], [(prefix, module)]
+    while stack:
+        pre, m = stack.pop()
+        out.append((pre, m))
+        for name, c in m._modules.items():
+            if c is not None and not isinstance(c, FullyShardedDataParallel):
+                stack.append((_join(pre, name), c))
+    return out
+
+
+def _own_params(module):
+    """(owner module, name, parameter) of the parameters not inside a
+    nested FSDP wrapper, in registration order."""
+    out = []
+
+    def visit(m):
+        for name, p in m._parameters.items():
+            if p is not None:
+                out.append((m, name, p))
+        for c in m._modules.values():
+            if c is not None and not isinstance(c, FullyShardedDataParallel):
+                visit(c)
+    visit(module)
+    return out
+
+
+def _numel_unwrapped(module):
+    return sum(p.numel() for _, _, p in _own_params(module))
+
+
+def _auto_wrap(module, policy, group):
+    """Wrap the submodules ``policy`` picks (children first)."""
+    for name, child in list(module._modules.items()):
+        if child is None or isinstance(child, FullyShardedDataParallel):
+            continue
+        if policy(module=child, recurse=True,
+                  nonwrapped_numel=_numel_unwrapped(child)):
+            _auto_wrap(child, policy, group)
+        if policy(module=child, recurse=False,
+                  nonwrapped_numel=_numel_unwrapped(child)):
+            module._modules[name] = FullyShardedDataParallel(
+                child, process_group=group)
+
