@@ -3,7 +3,8 @@
     python benchmarks/pipeline.py [--json out.json] [--quick]
 
 1. Bubble fraction, GPipe and 1F1B, p = 2 stages, m = 1..8 micro-batches,
-   against the theory (p-1)/(m+p-1). Each stage is a block whose forward
+   against the theory (p-1)/(m+p-1); interleaved 1F1B with v = 2 stages
+   per rank (each half the work) against (p-1)/(v m + p - 1). Each stage is a block whose forward
    sleeps t_f and whose backward sleeps 2 t_f (threads backend): sleeping
    stands in for compute so that the figures measure the schedule (its
    idle time plus dtorch's per-micro-batch overhead), not this machine's
@@ -31,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
 import dtorch  # noqa: E402
 import dtorch.distributed as dist  # noqa: E402
 from dtorch import nn  # noqa: E402
-from dtorch.distributed.pipelining import (PipelineStage,  # noqa: E402
-                                           Schedule1F1B, ScheduleGPipe)
+from dtorch.distributed.pipelining import (  # noqa: E402
+    PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B)
 
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
 
@@ -78,20 +79,33 @@ def bubble(sched, p, m, tf, reps=3):
     marks = [[None] * p for _ in range(reps)]     # (start, end, busy)
 
     def body(rank, world):
-        mod = SleepStage(tf)
-        stage = PipelineStage(mod, rank, p, "cpu")
-        sch = SCHEDULES[sched](stage, m, lambda out, y: out.sum())
+        if sched == "Interleaved":
+            # v = 2 stages per rank, each half the work: the same compute
+            # per micro-batch and rank as the single-stage schedules
+            mods = [SleepStage(tf / 2), SleepStage(tf / 2)]
+            stages = [PipelineStage(mods[j], rank + j * p, 2 * p, "cpu")
+                      for j in range(2)]
+            sch = ScheduleInterleaved1F1B(stages, m,
+                                          lambda out, y: out.sum())
+            first, last = rank == 0, rank == p - 1
+        else:
+            mods = [SleepStage(tf)]
+            stage = PipelineStage(mods[0], rank, p, "cpu")
+            sch = SCHEDULES[sched](stage, m, lambda out, y: out.sum())
+            first, last = stage.is_first, stage.is_last
         for r in range(reps):
             dist.barrier()
-            mod.busy[0] = 0.0
+            for mod in mods:
+                mod.busy[0] = 0.0
             t = time.perf_counter()
-            if stage.is_first:
+            if first:
                 sch.step(x)
-            elif stage.is_last:
+            elif last:
                 sch.step(target=x)
             else:
                 sch.step()
-            marks[r][rank] = (t, time.perf_counter(), mod.busy[0])
+            marks[r][rank] = (t, time.perf_counter(),
+                              sum(mod.busy[0] for mod in mods))
     dist.spawn_threads(body, p, timeout=120)
     best = None
     for rep in marks:
@@ -170,14 +184,22 @@ def main():
     res = {"p": p, "tf_s": args.tf, "bubble": [], "memory": []}
     print(f"bubble fraction, p={p}, t_f={args.tf * 1e3:.0f} ms, "
           f"t_b=2 t_f (threads backend, sleeping blocks)")
-    print(f"{'m':>3} {'theory':>8} {'GPipe':>8} {'1F1B':>8}")
+    print(f"{'m':>3} {'theory':>8} {'GPipe':>8} {'1F1B':>8}   "
+          f"{'theory':>8} {'interleaved v=2':>16}")
     for m in ms:
         theory = (p - 1) / (m + p - 1)
         g = bubble("GPipe", p, m, args.tf, reps)
         o = bubble("1F1B", p, m, args.tf, reps)
-        res["bubble"].append({"m": m, "theory": theory, "GPipe": g,
-                              "1F1B": o})
-        print(f"{m:>3} {theory:8.3f} {g:8.3f} {o:8.3f}", flush=True)
+        row = {"m": m, "theory": theory, "GPipe": g, "1F1B": o}
+        extra = ""
+        if m % p == 0:       # interleaved needs a multiple of p
+            row["theory_v2"] = (p - 1) / (2 * m + p - 1)
+            row["Interleaved_v2"] = bubble("Interleaved", p, m, args.tf,
+                                           reps)
+            extra = (f"   {row['theory_v2']:8.3f} "
+                     f"{row['Interleaved_v2']:16.3f}")
+        res["bubble"].append(row)
+        print(f"{m:>3} {theory:8.3f} {g:8.3f} {o:8.3f}{extra}", flush=True)
     print("\npeak activation memory per rank (MiB), p=2, 4 x Linear(1024) "
           "+ Tanh per stage, batch 512 float32 (tcp, 2 processes)")
     print(f"{'m':>3} {'GPipe r0':>9} {'GPipe r1':>9} {'1F1B r0':>9} "
