@@ -1,0 +1,292 @@
+"""FullyShardedDataParallel (dtorch.distributed.fsdp): 20-step trajectories
+equal the unsharded model on the whole batch (float64; 2 and 3 ranks;
+wrapping by module class, by size, one unit; a 1-element bias); parameter
+and optimizer bytes per rank ~1/N, peak parameter bytes ~ total/N + the
+largest unit, gathered parameters really freed; full and sharded state
+dicts; clip_grad_norm_ by the global norm. Threads backend; the MPI variant
+under mpiexec."""
+import functools
+import gc
+
+import numpy as np
+import pytest
+
+import dtorch
+import dtorch.distributed as dist
+from dtorch import nn, optim
+from dtorch.distributed.fsdp import (FSDP, ModuleWrapPolicy, ShardedPiece,
+                                     StateDictType,
+                                     size_based_auto_wrap_policy)
+
+F64 = dtorch.float64
+BATCH = 12
+STEPS = 20
+
+
+def net():
+    # 35+5, 15+3, 3+1 elements: uneven; the last bias has 1 element
+    return nn.Sequential(nn.Linear(7, 5), nn.Tanh(), nn.Linear(5, 3),
+                         nn.Tanh(), nn.Linear(3, 1)).to(F64)
+
+
+def _build(make):
+    dtorch.manual_seed(0)
+    return {k: v.detach().numpy().copy()
+            for k, v in make().state_dict().items()}
+
+
+_STATE = _build(net)
+
+
+def model(make=net, state=None):
+    m = make()
+    state = _STATE if state is None else state
+    m.load_state_dict({k: dtorch.tensor(v) for k, v in state.items()})
+    return m
+
+
+def batch(step, width=7):
+    rng = np.random.default_rng(100 + step)
+    return (dtorch.tensor(rng.standard_normal((BATCH, width))),
+            dtorch.tensor(rng.standard_normal((BATCH, 1))))
+
+
+POLICIES = {
+    "per_linear": ModuleWrapPolicy({nn.Linear}),
+    "size": functools.partial(size_based_auto_wrap_policy,
+                              min_num_params=19),
+    "one_unit": None,
+}
+
+
+def reference(steps=STEPS, clip=None):
+    m = model()
+    opt = optim.Adam(m.parameters(), lr=0.05, weight_decay=0.01)
+    norms = []
+    for s in range(steps):
+        x, y = batch(s)
+        opt.zero_grad()
+        ((m(x) - y) ** 2).mean().backward()
+        if clip is not None:
+            norms.append(float(nn.utils.clip_grad_norm_(m.parameters(),
+                                                        clip)))
+        opt.step()
+    return {k: v.detach().numpy().copy()
+            for k, v in m.state_dict().items()}, norms
+
+
+def train(rank, size, policy, steps=STEPS, clip=None):
+    f = FSDP(model(), auto_wrap_policy=POLICIES[policy])
+    opt = optim.Adam(f.parameters(), lr=0.05, weight_decay=0.01)
+    k = BATCH // size
+    norms = []
+    for s in range(steps):
+        x, y = batch(s)
+        opt.zero_grad()
+        ((f(x[rank * k:(rank + 1) * k]) - y[rank * k:(rank + 1) * k])
+         ** 2).mean().backward()
+        if clip is not None:
+            norms.append(float(f.clip_grad_norm_(clip)))
+        opt.step()
+    return f, opt, norms
+
+
+def close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("size", [2, 3])
+def test_trajectory_equals_unsharded(size, policy):
+    ref, _ = reference()
+
+    def body(rank, size):
+        f, opt, _ = train(rank, size, policy)
+        n_units = sum(1 for u in f._units() if u._flat_param is not None)
+        return ({k: v.detach().numpy().copy()
+                 for k, v in f.state_dict().items()}, n_units)
+    want_units = {"per_linear": 3, "size": 2, "one_unit": 1}[policy]
+    for sd, n_units in dist.spawn_threads(body, size, timeout=120):
+        assert n_units == want_units
+        assert sorted(sd) == sorted(ref)
+        for k in ref:
+            close(sd[k], ref[k])
+
+
+def deep():
+    """A root with no parameters of its own around 4 blocks of 16x16
+    (272 elements each) and a 16->1 head (17): per_linear makes 5 units."""
+    return nn.Sequential(*[m for _ in range(4)
+                           for m in (nn.Linear(16, 16), nn.Tanh())],
+                         nn.Linear(16, 1)).to(F64)
+
+
+_DEEP = _build(deep)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_memory_one_nth_and_peak(size):
+    total = sum(p.numel() for p in deep().parameters()) * 8
+    unit = 272 * 8
+
+    def body(rank, size):
+        f = FSDP(model(deep, _DEEP),
+                 auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+        opt = optim.Adam(f.parameters(), lr=0.01)
+        x, _ = batch(0, width=16)
+        held = sum(p._data.nbytes for p in f.parameters())
+        out = f(x)
+        gc.collect()
+        # nothing (no graph, no view) keeps a gathered array after forward
+        alive = sum(r() is not None for r in f._stats.freed)
+        out.sum().backward()
+        opt.step()
+        gc.collect()
+        alive += sum(r() is not None for r in f._stats.freed)
+        state = sum(v._data.nbytes for s in opt.state.values()
+                    for k, v in s.items() if k != "step")
+        return held, f._stats.peak, alive, state
+    for held, peak, alive, state in dist.spawn_threads(body, size,
+                                                       timeout=120):
+        pad = 5 * (size - 1) * 8                # one chunk's padding a unit
+        assert held <= total / size + pad
+        assert alive == 0
+        # the largest unit in full on top of the shards, never two
+        assert held + unit <= peak <= total / size + pad + unit
+        assert peak < total                     # less than one replica
+        assert state <= 2 * (total / size + pad)    # Adam's two moments
+
+
+def test_full_state_dict_loads_on_another_world_size():
+    ref, _ = reference(steps=10)
+    saved = {}
+
+    def first(rank, size):
+        f, _, _ = train(rank, size, "per_linear", steps=10)
+        saved[rank] = {k: v.detach().numpy().copy()
+                       for k, v in f.state_dict().items()}
+        return True
+    assert all(dist.spawn_threads(first, 2, timeout=120))
+    for k in ref:
+        close(saved[0][k], ref[k])
+        close(saved[1][k], ref[k])
+    single = model(state=saved[0])
+    x, _ = batch(5)
+    want = single(x).detach().numpy()
+
+    def second(rank, size):
+        f = FSDP(net(), auto_wrap_policy=POLICIES["size"])
+        f.load_state_dict({k: dtorch.tensor(v) for k, v in saved[0].items()})
+        return f(x).detach().numpy()
+    for out in dist.spawn_threads(second, 3, timeout=120):
+        close(out, want)
+
+
+def test_sharded_state_dict_round_trip():
+    def body(rank, size):
+        f, _, _ = train(rank, size, "per_linear", steps=3)
+        with f.state_dict_type(StateDictType.SHARDED_STATE_DICT):
+            sd = f.state_dict()
+        pieces = {k: v for k, v in sd.items() if isinstance(v, ShardedPiece)}
+        assert len(pieces) == 6
+        full = {k: v.detach().numpy().copy()
+                for k, v in f.state_dict().items()}
+        g = FSDP(model(), auto_wrap_policy=POLICIES["per_linear"])
+        g.load_state_dict(sd)
+        got = {k: v.detach().numpy() for k, v in g.state_dict().items()}
+        for k in full:
+            close(got[k], full[k])
+        return sum(v.tensor.numel() for v in pieces.values())
+    counts = dist.spawn_threads(body, 3, timeout=120)
+    assert sum(counts) == 62          # every element in exactly one piece
+
+
+def test_sharded_state_dict_refuses_other_world_size():
+    saved = {}
+
+    def first(rank, size):
+        f = FSDP(model(), auto_wrap_policy=POLICIES["per_linear"])
+        with f.state_dict_type(StateDictType.SHARDED_STATE_DICT):
+            saved[rank] = f.state_dict()
+        return True
+    dist.spawn_threads(first, 2, timeout=60)
+
+    def second(rank, size):
+        f = FSDP(model(), auto_wrap_policy=POLICIES["per_linear"])
+        with pytest.raises(ValueError, match="world size"):
+            f.load_state_dict(saved[0])
+        return True
+    assert all(dist.spawn_threads(second, 3, timeout=60))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_global_clipping_equals_unsharded(size):
+    ref, ref_norms = reference(clip=0.05)
+
+    def body(rank, size):
+        f, _, norms = train(rank, size, "per_linear", clip=0.05)
+        return ({k: v.detach().numpy().copy()
+                 for k, v in f.state_dict().items()}, norms)
+    for sd, norms in dist.spawn_threads(body, size, timeout=120):
+        np.testing.assert_allclose(norms, ref_norms, rtol=1e-10)
+        for k in ref:
+            close(sd[k], ref[k])
+
+
+def test_summon_full_params_writeback():
+    def body(rank, size):
+        f = FSDP(model(), auto_wrap_policy=POLICIES["per_linear"])
+        with f.summon_full_params():
+            inner = f.module[0].module
+            assert inner.weight.shape == (5, 7)
+            inner.weight._data[...] = 1.0
+        sd = f.state_dict()
+        return float(sd["0.weight"].detach().numpy().min())
+    assert dist.spawn_threads(body, 2, timeout=60) == [1.0, 1.0]
+
+
+def test_errors():
+    def body(rank, size):
+        m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).to(F64))
+        with pytest.raises(ValueError, match="float64|float32"):
+            FSDP(m)
+        with pytest.raises(NotImplementedError, match="cpu_offload"):
+            FSDP(net(), cpu_offload=True)
+        with pytest.raises(TypeError, match="nn.Module"):
+            FSDP(3)
+        return True
+    assert all(dist.spawn_threads(body, 2, timeout=60))
+
+
+def test_pytorch_oracle_single_step():
+    """One FSDP step on 2 ranks equals torch's unsharded Adam step."""
+    torch = pytest.importorskip("torch")
+    tm = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Tanh(),
+                             torch.nn.Linear(5, 3), torch.nn.Tanh(),
+                             torch.nn.Linear(3, 1)).double()
+    tm.load_state_dict({k: torch.tensor(v) for k, v in _STATE.items()})
+    opt = torch.optim.Adam(tm.parameters(), lr=0.05, weight_decay=0.01)
+    x, y = batch(0)
+    ((tm(torch.tensor(x.numpy())) - torch.tensor(y.numpy())) ** 2
+     ).mean().backward()
+    opt.step()
+    want = {k: v.detach().numpy() for k, v in tm.state_dict().items()}
+
+    def body(rank, size):
+        f, _, _ = train(rank, size, "per_linear", steps=1)
+        return {k: v.detach().numpy() for k, v in f.state_dict().items()}
+    for sd in dist.spawn_threads(body, 2, timeout=60):
+        for k in want:
+            close(sd[k], want[k])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_trajectory_mpi(mpi_world):
+    size = dist.get_world_size()
+    if BATCH % size:
+        pytest.skip("batch not divisible by the world size")
+    ref, _ = reference()
+    f, _, _ = train(dist.get_rank(), size, "per_linear")
+    sd = f.state_dict()
+    for k in ref:
+        close(sd[k].detach().numpy(), ref[k])
