@@ -16,7 +16,8 @@ from .arrays import get_array_module, ReduceOp
 from .errors import (CollectiveError, CollectiveMismatchError,
                      CollectiveTimeoutError, RankFailureError)
 from .group import DEFAULT_TIMEOUT, ProcessGroup, Timeout, Work
-from .env import RankInfo, discover, env_choice, env_flag, env_number
+from .env import (RankInfo, discover, env_choice, env_flag, env_number,
+                  env_str)
 from .fusion import FlatLayout, bucketize, pack, unpack
 from .store import RendezvousAuthError, RendezvousError, TCPStore
 from .threads import ThreadGroup, single_group, spawn_threads
@@ -80,4 +81,5 @@ __all__ = [
     'RankFailureError', 'RendezvousError', 'RendezvousAuthError',
     'FlatLayout', 'pack', 'unpack', 'bucketize', 'get_array_module',
     'DEFAULT_TIMEOUT', 'BACKENDS', 'env_flag', 'env_number', 'env_choice',
+    'env_str',
 ]

@@ -98,7 +98,7 @@ def discover(env: Mapping[str, str] | None = None) -> RankInfo:
 
 
 # ---------------------------------------------------------------- switches
-# Every DTORCH_* switch is read through these three helpers (README's table
+# Every DTORCH_* switch is read through these helpers (README's table
 # lists them all): one spelling of true/false, empty means unset, and a
 # value that cannot be understood is an error naming the variable instead
 # of a silent default.
@@ -110,6 +110,14 @@ _FALSE = ('0', 'no', 'false', 'off')
 def _raw(name, env):
     v = (os.environ if env is None else env).get(name)
     return None if v is None or v.strip() == '' else v.strip()
+
+
+def env_str(name: str, default: str | None,
+            env: Mapping[str, str] | None = None) -> str | None:
+    """A free-form value (a name the caller checks); unset or empty gives
+    `default`."""
+    v = _raw(name, env)
+    return default if v is None else v
 
 
 def env_flag(name: str, default: bool | None,

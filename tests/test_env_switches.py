@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from collectives import env_choice, env_flag, env_number
+from collectives import env_choice, env_flag, env_number, env_str
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -50,6 +50,12 @@ def test_env_choice():
         env_choice("D", "OFF", ch, env={"D": "loud"})
 
 
+def test_env_str():
+    assert env_str("B", "auto", env={}) == "auto"
+    assert env_str("B", "auto", env={"B": "  "}) == "auto"
+    assert env_str("B", "auto", env={"B": " mpi "}) == "mpi"
+
+
 def test_switches_reach_their_readers(monkeypatch):
     from collectives import group, mpi
     monkeypatch.setenv("DTORCH_DISTRIBUTED_DEBUG", "info")
@@ -62,7 +68,7 @@ def test_switches_reach_their_readers(monkeypatch):
     assert mpi._cuda_aware(None) is True
     monkeypatch.setenv("DTORCH_BACKEND", "carrier-pigeon")
     import dtorch.distributed as dist
-    with pytest.raises(ValueError, match="DTORCH_BACKEND='carrier-pigeon'"):
+    with pytest.raises(ValueError, match="Invalid backend: 'carrier-pigeon'"):
         dist.init_process_group()
     assert not dist.is_initialized()
 

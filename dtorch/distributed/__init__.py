@@ -112,8 +112,7 @@ def init_process_group(backend=None, init_method=None, timeout=None,
     b = None
     if backend is None:
         # dtorch-launch --backend passes its choice this way
-        env = _c.env_choice("DTORCH_BACKEND", "auto",
-                            ("auto",) + tuple(_BACKEND_ALIASES))
+        env = _c.env_str("DTORCH_BACKEND", "auto")
         backend = None if env == "auto" else env
     if backend is not None:
         b = _BACKEND_ALIASES.get(str(backend).lower())
