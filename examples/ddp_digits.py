@@ -5,8 +5,10 @@
     srun --mpi=pmix python -m mpi4py examples/ddp_digits.py   (slurm/train.sbatch)
 
 Each rank trains on its DistributedSampler shard; gradients are averaged by
-DDP. Rank 0 shows the progress bar (on a terminal) and writes the checkpoint
-after every epoch; a restarted job (dtorch-launch --max-restarts, SLURM
+DDP. Rank 0 shows the progress bar (on a terminal). After every epoch the
+ranks write a distributed checkpoint (dtorch.distributed.checkpoint, a
+directory: DDP's replicated parameters once, each rank's RNG state if it
+differs, atomic); a restarted job (dtorch-launch --max-restarts, SLURM
 requeue) resumes from it, also on a different number of ranks, and so does
 --resume. Otherwise a run starts fresh: running the example twice trains
 twice. SIGUSR1 (SLURM's warning
@@ -24,11 +26,14 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dtorch as torch  # noqa: E402
 import dtorch.distributed as dist  # noqa: E402
+import dtorch.distributed.checkpoint as dcp  # noqa: E402
 from dtorch import nn  # noqa: E402
+from dtorch.distributed.checkpoint.state_dict import (  # noqa: E402
+    get_state_dict, set_state_dict)
 from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
-from digits_common import (DigitsCNN, discard,  # noqa: E402
+from digits_common import (DigitsCNN, dcp_summary, discard,  # noqa: E402
                            distributed_accuracy, everyone_stops,
                            load_digits_split, plan_start, restart_count)
 
@@ -47,8 +52,9 @@ def main(argv=None):
                          "sqrt(ranks); cosine schedule)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the model, the data split and order")
-    ap.add_argument("--checkpoint", default="runs/ddp_digits.safetensors",
-                    help="written by rank 0 after every epoch")
+    ap.add_argument("--checkpoint", default="runs/ddp_digits",
+                    help="distributed checkpoint (a directory) written "
+                         "after every epoch")
     ap.add_argument("--resume", action="store_true",
                     help="continue from --checkpoint (a finished run is "
                          "only reported); a restarted job "
@@ -84,7 +90,7 @@ def main(argv=None):
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
 
     ck, finished, message = plan_start(args.checkpoint, args.epochs,
-                                       args.resume)
+                                       args.resume, read=dcp_summary)
     if message and rank == 0:
         print(message, flush=True)
     if finished:
@@ -96,17 +102,17 @@ def main(argv=None):
         return ck["test_acc"]
     start, acc = 0, 0.0
     if ck is not None:
-        model.module.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        sched.load_state_dict(ck["scheduler"])
-        sampler.load_state_dict(ck["sampler"])
-        # every rank seeds alike and draws alike: rank 0's state is theirs
-        torch.set_rng_state(ck["rng"])
-        loader_g.set_state(ck["loader_rng"])
-        start, acc = ck["epoch"], ck["test_acc"]
-        if rank == 0 and ck["sampler"]["consumed"]:
-            print(f"(after {ck['sampler']['consumed']} samples of epoch "
-                  f"{start + 1})", flush=True)
+        # in place into the live objects, on any number of ranks
+        state = train_state(model, opt, sched, sampler, loader_g, 0, 0.0,
+                            world)
+        dcp.load(state, checkpoint_id=args.checkpoint)
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        start, acc = state["epoch"], state["test_acc"]
+        consumed = sampler.state_dict()["consumed"]
+        if rank == 0 and consumed:
+            print(f"(after {consumed} samples of epoch {start + 1})",
+                  flush=True)
     dist.barrier()           # every rank has read the checkpoint
     if ck is None and rank == 0:
         discard(args.checkpoint)
@@ -156,19 +162,21 @@ def main(argv=None):
     return acc
 
 
+def train_state(model, opt, sched, sampler, loader_g, epoch, acc, world):
+    """Everything a run continues from; objects with state_dict() (the
+    scheduler, the sampler's position, the RNG streams) are saved and
+    loaded through it."""
+    model_sd, optim_sd = get_state_dict(model, opt)
+    return {"model": model_sd, "optimizer": optim_sd, "scheduler": sched,
+            "sampler": sampler, "rng": dcp.RNGState(loader_g),
+            "epoch": epoch, "test_acc": acc, "world": world}
+
+
 def save(args, model, opt, sched, sampler, loader_g, epoch, acc, rank,
          world):
-    if rank == 0:
-        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
-        torch.save({"model": model.module.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(),
-                    "sampler": sampler.state_dict(),
-                    "rng": torch.get_rng_state(),
-                    "loader_rng": loader_g.get_state(),
-                    "epoch": epoch, "test_acc": acc, "world": world},
-                   args.checkpoint)
-    dist.barrier()
+    # every rank takes part; the directory appears complete or not at all
+    dcp.save(train_state(model, opt, sched, sampler, loader_g, epoch, acc,
+                         world), checkpoint_id=args.checkpoint)
 
 if __name__ == "__main__":
     main()

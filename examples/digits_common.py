@@ -74,7 +74,29 @@ def restart_count():
     return int(os.environ.get("DTORCH_RESTART_COUNT") or 0)
 
 
-def plan_start(path, epochs, resume):
+def dcp_summary(path):
+    """What ``plan_start`` needs from a distributed checkpoint (a directory
+    of ``dcp.save``): its plain top-level values (epoch, test_acc, world,
+    ...) and the names of its other entries, read from the metadata alone;
+    {} for anything else (an older example's single-file checkpoint)."""
+    import json
+    import dtorch.distributed.checkpoint as dcp
+    if not os.path.isdir(path):
+        return {}
+    try:
+        meta = dcp.FileSystemReader(path).read_metadata()
+    except (OSError, RuntimeError):    # not a (complete) checkpoint
+        return {}
+    out = {}
+    for key, e in meta.raw["state_dict_metadata"].items():
+        if "." not in key and "value" in e:
+            out[key] = json.loads(e["value"])     # numbers, strings
+        else:
+            out.setdefault(key.split(".")[0], True)
+    return out
+
+
+def plan_start(path, epochs, resume, read=None):
     """Where a run starts: ``(checkpoint or None, finished, message)``.
 
     A checkpoint is resumed only when asked (``--resume``) or on a restart
@@ -82,7 +104,9 @@ def plan_start(path, epochs, resume):
     resuming a finished run and training nothing. Asked to resume a
     finished run (``epoch >= epochs``), the run only reports it
     (``finished``); not asked, it starts fresh and says that it replaces
-    the checkpoint. ``message`` says which (None: a plain fresh start)."""
+    the checkpoint. ``message`` says which (None: a plain fresh start).
+    ``read``: how to read the checkpoint (default ``torch.load``; the
+    distributed examples pass ``dcp_summary``)."""
     restarted = restart_count() > 0
     asked = resume or restarted
     if not os.path.exists(path):
@@ -91,7 +115,7 @@ def plan_start(path, epochs, resume):
         return None, False, (f"restart {restart_count()}: no checkpoint at "
                              f"{path} yet, starting fresh"
                              if restarted else None)
-    ck = torch.load(path)
+    ck = (read or torch.load)(path)
     missing = [k for k in ("epoch", "rng", "test_acc") if k not in ck]
     if missing:   # an older example's checkpoint: it cannot resume exactly
         if resume:
@@ -121,6 +145,10 @@ def plan_start(path, epochs, resume):
 def discard(path):
     """Remove a checkpoint that a fresh run replaces, so that a restart of
     this run can never resume the earlier run's state."""
+    if os.path.isdir(path):           # a distributed checkpoint
+        import shutil
+        shutil.rmtree(path, ignore_errors=True)
+        return
     try:
         os.remove(path)
     except FileNotFoundError:

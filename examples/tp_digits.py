@@ -14,11 +14,13 @@ DistributedDataParallel averages their gradients, and DistributedSampler
 gives each DP replica its own share of the data (the TP ranks of one
 replica read the same batches).
 
-The checkpoint holds the FULL model and optimizer state (shards gathered
-over each TP group when saving, cut again when loading), so it resumes on
-any DP x TP layout, and its "model" entry loads into the same MLP at
---tp-size 1 (plain nn.Linear layers, same keys). Rank 0 writes it after
-every epoch; a restarted job or --resume continues from it (otherwise a run
+The checkpoint is a distributed checkpoint (dtorch.distributed.checkpoint,
+a directory): each TP shard is written once, by the first DP replica that
+holds it, with its place in the full tensor, so it resumes on any DP x TP
+layout (resharded on load, optimizer state included), and
+dcp.format_utils.dcp_to_torch_save makes one file of it whose "model"
+entry loads into the same MLP at --tp-size 1 (plain nn.Linear layers, same
+keys). The ranks write it after every epoch; a restarted job or --resume continues from it (otherwise a run
 starts fresh); SIGUSR1 (SLURM's warning before preemption) makes every rank
 stop at the same step, checkpoint and exit 0 for the batch script's requeue.
 """
@@ -33,12 +35,16 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dtorch as torch  # noqa: E402
 import dtorch.distributed as dist  # noqa: E402
+import dtorch.distributed.checkpoint as dcp  # noqa: E402
 from dtorch import nn  # noqa: E402
+from dtorch.distributed.checkpoint.state_dict import (  # noqa: E402
+    get_state_dict, set_state_dict)
 from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.nn.parallel import tensor_parallel as tp  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
-from digits_common import (discard, distributed_accuracy,  # noqa: E402
+from digits_common import (dcp_summary, discard,  # noqa: E402
+                           distributed_accuracy,
                            everyone_stops, load_digits_split, plan_start)
 
 _stop = [False]
@@ -81,8 +87,9 @@ def main(argv=None):
                          "sqrt(replicas); cosine schedule)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the model, the data split and order")
-    ap.add_argument("--checkpoint", default="runs/tp_digits.safetensors",
-                    help="written by rank 0 after every epoch")
+    ap.add_argument("--checkpoint", default="runs/tp_digits",
+                    help="distributed checkpoint (a directory) written "
+                         "after every epoch")
     ap.add_argument("--resume", action="store_true",
                     help="continue from --checkpoint (a finished run is "
                          "only reported); a restarted job "
@@ -121,7 +128,7 @@ def main(argv=None):
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
 
     ck, finished, message = plan_start(args.checkpoint, args.epochs,
-                                       args.resume)
+                                       args.resume, read=dcp_summary)
     if message and rank == 0:
         print(message, flush=True)
     if finished:
@@ -134,14 +141,13 @@ def main(argv=None):
         return ck["test_acc"]
     start, acc = 0, 0.0
     if ck is not None:
-        mlp.load_state_dict(tp.shard_state_dict(mlp, ck["model"]))
-        opt.load_state_dict(tp.shard_optimizer_state_dict(
-            mlp, ck["optimizer"]))
-        sched.load_state_dict(ck["scheduler"])
-        sampler.load_state_dict(ck["sampler"])
-        torch.set_rng_state(ck["rng"])
-        loader_g.set_state(ck["loader_rng"])
-        start, acc = ck["epoch"], ck["test_acc"]
+        # this rank's shards of whatever layout wrote it, in place
+        state = train_state(args, mlp, opt, sched, sampler, loader_g, 0,
+                            0.0, world)
+        dcp.load(state, checkpoint_id=args.checkpoint)
+        set_state_dict(mlp, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        start, acc = state["epoch"], state["test_acc"]
     dist.barrier()           # every rank has read the checkpoint
     if ck is None and rank == 0:
         discard(args.checkpoint)
@@ -191,22 +197,22 @@ def main(argv=None):
     return acc
 
 
+def train_state(args, mlp, opt, sched, sampler, loader_g, epoch, acc,
+                world):
+    """Everything a run continues from; the TP shards (parameters and
+    Adam's moments) carry their place in the full tensors."""
+    model_sd, optim_sd = get_state_dict(mlp, opt)
+    return {"model": model_sd, "optimizer": optim_sd, "scheduler": sched,
+            "sampler": sampler, "rng": dcp.RNGState(loader_g),
+            "epoch": epoch, "test_acc": acc, "world": world,
+            "tp_size": args.tp_size}
+
+
 def save(args, mlp, opt, sched, sampler, loader_g, epoch, acc, rank,
          world):
-    # gathering is a collective over each TP group: every rank takes part,
-    # rank 0 (holding the gathered copies of TP group 0) writes
-    model_sd = tp.gather_state_dict(mlp)
-    opt_sd = tp.gather_optimizer_state_dict(mlp, opt)
-    if rank == 0:
-        os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
-        torch.save({"model": model_sd, "optimizer": opt_sd,
-                    "scheduler": sched.state_dict(),
-                    "sampler": sampler.state_dict(),
-                    "rng": torch.get_rng_state(),
-                    "loader_rng": loader_g.get_state(),
-                    "epoch": epoch, "test_acc": acc, "world": world,
-                    "tp_size": args.tp_size}, args.checkpoint)
-    dist.barrier()
+    # every rank takes part: each writes the shards it owns
+    dcp.save(train_state(args, mlp, opt, sched, sampler, loader_g, epoch,
+                         acc, world), checkpoint_id=args.checkpoint)
 
 if __name__ == "__main__":
     main()

@@ -73,10 +73,21 @@ def _launch(args, timeout=240):
                timeout=timeout)
 
 
+def _model_of(path):
+    """The "model" entry of a checkpoint: a dtorch.save file, or a
+    distributed checkpoint directory (ddp_digits), made one file first."""
+    import dtorch
+    if os.path.isdir(path):
+        from dtorch.distributed.checkpoint.format_utils import (
+            dcp_to_torch_save)
+        dcp_to_torch_save(path, path + ".whole")
+        path += ".whole"
+    return dtorch.load(path)["model"]
+
+
 def _same_parameters(a, b):
     import numpy as np
-    import dtorch
-    sa, sb = dtorch.load(a)["model"], dtorch.load(b)["model"]
+    sa, sb = _model_of(a), _model_of(b)
     assert sorted(sa) == sorted(sb)
     return all(np.array_equal(sa[k].numpy(), sb[k].numpy()) for k in sa)
 
