@@ -933,9 +933,12 @@ def _load(state_dict, checkpoint_id, ck):
 class CheckpointManager:
     """Checkpoints ``root/step_<NNNNNNNN>`` with a ``latest`` pointer,
     keeping the newest ``keep_last`` (all when None). Collective: every
-    rank calls save/load. ``cache_staged_state_dict``: async saves copy
-    into the previous save's host buffers (one more copy of the state
-    kept in memory; the copy at call time then runs at memcpy speed).
+    rank calls save/load. ``cache_staged_state_dict`` (default True,
+    unlike dcp.async_save's PyTorch default): async saves copy into the
+    previous save's host buffers, keeping one more copy of the state in
+    memory; the copy at call time then runs at memcpy speed (measured on
+    a 1 GB state: 0.2-0.35 s instead of 6.8-9.5 s for fresh memory, whose
+    first touch is what costs in a VM).
 
     Example::
 
@@ -946,7 +949,7 @@ class CheckpointManager:
     """
 
     def __init__(self, root, keep_last=None, prefix="step_",
-                 cache_staged_state_dict=False):
+                 cache_staged_state_dict=True):
         if keep_last is not None and int(keep_last) < 1:
             raise ValueError(f"keep_last must be >= 1 or None, got "
                              f"{keep_last}")
