@@ -39,6 +39,7 @@ import shutil
 import socket
 import threading
 import warnings
+import weakref
 import zlib
 
 import numpy as np
@@ -169,7 +170,7 @@ def _decode_object(text, where):
 
 # -------------------------------------------------------------- groups --
 
-_groups = {}              # id(base group) -> (base, checkpoint group)
+_groups = weakref.WeakKeyDictionary()   # base group -> checkpoint group
 _pending = {}             # id(checkpoint group) -> last async Future
 _staging = {}             # id(checkpoint group) -> {key: host buffer}
 _groups_lock = threading.Lock()
@@ -191,12 +192,12 @@ def _ckpt_group(base):
     if base is None:
         return None
     with _groups_lock:
-        hit = _groups.get(id(base))
-    if hit is not None and hit[0] is base:
-        return hit[1]
+        hit = _groups.get(base)
+    if hit is not None:
+        return hit
     ck = base.new_group(list(base.ranks))
     with _groups_lock:
-        _groups[id(base)] = (base, ck)
+        _groups[base] = ck
     return ck
 
 
