@@ -14,8 +14,9 @@ import pytest
 import dtorch
 import dtorch.distributed as dist
 from dtorch import nn, optim
-from dtorch.distributed.fsdp import (FSDP, ModuleWrapPolicy, ShardedPiece,
-                                     StateDictType,
+from dtorch.distributed.fsdp import (FSDP, FSDPModule, ModuleWrapPolicy,
+                                     ShardedPiece, StateDictType,
+                                     fully_shard,
                                      size_based_auto_wrap_policy)
 
 F64 = dtorch.float64
@@ -130,8 +131,11 @@ def test_memory_one_nth_and_peak(size):
     unit = 272 * 8
 
     def body(rank, size):
-        f = FSDP(model(deep, _DEEP),
-                 auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+        m = model(deep, _DEEP)
+        originals = list(m.parameters())
+        f = FSDP(m, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+        # the unsharded arrays are gone, not kept next to the shards
+        assert all(p.numel() == 0 for p in originals)
         opt = optim.Adam(f.parameters(), lr=0.01)
         x, _ = batch(0, width=16)
         held = sum(p._data.nbytes for p in f.parameters())
@@ -278,6 +282,45 @@ def test_pytorch_oracle_single_step():
     for sd in dist.spawn_threads(body, 2, timeout=60):
         for k in want:
             close(sd[k], want[k])
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_fully_shard_in_place(size):
+    """PyTorch's FSDP2 API: fully_shard each Linear, then the root; the
+    same module objects train as the unsharded model."""
+    ref, ref_norms = reference(clip=0.05)
+
+    def body(rank, size):
+        m = model()
+        for layer in m:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        assert fully_shard(m) is m and isinstance(m, FSDPModule)
+        assert isinstance(m, nn.Sequential)
+        assert "Linear(in_features=7" in repr(m)
+        names = [n for n, _ in m.named_parameters()]
+        assert names == ["0._flat_param", "2._flat_param", "4._flat_param"]
+        with pytest.raises(ValueError, match="already"):
+            fully_shard(m)
+        opt = optim.Adam(m.parameters(), lr=0.05, weight_decay=0.01)
+        k = BATCH // size
+        norms = []
+        for s in range(STEPS):
+            x, y = batch(s)
+            opt.zero_grad()
+            ((m(x[rank * k:(rank + 1) * k]) - y[rank * k:(rank + 1) * k])
+             ** 2).mean().backward()
+            norms.append(float(m.clip_grad_norm_(0.05)))
+            opt.step()
+        return ({k: v.detach().numpy().copy()
+                 for k, v in m.state_dict().items()}, norms, m._fsdp_state)
+    for sd, norms, state in dist.spawn_threads(body, size, timeout=120):
+        np.testing.assert_allclose(norms, ref_norms, rtol=1e-10)
+        assert sorted(sd) == sorted(ref)
+        for k in ref:
+            close(sd[k], ref[k])
+        largest = -(-40 // size) * size * 8         # 0.weight+0.bias, padded
+        assert state._stats.peak == state._stats.shard_bytes + largest
 
 
 @pytest.mark.mpi(min_size=2)

@@ -1,8 +1,10 @@
 """``dtorch.distributed.fsdp``: fully sharded data parallelism (ZeRO stage
 3), PyTorch's module path: ``FullyShardedDataParallel`` (and its short
 name ``FSDP``), ``fully_shard`` and the wrap policies."""
-from .fully_sharded_data_parallel import (FullyShardedDataParallel,
-                                          ShardedPiece, StateDictType)
+from .fully_sharded_data_parallel import (FSDPModule,
+                                          FullyShardedDataParallel,
+                                          ShardedPiece, StateDictType,
+                                          fully_shard)
 from .wrap import (ModuleWrapPolicy, always_wrap_policy,
                    size_based_auto_wrap_policy)
 
@@ -10,4 +12,4 @@ FSDP = FullyShardedDataParallel
 
 __all__ = ["FullyShardedDataParallel", "FSDP", "StateDictType",
            "ShardedPiece", "ModuleWrapPolicy", "size_based_auto_wrap_policy",
-           "always_wrap_policy"]
+           "always_wrap_policy", "fully_shard", "FSDPModule"]

@@ -46,7 +46,8 @@ from ... import random as _random
 from ...tensor import Tensor
 from ..clip_grad import global_norm
 
-__all__ = ["FullyShardedDataParallel", "StateDictType"]
+__all__ = ["FullyShardedDataParallel", "StateDictType", "fully_shard",
+           "FSDPModule"]
 
 _WRAPPED = "_fsdp_wrapped_module"
 
@@ -81,7 +82,7 @@ class _UnitFunction(Function):
         unit._gather(requires_grad=False)
         try:
             with no_grad():          # no graph: it would keep the weights
-                out = unit._fsdp_wrapped_module(*args, **kwargs)
+                out = unit._call_inner(args, kwargs)
         finally:
             unit._free()
         ctx.is_tuple = isinstance(out, (tuple, list))
@@ -106,7 +107,7 @@ class _UnitFunction(Function):
             _random.set_rng_state(ctx.rng)
             try:
                 with enable_grad():
-                    out = unit._fsdp_wrapped_module(*inputs, **ctx.kwargs)
+                    out = unit._call_inner(inputs, ctx.kwargs)
             finally:
                 _random.set_rng_state(after)
             outs = tuple(out) if ctx.is_tuple else (out,)
@@ -229,6 +230,19 @@ class FullyShardedDataParallel(Module):
         self._flat_param = Parameter(
             Tensor._wrap(flat[r * chunk:(r + 1) * chunk].copy()),
             requires_grad=p0.requires_grad)
+        # the original parameters give up their arrays: only the shard
+        # stays (a caller holding them sees empty tensors, as in PyTorch)
+        for p, _ in own:
+            p._data = p._data.reshape(-1)[:0].copy()
+        self._placeholders()
+
+    def _placeholders(self):
+        """Outside the unit's forward its parameters are empty tensors (as
+        PyTorch's), so that repr and attribute access still work."""
+        for p, places in self._own:
+            empty = Tensor._wrap(p._data.reshape(-1)[:0])
+            for owner, name in places:
+                owner.__dict__[name] = empty
 
     def _units(self):
         """This wrapper and every nested one, pre-order."""
@@ -239,8 +253,8 @@ class FullyShardedDataParallel(Module):
             for c in reversed(list(m._modules.values())):
                 if c is None:
                     continue
-                if isinstance(c, FullyShardedDataParallel):
-                    out.extend(c._units())
+                if _unit_of(c) is not None:
+                    out.extend(_unit_of(c)._units())
                 else:
                     stack.append(c)
         return out
@@ -280,9 +294,7 @@ class FullyShardedDataParallel(Module):
         full = self.__dict__.pop("_full", None)
         if full is None:
             return
-        for p, places in self._own:
-            for owner, name in places:
-                owner.__dict__.pop(name, None)
+        self._placeholders()
         self._stats.live -= full.nbytes
         self._stats.freed.append(weakref.ref(full))
         del self._stats.freed[:-64]
@@ -306,9 +318,12 @@ class FullyShardedDataParallel(Module):
         return Tensor._wrap(mine)
 
     # ----------------------------------------------------------- forward --
+    def _call_inner(self, args, kwargs):
+        return self._fsdp_wrapped_module(*args, **kwargs)
+
     def forward(self, *args, **kwargs):
         if self._flat_param is None:
-            return self._fsdp_wrapped_module(*args, **kwargs)
+            return self._call_inner(args, kwargs)
         return _UnitFunction.apply(self, self._flat_param, kwargs, *args)
 
     @property
@@ -380,8 +395,9 @@ class FullyShardedDataParallel(Module):
             o += k
         for owner_prefix, m in _walk(self._fsdp_wrapped_module, prefix):
             for cname, c in m._modules.items():
-                if isinstance(c, FullyShardedDataParallel):
-                    out += c._named_pieces(_join(owner_prefix, cname))
+                if _unit_of(c) is not None:
+                    out += _unit_of(c)._named_pieces(
+                        _join(owner_prefix, cname))
         return out
 
     def _buffers_named(self):
@@ -483,6 +499,14 @@ class _Keys(tuple):
         return self
 
 
+def _unit_of(m):
+    """The FSDP unit that ``m`` is (a wrapper, or a module given to
+    ``fully_shard``), else None."""
+    if isinstance(m, FullyShardedDataParallel):
+        return m
+    return m.__dict__.get("_fsdp_state")
+
+
 def _join(a, b):
     return f"{a}.{b}" if a else b
 
@@ -495,7 +519,7 @@ def _walk(module, prefix):
         pre, m = stack.pop()
         out.append((pre, m))
         for name, c in m._modules.items():
-            if c is not None and not isinstance(c, FullyShardedDataParallel):
+            if c is not None and _unit_of(c) is None:
                 stack.append((_join(pre, name), c))
     return out
 
@@ -510,7 +534,7 @@ def _own_params(module):
             if p is not None:
                 out.append((m, name, p))
         for c in m._modules.values():
-            if c is not None and not isinstance(c, FullyShardedDataParallel):
+            if c is not None and _unit_of(c) is None:
                 visit(c)
     visit(module)
     return out
@@ -523,7 +547,7 @@ def _numel_unwrapped(module):
 def _auto_wrap(module, policy, group):
     """Wrap the submodules ``policy`` picks (children first)."""
     for name, child in list(module._modules.items()):
-        if child is None or isinstance(child, FullyShardedDataParallel):
+        if child is None or _unit_of(child) is not None:
             continue
         if policy(module=child, recurse=True,
                   nonwrapped_numel=_numel_unwrapped(child)):
@@ -533,3 +557,74 @@ def _auto_wrap(module, policy, group):
             module._modules[name] = FullyShardedDataParallel(
                 child, process_group=group)
 
+
+
+# ============================================================ fully_shard ==
+
+class FSDPModule:
+    """Mixed into the class of a module given to ``fully_shard`` (PyTorch's
+    FSDP2 name): its forward runs as an FSDP unit, its ``parameters()``
+    are its shards, ``state_dict()`` is the unsharded one (see
+    ``FullyShardedDataParallel``)."""
+
+    def forward(self, *args, **kwargs):
+        return self.__dict__["_fsdp_state"].forward(*args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        return self.__dict__["_fsdp_state"].state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        return self.__dict__["_fsdp_state"].load_state_dict(state_dict,
+                                                            strict)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0,
+                        error_if_nonfinite=False):
+        return self.__dict__["_fsdp_state"].clip_grad_norm_(
+            max_norm, norm_type, error_if_nonfinite)
+
+    def summon_full_params(self, writeback=True):
+        return self.__dict__["_fsdp_state"].summon_full_params(writeback)
+
+    def state_dict_type(self, state_dict_type):
+        return self.__dict__["_fsdp_state"].state_dict_type(state_dict_type)
+
+
+class _InPlaceUnit(FullyShardedDataParallel):
+    """The FSDP state of a module sharded in place: its inner call is the
+    module's own class's forward."""
+
+    def _call_inner(self, args, kwargs):
+        m = self._fsdp_wrapped_module
+        return self._orig_cls.forward(m, *args, **kwargs)
+
+
+def fully_shard(module, *, mesh=None, reshard_after_forward=True,
+                process_group=None, **kwargs):
+    """Shard ``module`` in place (PyTorch's ``fully_shard``): call it on
+    each block, then on the root; returns the module, now an FSDP unit
+    whose ``parameters()`` are its flat shard."""
+    if mesh is not None:
+        raise NotImplementedError("fully_shard: mesh is not supported; "
+                                  "pass process_group")
+    if reshard_after_forward is not True:
+        raise NotImplementedError("fully_shard: parameters are always "
+                                  "freed after forward")
+    if kwargs:
+        raise NotImplementedError(f"fully_shard: {sorted(kwargs)} not "
+                                  f"supported")
+    if not isinstance(module, Module):
+        raise TypeError(f"fully_shard expects an nn.Module, got "
+                        f"{type(module).__name__}")
+    if _unit_of(module) is not None:
+        raise ValueError("fully_shard: the module is sharded already")
+    orig = type(module)
+    state = _InPlaceUnit.__new__(_InPlaceUnit)
+    object.__setattr__(state, "_orig_cls", orig)
+    FullyShardedDataParallel.__init__(state, module,
+                                      process_group=process_group)
+    fp = state._flat_param
+    if fp is not None:
+        module._parameters["_flat_param"] = fp
+    module.__dict__["_fsdp_state"] = state
+    module.__class__ = type(f"FSDP{orig.__name__}", (FSDPModule, orig), {})
+    return module
