@@ -5,12 +5,13 @@ Save, on every rank of the group, in order:
 1. flatten the state_dict to ``{dotted key: leaf}``, calling
    ``state_dict()`` of Stateful objects (a Module through
    ``get_model_state_dict``, so tensor-parallel shards carry their place);
-2. plan (one all_gather_object): each rank sends, per tensor, its box of
-   the global tensor and a checksum of its bytes, per object its JSON.
-   Every rank then computes the same plan: a box held by several ranks
-   with equal bytes (a replicated tensor) is written once, by the lowest
-   of them; a tensor whose bytes differ between ranks (per-rank state) is
-   written by every rank, as are objects that differ;
+2. plan (all_gather_object): each rank sends, per tensor, its box of
+   the global tensor, per object its JSON; for the boxes that several
+   ranks hold, a second exchange sends their checksums. Every rank then
+   computes the same plan: a box held by several ranks with equal bytes
+   (a replicated tensor) is written once, by the lowest of them; a tensor
+   whose bytes differ between ranks (per-rank state, e.g. a per-rank RNG
+   tensor) is written by every rank, as are objects that differ;
 3. write this rank's file (safetensors via dtorch.serialization's writer,
    with its per-tensor checksums) into a temporary directory;
 4. all_gather_object of every rank's result: a barrier that also carries
@@ -866,7 +867,11 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None,
     rank of the group calls it. ``checkpoint_id`` is a checkpoint
     directory, or a folder of them (its ``latest``). Any problem (missing
     key or file, checksum mismatch, truncated file, shape that differs)
-    raises CheckpointException on every rank and changes nothing."""
+    raises CheckpointException on every rank and changes nothing. Tensors
+    take the state_dict's dtype (copied with a cast if the checkpoint's
+    differs). A Stateful's own ``load_state_dict`` runs last, after the
+    tensors are in: an error it raises (e.g. a sampler for another
+    dataset) comes after they changed."""
     if checkpoint_id is None and storage_reader is not None:
         checkpoint_id = getattr(storage_reader, "path", None)
     if checkpoint_id is None:
