@@ -459,5 +459,14 @@ def get_default_backend_for_device(device):
 
 
 from . import metrics  # noqa: E402,F401
-from .device_mesh import DeviceMesh, init_device_mesh  # noqa: E402,F401
 __all__ += ["DeviceMesh", "init_device_mesh"]
+
+
+def __getattr__(name):
+    # device_mesh is built on this module's API: it loads on first use, so
+    # that the two modules do not import each other at import time
+    if name in ("DeviceMesh", "init_device_mesh"):
+        from . import device_mesh
+        return getattr(device_mesh, name)
+    raise AttributeError(f"module 'dtorch.distributed' has no attribute "
+                         f"{name!r}")
