@@ -76,6 +76,36 @@ def _infer_dtype(a):
     raise TypeError(f"Could not infer dtype of {a.dtype}")
 
 
+def _leaf_dtype(x):
+    """PyTorch's dtype of one leaf of nested data: a tensor or array keeps
+    its own, Python bools/ints/floats give bool/int64/the default float."""
+    if isinstance(x, Tensor):
+        return x.dtype
+    # NumPy scalars first: np.float64 is a subclass of float
+    if isinstance(x, (np.ndarray, np.generic)) or B.is_cupy_array(x):
+        return B.from_np(x.dtype)
+    if isinstance(x, bool):
+        return B.bool_
+    if isinstance(x, int):
+        return B.int64
+    if isinstance(x, float):
+        return B.get_default_dtype()
+    raise TypeError(f"Could not infer dtype of {type(x).__name__}")
+
+
+def _seq_dtype(data):
+    """The dtype PyTorch infers for nested lists/tuples: the promotion of
+    every leaf's dtype (so [[1., 2.]] is float32, [t64, 2.] float64)."""
+    if isinstance(data, (list, tuple)):
+        dt = None
+        for d in data:
+            e = _seq_dtype(d)
+            if e is not None:
+                dt = e if dt is None else B.promote_types(dt, e)
+        return dt
+    return _leaf_dtype(data)
+
+
 def _to_array(data):
     """Array from data: nested lists may hold 0-d tensors."""
     if isinstance(data, Tensor):
@@ -103,13 +133,17 @@ def tensor(data, dtype=None, device=None, requires_grad=False,
     if B.is_cupy_array(src):
         a = src.copy()
     else:
-        py = not isinstance(src, np.ndarray)
         a = np.array(src)
         if a.dtype == object:
             raise TypeError(f"Could not infer dtype of "
                             f"{type(data).__name__}: ragged or non-numeric "
                             f"data")
-        if dtype is None and py:
+        if dtype is None and isinstance(data, (list, tuple)):
+            # the leaves' dtypes decide, not NumPy's (float64 for floats)
+            inferred = _seq_dtype(data) if a.size else None
+            a = a.astype(inferred.np if inferred is not None
+                         else _infer_dtype(a), copy=False)
+        elif dtype is None and not isinstance(src, np.ndarray):
             a = a.astype(_infer_dtype(a), copy=False)
     if dtype is not None:
         a = a.astype(B.to_dtype(dtype).np, copy=False)

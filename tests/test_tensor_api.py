@@ -263,3 +263,28 @@ def test_functions_namespace():
     assert dtorch.where(a > 2, a, 0.0).tolist() == [0, 4]
     assert dtorch.is_tensor(a) and not dtorch.is_tensor(1)
     assert B.get_array_module(a._data) is np
+
+
+@pytest.mark.parametrize("data", [
+    [[1., 2.]], [[1., 2.], [3., 4.]], [1., 2.], 1., [[1, 2]], [True],
+    [[True, 2]], [[1, 2.5]], [], [[]], (1, 2.0), [(1., 2.), (3., 4.)],
+    [np.float64(1.0)], [np.int32(3)], [[np.float32(1.0), 2]]])
+def test_tensor_infers_pytorch_dtype_from_nested_data(data):
+    """Nested Python floats give the default dtype, not NumPy's float64
+    (dtorch.tensor([[1., 2.]]) was float64); the leaves' dtypes promote."""
+    torch = pytest.importorskip("torch")
+    a, b = dtorch.tensor(data), torch.tensor(data)
+    assert str(a.dtype) == str(b.dtype).replace("torch", "dtorch"), data
+    assert tuple(a.shape) == tuple(b.shape)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_tensor_dtype_of_lists_of_tensors_follows_the_tensors():
+    torch = pytest.importorskip("torch")
+    for dt in ("float64", "float32", "int32", "int64", "bool"):
+        x = dtorch.ones((), dtype=getattr(dtorch, dt))
+        y = torch.ones((), dtype=getattr(torch, dt))
+        for mk in (lambda t: [t, t], lambda t: [[t], [t]], lambda t: [t, 2.],
+                   lambda t: [t, 2]):
+            assert str(dtorch.tensor(mk(x)).dtype) == \
+                str(torch.tensor(mk(y)).dtype).replace("torch", "dtorch"), dt
