@@ -15,7 +15,7 @@ import dtorch
 import dtorch.distributed as dist
 from dtorch import nn, optim
 from dtorch.distributed.fsdp import (FSDP, FSDPModule, ModuleWrapPolicy,
-                                     ShardedPiece, StateDictType,
+                                     StateDictType,
                                      fully_shard,
                                      size_based_auto_wrap_policy)
 
@@ -191,7 +191,8 @@ def test_sharded_state_dict_round_trip():
         f, _, _ = train(rank, size, "per_linear", steps=3)
         with f.state_dict_type(StateDictType.SHARDED_STATE_DICT):
             sd = f.state_dict()
-        pieces = {k: v for k, v in sd.items() if isinstance(v, ShardedPiece)}
+        pieces = {k: v for k, v in sd.items()
+                  if getattr(v, "_dcp_shard", None) is not None}
         assert len(pieces) == 6
         full = {k: v.detach().numpy().copy()
                 for k, v in f.state_dict().items()}
@@ -200,7 +201,7 @@ def test_sharded_state_dict_round_trip():
         got = {k: v.detach().numpy() for k, v in g.state_dict().items()}
         for k in full:
             close(got[k], full[k])
-        return sum(v.tensor.numel() for v in pieces.values())
+        return sum(v.numel() for v in pieces.values())
     counts = dist.spawn_threads(body, 3, timeout=120)
     assert sum(counts) == 62          # every element in exactly one piece
 
@@ -221,6 +222,34 @@ def test_sharded_state_dict_refuses_other_world_size():
             f.load_state_dict(saved[0])
         return True
     assert all(dist.spawn_threads(second, 3, timeout=60))
+
+
+def test_sharded_dcp_checkpoint_on_another_world_size(tmp_path):
+    """dcp.save of a 2-rank sharded state dict, dcp.load into a 3-rank
+    model's sharded state dict (other units too): the same model."""
+    import dtorch.distributed.checkpoint as dcp
+    ref, _ = reference(steps=3)
+    path = str(tmp_path / "ckpt")
+
+    def first(rank, size):
+        f, _, _ = train(rank, size, "per_linear", steps=3)
+        with f.state_dict_type(StateDictType.SHARDED_STATE_DICT):
+            dcp.save({"model": f.state_dict()}, checkpoint_id=path)
+        return True
+    assert all(dist.spawn_threads(first, 2, timeout=120))
+
+    def second(rank, size):
+        f = FSDP(net(), auto_wrap_policy=POLICIES["size"])
+        with f.state_dict_type(StateDictType.SHARDED_STATE_DICT):
+            sd = f.state_dict()
+        state = {"model": sd}
+        dcp.load(state, checkpoint_id=path)
+        f.load_state_dict(state["model"])
+        return {k: v.detach().numpy().copy()
+                for k, v in f.state_dict().items()}
+    for sd in dist.spawn_threads(second, 3, timeout=120):
+        for k in ref:
+            close(sd[k], ref[k])
 
 
 @pytest.mark.parametrize("size", [2, 3])

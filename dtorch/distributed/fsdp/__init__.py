@@ -3,7 +3,7 @@
 name ``FSDP``), ``fully_shard`` and the wrap policies."""
 from .fully_sharded_data_parallel import (FSDPModule,
                                           FullyShardedDataParallel,
-                                          ShardedPiece, StateDictType,
+                                          StateDictType,
                                           fully_shard)
 from .wrap import (ModuleWrapPolicy, always_wrap_policy,
                    size_based_auto_wrap_policy)
@@ -11,5 +11,5 @@ from .wrap import (ModuleWrapPolicy, always_wrap_policy,
 FSDP = FullyShardedDataParallel
 
 __all__ = ["FullyShardedDataParallel", "FSDP", "StateDictType",
-           "ShardedPiece", "ModuleWrapPolicy", "size_based_auto_wrap_policy",
+           "ModuleWrapPolicy", "size_based_auto_wrap_policy",
            "always_wrap_policy", "fully_shard", "FSDPModule"]

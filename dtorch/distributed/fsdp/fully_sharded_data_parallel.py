@@ -29,8 +29,11 @@ the CPU generator only.
 
 ``state_dict()`` is the unsharded model's (FULL_STATE_DICT, gathered on
 every rank) or, under ``state_dict_type(SHARDED_STATE_DICT)``, every
-parameter's local 1-D piece with its offsets; ``load_state_dict`` takes
-either. ``clip_grad_norm_`` clips by the global norm.
+parameter's local piece of its flattened elements, marked with
+``dcp.shard_of`` as a box of a 1-D tensor of ``numel`` elements: ``dcp.save``
+writes it, and ``dcp.load`` into the sharded state dict of a model on
+another world size fills that rank's boxes. ``load_state_dict`` takes
+either kind. ``clip_grad_norm_`` clips by the global norm.
 """
 import contextlib
 import weakref
@@ -410,13 +413,16 @@ class FullyShardedDataParallel(Module):
         sd = {} if destination is None else destination
         sharded = self._state_dict_type == StateDictType.SHARDED_STATE_DICT
         if sharded:
+            from ..checkpoint import shard_of
             for u, name, o, k, shape in self._named_pieces():
                 c, r = u._chunk, u.rank
                 lo, hi = max(o, r * c), min(o + k, (r + 1) * c)
-                piece = u._flat_param._data[max(lo - r * c, 0):
-                                            max(hi - r * c, 0)].copy()
-                sd[prefix + name] = ShardedPiece(
-                    Tensor._wrap(piece), tuple(shape), max(lo - o, 0))
+                hi = max(lo, hi)
+                piece = u._flat_param._data[lo - r * c:hi - r * c].copy()
+                # the flattened parameter's elements [lo - o, hi - o): a
+                # 1-D box that dcp saves and loads on any world size
+                sd[prefix + name] = shard_of(Tensor._wrap(piece), (k,),
+                                             (min(lo - o, k),))
         else:
             fulls = {}
             for u in self._units():
@@ -453,15 +459,17 @@ class FullyShardedDataParallel(Module):
                 if lo >= hi:
                     continue
                 dst = u._flat_param._data[lo - r * c:hi - r * c]
-                if isinstance(v, ShardedPiece):
-                    if v.offset != lo - o or v.tensor.numel() != hi - lo:
+                box = getattr(v, "_dcp_shard", None)
+                if box is not None:
+                    if box != ((k,), (lo - o,)) or v.numel() != hi - lo:
                         raise ValueError(
                             f"FullyShardedDataParallel.load_state_dict: "
-                            f"{name!r} is a shard of elements [{v.offset}, "
-                            f"{v.offset + v.tensor.numel()}) but rank "
-                            f"{r} holds [{lo - o}, {hi - o}); load a full "
+                            f"{name!r} is a shard of elements "
+                            f"[{box[1][0]}, {box[1][0] + v.numel()}) but "
+                            f"rank {r} holds [{lo - o}, {hi - o}); load it "
+                            f"with dcp.load into this model's sharded "
                             f"state dict to change the world size")
-                    dst[...] = v.tensor._data
+                    dst[...] = v._data
                 else:
                     if tuple(v.shape) != tuple(shape):
                         raise RuntimeError(
@@ -475,21 +483,6 @@ class FullyShardedDataParallel(Module):
                 if name in state_dict:
                     b._data[...] = state_dict[name]._data
         return _Keys(missing, unexpected)
-
-
-class ShardedPiece:
-    """One parameter's local piece in a sharded state dict: ``tensor``
-    holds elements [offset, offset + numel) of the flattened parameter of
-    shape ``global_shape``."""
-    __slots__ = ("tensor", "global_shape", "offset")
-
-    def __init__(self, tensor, global_shape, offset):
-        self.tensor, self.global_shape = tensor, tuple(global_shape)
-        self.offset = int(offset)
-
-    def __repr__(self):
-        return (f"ShardedPiece(global_shape={list(self.global_shape)}, "
-                f"offset={self.offset}, numel={self.tensor.numel()})")
 
 
 class _Keys(tuple):
