@@ -97,6 +97,9 @@ from . import optim, utils
 from . import accelerator, backends, multiprocessing, distributions  # noqa
 from .utils import checkpoint as _ckpt  # noqa: E402,F401
 from . import nn  # noqa: E402
+from . import amp, cpu  # noqa: E402
+from .amp import autocast  # noqa: E402
+from .cuda import amp as _cuda_amp  # noqa: E402,F401  (dtorch.cuda.amp)
 
 
 def __getattr__(name):

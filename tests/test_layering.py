@@ -48,6 +48,7 @@ LAYERS = {
     'dtorch.nn': 4, 'dtorch.optim': 4, 'dtorch.utils.data': 4,
     'dtorch.serialization': 4, 'dtorch.amp': 4, 'dtorch.distributions': 4,
     'dtorch.utils.checkpoint': 4, 'dtorch.multiprocessing': 4,
+    'dtorch.cpu': 4, 'dtorch.cuda.amp': 4,
     # 5 torch.distributed-style facade over collectives/, its comm hooks
     'dtorch.distributed': 5,
     # 6 DDP, tensor parallel, SyncBatchNorm: over distributed's public API

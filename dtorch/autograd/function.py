@@ -35,6 +35,12 @@ from .grad_mode import _state
 
 _seq = itertools.count()
 
+# While an autocast region is open (in any thread), dtorch.amp sets this to
+# its dispatcher: dispatcher(cls, args, kwargs) returns the op's result run
+# under the autocast policy, or NotImplemented for an op it leaves alone.
+# None otherwise, so the check in Function.apply costs one global lookup.
+_autocast = None
+
 
 class TensorBase:
     """What autograd needs of a tensor; ``dtorch.Tensor`` derives from it.
@@ -120,6 +126,10 @@ class Function:
     # -------------------------------------------------------------- apply --
     @classmethod
     def apply(cls, *args, **kwargs):
+        if _autocast is not None:
+            out = _autocast(cls, args, kwargs)
+            if out is not NotImplemented:
+                return out
         # CuPy runs kernels on the current device, not the operands': run
         # forward on the device of the first CUDA input (as PyTorch's device
         # guard). Free on the CPU while CuPy was never loaded.

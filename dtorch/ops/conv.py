@@ -9,11 +9,12 @@ matmul over groups; ``ConvTranspose2d`` is the adjoint in x.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op
+from .base import Op, float32_compute
 from .window import _as_strided, _col2im, _pad2d, _unpad2d, _windows, \
     conv_out_size
 
 
+@float32_compute
 class Conv2d(Op):
     """out = conv2d(x, w) + b for x (N, C, H, W), w (O, C/groups, KH, KW).
 
@@ -238,6 +239,7 @@ def _conv2d_grouped_backward(ctx, xp, g, w, cols):
     return gx, gw, gb
 
 
+@float32_compute
 class ConvTranspose2d(Op):
     """The adjoint of Conv2d in x: w is (C_in, C_out/groups, KH, KW)."""
     @staticmethod

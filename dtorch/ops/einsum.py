@@ -9,7 +9,7 @@ that diagonal.
 import string
 
 from .._backend import get_array_module
-from .base import Op, promote
+from .base import Op, promote, float32_compute
 
 _LETTERS = string.ascii_letters
 
@@ -58,6 +58,7 @@ def parse(equation, shapes):
     return res, out
 
 
+@float32_compute
 class Einsum(Op):
     @staticmethod
     def forward(ctx, *xs, equation=""):

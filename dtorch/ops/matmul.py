@@ -5,9 +5,11 @@ layer costs one graph node). einsum lives in ``einsum.py``.
 import numpy as np
 
 from .._backend import get_array_module, from_np
-from .base import Op, _device_error, promote, unbroadcast
+from .base import Op, _device_error, promote, unbroadcast, \
+    float32_compute
 
 
+@float32_compute
 class MatMul(Op):
     @staticmethod
     def forward(ctx, x, y):
@@ -51,6 +53,7 @@ class MatMul(Op):
         return gx, gy
 
 
+@float32_compute
 class Linear(Op):
     """y = x @ w.T + b, one primitive so an MLP layer costs one node."""
     @staticmethod

@@ -2,7 +2,7 @@
 
 Importing this never imports CuPy; every function asks ``_backend`` lazily.
 """
-from . import _backend as B
+from .. import _backend as B
 
 
 def is_available():
@@ -49,7 +49,7 @@ def max_memory_allocated(device=None):
 
 def manual_seed(seed):
     """Seed the current device's generator (lazily, at its first draw)."""
-    from . import random as R
+    from .. import random as R
     if B._cupy is None:   # no device in use yet: seed them all, as PyTorch
         R.cuda_manual_seed(seed, all_devices=True)   # defers the same way
     else:
@@ -57,18 +57,18 @@ def manual_seed(seed):
 
 
 def manual_seed_all(seed):
-    from . import random as R
+    from .. import random as R
     R.cuda_manual_seed(seed, all_devices=True)
 
 
 def get_rng_state(device="cuda"):
     """The generator state of a device, a small JSON-friendly dict."""
-    from . import random as R
+    from .. import random as R
     return R.cuda_get_rng_state(device)
 
 
 def set_rng_state(new_state, device="cuda"):
-    from . import random as R
+    from .. import random as R
     R.cuda_set_rng_state(new_state, device)
 
 

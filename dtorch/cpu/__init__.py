@@ -1,0 +1,15 @@
+"""``dtorch.cpu``: PyTorch's ``torch.cpu`` namespace; ``dtorch.cpu.amp``
+holds the older autocast spelling."""
+from . import amp  # noqa: F401
+
+
+def is_available():
+    return True
+
+
+def device_count():
+    return 1
+
+
+def synchronize(device=None):
+    """CPU work is synchronous: nothing to wait for."""
