@@ -231,6 +231,24 @@ def test_stage2_grads_hold_only_the_owned_chunk():
     close(got[0] + got[1], full)
 
 
+def test_small_units_same_trajectory(monkeypatch):
+    """Units capped at 100 bytes (whole parameters each): more all-gathers
+    of smaller buffers, the same trajectory."""
+    from dtorch.distributed.optim import zero_redundancy_optimizer as Z
+    monkeypatch.setattr(Z, "_UNIT_BYTES", 100)
+    ref, _ = reference("adam")
+
+    def body(rank, size):
+        m, zero, _ = train(rank, size, "adam", False)
+        return [p.detach().numpy().copy() for p in m.parameters()], \
+            len(zero._units)
+    for params, n_units in dist.spawn_threads(body, 3, timeout=120):
+        # group 0: 0.weight | 0.bias; group 1: 2.weight | 2.bias+4.*
+        assert n_units == 4
+        for a, b in zip(params, ref):
+            close(a, b)
+
+
 def test_errors():
     def body(rank, size):
         m = model()
