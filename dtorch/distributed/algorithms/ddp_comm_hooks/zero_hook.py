@@ -28,18 +28,23 @@ def reduce_scatter_hook(zero, bucket):
     n = dist.get_world_size(group)
     r = dist.get_rank(group)
     zero._note_bucket(bucket.index(), bucket.parameters())
-    flat = bucket.buffer()._data
-    xp = bucket.buffer()._xp()
+    buf = bucket.buffer()
+    flat, xp = buf._data, buf._xp()
     chunk = -(-flat.size // n)
-    padded = xp.zeros(chunk * n, flat.dtype)
-    padded[:flat.size] = flat
+    if flat.size == chunk * n:
+        send = flat                      # no padding needed: no copy
+    else:
+        send = xp.zeros(chunk * n, flat.dtype)
+        send[:flat.size] = flat
     mine = xp.empty(chunk, flat.dtype)
-    dist.reduce_scatter_tensor(Tensor._wrap(mine), Tensor._wrap(padded),
+    dist.reduce_scatter_tensor(Tensor._wrap(mine), Tensor._wrap(send),
                                group=group)
     mine /= n
-    out = xp.zeros(flat.size, flat.dtype)
+    # the result in the bucket's own buffer: DDP then writes it back
+    # without another copy
     lo, hi = min(r * chunk, flat.size), min((r + 1) * chunk, flat.size)
-    out[lo:hi] = mine[:hi - lo]
+    flat[...] = 0
+    flat[lo:hi] = mine[:hi - lo]
     fut = Future()
-    fut.set_result(Tensor._wrap(out))
+    fut.set_result(buf)
     return fut
