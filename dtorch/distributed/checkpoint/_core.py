@@ -66,19 +66,26 @@ class CheckpointException(RuntimeError):
 
 # ------------------------------------------------------------- shards --
 
-def shard_of(tensor, global_shape, offsets):
+def shard_of(tensor, global_shape, offsets, flat_of=None):
     """A view of ``tensor`` (same memory) marked as the box at ``offsets``
     of a global tensor of ``global_shape``: dcp saves it as that chunk and
     loads into it that box of whatever chunks were saved (the metadata
-    hook that DTensor's placements are in PyTorch)."""
+    hook that DTensor's placements are in PyTorch). ``flat_of``: the
+    global tensor is the 1-D flattening of a tensor of this shape (ZeRO's
+    element-wise shards), so it loads from and into that shape too."""
     shape, g, o = tuple(tensor.shape), tuple(global_shape), tuple(offsets)
     if len(g) != len(shape) or len(o) != len(shape) or any(
             oi < 0 or oi + s > gi for oi, s, gi in zip(o, shape, g)):
         raise ValueError(f"shard_of: a shard of shape {list(shape)} at "
                          f"offsets {list(o)} does not fit in a global "
                          f"tensor of shape {list(g)}")
+    if flat_of is not None and (len(g) != 1 or math.prod(flat_of) != g[0]):
+        raise ValueError(f"shard_of: flat_of {list(flat_of)} has "
+                         f"{math.prod(flat_of)} elements, the flat tensor "
+                         f"{list(g)}")
     view = Tensor._wrap(tensor._data)
     view._dcp_shard = (g, o)
+    view._dcp_flat_of = None if flat_of is None else tuple(flat_of)
     return view
 
 
@@ -310,6 +317,7 @@ class _Snapshot:
     def __init__(self, flat, copy, staging=None):
         self.tensors = {}          # key -> (array, global, offsets)
         self.objects = {}          # key -> JSON text
+        self.flat_of = {}          # key -> shape of a flat shard's tensor
         for key, (_, _, v) in flat.leaves.items():
             if _is_tensor(v):
                 buf = None if staging is None else staging.get(key)
@@ -321,6 +329,8 @@ class _Snapshot:
                                     "which safetensors cannot store")
                 g, o = _spec(v, a.shape)
                 self.tensors[key] = (a, g, o)
+                if getattr(v, "_dcp_flat_of", None) is not None:
+                    self.flat_of[key] = list(v._dcp_flat_of)
             else:
                 self.objects[key] = _encode_object(key, v)
         self.step = None
@@ -336,6 +346,7 @@ def _plan_of(snap):
     return {"tensors": {k: [S._CODES[a.dtype], list(g), list(o),
                             list(a.shape)]
                         for k, (a, g, o) in snap.tensors.items()},
+            "flat_of": dict(snap.flat_of),
             "objects": dict(snap.objects), "step": snap.step}
 
 
@@ -435,6 +446,12 @@ def _global_plan(plans, crcs):
         _check_tiling(k, gsize, chunks)
         entries[k] = {"type": "tensor", "dtype": dtype, "size": gsize,
                       "chunks": chunks}
+        flats = {str(plans[r].get("flat_of", {}).get(k)) for r in holders}
+        if len(flats) > 1:
+            raise ValueError(f"tensor {k!r} is a flat shard on some ranks "
+                             f"only ({sorted(flats)})")
+        if plans[holders[0]].get("flat_of", {}).get(k) is not None:
+            entries[k]["flat_of"] = plans[holders[0]]["flat_of"][k]
     return entries, writes, per_rank_keys
 
 
@@ -804,15 +821,36 @@ def _pick_rank(per_rank, rank, key, warn):
 
 
 def _assemble(key, entry, target, rank, reader, warn):
-    """This rank's box of tensor ``key`` as an array (a temporary)."""
+    """This rank's box of tensor ``key`` as an array (a temporary).
+
+    A flat entry (ZeRO's element-wise shards: a 1-D tensor of the
+    parameter's elements, ``flat_of`` its shape) and a tensor of that
+    shape read each other, through the whole tensor, reshaped."""
     shape = tuple(target.shape)
     g, o = _spec(target, shape)
-    if list(g) != list(entry["size"]):
+    t_flat = getattr(target, "_dcp_flat_of", None)
+    s_flat = entry.get("flat_of")
+    size = list(entry["size"])
+    if t_flat is None and s_flat is not None and list(g) == s_flat:
+        whole = _assemble_box(key, entry, (0,), (math.prod(g),), rank,
+                              reader, warn).reshape(g)
+        return whole[tuple(slice(a, a + n) for a, n in zip(o, shape))]
+    if t_flat is not None and s_flat is None and size == list(t_flat):
+        whole = _assemble_box(key, entry, (0,) * len(size), tuple(size),
+                              rank, reader, warn).reshape(-1)
+        return whole[o[0]:o[0] + shape[0]]
+    if list(g) != size or (t_flat is not None and s_flat is not None
+                           and list(t_flat) != s_flat):
         raise CheckpointException(
             f"size mismatch for {key!r}: the checkpoint "
             f"{reader.path} has shape {entry['size']}, the state_dict's "
             f"tensor is {list(g)}" + (f" (this rank's shard {list(shape)})"
                                       if tuple(g) != shape else ""))
+    return _assemble_box(key, entry, o, shape, rank, reader, warn)
+
+
+def _assemble_box(key, entry, o, shape, rank, reader, warn):
+    """The box at offsets ``o`` of ``shape`` from the saved chunks."""
     chunks = entry.get("chunks")
     if chunks is None:
         chunks = _pick_rank(entry["per_rank"], rank, key, warn)

@@ -112,10 +112,19 @@ def get_model_state_dict(model, *, submodules=None, options=None):
         if k not in frozen)
 
 
+def _is_zero(opt):
+    """A ZeroRedundancyOptimizer: its state is in its local optimizer,
+    one flat piece of each parameter it owns elements of."""
+    return hasattr(opt, "_pieces") and hasattr(opt, "optim")
+
+
 def _init_optim_state(opt):
     """Create an empty optimizer's state: zero gradients, one step at
-    learning rate 0 (the parameters do not change), gradients cleared."""
-    if opt.state or type(opt).__name__ == "LBFGS":
+    learning rate 0 (the parameters do not change), gradients cleared.
+    (A ZeroRedundancyOptimizer's step is a collective: every rank of its
+    group calls this, as they all call get_state_dict.)"""
+    state = opt.optim.state if _is_zero(opt) else opt.state
+    if state or type(opt).__name__ == "LBFGS":
         return
     params = [p for g in opt.param_groups for p in g["params"]]
     if any(p.grad is not None for p in params):
@@ -167,6 +176,9 @@ def get_optimizer_state_dict(model, optimizers, *, submodules=None,
     for opt in _opts(optimizers):
         _init_optim_state(opt)
         names = _index_names(m, opt)
+        if _is_zero(opt):
+            _zero_state(opt, names, out)
+            continue
         osd = opt.state_dict()
         for idx, st in osd["state"].items():
             n = names[int(idx)]
@@ -177,6 +189,77 @@ def get_optimizer_state_dict(model, optimizers, *, submodules=None,
             g["params"] = [names[i] for i in g["params"]]
             out["param_groups"].append(g)
     return out
+
+
+def _zero_state(opt, names, out):
+    """A ZeroRedundancyOptimizer's pieces as flat shards of each
+    parameter's state (dcp reads them into any other layout: another
+    world size, or a plain optimizer's whole tensors)."""
+    for piece in opt._pieces:
+        st = opt.optim.state.get(piece.shard)
+        if not st:
+            continue
+        p, n = piece.param, piece.hi - piece.lo
+        out["state"][names[piece.index]] = {
+            k: (shard_of(v, (p.numel(),), (piece.lo,), flat_of=p.shape)
+                if isinstance(v, Tensor) and v.dim() == 1
+                and v.shape[0] == n else
+                Tensor._wrap(v._data) if isinstance(v, Tensor) else v)
+            for k, v in st.items()}
+    for g in opt.param_groups:
+        g = {k: v for k, v in g.items() if k != "params"}
+        out["param_groups"].append(g)
+    # the parameters of each group, by name, as get_optimizer_state_dict
+    # lays them out
+    start = 0
+    for g, dst in zip(opt.param_groups,
+                      out["param_groups"][-len(opt.param_groups):]):
+        dst["params"] = names[start:start + len(g["params"])]
+        start += len(g["params"])
+
+
+def _set_zero_state(opt, names, osd):
+    """Into a ZeroRedundancyOptimizer: hyper-parameters by group, and each
+    piece's state (already in place after dcp.load into
+    get_optimizer_state_dict's tensors; otherwise copied: a piece, or its
+    part of the whole tensor)."""
+    for g in opt.param_groups:
+        first = names[_position(opt, g["params"][0])] if g["params"] \
+            else None
+        match = [s for s in osd["param_groups"] if first in s["params"]]
+        if not match:
+            raise ValueError(f"set_optimizer_state_dict: no saved parameter "
+                             f"group holds {first!r}")
+        g.update({k: v for k, v in match[0].items() if k != "params"})
+    opt._sync_hyperparameters()
+    for piece in opt._pieces:
+        st = osd["state"].get(names[piece.index])
+        if st is None:
+            continue
+        local = opt.optim.state.setdefault(piece.shard, {})
+        p, n = piece.param, piece.hi - piece.lo
+        for k, v in st.items():
+            cur = local.get(k)
+            if not isinstance(v, Tensor):
+                local[k] = v
+            elif isinstance(cur, Tensor) and cur._data is v._data:
+                continue                       # loaded in place
+            elif v.dim() > 0 and tuple(v.shape) == tuple(p.shape) and \
+                    v.numel() != n:
+                local[k] = Tensor._wrap(
+                    v._data.reshape(-1)[piece.lo:piece.hi].copy())
+            else:
+                local[k] = Tensor._wrap(v._data.copy())
+
+
+def _position(opt, p):
+    i = 0
+    for g in opt.param_groups:
+        for q in g["params"]:
+            if q is p:
+                return i
+            i += 1
+    raise ValueError("parameter not in the optimizer")
 
 
 def get_state_dict(model, optimizers, *, submodules=None, options=None):
@@ -209,6 +292,9 @@ def set_optimizer_state_dict(model, optimizers, optim_state_dict, *,
     saved_groups = optim_state_dict["param_groups"]
     for opt in _opts(optimizers):
         names = _index_names(m, opt)
+        if _is_zero(opt):
+            _set_zero_state(opt, names, optim_state_dict)
+            continue
         index = {n: i for i, n in enumerate(names)}
         state = {}
         for n, st in optim_state_dict["state"].items():
