@@ -121,6 +121,12 @@ class _UnitFunction(Function):
             shard_grad = unit._reduce_scatter_grads(leaves)
         finally:
             unit._free()
+            # the recomputed graph's nodes and the leaves refer to each
+            # other (a cycle, freed only by the garbage collector): let
+            # the leaves drop the gathered array and their gradients now
+            for t in leaves:
+                t._data = t._data.reshape(-1)[:0].copy()
+                t._grad = None
         in_grads = [a.grad if isinstance(a, Tensor) and a.requires_grad
                     else None for a in inputs]
         return (None, shard_grad, None, *in_grads)
