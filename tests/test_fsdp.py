@@ -316,6 +316,57 @@ def test_pytorch_oracle_single_step():
             close(sd[k], want[k])
 
 
+class Block(nn.Module):
+    """Linear + dropout, returning a tuple and taking a keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x, scale=1.0):
+        h = self.drop(self.lin(x)) * scale
+        return h, h.sum()
+
+
+class TwoBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Block(), Block()
+
+    def forward(self, x):
+        h, s1 = self.a(x, scale=2.0)
+        h, s2 = self.b(h)
+        return (h ** 2).sum() + s1 + s2
+
+
+def test_recompute_restores_rng_kwargs_tuples():
+    """Dropout inside a unit: backward's recomputation draws the same mask
+    (the RNG is restored), so one rank's FSDP equals the plain model."""
+    dtorch.manual_seed(1)
+    plain = TwoBlocks().to(F64)
+    state = {k: v.detach().numpy().copy()
+             for k, v in plain.state_dict().items()}
+    x = dtorch.tensor(np.random.default_rng(0).standard_normal((5, 6)))
+    dtorch.manual_seed(7)
+    plain(x).backward()
+    opt = optim.SGD(plain.parameters(), lr=0.1)
+    opt.step()
+    want = {k: v.detach().numpy() for k, v in plain.state_dict().items()}
+
+    def body(rank, size):
+        m = TwoBlocks().to(F64)
+        m.load_state_dict({k: dtorch.tensor(v) for k, v in state.items()})
+        f = FSDP(m, auto_wrap_policy=ModuleWrapPolicy({Block}))
+        dtorch.manual_seed(7)
+        f(x).backward()
+        optim.SGD(f.parameters(), lr=0.1).step()
+        return {k: v.detach().numpy() for k, v in f.state_dict().items()}
+    got = dist.spawn_threads(body, 1, timeout=60)[0]
+    for k in want:
+        close(got[k], want[k])
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_fully_shard_in_place(size):
     """PyTorch's FSDP2 API: fully_shard each Linear, then the root; the
