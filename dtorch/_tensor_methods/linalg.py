@@ -4,6 +4,7 @@ Each function takes the tensor first: it is a Tensor method (the class body
 of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
 """
 from .. import _backend as B
+from ..autograd import function as _function
 
 
 @B.on_own_device
@@ -28,11 +29,22 @@ def mv(self, vec):
 
 
 def addmm(self, mat1, mat2, beta=1, alpha=1):
-    return _scaled(self, beta) + _scaled(mat1.mm(mat2), alpha)
+    prod = mat1.mm(mat2)
+    return _scaled(_autocast_like(self, prod), beta) + _scaled(prod, alpha)
 
 
 def baddbmm(self, batch1, batch2, beta=1, alpha=1):
-    return _scaled(self, beta) + _scaled(batch1.bmm(batch2), alpha)
+    prod = batch1.bmm(batch2)
+    return _scaled(_autocast_like(self, prod), beta) + _scaled(prod, alpha)
+
+
+def _autocast_like(t, prod):
+    # under autocast addmm/baddbmm run whole in the low dtype (PyTorch's
+    # lower-precision list): the added input follows the autocast product
+    if _function._autocast is not None and t.dtype is B.float32 and \
+            prod.dtype in (B.bfloat16, B.float16):
+        return t.to(prod.dtype)
+    return t
 
 
 def addbmm(self, batch1, batch2, beta=1, alpha=1):

@@ -49,9 +49,11 @@ _LOSSES = (P.NllLoss, P.CrossEntropy, P.SoftMargin, P.MultiMargin,
 # PyTorch's CPU lists: lower_precision_fp (mm/bmm/baddbmm/addmm/linear/conv,
 # mkldnn_rnn_layer = nn.LSTM, prelu, sdpa through its matmuls), fp32
 # (prod, the losses), promote (cat, stack).
-_CPU = {op: LOWER for op in _COMMON_LOWER + (P.LSTMLayer,)}
-_CPU.update({op: FP32 for op in _LOSSES + (P.Prod,
-                                           P.BinaryCrossEntropy)})
+# nn.RNN and RNNCell are bfloat16 there too (their linear ops), nn.GRU and
+# GRUCell float32 (not listed: the float32 state wins).
+_CPU = {op: LOWER for op in _COMMON_LOWER + (P.LSTMLayer, P.RNNLayer)}
+_CPU.update({op: FP32 for op in _LOSSES + (P.Prod, P.BinaryCrossEntropy,
+                                           P.GRULayer)})
 _CPU.update({P.LayerNorm: FP32_KEEP, P.BatchNorm: FP32_KEEP})
 _CPU.update({P.Cat: PROMOTE, P.Stack: PROMOTE})
 

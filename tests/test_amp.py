@@ -1,0 +1,344 @@
+"""autocast: op dtypes equal PyTorch's (CPU, bfloat16), nesting, the cast
+cache, gradients' dtypes; float16/bfloat16 compute accuracy on CPU."""
+import numpy as np
+import pytest
+
+import dtorch
+import dtorch.nn as nn
+import dtorch.nn.functional as F
+from dtorch.amp import autocast_mode as AM
+
+torch = pytest.importorskip("torch")
+
+
+def _pair(shape, seed):
+    a = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return dtorch.tensor(a), torch.tensor(a)
+
+
+# each case: a function of the library (dtorch or torch) and of two (8, 8)
+# float32 inputs x, w; ``h = F.linear(x, w)`` is a bfloat16 activation
+# under autocast, so a case sees both a float32 and a bfloat16 operand
+def _cases():
+    def lin(L, x, w):
+        return L.nn.functional.linear(x, w)
+
+    def idx(L, x):
+        return L.zeros(8, dtype=L.long, device=x.device)
+
+    return {
+        "linear": lambda L, x, w: lin(L, x, w),
+        "matmul": lambda L, x, w: x @ w,
+        "mm": lambda L, x, w: L.mm(x, w),
+        "matmul_mixed": lambda L, x, w: lin(L, x, w) @ w,
+        "bmm": lambda L, x, w: L.bmm(x[None], w[None]),
+        "addmm": lambda L, x, w: L.addmm(x, x, w),
+        "baddbmm": lambda L, x, w: L.baddbmm(x[None], x[None], w[None]),
+        "einsum": lambda L, x, w: L.einsum("ij,jk->ik", x, w),
+        "conv2d": lambda L, x, w: L.nn.functional.conv2d(
+            x.reshape(1, 1, 8, 8), w[:2, :].reshape(2, 1, 2, 4)),
+        "conv1d": lambda L, x, w: L.nn.functional.conv1d(
+            x.reshape(1, 8, 8), w.reshape(8, 8, 1)),
+        "sdpa": lambda L, x, w: L.nn.functional.scaled_dot_product_attention(
+            x[None], w[None], x[None]),
+        "sdpa_causal": lambda L, x, w:
+            L.nn.functional.scaled_dot_product_attention(
+                lin(L, x, w)[None], w[None], x[None], is_causal=True),
+        "softmax": lambda L, x, w: L.softmax(lin(L, x, w), -1),
+        "softmax_f32": lambda L, x, w: L.softmax(x, -1),
+        "log_softmax": lambda L, x, w: L.log_softmax(lin(L, x, w), -1),
+        "sum": lambda L, x, w: lin(L, x, w).sum(),
+        "mean": lambda L, x, w: lin(L, x, w).mean(),
+        "prod": lambda L, x, w: lin(L, x, w).prod(),
+        "prod_f32": lambda L, x, w: x.prod(),
+        "exp": lambda L, x, w: lin(L, x, w).exp(),
+        "log": lambda L, x, w: lin(L, x, w).abs().log(),
+        "pow": lambda L, x, w: lin(L, x, w).pow(2),
+        "cumsum": lambda L, x, w: lin(L, x, w).cumsum(0),
+        "layer_norm": lambda L, x, w: L.nn.functional.layer_norm(
+            lin(L, x, w), (8,), w[0], w[1]),
+        "batch_norm_train": lambda L, x, w: L.nn.functional.batch_norm(
+            lin(L, x, w), L.zeros(8), L.ones(8), w[0], w[1], training=True),
+        "group_norm": lambda L, x, w: L.nn.functional.group_norm(
+            lin(L, x, w).reshape(8, 8, 1), 2),
+        "cross_entropy": lambda L, x, w: L.nn.functional.cross_entropy(
+            lin(L, x, w), idx(L, x)),
+        "nll_loss": lambda L, x, w: L.nn.functional.nll_loss(
+            lin(L, x, w), idx(L, x)),
+        "mse_loss": lambda L, x, w: L.nn.functional.mse_loss(
+            lin(L, x, w), x),
+        "l1_loss": lambda L, x, w: L.nn.functional.l1_loss(lin(L, x, w), x),
+        "smooth_l1": lambda L, x, w: L.nn.functional.smooth_l1_loss(
+            lin(L, x, w), x),
+        "huber": lambda L, x, w: L.nn.functional.huber_loss(
+            lin(L, x, w), x),
+        "bce_logits": lambda L, x, w:
+            L.nn.functional.binary_cross_entropy_with_logits(
+                lin(L, x, w), x.sigmoid()),
+        "add_mixed": lambda L, x, w: lin(L, x, w) + x,
+        "mul_mixed": lambda L, x, w: lin(L, x, w) * x,
+        "cat_mixed": lambda L, x, w: L.cat([lin(L, x, w), x]),
+        "stack_mixed": lambda L, x, w: L.stack([lin(L, x, w), x]),
+        "relu": lambda L, x, w: L.relu(lin(L, x, w)),
+        "gelu": lambda L, x, w: L.nn.functional.gelu(lin(L, x, w)),
+        "tanh": lambda L, x, w: lin(L, x, w).tanh(),
+        "sigmoid": lambda L, x, w: lin(L, x, w).sigmoid(),
+        "norm": lambda L, x, w: lin(L, x, w).norm(),
+        "max": lambda L, x, w: lin(L, x, w).max(),
+    }
+
+
+CASES = _cases()
+
+
+def _name(dt):
+    return str(dt).split(".")[-1]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_dtype_equals_torch_cpu_bfloat16(name):
+    fn = CASES[name]
+    x, tx = _pair((8, 8), 0)
+    w, tw = _pair((8, 8), 1)
+    with dtorch.autocast("cpu"):
+        got = fn(dtorch, x, w)
+    with torch.autocast("cpu"):
+        want = fn(torch, tx, tw)
+    assert _name(got.dtype) == _name(want.dtype), (name, got.dtype,
+                                                   want.dtype)
+    assert tuple(got.shape) == tuple(want.shape)
+    tol = 0.05 * max(1.0, float(want.float().abs().max()))
+    np.testing.assert_allclose(got.float().detach().numpy(),
+                               want.float().detach().numpy(), atol=tol,
+                               rtol=0.05)
+
+
+# modules: PyTorch's CPU list has nn.LSTM (mkldnn_rnn_layer) but not GRU or
+# the LSTM/GRU cells, whose float32 state promotes their output back
+MODULES = {
+    "LSTM": lambda L: L.nn.LSTM(8, 8),
+    "GRU": lambda L: L.nn.GRU(8, 8),
+    "RNNCell": lambda L: L.nn.RNNCell(8, 8),
+    "GRUCell": lambda L: L.nn.GRUCell(8, 8),
+    "RNN": lambda L: L.nn.RNN(8, 8),
+    "Linear": lambda L: L.nn.Linear(8, 8),
+    "LayerNorm": lambda L: L.nn.LayerNorm(8),
+    "BatchNorm1d": lambda L: L.nn.BatchNorm1d(8),
+    "MultiheadAttention": lambda L: L.nn.MultiheadAttention(8, 2),
+}
+
+
+def test_lstm_cell_known_difference():
+    # PyTorch's LSTMCell is a composite whose float32 cell state promotes
+    # h and c back to float32 under CPU autocast; dtorch's cell is one LSTM
+    # op (nn.LSTM's, bfloat16 on PyTorch's list), so h and c stay bfloat16
+    cell = nn.LSTMCell(8, 8)
+    with dtorch.autocast("cpu"):
+        h, c = cell(dtorch.randn(3, 8))
+    assert h.dtype is dtorch.bfloat16 and c.dtype is dtorch.bfloat16
+
+
+def _first(out):
+    while isinstance(out, tuple):
+        out = out[0]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_dtype_equals_torch_cpu_bfloat16(name):
+    dm, tm = MODULES[name](dtorch), MODULES[name](torch)
+    dm.load_state_dict({k: dtorch.tensor(v.detach().numpy())
+                        for k, v in tm.state_dict().items()})
+    x, tx = _pair((3, 8) if "Cell" in name or "Norm" in name
+                  else (2, 3, 8), 2)
+    args = (x, x, x) if name == "MultiheadAttention" else (x,)
+    targs = (tx, tx, tx) if name == "MultiheadAttention" else (tx,)
+    with dtorch.autocast("cpu"):
+        got = _first(dm(*args))
+    with torch.autocast("cpu"):
+        want = _first(tm(*targs))
+    assert _name(got.dtype) == _name(want.dtype), (name, got.dtype,
+                                                   want.dtype)
+    np.testing.assert_allclose(got.float().detach().numpy(),
+                               want.float().detach().numpy(), atol=0.05,
+                               rtol=0.05)
+    # parameters stay float32 (master weights)
+    assert all(p.dtype is dtorch.float32 for p in dm.parameters())
+
+
+def test_nested_and_disabled_regions_and_decorator():
+    x = dtorch.randn(4, 8)
+    w = dtorch.randn(8, 8)
+    assert not dtorch.amp.is_autocast_enabled("cpu")
+    with dtorch.autocast("cpu"):
+        assert F.linear(x, w).dtype is dtorch.bfloat16
+        with dtorch.autocast("cpu", enabled=False):
+            assert F.linear(x, w).dtype is dtorch.float32
+            with dtorch.autocast("cpu", dtype=dtorch.float16):
+                assert F.linear(x, w).dtype is dtorch.float16
+            assert F.linear(x, w).dtype is dtorch.float32
+        assert F.linear(x, w).dtype is dtorch.bfloat16
+        # a cuda region does not touch CPU tensors
+        with dtorch.autocast("cuda", enabled=True):
+            assert F.linear(x, w).dtype is dtorch.bfloat16
+    assert F.linear(x, w).dtype is dtorch.float32
+    assert dtorch.autograd.function._autocast is None   # hook removed
+
+    @dtorch.autocast("cpu")
+    def f(a):
+        return a @ w
+    assert f(x).dtype is dtorch.bfloat16
+    assert (x @ w).dtype is dtorch.float32
+    with dtorch.cpu.amp.autocast():
+        assert (x @ w).dtype is dtorch.bfloat16
+    with dtorch.amp.autocast("cpu", dtype=dtorch.float16):
+        assert (x @ w).dtype is dtorch.float16
+    # the region closes on an exception too
+    with pytest.raises(ValueError):
+        with dtorch.autocast("cpu"):
+            raise ValueError("x")
+    assert (x @ w).dtype is dtorch.float32
+    with pytest.raises(RuntimeError, match="unsupported autocast"):
+        dtorch.autocast("tpu")
+
+
+def test_backward_dtypes_and_gradients_match_torch():
+    """Gradients reach float32 parameters as float32 and equal PyTorch's
+    under bfloat16 autocast (bfloat16 tolerance)."""
+    torch.manual_seed(0)
+    tm = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                             torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    dm = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32),
+                       nn.Linear(32, 4))
+    dm.load_state_dict({k: dtorch.tensor(v.detach().numpy())
+                        for k, v in tm.state_dict().items()})
+    x, tx = _pair((8, 16), 3)
+    y = np.arange(8) % 4
+    with dtorch.autocast("cpu"):
+        out = dm(x)
+        loss = F.cross_entropy(out, dtorch.tensor(y))
+    with torch.autocast("cpu"):
+        tout = tm(tx)
+        tloss = torch.nn.functional.cross_entropy(tout, torch.tensor(y))
+    assert out.dtype is dtorch.bfloat16 and loss.dtype is dtorch.float32
+    loss.backward()
+    tloss.backward()
+    for (n, p), tp in zip(dm.named_parameters(), tm.parameters()):
+        assert p.grad.dtype is dtorch.float32, n
+        g, tg = p.grad.numpy(), tp.grad.numpy()
+        np.testing.assert_allclose(g, tg, atol=0.05 * np.abs(tg).max(),
+                                   err_msg=n)
+
+
+def test_weight_cast_cache_per_region():
+    w = dtorch.randn(8, 8, requires_grad=True)
+    x = dtorch.randn(4, 8)
+    with dtorch.autocast("cpu"):
+        a = x @ w
+        b = F.linear(x, w)
+        assert AM._cache_size() == 1      # one cast of w, reused
+        assert AM._cache_nbytes() == 8 * 8 * 2
+        (a.float().sum() + b.float().sum()).backward()
+    assert AM._cache_size() == 0
+    ones = np.ones((4, 8), np.float32)
+    want = x.numpy().T @ ones + ones.T @ x.numpy()
+    np.testing.assert_allclose(w.grad.numpy(), want, rtol=0.02, atol=0.05)
+    with dtorch.autocast("cpu", cache_enabled=False):
+        x @ w
+        assert AM._cache_size() == 0
+    # no cache under no_grad (a cast made there has no graph) nor for
+    # tensors that are not leaves requiring grad
+    with dtorch.autocast("cpu"), dtorch.no_grad():
+        x @ w
+        assert AM._cache_size() == 0
+    with dtorch.autocast("cpu"):
+        x @ x.t()
+        assert AM._cache_size() == 0
+    # a new region casts again: an in-place change of w between regions
+    # is seen
+    with dtorch.no_grad():
+        w.mul_(0)
+    with dtorch.autocast("cpu"):
+        assert float((x @ w).float().abs().sum()) == 0.0
+
+
+def test_cache_is_per_thread():
+    import threading
+    w = dtorch.randn(8, 8, requires_grad=True)
+    seen = []
+
+    def other():
+        seen.append((dtorch.amp.is_autocast_enabled("cpu"),
+                     (dtorch.randn(2, 8) @ w).dtype))
+    with dtorch.autocast("cpu"):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert seen == [(False, dtorch.float32)]
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_low_precision_gemm_accumulates_in_float32(dt):
+    """16-bit matmul/linear/conv on NumPy: float32 accumulation, one
+    rounding (as PyTorch's CPU kernels), the 16-bit dtype out and in the
+    gradients."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 32)).astype(np.float32)
+    D = getattr(dtorch, dt)
+    x = dtorch.tensor(a).to(D).requires_grad_()
+    y = dtorch.tensor(b).to(D).requires_grad_()
+    out = x @ y
+    assert out.dtype is D
+    ref = (x.detach().float() @ y.detach().float()).to(D)
+    assert np.array_equal(out.detach().float().numpy(), ref.float().numpy())
+    tx = torch.tensor(a).to(getattr(torch, dt))
+    ty = torch.tensor(b).to(getattr(torch, dt))
+    np.testing.assert_allclose(out.detach().float().numpy(), (tx @ ty).float().numpy(),
+                               rtol=0.02, atol=0.1)
+    out.float().sum().backward()
+    assert x.grad.dtype is D and y.grad.dtype is D
+    c = dtorch.tensor(rng.standard_normal((2, 3, 9, 9)).astype(np.float32))
+    k = dtorch.tensor(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    got = F.conv2d(c.to(D), k.to(D))
+    assert got.dtype is D
+    want = F.conv2d(c.to(D).float(), k.to(D).float())
+    np.testing.assert_allclose(got.float().numpy(), want.numpy(), rtol=0.01,
+                               atol=0.05)
+
+
+# PyTorch's CUDA lists (autocast_mode.cpp): float16 for the GEMMs, float32
+# for the exp/log/pow family, softmax, sums, norms and losses
+CUDA_EXPECT = {
+    "linear": "float16", "matmul": "float16", "bmm": "float16",
+    "addmm": "float16", "conv2d": "float16", "sdpa": "float16",
+    "softmax": "float32", "log_softmax": "float32", "sum": "float32",
+    "mean": "float32", "prod": "float32", "exp": "float32", "log": "float32",
+    "pow": "float32", "cumsum": "float32", "layer_norm": "float32",
+    "group_norm": "float32", "cross_entropy": "float32",
+    "mse_loss": "float32", "add_mixed": "float32", "relu": "float16",
+    "cat_mixed": "float32", "gelu": "float16",
+}
+# not listed: Tensor.norm of a float16 tensor returns float16 (it computes
+# in float32 and casts back), where PyTorch's CUDA autocast returns float32
+
+
+@pytest.mark.parametrize("name", sorted(CUDA_EXPECT))
+def test_cuda_policy(device, name):
+    if device == "cpu":
+        pytest.skip("the CUDA list applies to cuda tensors")
+    x, _ = _pair((8, 8), 0)
+    w, _ = _pair((8, 8), 1)
+    x, w = x.to(device), w.to(device)
+    with dtorch.autocast("cuda"):
+        got = CASES[name](dtorch, x, w)
+    assert _name(got.dtype) == CUDA_EXPECT[name]
+
+
+def test_cuda_banned_bce(device):
+    if device == "cpu":
+        pytest.skip("the CUDA list applies to cuda tensors")
+    x = dtorch.rand(4, device=device)
+    with dtorch.autocast("cuda"):
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            F.binary_cross_entropy(x, x)
