@@ -255,6 +255,72 @@ def test_sharded_dcp_checkpoint_on_another_world_size(tmp_path):
             close(sd[k], ref[k])
 
 
+def test_optim_state_dict_full_equals_plain_adam():
+    ref, _ = reference(steps=5)
+    m = model()
+    plain = optim.Adam(m.parameters(), lr=0.05, weight_decay=0.01)
+    for s in range(5):
+        x, y = batch(s)
+        plain.zero_grad()
+        ((m(x) - y) ** 2).mean().backward()
+        plain.step()
+    names = [n for n, _ in m.named_parameters()]
+    want = plain.state_dict()
+
+    def body(rank, size):
+        f, opt, _ = train(rank, size, "per_linear", steps=5)
+        return f.optim_state_dict(opt)
+    for osd in dist.spawn_threads(body, 3, timeout=120):
+        assert sorted(osd["state"]) == sorted(names)
+        for i, st in want["state"].items():
+            for k, v in st.items():
+                close(osd["state"][names[i]][k].detach().numpy(),
+                      v.detach().numpy())
+
+
+def test_sharded_model_and_optimizer_resume_on_another_world_size(tmp_path):
+    """Model and Adam state through dcp, saved by 2 ranks (per-Linear
+    units), loaded by 3 ranks (size-based units): 10 more steps equal 20
+    unsharded steps."""
+    import dtorch.distributed.checkpoint as dcp
+    ref, _ = reference(steps=20)
+    path = str(tmp_path / "ckpt")
+
+    def first(rank, size):
+        f, opt, _ = train(rank, size, "per_linear", steps=10)
+        with f.state_dict_type(StateDictType.SHARDED_STATE_DICT):
+            dcp.save({"model": f.state_dict(),
+                      "optim": f.optim_state_dict(opt)}, checkpoint_id=path)
+        return True
+    assert all(dist.spawn_threads(first, 2, timeout=120))
+
+    def second(rank, size):
+        f = FSDP(net(), auto_wrap_policy=POLICIES["size"])
+        opt = optim.Adam(f.parameters(), lr=0.05, weight_decay=0.01)
+        # one step with zero gradients makes the state entries to fill
+        for p in f.parameters():
+            p.grad = dtorch.zeros_like(p)
+        opt.step()
+        with f.state_dict_type(StateDictType.SHARDED_STATE_DICT):
+            state = {"model": f.state_dict(),
+                     "optim": f.optim_state_dict(opt)}
+        dcp.load(state, checkpoint_id=path)
+        f.load_state_dict(state["model"])
+        opt.load_state_dict(f.optim_state_dict_to_load(opt, state["optim"]))
+        k = BATCH // size
+        for s in range(10, 20):
+            x, y = batch(s)
+            opt.zero_grad()
+            ((f(x[rank * k:(rank + 1) * k]) - y[rank * k:(rank + 1) * k])
+             ** 2).mean().backward()
+            opt.step()
+        return {k: v.detach().numpy().copy()
+                for k, v in f.state_dict().items()}
+    for sd in dist.spawn_threads(second, 3, timeout=120):
+        for k in ref:
+            close(sd[k], ref[k])
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_global_clipping_equals_unsharded(size):
     ref, ref_norms = reference(clip=0.05)

@@ -415,6 +415,124 @@ class FullyShardedDataParallel(Module):
             out[name.replace(_WRAPPED + ".", "")] = b
         return out
 
+    def _piece_range(self, u, o, k):
+        c, r = u._chunk, u.rank
+        lo, hi = max(o, r * c), min(o + k, (r + 1) * c)
+        return lo, max(lo, hi)
+
+    def optim_state_dict(self, optim):
+        """``optim``'s state (an optimizer over ``self.parameters()``)
+        keyed by the unsharded parameters' names, as this model's
+        ``state_dict`` type says: FULL (gathered: what the unsharded
+        optimizer holds, on every rank) or SHARDED (each rank's pieces as
+        ``dcp.shard_of`` boxes of the flattened state, for dcp on any world
+        size). A collective in FULL mode. PyTorch's
+        ``FSDP.optim_state_dict(model, optim)``."""
+        from ..checkpoint import shard_of
+        sharded = self._state_dict_type == StateDictType.SHARDED_STATE_DICT
+        pieces = self._named_pieces()
+        by_unit = {}
+        for u, name, o, k, shape in pieces:
+            by_unit.setdefault(id(u), []).append((u, name, o, k, shape))
+        state, names_of = {}, {}
+        for u in self._units():
+            if u._flat_param is None:
+                continue
+            names_of[id(u._flat_param)] = [n for _, n, _, _, _ in
+                                           by_unit.get(id(u), [])]
+            st = optim.state.get(u._flat_param) or {}
+            for key, v in st.items():
+                elementwise = isinstance(v, Tensor) and v.dim() == 1 \
+                    and v.numel() == u._chunk
+                full = None
+                if elementwise and not sharded:
+                    full = _gather_array(u, v._data)
+                for _, name, o, k, shape in by_unit.get(id(u), []):
+                    ent = state.setdefault(name, {})
+                    if not elementwise:
+                        ent[key] = v.detach().clone() \
+                            if isinstance(v, Tensor) else v
+                    elif sharded:
+                        lo, hi = self._piece_range(u, o, k)
+                        a = v._data[lo - u.rank * u._chunk:
+                                    hi - u.rank * u._chunk].copy()
+                        ent[key] = shard_of(Tensor._wrap(a), (k,),
+                                            (min(lo - o, k),))
+                    else:
+                        ent[key] = Tensor._wrap(
+                            full[o:o + k].reshape(shape).copy())
+        groups = []
+        for g in optim.param_groups:
+            packed = {k: v for k, v in g.items() if k != "params"}
+            packed["params"] = [n for p in g["params"]
+                                for n in names_of.get(id(p), [])]
+            groups.append(packed)
+        return {"state": state, "param_groups": groups}
+
+    def optim_state_dict_to_load(self, optim, optim_state_dict):
+        """The inverse: a state dict for ``optim.load_state_dict`` from
+        one of ``optim_state_dict``'s (full, or sharded and filled by
+        ``dcp.load``; saved with any world size and wrapping when full or
+        loaded through dcp)."""
+        saved = optim_state_dict["state"]
+        group_of_name = {}
+        for sg in optim_state_dict["param_groups"]:
+            for n in sg["params"]:
+                group_of_name[n] = sg
+        pieces = self._named_pieces()
+        index = {}
+        for g in optim.param_groups:
+            for p in g["params"]:
+                index.setdefault(id(p), len(index))
+        state, group_opts = {}, {}
+        for u, name, o, k, shape in pieces:
+            fp = u._flat_param
+            if name not in saved or id(fp) not in index:
+                continue
+            i = index[id(fp)]
+            ent = state.setdefault(i, {})
+            if name in group_of_name:
+                group_opts.setdefault(i, group_of_name[name])
+            lo, hi = self._piece_range(u, o, k)
+            base = u.rank * u._chunk
+            for key, v in saved[name].items():
+                box = getattr(v, "_dcp_shard", None) \
+                    if isinstance(v, Tensor) else None
+                if box is None and not (isinstance(v, Tensor)
+                                        and tuple(v.shape) == tuple(shape)
+                                        and v.dim() > 0 and key != "step"):
+                    ent.setdefault(key, v.detach().clone()
+                                   if isinstance(v, Tensor) else v)
+                    continue
+                if key not in ent:
+                    ent[key] = Tensor._wrap(fp._xp().zeros(
+                        u._chunk, fp._data.dtype))
+                if lo >= hi:
+                    continue
+                if box is not None:
+                    if box != ((k,), (lo - o,)):
+                        raise ValueError(
+                            f"optim_state_dict_to_load: {name!r}/{key} is "
+                            f"the box {box} but rank {u.rank} holds "
+                            f"[{lo - o}, {hi - o}) of {k}; dcp.load it "
+                            f"into this model's sharded optim_state_dict")
+                    src = v._data
+                else:
+                    src = v._data.reshape(-1)[lo - o:hi - o]
+                ent[key]._data[lo - base:hi - base] = fp.device.send(src)
+        groups = []
+        for gi, g in enumerate(optim.param_groups):
+            packed = {k: v for k, v in g.items() if k != "params"}
+            ids = [index[id(p)] for p in g["params"]]
+            for i in ids:
+                if i in group_opts:
+                    packed.update({k: v for k, v in group_opts[i].items()
+                                   if k != "params"})
+                    break
+            packed["params"] = ids
+            groups.append(packed)
+        return {"state": state, "param_groups": groups}
+
     def state_dict(self, destination=None, prefix="", keep_vars=False):
         sd = {} if destination is None else destination
         sharded = self._state_dict_type == StateDictType.SHARDED_STATE_DICT
@@ -496,6 +614,18 @@ class _Keys(tuple):
         self = super().__new__(cls, (missing, unexpected))
         self.missing_keys, self.unexpected_keys = missing, unexpected
         return self
+
+
+def _gather_array(u, shard):
+    """The unit-sized array from every rank's chunk (a collective)."""
+    xp = u._flat_param._xp()
+    out = xp.empty(u._chunk * u.world_size, shard.dtype)
+    if u.world_size == 1:
+        out[...] = shard
+    else:
+        dist.all_gather_into_tensor(Tensor._wrap(out), Tensor._wrap(
+            xp.ascontiguousarray(shard)), group=u.process_group)
+    return out
 
 
 def _unit_of(m):
