@@ -1,4 +1,4 @@
-"""ZeRO stage 2 for DDP: ``model.register_comm_hook(zero, reduce_scatter_hook)``
+"""ZeRO stage 2 for DDP: ``ddp.register_comm_hook(zero, reduce_scatter_hook)``
 with ``zero`` a ``ZeroRedundancyOptimizer`` over the same group.
 
 Each bucket is reduce-scattered instead of all-reduced: the bucket's flat
