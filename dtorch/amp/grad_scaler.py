@@ -223,8 +223,9 @@ class GradScaler:
             else:
                 done = self._growth_tracker + 1
                 if done == self._growth_interval:
-                    grown = np.float32(self._scale) * np.float32(
-                        self._growth_factor)
+                    with np.errstate(over="ignore"):  # inf: not taken
+                        grown = np.float32(self._scale) * np.float32(
+                            self._growth_factor)
                     if np.isfinite(grown):
                         self._scale = grown
                     done = 0
