@@ -472,6 +472,30 @@ def test_fully_shard_in_place(size):
         assert state._stats.peak == state._stats.shard_bytes + largest
 
 
+def test_on_device(device):
+    """3 steps with the model on ``device`` (cuda: CuPy arrays through the
+    gathers and reduce-scatters), clipping, full state dict on the host."""
+    ref, _ = reference(steps=3, clip=1e9)
+
+    def body(rank, size):
+        f = FSDP(model().to(device), auto_wrap_policy=POLICIES["per_linear"])
+        opt = optim.Adam(f.parameters(), lr=0.05, weight_decay=0.01)
+        k = BATCH // size
+        for s in range(3):
+            x, y = batch(s)
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            ((f(x[rank * k:(rank + 1) * k]) - y[rank * k:(rank + 1) * k])
+             ** 2).mean().backward()
+            f.clip_grad_norm_(1e9)
+            opt.step()
+        return {k: v.detach().cpu().numpy().copy()
+                for k, v in f.state_dict().items()}
+    for sd in dist.spawn_threads(body, 2, timeout=120):
+        for k in ref:
+            close(sd[k], ref[k])
+
+
 @pytest.mark.mpi(min_size=2)
 def test_trajectory_mpi(mpi_world):
     size = dist.get_world_size()

@@ -282,6 +282,40 @@ def test_hook_state_must_be_zero():
     assert all(dist.spawn_threads(body, 2, timeout=60))
 
 
+@pytest.mark.parametrize("stage2", [False, True], ids=["zero1", "zero2"])
+def test_on_device(device, stage2):
+    """The same 3 steps with the model on ``device`` (cuda: CuPy arrays
+    through every collective, the state_dict back on the host)."""
+    ref, _ = reference("adam", steps=3)
+
+    def body(rank, size):
+        m = model().to(device)
+        ddp = DDP(m)
+        cls, kw = OPTIMS["adam"]
+        zero = ZeroRedundancyOptimizer(groups(m), cls, **kw)
+        if stage2:
+            ddp.register_comm_hook(zero, reduce_scatter_hook)
+        k = BATCH // size
+        for s in range(3):
+            x, y = batch(s)
+            x, y = x.to(device), y.to(device)
+            zero.zero_grad()
+            ((ddp(x[rank * k:(rank + 1) * k]) - y[rank * k:(rank + 1) * k])
+             ** 2).mean().backward()
+            zero.clip_grad_norm_(1e9)
+            zero.step()
+        zero.consolidate_state_dict(0)
+        if rank == 0:
+            sd = zero.state_dict()
+            assert all(v.device.type == device
+                       for st in sd["state"].values() for kk, v in st.items()
+                       if kk != "step")
+        return [p.detach().cpu().numpy().copy() for p in m.parameters()]
+    for params in dist.spawn_threads(body, 2, timeout=120):
+        for a, b in zip(params, ref):
+            close(a, b)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("stage2", [False, True], ids=["zero1", "zero2"])
 def test_trajectory_mpi(mpi_world, stage2):
