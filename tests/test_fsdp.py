@@ -347,6 +347,23 @@ def test_summon_full_params_writeback():
     assert dist.spawn_threads(body, 2, timeout=60) == [1.0, 1.0]
 
 
+def test_sync_module_states_takes_rank0():
+    def body(rank, size):
+        m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4),
+                          nn.Linear(4, 1)).to(F64)
+        with dtorch.no_grad():
+            for t in list(m.parameters()) + [m[1].running_mean]:
+                t.fill_(float(rank))          # every rank differs
+        f = FSDP(m, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+                 sync_module_states=True)
+        return {k: float(np.abs(v.detach().numpy()).max())
+                for k, v in f.state_dict().items()
+                if k not in ("1.num_batches_tracked", "1.running_var")}
+    for maxes in dist.spawn_threads(body, 3, timeout=60):
+        assert set(maxes.values()) == {0.0}, maxes
+        assert "1.running_mean" in maxes and "0.weight" in maxes
+
+
 def test_errors():
     def body(rank, size):
         m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).to(F64))

@@ -161,10 +161,13 @@ class FullyShardedDataParallel(Module):
                 raise NotImplementedError(
                     f"FullyShardedDataParallel: {name} is not supported "
                     f"(full sharding of every parameter only)")
-        if use_orig_params or forward_prefetch:
-            ignored_argument("FullyShardedDataParallel",
-                             "use_orig_params" if use_orig_params
-                             else "forward_prefetch", True)
+        if use_orig_params:
+            ignored_argument("FullyShardedDataParallel", "use_orig_params",
+                             True, "parameters() are the units' flat "
+                             "shards (_flat_param)")
+        if forward_prefetch:
+            ignored_argument("FullyShardedDataParallel", "forward_prefetch",
+                             True, "a unit gathers when its forward starts")
         group = process_group if process_group is not None \
             else dist.group.WORLD
         if group is None:
@@ -174,11 +177,18 @@ class FullyShardedDataParallel(Module):
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if auto_wrap_policy is not None:
-            _auto_wrap(module, auto_wrap_policy, group)
+            _auto_wrap(module, auto_wrap_policy, group, sync_module_states)
         self._fsdp_wrapped_module = module
         object.__setattr__(self, "_state_dict_type",
                            StateDictType.FULL_STATE_DICT)
         self._shard_params(sync_module_states)
+        if sync_module_states and self.world_size > 1:
+            # this unit's buffers (nested units sync their own)
+            src = dist.get_global_rank(group, 0)
+            for _, m in _walk(module, ""):
+                for b in m._buffers.values():
+                    if b is not None:
+                        dist.broadcast(b, src, group=group)
         stats = _Stats()
         for u in self._units():
             object.__setattr__(u, "_stats", stats)
@@ -228,9 +238,8 @@ class FullyShardedDataParallel(Module):
             flat[o:o + k] = p._data.reshape(-1)
             o += k
         if sync and self.world_size > 1:
-            dist.broadcast(Tensor._wrap(flat),
-                           dist.get_global_rank(self.process_group, 0),
-                           group=self.process_group)
+            src = dist.get_global_rank(self.process_group, 0)
+            dist.broadcast(Tensor._wrap(flat), src, group=self.process_group)
         r = self.rank
         object.__setattr__(self, "_numel", n)
         object.__setattr__(self, "_chunk", chunk)
@@ -673,18 +682,18 @@ def _numel_unwrapped(module):
     return sum(p.numel() for _, _, p in _own_params(module))
 
 
-def _auto_wrap(module, policy, group):
+def _auto_wrap(module, policy, group, sync):
     """Wrap the submodules ``policy`` picks (children first)."""
     for name, child in list(module._modules.items()):
         if child is None or _unit_of(child) is not None:
             continue
         if policy(module=child, recurse=True,
                   nonwrapped_numel=_numel_unwrapped(child)):
-            _auto_wrap(child, policy, group)
+            _auto_wrap(child, policy, group, sync)
         if policy(module=child, recurse=False,
                   nonwrapped_numel=_numel_unwrapped(child)):
             module._modules[name] = FullyShardedDataParallel(
-                child, process_group=group)
+                child, process_group=group, sync_module_states=sync)
 
 
 
