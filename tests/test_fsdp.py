@@ -450,6 +450,40 @@ def test_recompute_restores_rng_kwargs_tuples():
         close(got[k], want[k])
 
 
+def test_batchnorm_statistics_move_once():
+    """BatchNorm inside a unit: the recomputation in backward does not
+    update the running statistics again (one rank equals the plain model
+    after 3 training steps, running_mean and num_batches_tracked too)."""
+    def make():
+        return nn.Sequential(nn.Linear(7, 4), nn.BatchNorm1d(4), nn.Tanh(),
+                             nn.Linear(4, 1)).to(F64)
+    state = _build(make)
+    plain = model(make, state)
+    opt = optim.SGD(plain.parameters(), lr=0.1)
+    for s in range(3):
+        x, y = batch(s)
+        opt.zero_grad()
+        ((plain(x) - y) ** 2).mean().backward()
+        opt.step()
+    want = {k: v.detach().numpy() for k, v in plain.state_dict().items()}
+
+    def body(rank, size):
+        # BatchNorm in the root unit, the Linears nested in it
+        f = FSDP(model(make, state),
+                 auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+        opt = optim.SGD(f.parameters(), lr=0.1)
+        for s in range(3):
+            x, y = batch(s)
+            opt.zero_grad()
+            ((f(x) - y) ** 2).mean().backward()
+            opt.step()
+        return {k: v.detach().numpy() for k, v in f.state_dict().items()}
+    got = dist.spawn_threads(body, 1, timeout=60)[0]
+    assert sorted(got) == sorted(want)
+    for k in want:
+        close(got[k], want[k])
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_fully_shard_in_place(size):
     """PyTorch's FSDP2 API: fully_shard each Linear, then the root; the

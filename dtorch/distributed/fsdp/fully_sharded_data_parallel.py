@@ -23,9 +23,9 @@ A unit's forward runs as one autograd node (``_UnitFunction``):
 So the full parameters of at most the running unit (and the units around
 it that are still running: the root while a child runs) are alive; the
 cost is one more forward per unit (a nested unit's forward runs once more
-per enclosing unit). Buffers updated in forward (BatchNorm's running
-statistics) are updated again in the recomputation; the RNG is restored for
-the CPU generator only.
+per enclosing unit). The recomputation restores the CPU generator's RNG
+state (dropout masks match; CUDA generators are not restored) and puts the
+buffers back afterwards (BatchNorm's running statistics move once).
 
 ``state_dict()`` is the unsharded model's (FULL_STATE_DICT, gathered on
 every rank) or, under ``state_dict_type(SHARDED_STATE_DICT)``, every
@@ -108,11 +108,17 @@ class _UnitFunction(Function):
                       if isinstance(a, Tensor) else a for a in ctx.args]
             after = _random.get_rng_state()
             _random.set_rng_state(ctx.rng)
+            # the recomputation must not update buffers a second time
+            # (BatchNorm's running statistics): put them back after it
+            bufs = [b for b in unit._fsdp_wrapped_module.buffers()]
+            kept = [b._data.copy() for b in bufs]
             try:
                 with enable_grad():
                     out = unit._call_inner(inputs, ctx.kwargs)
             finally:
                 _random.set_rng_state(after)
+                for b, a in zip(bufs, kept):
+                    b._data[...] = a
             outs = tuple(out) if ctx.is_tuple else (out,)
             pairs = [(o, g) for o, g in zip(outs, grads)
                      if g is not None and o.requires_grad]
