@@ -21,3 +21,9 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
+
+
+# `from dtorch.nn import *` exports what it did before nn.parallel became
+# lazy: every public name, the lazy ones resolved through __getattr__ (so the
+# star import loads nn.parallel, a plain `import dtorch.nn` does not)
+__all__ = sorted(k for k in globals() if not k.startswith("_")) + list(_LAZY)
