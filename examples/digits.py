@@ -40,6 +40,12 @@ def main(argv=None):
     ap.add_argument("--resume", action="store_true",
                     help="continue from --checkpoint (a finished run is "
                          "only reported); without it a run starts fresh")
+    ap.add_argument("--amp", action="store_true",
+                    help="mixed precision: forward under autocast (the "
+                         "convolutions and linears in --amp-dtype), float32 "
+                         "master weights; float16 adds a GradScaler")
+    ap.add_argument("--amp-dtype", default="bfloat16",
+                    choices=["bfloat16", "float16"])
     ap.add_argument("--quiet", action="store_true",
                     help="no progress bar (there is none when stderr is "
                          "not a terminal)")
@@ -60,6 +66,10 @@ def main(argv=None):
     model = DigitsCNN()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
+    amp_dtype = getattr(torch, args.amp_dtype)
+    # bfloat16 has float32's range: only float16 needs loss scaling
+    scaler = torch.amp.GradScaler(
+        "cpu", enabled=args.amp and amp_dtype is torch.float16)
     ck, finished, message = plan_start(args.checkpoint, args.epochs,
                                        args.resume)
     if message:
@@ -73,6 +83,8 @@ def main(argv=None):
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         sched.load_state_dict(ck["scheduler"])
+        if ck.get("scaler"):
+            scaler.load_state_dict(ck["scaler"])
         g.set_state(ck["loader_rng"])
         # dropout's stream: without it a resumed run differs from an
         # uninterrupted one
@@ -91,9 +103,11 @@ def main(argv=None):
                    disable=True if args.quiet else None, leave=False)
         for x, y in bar:
             opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
+            with torch.autocast("cpu", dtype=amp_dtype, enabled=args.amp):
+                loss = nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         sched.step()
         correct, total, test_loss = evaluate(model, test)
@@ -105,6 +119,8 @@ def main(argv=None):
         torch.save({"model": model.state_dict(),
                     "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(),
+                    **({"scaler": scaler.state_dict()}
+                       if scaler.is_enabled() else {}),
                     "loader_rng": g.get_state(), "rng": torch.get_rng_state(),
                     "epoch": epoch + 1, "test_acc": acc}, args.checkpoint)
     print(f"final test accuracy {100 * acc:.2f}% in "

@@ -342,3 +342,22 @@ def test_cuda_banned_bce(device):
     with dtorch.autocast("cuda"):
         with pytest.raises(RuntimeError, match="unsafe to autocast"):
             F.binary_cross_entropy(x, x)
+
+
+def test_bfloat16_ops_that_branch_on_float_dtypes():
+    """ml_dtypes' bfloat16 has dtype.kind 'V': ops that asked
+    ``kind == 'f'`` treated it as an integer (max_pool2d raised)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    a[0, 0, 0, 0] = np.nan
+    x = dtorch.tensor(a).bfloat16().requires_grad_()
+    ref = dtorch.tensor(a).bfloat16().float()
+    for f in (lambda t: F.max_pool2d(t, 2), lambda t: t.sort(-1)[0], lambda t: t.median(),
+              lambda t: F.softmax(t, -1), lambda t: t.max(-1)[0]):
+        got = f(x)
+        assert got.dtype is dtorch.bfloat16
+        np.testing.assert_allclose(got.detach().float().numpy(),
+                                   f(ref).detach().to(dtorch.bfloat16)
+                                   .float().numpy(), rtol=1e-2, atol=1e-2)
+    F.max_pool2d(x, 2).float().sum().backward()
+    assert x.grad.dtype is dtorch.bfloat16

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, keep_grad, unbroadcast
+from .base import Op, keep_grad, unbroadcast, is_float
 from .elementwise import _erf
 
 
@@ -35,7 +35,7 @@ class Softmax(Op):
         with np.errstate(invalid="ignore"):
             e = xp.exp(x - x.max(axis=dim, keepdims=True))
             e /= e.sum(axis=dim, keepdims=True)
-        if safe and x.dtype.kind == "f":
+        if safe and is_float(x.dtype):
             dead = (x == -np.inf).all(axis=dim, keepdims=True)
             if bool(dead.any()):
                 e = xp.where(dead, _zero(xp, e), e)

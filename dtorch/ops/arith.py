@@ -6,7 +6,8 @@ and sum their gradients back to each operand's shape with ``unbroadcast``.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast
+from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
+    is_float
 
 
 def _shape_error(op, x, y):
@@ -125,7 +126,7 @@ class Pow(Op):
         x2, y2 = promote(x, y, "pow")
         _meta(ctx, x, y)
         if type(y2) in _SCALARS and type(x2) not in _SCALARS \
-                and x2.dtype.kind == "f":
+                and is_float(x2.dtype):
             out = pow_scalar(get_array_module(x2), x2, y2)
         else:
             with np.errstate(divide="ignore", invalid="ignore"):

@@ -9,6 +9,7 @@ either NumPy or CuPy; ``get_array_module`` is the only device switch.
 import numpy as np
 
 from .._backend import from_np, result_type, get_default_dtype, device_of
+from .._backend import bfloat16 as _bf16
 from ..autograd.function import Function
 
 
@@ -53,6 +54,7 @@ def unbroadcast(g, shape, dtype=None):
 
 
 _SCALARS = (int, float, bool)
+_BF16_NP = _bf16.np
 
 
 def _device_error(op, x, y):
@@ -68,7 +70,7 @@ def promote(x, y, op="binary op", true_div=False):
     """
     tx, ty = type(x), type(y)
     if (ty is float or ty is int) and tx is not float and tx is not int \
-            and x.dtype.kind == "f":
+            and is_float(x.dtype):
         return x, y      # the common case: a float tensor and a number
     if ty in _SCALARS:
         if tx in _SCALARS:
@@ -123,7 +125,7 @@ def keep_grad(xp, cond, g):
     if xp is not np:
         return xp.where(cond, g, zero)
     r = g * cond
-    if r.dtype.kind == "f" and r.size and np.isnan(r.max()):
+    if is_float(r.dtype) and r.size and np.isnan(r.max()):
         r = np.where(cond, g, zero)
     return r
 
@@ -138,6 +140,12 @@ def _float_input(x):
     if x.dtype.kind in "biu":
         return x.astype(get_default_dtype().np)
     return x
+
+
+def is_float(dt):
+    """A NumPy/CuPy floating dtype, ml_dtypes' bfloat16 included (its
+    ``kind`` is 'V', so ``dt.kind == "f"`` misses it)."""
+    return dt.kind == "f" or dt == _BF16_NP
 
 
 def _low_np_dtypes():
@@ -165,7 +173,9 @@ def float32_compute(cls):
         ctx._lowp = dts
         args = [a.astype(np.float32) if d in low else a
                 for a, d in zip(args, dts)]
-        return fwd(ctx, *args, **kwargs).astype(out_dt)
+        out = fwd(ctx, *args, **kwargs)
+        with np.errstate(over="ignore"):    # float16 overflows to inf
+            return out.astype(out_dt)
 
     def backward(ctx, *grads):
         dts = ctx.__dict__.get("_lowp")
@@ -176,8 +186,9 @@ def float32_compute(cls):
         res = bwd(ctx, *grads)
         single = type(res) is not tuple
         res = (res,) if single else res
-        res = tuple(r if r is None or d is None or r.dtype == d
-                    else r.astype(d) for r, d in zip(res, dts))
+        with np.errstate(over="ignore"):
+            res = tuple(r if r is None or d is None or r.dtype == d
+                        else r.astype(d) for r, d in zip(res, dts))
         return res[0] if single else res
 
     cls.forward = staticmethod(forward)

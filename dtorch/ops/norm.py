@@ -3,7 +3,7 @@ over the last axes, training-mode batch norm (running statistics updated
 in the same pass), and dropout with a given keep-mask.
 """
 from .._backend import get_array_module
-from .base import Op
+from .base import Op, is_float
 
 
 class LayerNorm(Op):
@@ -102,7 +102,7 @@ class Dropout(Op):
     dropped element gives NaN in both)."""
     @staticmethod
     def forward(ctx, x, keep=None, p=0.5):
-        scale = x.dtype.type(1.0 / (1.0 - p)) if x.dtype.kind == "f" else \
+        scale = x.dtype.type(1.0 / (1.0 - p)) if is_float(x.dtype) else \
             1.0 / (1.0 - p)
         ctx.keep, ctx.scale = keep, scale
         return x * keep * scale

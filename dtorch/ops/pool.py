@@ -6,7 +6,7 @@ docstring says why and what each measured.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op
+from .base import Op, is_float
 from .window import _col2im, _pad2d, _unpad2d, _windows
 
 
@@ -44,7 +44,7 @@ class MaxPool2d(Op):
         xp = get_array_module(x)
         n, c, h, w = x.shape
         oh, ow = out_hw
-        lo = -xp.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        lo = -xp.inf if is_float(x.dtype) else np.iinfo(x.dtype).min
         # pad the bottom/right so that ceil_mode windows are in bounds
         ph = max(0, (oh - 1) * stride[0] + dilation[0] * (k[0] - 1) + 1
                  - h - pads[0][0])
@@ -104,7 +104,7 @@ class MaxPool2d(Op):
     def backward(ctx, g):
         xp = get_array_module(g)
         shape, k, stride, pads, dilation, ohw = ctx.meta
-        finite = bool(xp.isfinite(g).all()) if g.dtype.kind == "f" else True
+        finite = bool(xp.isfinite(g).all()) if is_float(g.dtype) else True
         if ctx.pairs:
             col, low = ctx.to_save
             n, c, h, w = shape
@@ -147,7 +147,7 @@ class MaxPool2d(Op):
         # its gradient to its first real cell, as PyTorch, not to padding
         real = None
         if any(pads[0] + pads[1]):
-            lo = -np.inf if best.dtype.kind == "f" else \
+            lo = -np.inf if is_float(best.dtype) else \
                 np.iinfo(best.dtype).min
             if bool((best == lo).any()):
                 real = _pad2d(xp, xp.ones((1, 1) + tuple(shape[2:]), bool),
@@ -199,7 +199,7 @@ class MaxPool2d(Op):
 def _has_nan(xp, a):
     """Whether a float array holds a NaN: one max (NaN propagates), no
     boolean array."""
-    return a.dtype.kind == "f" and a.size > 0 and bool(xp.isnan(a.max()))
+    return is_float(a.dtype) and a.size > 0 and bool(xp.isnan(a.max()))
 
 
 def _tiles(x, k, ohw):

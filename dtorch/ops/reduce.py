@@ -6,7 +6,8 @@ median of all elements. Backward reshapes the reduced gradient with
 import numpy as np
 
 from .._backend import get_array_module, put_along_axis
-from .base import Op, _axes, _float_input, keep_grad, sgn
+from .base import Op, _axes, _float_input, keep_grad, sgn, \
+    is_float
 
 
 def _expand_back(g, shape, axes, keepdim):
@@ -219,7 +220,7 @@ class MedianAll(Amax):
         flat = x.reshape(-1)
         if flat.size == 0:
             out = xp.asarray(np.nan, dtype=x.dtype)
-        elif x.dtype.kind == "f" and bool(xp.isnan(flat).any()):
+        elif is_float(x.dtype) and bool(xp.isnan(flat).any()):
             out = xp.asarray(np.nan, dtype=x.dtype)
         else:
             k = (flat.size - 1) // 2

@@ -10,7 +10,7 @@ with ``scatter_add_flat`` (``bincount`` on the CPU), never a Python loop.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, _axes, axis_of
+from .base import Op, _axes, axis_of, is_float
 from .index import index_add0
 
 
@@ -18,7 +18,7 @@ def scatter_add_flat(xp, size, lin, vals, dtype):
     """zeros(size) with vals added at the flat positions lin (repeats sum)."""
     lin = lin.reshape(-1)
     vals = vals.reshape(-1)
-    if xp is np and vals.dtype.kind == "f":
+    if xp is np and is_float(vals.dtype):
         out = np.bincount(lin, weights=vals, minlength=size)
         return out.astype(dtype, copy=False)
     out = xp.zeros(size, dtype)
@@ -75,7 +75,7 @@ def _sort_indices(xp, x, axis, descending):
     if not descending:
         return xp.argsort(x, axis=axis, kind="stable")
     # an order-reversing key keeps a stable ascending sort stable
-    if x.dtype.kind == "f":
+    if is_float(x.dtype):
         key = -x
         nan = xp.isnan(x)
         if bool(nan.any()):
@@ -139,7 +139,7 @@ def topk_indices(x, k, dim=-1, largest=True):
     if k < n and x.dtype.kind in "iuf" and n > 64:
         # partition first, then order only the k winners
         key = -x.astype(np.float64) if largest else x
-        if x.dtype.kind == "f":
+        if is_float(x.dtype):
             key = xp.where(xp.isnan(x), -np.inf if largest else np.inf, key)
         part = xp.argpartition(key, k - 1, axis=axis) if k else \
             xp.zeros(x.shape[:axis] + (0,) + x.shape[axis + 1:], np.int64)
@@ -436,7 +436,7 @@ class CumExtreme(Op):
         # maximum): a CuPy input is scanned on the host, then sent back
         h = x if xp is np else x.get()
         acc = (np.minimum if is_min else np.maximum).accumulate(h, axis=axis)
-        if h.dtype.kind == "f":
+        if is_float(h.dtype):
             # NaN propagates: once seen, it is the running value
             seen = np.logical_or.accumulate(np.isnan(h), axis=axis)
             acc = np.where(seen, np.nan, acc)
