@@ -450,6 +450,58 @@ def test_recompute_restores_rng_kwargs_tuples():
         close(got[k], want[k])
 
 
+class Counted(nn.Linear):
+    calls = 0
+
+    def forward(self, x):
+        type(self).calls += 1
+        return super().forward(x)
+
+
+def test_root_with_parameters_keeps_them_not_recomputed():
+    """The root owns Linear(7, 5) and the head, a nested unit the middle
+    Linear: the nested forward runs twice a step (forward and its own
+    recomputation), not a third time inside a recomputed root; two
+    forwards before one backward; a forward whose graph is dropped leaves
+    nothing alive (gc off)."""
+    def make():
+        return nn.Sequential(nn.Linear(7, 5), nn.Tanh(), Counted(5, 3),
+                             nn.Tanh(), nn.Linear(3, 1)).to(F64)
+    state = _build(make)
+    plain = model(make, state)
+    x, y = batch(0)
+    x2, _ = batch(1)
+    ((plain(x) - y) ** 2).mean().backward()
+    (plain(x2) ** 2).mean().backward()
+    want = [p.grad.numpy().ravel() for p in plain.parameters()]
+    want = np.concatenate([want[0], want[1], want[4], want[5]]), \
+        np.concatenate(want[2:4])
+
+    def body(rank, size):
+        f = FSDP(model(make, state),
+                 auto_wrap_policy=ModuleWrapPolicy({Counted}))
+        Counted.calls = 0
+        # two forwards, one backward
+        (((f(x) - y) ** 2).mean() + (f(x2) ** 2).mean()).backward()
+        calls = Counted.calls
+        grads = (f._flat_param.grad.numpy().copy(),
+                 f.module[2]._flat_param.grad.numpy().copy())
+        f(x)                          # no backward: its graph is dropped
+        f(x).sum().backward()
+        alive = sum(r() is not None for r in f._stats.freed)
+        return calls, alive, f._stats.live, grads
+    gc.disable()
+    try:
+        res = dist.spawn_threads(body, 1, timeout=60)
+    finally:
+        gc.enable()
+    calls, alive, live, (root, inner) = res[0]
+    assert calls == 4                 # 2 forwards x (forward + recompute)
+    assert alive == 0 and live == 0
+    close(root[:want[0].size], want[0])
+    close(inner[:want[1].size], want[1])
+
+
 def test_batchnorm_statistics_move_once():
     """BatchNorm inside a unit: the recomputation in backward does not
     update the running statistics again (one rank equals the plain model

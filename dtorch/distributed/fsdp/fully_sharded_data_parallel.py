@@ -42,7 +42,8 @@ from ... import distributed as dist
 from ..._ignored import ignored_argument
 from ...autograd import backward as _backward
 from ...autograd.function import Function
-from ...autograd.grad_mode import enable_grad, no_grad
+from ...autograd import engine as _engine
+from ...autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from ...nn.modules.module import Module
 from ...nn.parameter import Parameter
 from ... import random as _random
@@ -299,6 +300,10 @@ class FullyShardedDataParallel(Module):
         """Make the own parameters exist in full (views of one gathered
         array) as plain attributes of their modules; with requires_grad
         each is a fresh leaf whose .grad the recomputation fills."""
+        prev = self.__dict__.get("_full")
+        if prev is not None:     # kept by an earlier forward's leaves
+            self._stats.live -= prev.nbytes
+            self._stats.freed.append(weakref.ref(prev))
         full = self._all_gather_flat()
         object.__setattr__(self, "_full", full)
         self._stats.add(full.nbytes)
@@ -329,7 +334,7 @@ class FullyShardedDataParallel(Module):
         g = xp.zeros(full.size, full.dtype)
         o = 0
         for t, k in zip(leaves, self._sizes):
-            if t.grad is not None:
+            if t is not None and t.grad is not None:
                 g[o:o + k] = t.grad._data.reshape(-1)
             o += k
         mine = xp.empty(self._chunk, full.dtype)
@@ -348,7 +353,66 @@ class FullyShardedDataParallel(Module):
     def forward(self, *args, **kwargs):
         if self._flat_param is None:
             return self._call_inner(args, kwargs)
+        if self._has_nested() and is_grad_enabled() \
+                and self._flat_param.requires_grad:
+            return self._forward_keep(args, kwargs)
         return _UnitFunction.apply(self, self._flat_param, kwargs, *args)
+
+    def _has_nested(self):
+        return len(self._units()) > 1
+
+    def _forward_keep(self, args, kwargs):
+        """A unit around nested units (the root, usually) keeps its full
+        parameters from forward to the end of backward instead of
+        recomputing: recomputing it would run every nested unit's forward
+        once more (PyTorch's FSDP2 does not reshard the root either). Its
+        gradients are reduce-scattered when backward ends."""
+        keep = self.__dict__.get("_keep")
+        if keep is None:
+            keep = {"sets": [], "queued": False}
+            object.__setattr__(self, "_keep", keep)
+        leaves = self._gather(requires_grad=True)
+        # forward may run again before backward (two inputs, one loss):
+        # every call's leaves are reduced when backward ends. Weakly held:
+        # a forward whose graph was dropped without backward (evaluation
+        # with grad enabled) leaves nothing behind
+        keep["sets"].append([weakref.ref(t) for t in leaves])
+        for t in leaves:
+            t.register_post_accumulate_grad_hook(self._keep_ready)
+        return self._call_inner(args, kwargs)
+
+    def _keep_ready(self, _):
+        keep = self.__dict__.get("_keep")
+        if keep is not None and not keep["queued"]:
+            keep["queued"] = True
+            _engine.queue_callback(self._keep_finish)
+
+    def _keep_finish(self):
+        keep = self.__dict__.pop("_keep", None)
+        if keep is None:
+            return
+        g, sets = None, []
+        try:
+            sets = [[r() for r in refs] for refs in keep["sets"]]
+            sets = [ls for ls in sets if any(t is not None for t in ls)]
+            for leaves in sets:
+                part = self._reduce_scatter_grads(leaves)
+                g = part if g is None else Tensor._wrap(g._data + part._data)
+        finally:
+            self._free()
+            for leaves in sets:          # drop the gathered views
+                for t in leaves:
+                    if t is not None:
+                        t._data = t._data.reshape(-1)[:0].copy()
+                        t._grad = None
+        fp = self._flat_param
+        if g is None:
+            return
+        if fp.grad is None:
+            fp.grad = g
+        else:
+            fp.grad._data += g._data
+            fp.grad._bump_version()
 
     @property
     def module(self):
