@@ -8,7 +8,8 @@ chunks (the last padded); rank r keeps chunk r as the 1-D parameter
 ``auto_wrap_policy`` makes submodules units of their own (e.g.
 ``ModuleWrapPolicy({TransformerBlock})``); the root wrapper owns the rest.
 
-A unit's forward runs as one autograd node (``_UnitFunction``):
+A unit without nested units (a block) runs as one autograd node
+(``_UnitFunction``):
 
 - forward: all-gather the flat parameter, run the module without
   recording a graph, free the gathered array. Nothing from the forward keeps
@@ -16,16 +17,20 @@ A unit's forward runs as one autograd node (``_UnitFunction``):
   storage to resize to zero, as PyTorch does), so a recorded graph would
   hold every layer's full weights until backward.
 - backward: all-gather again, recompute the unit's forward with the graph
-  (the RNG state restored, so dropout draws the same mask), back-propagate
-  the incoming gradient through it, reduce-scatter the full flat gradient
-  (averaged over ranks, as DDP) into this rank's chunk, free.
+  (the RNG state restored, so dropout draws the same mask; the buffers put
+  back afterwards, so BatchNorm's running statistics move once),
+  back-propagate the incoming gradient through it, reduce-scatter the full
+  flat gradient (averaged over ranks, as DDP) into this rank's chunk, free.
 
-So the full parameters of at most the running unit (and the units around
-it that are still running: the root while a child runs) are alive; the
-cost is one more forward per unit (a nested unit's forward runs once more
-per enclosing unit). The recomputation restores the CPU generator's RNG
-state (dropout masks match; CUDA generators are not restored) and puts the
-buffers back afterwards (BatchNorm's running statistics move once).
+A unit around nested units (the root, usually) keeps its gathered
+parameters from its forward to the end of backward instead, as PyTorch's
+FSDP2 keeps the root unsharded: recomputing it would run every nested
+unit's forward once more. Its gradient is reduce-scattered in an engine
+callback when backward ends.
+
+So at any time the full parameters of the running block and of the units
+around it are alive, next to the shards; the cost is one more forward per
+block. Only the CPU generator's RNG state is restored (not CUDA's).
 
 ``state_dict()`` is the unsharded model's (FULL_STATE_DICT, gathered on
 every rank) or, under ``state_dict_type(SHARDED_STATE_DICT)``, every
