@@ -106,7 +106,7 @@ def __getattr__(name):
     # torch.distributed is reachable as an attribute after `import torch`;
     # here it loads on first use, so that single-process programs import
     # no distribution code (collectives, process groups)
-    if name == "distributed":
+    if name in ("distributed", "onnx"):
         import importlib
-        return importlib.import_module(".distributed", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'dtorch' has no attribute {name!r}")

@@ -1,0 +1,425 @@
+"""The tracer and the graph builder behind ``dtorch.onnx.export``.
+
+Tracing replaces ``Function.apply`` for the duration of one forward pass
+(restored in ``finally``; nothing is hooked while no export runs), so every
+op is seen with its full arguments, not only what its backward saved. A
+tensor is *dynamic* when it is a graph input or the output of a recorded
+op; an op whose tensor arguments are all constant is not recorded, and its
+output (whose value tracing computed) becomes an initializer when a
+dynamic op uses it. Forward pre/post hooks on every submodule keep the
+path of the module running, for the error an untranslatable op raises.
+"""
+import threading
+import warnings
+
+import numpy as np
+
+from ..autograd.function import Function, TensorBase
+from . import _state
+from ._ops import CONVERTERS
+from .errors import OnnxExporterError, UnsupportedOperatorError
+
+_NO_EFFECT = ("export_params", "do_constant_folding", "verbose", "training",
+              "keep_initializers_as_inputs", "operator_export_type",
+              "custom_opsets", "export_modules_as_functions", "dynamo",
+              "external_data", "report", "optimize", "verify",
+              "autograd_inlining", "kwargs")
+_warned = set()
+
+MIN_OPSET, MAX_OPSET = 17, 20
+
+
+def _require_onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise ImportError(
+            "dtorch.onnx.export needs the 'onnx' package: install it with "
+            "`pip install dtorch[onnx]` (the 'onnx' extra)") from None
+    return onnx
+
+
+def _to_numpy(a):
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "get"):          # CuPy
+        return a.get()
+    return np.asarray(a)
+
+
+class Value:
+    """A dynamic value of the ONNX graph: its name and traced shape/dtype."""
+    __slots__ = ("name", "shape", "dtype")
+
+    def __init__(self, name, shape, dtype):
+        self.name, self.shape, self.dtype = name, tuple(shape), dtype
+
+
+class Builder:
+    """Accumulates nodes and initializers; hands out unique names."""
+
+    def __init__(self, onnx, opset):
+        self.onnx, self.helper, self.opset = onnx, onnx.helper, opset
+        self.nodes, self.inits = [], {}
+        self._n = 0
+        self._const_cache = {}       # id(array) -> (array, name)
+        self.param_names = {}        # id(tensor) -> state_dict name
+
+    def fresh(self, hint="v"):
+        self._n += 1
+        return f"/{hint}_{self._n}"
+
+    def node(self, op_type, inputs, n_out=1, **attrs):
+        outs = [self.fresh(op_type) for _ in range(n_out)]
+        self.nodes.append(self.helper.make_node(
+            op_type, list(inputs), outs, name=self.fresh(op_type + "_node"),
+            **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def const(self, value, dtype=None, name=None, key=None):
+        """An initializer holding ``value``; the same array object (a
+        parameter used twice, a tied weight) is stored once."""
+        arr = np.asarray(_to_numpy(value))
+        if dtype is not None:
+            arr = arr.astype(dtype, copy=False)
+        k = key if key is not None else (id(value) if isinstance(
+            value, np.ndarray) and dtype is None else None)
+        if k is not None and k in self._const_cache:
+            return self._const_cache[k][1]
+        name = name or self.fresh("const")
+        self.inits[name] = self.onnx.numpy_helper.from_array(
+            np.ascontiguousarray(arr), name)
+        if k is not None:
+            self._const_cache[k] = (value, name)
+        return name
+
+    def ints(self, values):
+        return self.const(np.asarray(values, np.int64))
+
+
+class Tracer:
+    def __init__(self, builder):
+        self.b = builder
+        self.by_fn = {}          # id(grad_fn) -> Value
+        self.by_tensor = {}      # id(tensor) -> (Value, version)
+        self.dyn_arrays = set()  # id of dynamic tensors' arrays
+        self.keep = []           # keeps traced objects alive: ids stay unique
+        self.modules = []        # (path, module) stack
+        self.thread = threading.get_ident()
+        self.depth = 0
+        self.producer = {}       # Value name -> (cls, args, kwargs)
+
+    # ------------------------------------------------------------ values --
+    def bind(self, t, value):
+        self.keep.append(t)
+        self.by_tensor[id(t)] = (value, t._vc[0])
+        self.dyn_arrays.add(id(t._data))
+        fn = t.grad_fn
+        if fn is not None:
+            self.keep.append(fn)
+            self.by_fn[(id(fn), t._output_nr)] = value
+
+    def lookup(self, t):
+        """The Value of a dynamic tensor, or None for a constant one."""
+        fn = t.grad_fn
+        if fn is not None:
+            v = self.by_fn.get((id(fn), t._output_nr))
+            if v is not None:
+                return v
+        hit = self.by_tensor.get(id(t))
+        if hit is None:
+            return None
+        v, ver = hit
+        if t._vc[0] != ver:
+            raise OnnxExporterError(
+                f"a traced tensor was modified in place outside autograd "
+                f"(in {self.where()}); the exporter cannot see that change "
+                f"- use an out-of-place op")
+        return v
+
+    def where(self):
+        if not self.modules:
+            return "the top-level module"
+        path, mod = self.modules[-1]
+        return f"module '{path or '<root>'}' ({type(mod).__name__})"
+
+    # ------------------------------------------------------------- apply --
+    def record(self, cls, args, kwargs, out):
+        dyn = False
+        for a in args:
+            if isinstance(a, TensorBase) and self.lookup(a) is not None:
+                dyn = True
+                break
+        if not dyn:
+            self._check_hidden_dynamic(cls, args, kwargs)
+            return
+        conv = CONVERTERS.get(cls)
+        if conv is None or not isinstance(out, TensorBase):
+            raise UnsupportedOperatorError(
+                f"Exporting the operator '{cls.__name__}' to ONNX opset "
+                f"version {self.b.opset} is not supported (in "
+                f"{self.where()})")
+        ins = [self.arg(a) for a in args]
+        ctx = _Ctx(self, cls, ins, kwargs, out)
+        name = conv(ctx, *ins, **kwargs)
+        v = Value(name, out.shape, _to_numpy(out._data).dtype
+                  if not isinstance(out._data, np.ndarray)
+                  else out._data.dtype)
+        self.producer[name] = (cls, ins, kwargs)
+        self.bind(out, v)
+
+    def _check_hidden_dynamic(self, cls, args, kwargs):
+        # a dynamic tensor's raw array passed inside a keyword (an index
+        # key) would be baked in as a constant: refuse instead
+        for v in kwargs.values():
+            for a in (v if isinstance(v, tuple) else (v,)):
+                if isinstance(a, np.ndarray) and id(a) in self.dyn_arrays:
+                    raise UnsupportedOperatorError(
+                        f"Exporting '{cls.__name__}' with an index computed "
+                        f"from the inputs is not supported (in "
+                        f"{self.where()})")
+
+    def arg(self, a):
+        if isinstance(a, TensorBase):
+            v = self.lookup(a)
+            if v is not None:
+                return v
+            return Const(a._data, self.b.param_names.get(id(a)))
+        if isinstance(a, np.ndarray) or hasattr(a, "__cuda_array_interface__"):
+            if id(a) in self.dyn_arrays:
+                raise OnnxExporterError(
+                    f"a raw array of a traced tensor reached an op (in "
+                    f"{self.where()}); it cannot be traced")
+            return Const(a, None)
+        return a
+
+
+class Const:
+    """A constant tensor argument: its array (and state_dict name)."""
+    __slots__ = ("array", "pname")
+
+    def __init__(self, array, pname):
+        self.array, self.pname = array, pname
+
+    @property
+    def shape(self):
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self):
+        return np.dtype(self.array.dtype)
+
+    def numpy(self):
+        return _to_numpy(self.array)
+
+
+class _Ctx:
+    """What a converter gets besides its arguments."""
+
+    def __init__(self, tracer, cls, ins, kwargs, out):
+        self.tracer, self.b, self.cls = tracer, tracer.b, cls
+        self.ins, self.kwargs = ins, kwargs
+        self.out_shape = tuple(out.shape)
+        self.out_dtype = np.dtype(out._data.dtype)
+
+    def name(self, x, dtype=None):
+        """The graph name of an argument (a Value, Const or scalar); with
+        ``dtype``, cast to it."""
+        b = self.b
+        if isinstance(x, Value):
+            if dtype is not None and np.dtype(dtype) != x.dtype:
+                return b.node("Cast", [x.name],
+                              to=_onnx_type(b.onnx, dtype))
+            return x.name
+        if isinstance(x, Const):
+            if dtype is not None and np.dtype(dtype) != x.dtype:
+                return b.const(x.numpy().astype(dtype))
+            return b.const(x.array if isinstance(x.array, np.ndarray)
+                           else x.numpy(), name=x.pname,
+                           key=id(x.array))
+        if x is None:
+            return ""
+        return b.const(np.asarray(x, dtype if dtype is not None
+                                  else self.out_dtype))
+
+    def unsupported(self, what):
+        raise UnsupportedOperatorError(
+            f"Exporting the operator '{self.cls.__name__}' with {what} to "
+            f"ONNX is not supported (in {self.tracer.where()})")
+
+
+def _onnx_type(onnx, dtype):
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _flatten(out):
+    if isinstance(out, TensorBase):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flatten(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _flatten(o)]
+    raise OnnxExporterError(
+        f"the model returned a {type(out).__name__}: only tensors and "
+        f"(nested) tuples/lists/dicts of tensors can be exported")
+
+
+def _dyn_dims(spec, name):
+    if spec is None:
+        return {}
+    if isinstance(spec, dict):
+        return {int(k): str(v) for k, v in spec.items()}
+    return {int(a): f"{name}_dynamic_axes_{i + 1}"
+            for i, a in enumerate(spec)}
+
+
+def _value_info(onnx, name, shape, dtype, dyn):
+    dims = [dyn.get(i, dyn.get(i - len(shape), d))
+            for i, d in enumerate(shape)]
+    return onnx.helper.make_tensor_value_info(
+        name, _onnx_type(onnx, dtype), dims)
+
+
+def export(model, args, f, input_names, output_names, dynamic_axes,
+           opset_version, **kwargs):
+    for k in kwargs:
+        if k not in _NO_EFFECT:
+            raise TypeError(f"export() got an unexpected keyword argument "
+                            f"'{k}'")
+        if k not in _warned:
+            _warned.add(k)
+            warnings.warn(f"dtorch.onnx.export: '{k}' has no effect "
+                          f"(parameters are always exported, constants "
+                          f"always folded)", UserWarning, stacklevel=3)
+    onnx = _require_onnx()
+    if opset_version is None:
+        opset_version = MIN_OPSET
+    if not MIN_OPSET <= opset_version <= MAX_OPSET:
+        raise ValueError(f"dtorch.onnx.export supports opset versions "
+                         f"{MIN_OPSET} to {MAX_OPSET}, got {opset_version}")
+    if isinstance(args, TensorBase):
+        args = (args,)
+    elif not isinstance(args, tuple):
+        args = tuple(args) if isinstance(args, list) else (args,)
+    call_kwargs = {}
+    if args and isinstance(args[-1], dict):
+        call_kwargs, args = args[-1], args[:-1]
+    tensors = [a for a in args if isinstance(a, TensorBase)]
+    input_names = list(input_names or [])
+    if len(input_names) > len(tensors):
+        raise ValueError(f"{len(input_names)} input_names for "
+                         f"{len(tensors)} tensor inputs")
+    input_names += [f"input_{i}" for i in range(len(input_names),
+                                                len(tensors))]
+    dynamic_axes = dynamic_axes or {}
+
+    b = Builder(onnx, opset_version)
+    tr = Tracer(b)
+    for pname, p in list(model.named_parameters()) + list(
+            model.named_buffers()):
+        b.param_names.setdefault(id(p), pname)
+
+    # inputs: fresh leaves, float ones requiring grad so that in-place ops
+    # on them go through autograd's rebase (which the tracer follows)
+    call_args, graph_inputs = [], []
+    it = iter(input_names)
+    for a in args:
+        if not isinstance(a, TensorBase):
+            call_args.append(a)
+            continue
+        name = next(it)
+        t = a.detach().clone()
+        if t.dtype.is_floating_point:
+            t.requires_grad_(True)
+        tr.bind(t, Value(name, t.shape, np.dtype(t._data.dtype)))
+        graph_inputs.append(_value_info(
+            onnx, name, t.shape, t._data.dtype,
+            _dyn_dims(dynamic_axes.get(name), name)))
+        call_args.append(t)
+
+    handles = []
+
+    def pre(path):
+        def hook(mod, inp):
+            tr.modules.append((path, mod))
+        return hook
+
+    def post(mod, inp, out):
+        if tr.modules:
+            tr.modules.pop()
+
+    for path, mod in model.named_modules():
+        handles.append(mod.register_forward_pre_hook(pre(path)))
+        handles.append(mod.register_forward_hook(post))
+
+    orig = Function.__dict__["apply"]
+    raw = orig.__func__
+
+    def traced(cls, *a, **kw):
+        if threading.get_ident() != tr.thread or tr.depth:
+            return raw(cls, *a, **kw)
+        tr.depth += 1
+        try:
+            out = raw(cls, *a, **kw)
+        finally:
+            tr.depth -= 1
+        tr.record(cls, a, kw, out)
+        return out
+
+    was_training = model.training
+    from ..autograd.grad_mode import enable_grad
+    model.eval()
+    Function.apply = classmethod(traced)
+    _state.active = True
+    try:
+        with enable_grad():
+            out = model(*call_args, **call_kwargs)
+    finally:
+        _state.active = False
+        Function.apply = orig
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+    outs = _flatten(out)
+    output_names = list(output_names or [])
+    if len(output_names) > len(outs):
+        raise ValueError(f"{len(output_names)} output_names for "
+                         f"{len(outs)} outputs")
+    output_names += [f"output_{i}" for i in range(len(output_names),
+                                                  len(outs))]
+    graph_outputs = []
+    for t, name in zip(outs, output_names):
+        v = tr.lookup(t)
+        src = v.name if v is not None else b.const(_to_numpy(t._data))
+        b.nodes.append(onnx.helper.make_node("Identity", [src], [name],
+                                             name=b.fresh("output")))
+        graph_outputs.append(_value_info(
+            onnx, name, t.shape, _to_numpy(t._data).dtype,
+            _dyn_dims(dynamic_axes.get(name), name)))
+
+    nodes, inits = _prune(b.nodes, b.inits, output_names)
+    graph = onnx.helper.make_graph(nodes, type(model).__name__, graph_inputs,
+                                   graph_outputs, initializer=inits)
+    m = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", opset_version)],
+        producer_name="dtorch")
+    # keep the IR version at what the opset needs, so that runtimes older
+    # than this onnx package load the file
+    m.ir_version = min(m.ir_version, {17: 8, 18: 8, 19: 9, 20: 9}
+                       [opset_version])
+    onnx.checker.check_model(m)
+    onnx.save_model(m, f)
+
+
+def _prune(nodes, inits, outputs):
+    """Drop nodes no output depends on (e.g. an RNN's input projection
+    that the ONNX RNN node took over) and the initializers they used."""
+    need = set(outputs)
+    keep = []
+    for n in reversed(nodes):
+        if any(o in need for o in n.output):
+            keep.append(n)
+            need.update(i for i in n.input if i)
+    keep.reverse()
+    return keep, [t for k, t in inits.items() if k in need]
