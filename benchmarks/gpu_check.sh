@@ -11,6 +11,8 @@
 # 3. the one-rank NCCL test; with >= 2 GPUs, a 2-rank NCCL + DDP job
 #    (benchmarks/gpu_ddp_check.py under dtorch's launcher);
 # 4. a short MLP benchmark (dtorch cuda vs torch cuda when installed).
+# 5. the AMP tests on cuda and float32 vs float16-autocast step time
+#    (benchmarks/amp.py: MLP and a GPT block).
 # Writes OUTDIR/gpu_check.log (everything), OUTDIR/summary.txt (one line per
 # step: PASS/FAIL/SKIP and figures, for a note to quote), junit XML, JSON.
 # Exit status: 0 when every step that ran passed.
@@ -142,6 +144,22 @@ rc=$?
 if [ $rc -eq 0 ]; then
     result gpu-mlp PASS "$("$PY" -c "import json; d=json.load(open('$out/gpu_mlp.json')); print(', '.join(f'{k}={v}' for k, v in d.items() if not isinstance(v, (list, dict))))" 2>/dev/null | cut -c1-300)"
 else result gpu-mlp FAIL "exit $rc"; fi
+
+# ---- 5. mixed precision: the cuda AMP tests (also in step 2) and float32
+# vs float16-autocast step time (goal: >= 1.5x on the GEMM-bound MLP)
+say "== AMP on the GPU"
+timeout "$(cap 60)" "$PY" -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_amp.py tests/test_amp_scaler.py >> "$log" 2>&1
+rc=$?
+counts=$(tail -5 "$log" | grep -E "passed|failed|error" | tail -1)
+if [ $rc -eq 0 ]; then result amp-tests PASS "$counts"
+else result amp-tests FAIL "exit $rc: $counts"; fi
+timeout "$(cap 90)" "$PY" benchmarks/amp.py --device cuda --steps 20 \
+    --out "$out/gpu_amp.json" >> "$log" 2>&1
+rc=$?
+if [ $rc -eq 0 ]; then
+    result gpu-amp PASS "$("$PY" -c "import json; d=json.load(open('$out/gpu_amp.json')); print(', '.join(f'{k}: fp32 {d[k][\"fp32_ms\"]} ms, fp16 {d[k][\"amp_ms\"]} ms, x{d[k][\"speedup\"]}' for k in ('mlp', 'block')))" 2>/dev/null | cut -c1-300)"
+else result gpu-amp FAIL "exit $rc"; fi
 
 result total "$([ $status -eq 0 ] && echo PASS || echo FAIL)" "$(( $(date +%s) - t_start )) s"
 cat "$summary"
