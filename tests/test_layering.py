@@ -64,14 +64,6 @@ LAYERS = {
 
 # (importer, imported) pairs that break (b) today, with who removes them.
 ALLOWED_UPWARD = {
-    # PyTorch's DistributedSampler (and the shard datasets) read the default
-    # group when num_replicas/rank are not given: a call-time lookup of the
-    # layer above. Owner of utils/data (H8) or the coordinator decides:
-    # accept it here for good, or have dtorch.distributed supply it
-    ('dtorch.utils.data.distributed', 'dtorch.distributed'):
-        'unassigned: sampler defaults from the default process group',
-    ('dtorch.utils.data.shards', 'dtorch.distributed'):
-        'unassigned: shard datasets default to the default process group',
 }
 
 # module-level import edges that close a cycle today (c), with who removes

@@ -16,19 +16,33 @@ done); ``load_state_dict`` re-partitions the rest among the new ranks.
 is what exact distributed evaluation wants.
 """
 import math
+import sys
 
 import numpy as np
 
 from .sampler import Sampler
 
 
+def _default_group():
+    """(world size, rank) of dtorch.distributed's default process group, or
+    None when there is none.
+
+    dtorch.distributed is a layer above this one, so it is not imported
+    here: only a process that has loaded it can have initialised a group,
+    and then it is in ``sys.modules``."""
+    dist = sys.modules.get("dtorch.distributed")
+    if dist is None or not dist.is_initialized():
+        return None
+    return dist.get_world_size(), dist.get_rank()
+
+
 def _world():
-    from ... import distributed as dist
-    if not dist.is_initialized():
+    world = _default_group()
+    if world is None:
         raise RuntimeError("Default process group has not been initialized; "
                            "pass num_replicas and rank to "
                            "DistributedSampler")
-    return dist.get_world_size(), dist.get_rank()
+    return world
 
 
 class DistributedSampler(Sampler):

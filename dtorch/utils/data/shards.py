@@ -38,16 +38,15 @@ import os
 import numpy as np
 
 from .dataset import Dataset, IterableDataset
+from .distributed import _default_group
 
 __all__ = ["ShardedIterableDataset", "MemmapTokenDataset",
            "MemmapArrayDataset"]
 
 
 def _dist_rank_world():
-    from ... import distributed as dist
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    world = _default_group()
+    return (0, 1) if world is None else (world[1], world[0])
 
 
 def _npy_rows(path, rank):
