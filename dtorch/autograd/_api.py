@@ -1,0 +1,113 @@
+"""``backward`` and ``grad``: run the engine from the given outputs, as
+``torch.autograd.backward`` / ``torch.autograd.grad``. Their own module so
+that ``functional`` and ``gradcheck`` import ``grad`` at module level (the
+package ``__init__`` imports those two)."""
+from .. import _backend as _B
+from . import engine as _engine
+from . import function as _fn
+
+
+def _as_list(x):
+    if x is None:
+        return None
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    return [x]
+
+
+def _root_grads(outputs, grad_outputs, what):
+    T = _fn.TensorBase
+    grads = []
+    for i, (t, g) in enumerate(zip(outputs, grad_outputs)):
+        if not t.requires_grad:
+            raise RuntimeError(
+                f"element {i} of tensors does not require grad and does not "
+                f"have a grad_fn")
+        with _B.device_guard(t._data):    # made on the output's device
+            if g is None:
+                if t._data.size != 1:
+                    raise RuntimeError(
+                        "grad can be implicitly created only for scalar "
+                        f"outputs ({what} of a tensor of shape "
+                        f"{list(t.shape)}: pass gradient=)")
+                g = t._xp().ones(t._data.shape, t._data.dtype)
+            else:
+                if not isinstance(g, T):
+                    g = t._make(t._xp().asarray(g, dtype=t._data.dtype),
+                                False, None)
+                if g.shape != t.shape:
+                    raise RuntimeError(
+                        f"Mismatch in shape: grad_output[{i}] has a shape "
+                        f"of {list(g.shape)} and output[{i}] has a shape of "
+                        f"{list(t.shape)}.")
+                g = g._data.copy()   # the engine may accumulate into it
+        grads.append(g)
+    return grads
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None,
+             create_graph=False, inputs=None):
+    """Accumulate gradients of ``tensors`` into the leaves' ``.grad``."""
+    if create_graph:
+        raise NotImplementedError(
+            "dtorch does not support create_graph=True (higher-order "
+            "gradients)")
+    outs = _as_list(tensors)
+    gs = _as_list(grad_tensors) or [None] * len(outs)
+    if len(gs) != len(outs):
+        raise RuntimeError(f"got {len(gs)} gradients for {len(outs)} "
+                           f"tensors")
+    grads = _root_grads(outs, gs, "backward")
+    if inputs is not None:
+        ins = _as_list(inputs)
+        res = _engine.run_backward(outs, grads, bool(retain_graph), ins,
+                                   accumulate=False)
+        for t, g in zip(ins, res):
+            if g is not None:
+                with _B.device_guard(g):
+                    if t._grad is None:
+                        t._grad = t._make(g.copy(), False, None)
+                    else:
+                        t._grad._data += g
+        return
+    _engine.run_backward(outs, grads, bool(retain_graph))
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None,
+         create_graph=False, allow_unused=False, materialize_grads=False):
+    """Gradients of ``outputs`` with respect to ``inputs``, returned (not
+    accumulated into ``.grad``).
+
+    Example::
+
+        gx, = dtorch.autograd.grad((x ** 2).sum(), [x])
+    """
+    if create_graph:
+        raise NotImplementedError(
+            "dtorch does not support create_graph=True (higher-order "
+            "gradients)")
+    outs = _as_list(outputs)
+    ins = _as_list(inputs)
+    single = not isinstance(inputs, (list, tuple))
+    T = _fn.TensorBase
+    for i, t in enumerate(ins):
+        if not isinstance(t, T) or not t.requires_grad:
+            raise RuntimeError(
+                f"One of the differentiated Tensors (input {i}) does not "
+                f"require grad")
+    gs = _as_list(grad_outputs) or [None] * len(outs)
+    grads = _root_grads(outs, gs, "grad")
+    res = _engine.run_backward(outs, grads, bool(retain_graph), ins,
+                               accumulate=False)
+    out = []
+    for i, (t, g) in enumerate(zip(ins, res)):
+        if g is None:
+            if materialize_grads:
+                g = t._xp().zeros_like(t._data)
+            elif not allow_unused:
+                raise RuntimeError(
+                    f"One of the differentiated Tensors (input {i}) appears "
+                    f"to not have been used in the graph. Set "
+                    f"allow_unused=True if this is the desired behavior.")
+        out.append(None if g is None else t._make(g, False, None))
+    return tuple(out)
