@@ -102,7 +102,7 @@ class Tracer:
         self.b = builder
         self.by_fn = {}          # id(grad_fn) -> Value
         self.by_tensor = {}      # id(tensor) -> (Value, version)
-        self.dyn_arrays = set()  # id of dynamic tensors' arrays
+        self.dyn_arrays = {}     # id(array) -> (tensor, Value) of dynamic ones
         self.keep = []           # keeps traced objects alive: ids stay unique
         self.modules = []        # (path, module) stack
         self.thread = threading.get_ident()
@@ -113,7 +113,7 @@ class Tracer:
     def bind(self, t, value):
         self.keep.append(t)
         self.by_tensor[id(t)] = (value, t._vc[0])
-        self.dyn_arrays.add(id(t._data))
+        self.dyn_arrays[id(t._data)] = (t, value)
         fn = t.grad_fn
         if fn is not None:
             self.keep.append(fn)
@@ -147,7 +147,11 @@ class Tracer:
     def record(self, cls, args, kwargs, out):
         dyn = False
         for a in args:
-            if isinstance(a, TensorBase) and self.lookup(a) is not None:
+            if isinstance(a, TensorBase):
+                if self.lookup(a) is not None:
+                    dyn = True
+                    break
+            elif self.array_source(a) is not None:
                 dyn = True
                 break
         if not dyn:
@@ -173,11 +177,63 @@ class Tracer:
         # key) would be baked in as a constant: refuse instead
         for v in kwargs.values():
             for a in (v if isinstance(v, tuple) else (v,)):
-                if isinstance(a, np.ndarray) and id(a) in self.dyn_arrays:
+                if self.array_source(a) is not None:
                     raise UnsupportedOperatorError(
                         f"Exporting '{cls.__name__}' with an index computed "
                         f"from the inputs is not supported (in "
                         f"{self.where()})")
+
+    def array_source(self, a):
+        """For a raw array that is a dynamic tensor's array (or a NumPy
+        view of one), its (Value, array); None for other objects."""
+        if not isinstance(a, np.ndarray):
+            return None
+        base = a
+        while base is not None:
+            hit = self.dyn_arrays.get(id(base))
+            if hit is not None:
+                t, v = hit
+                if t._data is base and t._vc[0] == self.by_tensor.get(
+                        id(t), (None, t._vc[0]))[1]:
+                    return v, base
+            base = base.base
+        return None
+
+    def array_value(self, a):
+        """The graph name of a raw array that views a dynamic one: the
+        array itself, a transpose of it or it with size-1 dims added."""
+        v, d = self.array_source(a)
+        if a is d:
+            return v.name
+        b = self.b
+        if a.ndim == d.ndim and sorted(a.shape) == sorted(d.shape) and \
+                a.__array_interface__["data"][0] == \
+                d.__array_interface__["data"][0]:
+            perm, used = [], set()
+            for n, st in zip(a.shape, a.strides):
+                j = next((j for j in range(d.ndim) if j not in used and
+                          d.shape[j] == n and (d.strides[j] == st or n == 1)),
+                         None)
+                if j is None:
+                    break
+                used.add(j)
+                perm.append(j)
+            else:
+                return b.node("Transpose", [v.name], perm=perm)
+        if a.size == d.size and a.__array_interface__["data"][0] == \
+                d.__array_interface__["data"][0] and \
+                [n for n in a.shape if n != 1] == [n for n in d.shape
+                                                  if n != 1]:
+            ones = [i for i, n in enumerate(a.shape) if n == 1]
+            y = v.name
+            dones = [i for i, n in enumerate(d.shape) if n == 1]
+            if dones:
+                y = b.node("Squeeze", [y, b.ints(dones)])
+            return b.node("Unsqueeze", [y, b.ints(ones)]) if ones else y
+        raise OnnxExporterError(
+            f"an op got a raw array cut from a traced tensor in a way the "
+            f"exporter cannot follow (shape {list(a.shape)} from "
+            f"{list(d.shape)}, in {self.where()})")
 
     def arg(self, a):
         if isinstance(a, TensorBase):
@@ -186,10 +242,8 @@ class Tracer:
                 return v
             return Const(a._data, self.b.param_names.get(id(a)))
         if isinstance(a, np.ndarray) or hasattr(a, "__cuda_array_interface__"):
-            if id(a) in self.dyn_arrays:
-                raise OnnxExporterError(
-                    f"a raw array of a traced tensor reached an op (in "
-                    f"{self.where()}); it cannot be traced")
+            if self.array_source(a) is not None:
+                return Value(self.array_value(a), a.shape, a.dtype)
             return Const(a, None)
         return a
 
