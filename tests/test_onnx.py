@@ -217,3 +217,81 @@ def test_import_without_onnx():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_lstm_embedding_table_path_bidirectional(tmp_path):
+    """Many tokens per row: nn.LSTM projects the embedding table instead of
+    each token (the index array reaches the op raw, transposed); a
+    bidirectional layer becomes a forward and a reverse ONNX LSTM."""
+    dtorch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(5, 4), nn.LSTM(4, 6,
+                                                      bidirectional=True))
+
+    class Out(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = model
+
+        def forward(self, idx):
+            return self.body(idx)[0]
+    m = roundtrip(Out(), dtorch.randint(0, 5, (9, 4)), tmp_path,
+                  other=dtorch.randint(0, 5, (9, 4)), dynamic_axes={})
+    dirs = sorted(a.s.decode() for n in m.graph.node if n.op_type == "LSTM"
+                  for a in n.attribute if a.name == "direction")
+    assert dirs == ["forward", "reverse"]
+
+
+class GivenState(nn.Module):
+    """h0/c0 as graph inputs, a relu RNN and a GRU cell stack."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(3, 5)
+        self.rnn = nn.RNN(5, 4, nonlinearity="relu")
+
+    def forward(self, x, h0, c0):
+        y, (h, c) = self.lstm(x, (h0, c0))
+        z, _ = self.rnn(y)
+        return dtorch.stack([h[0], c[0]], 1).sum(-1) + z[-1].mean(-1, True)
+
+
+def test_rnn_with_initial_state(tmp_path):
+    dtorch.manual_seed(0)
+    args = (dtorch.randn(6, 2, 3), dtorch.randn(1, 2, 5),
+            dtorch.randn(1, 2, 5))
+    other = (dtorch.randn(6, 3, 3), dtorch.randn(1, 3, 5),
+             dtorch.randn(1, 3, 5))
+    m = roundtrip(GivenState(), args, tmp_path, other=other,
+                  dynamic_axes={"x0": {1: "b"}, "x1": {1: "b"},
+                                "x2": {1: "b"}, "y": {0: "b"}})
+    assert {"LSTM", "RNN"} <= ops_of(m)
+
+
+class InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        y += 1.0
+        y.mul_(2.0)
+        return F.relu(y, inplace=True) * x
+
+
+class HiddenInPlace(nn.Module):
+    def forward(self, x):
+        with dtorch.no_grad():
+            x.add_(1.0)
+        return x * 2
+
+
+def test_inplace_ops(tmp_path):
+    dtorch.manual_seed(0)
+    roundtrip(InPlace(), dtorch.randn(2, 3), tmp_path,
+              other=dtorch.randn(5, 3))
+    # a change autograd does not record cannot be exported: an error, not
+    # a graph that silently misses it
+    with pytest.raises(dtorch.onnx.OnnxExporterError, match="in place"):
+        dtorch.onnx.export(HiddenInPlace(), dtorch.randn(2, 3),
+                           str(tmp_path / "m.onnx"))
