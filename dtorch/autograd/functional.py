@@ -1,6 +1,7 @@
 """``autograd.functional.jacobian`` (reverse mode, one backward per output
 element, as PyTorch's default ``vectorize=False``). ``hessian`` and the
 other second-order functions need double backward, which dtorch lacks."""
+from ._api import grad
 from . import function as _fn
 from .grad_mode import enable_grad
 
@@ -13,7 +14,6 @@ def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False,
              strategy="reverse-mode"):
     """d func(inputs) / d inputs: for one input and one output a tensor of
     shape output.shape + input.shape; tuples of tuples otherwise."""
-    from . import grad
     if create_graph:
         raise NotImplementedError("jacobian(create_graph=True) needs double "
                                   "backward, which dtorch does not support")

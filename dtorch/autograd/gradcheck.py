@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 
+from ._api import grad as _grad
 from . import function as _fn
 from .grad_mode import no_grad
 
@@ -40,7 +41,6 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
         x = dtorch.randn(3, 4, dtype=dtorch.float64, requires_grad=True)
         assert dtorch.autograd.gradcheck(lambda t: (t * t).sum(1), (x,))
     """
-    from . import grad as _grad
     T = _fn.TensorBase
     if isinstance(inputs, T):
         inputs = (inputs,)
