@@ -295,3 +295,24 @@ def test_inplace_ops(tmp_path):
     with pytest.raises(dtorch.onnx.OnnxExporterError, match="in place"):
         dtorch.onnx.export(HiddenInPlace(), dtorch.randn(2, 3),
                            str(tmp_path / "m.onnx"))
+
+
+class RawCompare(nn.Module):
+    def forward(self, x):
+        return x * (x > 0)            # the comparison runs outside the ops
+
+
+class ValueBranch(nn.Module):
+    def forward(self, x):
+        return x * 2.0 if x.sum().item() > 0 else x * 3.0
+
+
+def test_values_computed_outside_ops_are_refused(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    x = dtorch.tensor([[0.5, -1.0, 2.0]])
+    with pytest.raises(dtorch.onnx.OnnxExporterError,
+                       match=r"'Mul'.*outside dtorch's ops"):
+        dtorch.onnx.export(RawCompare(), x, path)
+    with pytest.raises(dtorch.onnx.OnnxExporterError,
+                       match=r"'Mul'.*outside dtorch's ops"):
+        dtorch.onnx.export(ValueBranch(), x, path)

@@ -108,6 +108,7 @@ class Tracer:
         self.thread = threading.get_ident()
         self.depth = 0
         self.producer = {}       # Value name -> (cls, args, kwargs)
+        self.log, self.log_consts = [], []
 
     # ------------------------------------------------------------ values --
     def bind(self, t, value):
@@ -164,6 +165,14 @@ class Tracer:
                 f"version {self.b.opset} is not supported (in "
                 f"{self.where()})")
         ins = [self.arg(a) for a in args]
+        # what the run-to-run check compares: the op, and its constant
+        # arguments that are not parameters or buffers
+        self.log.append((cls, self.where()))
+        self.log_consts.append(
+            [_to_numpy(c.array).copy() if isinstance(c, Const) else c
+             for c in ins if not isinstance(c, Value) and not (
+                 isinstance(c, Const) and c.pname is not None)]
+            + [_plain(v) for _, v in sorted(kwargs.items())])
         ctx = _Ctx(self, cls, ins, kwargs, out)
         name = conv(ctx, *ins, **kwargs)
         v = Value(name, out.shape, _to_numpy(out._data).dtype
@@ -368,6 +377,140 @@ def export(model, args, f, input_names, output_names, dynamic_axes,
     dynamic_axes = dynamic_axes or {}
 
     b = Builder(onnx, opset_version)
+    tr, out, graph_inputs = _trace(model, b, args, call_kwargs, input_names,
+                                   dynamic_axes)
+    # Values computed outside dtorch's ops (a comparison, argmax, .item()
+    # steering Python control flow) reach the graph as constants. A second
+    # run on other inputs shows whether any of them depended on the inputs.
+    try:
+        tr2, _, _ = _trace(model, Builder(onnx, opset_version),
+                           tuple(_perturb(a) for a in args), call_kwargs,
+                           input_names, dynamic_axes)
+    except OnnxExporterError as e:
+        raise OnnxExporterError(
+            f"the model runs different ops for other input values: its "
+            f"control flow depends on them, which a traced graph cannot "
+            f"follow ({e})") from None
+    except Exception as e:      # e.g. a model that checks its input values
+        warnings.warn(f"dtorch.onnx.export: could not check that the graph "
+                      f"does not depend on values computed outside dtorch's "
+                      f"ops (the model raised {type(e).__name__}: {e} on "
+                      f"other inputs)", UserWarning, stacklevel=3)
+    else:
+        _compare_runs(tr, tr2)
+
+    outs = _flatten(out)
+    output_names = list(output_names or [])
+    if len(output_names) > len(outs):
+        raise ValueError(f"{len(output_names)} output_names for "
+                         f"{len(outs)} outputs")
+    output_names += [f"output_{i}" for i in range(len(output_names),
+                                                  len(outs))]
+    graph_outputs = []
+    for t, name in zip(outs, output_names):
+        v = tr.lookup(t)
+        src = v.name if v is not None else b.const(_to_numpy(t._data))
+        b.nodes.append(onnx.helper.make_node("Identity", [src], [name],
+                                             name=b.fresh("output")))
+        graph_outputs.append(_value_info(
+            onnx, name, t.shape, _to_numpy(t._data).dtype,
+            _dyn_dims(dynamic_axes.get(name), name)))
+
+    nodes, inits = _prune(b.nodes, b.inits, output_names)
+    graph = onnx.helper.make_graph(nodes, type(model).__name__, graph_inputs,
+                                   graph_outputs, initializer=inits)
+    m = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", opset_version)],
+        producer_name="dtorch")
+    # keep the IR version at what the opset needs, so that runtimes older
+    # than this onnx package load the file
+    m.ir_version = min(m.ir_version, {17: 8, 18: 8, 19: 9, 20: 9}
+                       [opset_version])
+    onnx.checker.check_model(m)
+    onnx.save_model(m, f)
+
+
+def _prune(nodes, inits, outputs):
+    """Drop nodes no output depends on (e.g. an RNN's input projection
+    that the ONNX RNN node took over) and the initializers they used."""
+    need = set(outputs)
+    keep = []
+    for n in reversed(nodes):
+        if any(o in need for o in n.output):
+            keep.append(n)
+            need.update(i for i in n.input if i)
+    keep.reverse()
+    return keep, [t for k, t in inits.items() if k in need]
+
+
+def _perturb(a):
+    """Other values of an input's shape and dtype (ints within the range
+    of the given ones, so that embedding ids stay valid)."""
+    if not isinstance(a, TensorBase) or a.numel() == 0:
+        return a
+    x = _to_numpy(a._data)
+    rng = np.random.default_rng(1234)
+    if x.dtype.kind == "f":
+        y = (rng.standard_normal(x.shape) * (np.abs(x).max() + 1)).astype(
+            x.dtype)
+    elif x.dtype.kind in "iu":
+        y = rng.integers(x.min(), x.max() + 1, x.shape).astype(x.dtype)
+        if x.min() == x.max() or np.array_equal(y, x):
+            return a
+    else:
+        return a
+    return type(a)._make(a._xp().asarray(y), False, None)
+
+
+def _plain(v):
+    """A keyword argument as comparable data (arrays copied)."""
+    if isinstance(v, (tuple, list)):
+        return tuple(_plain(x) for x in v)
+    if isinstance(v, np.ndarray) or hasattr(v, "__cuda_array_interface__"):
+        return _to_numpy(v).copy()
+    if isinstance(v, slice):
+        return ("slice", v.start, v.stop, v.step)
+    return v
+
+
+def _same(a, b):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+                and a.shape == b.shape and a.dtype == b.dtype
+                and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b) or (a != a and b != b)
+    except Exception:
+        return a is b
+
+
+def _compare_runs(tr, tr2):
+    if [e[0] for e in tr.log] != [e[0] for e in tr2.log]:
+        for (c1, w1), (c2, w2) in zip(tr.log, tr2.log):
+            if c1 is not c2:
+                break
+        else:
+            w1 = tr.log[-1][1] if tr.log else "the top-level module"
+        raise OnnxExporterError(
+            f"the model runs different ops for different inputs (from "
+            f"{w1}): its control flow depends on the input values, which a "
+            f"traced ONNX graph cannot follow")
+    for (cls, where), c1, c2 in zip(tr.log, tr.log_consts, tr2.log_consts):
+        for a, b in zip(c1, c2):
+            if not _same(a, b):
+                raise OnnxExporterError(
+                    f"an argument of '{cls.__name__}' (in {where}) was "
+                    f"computed from the inputs outside dtorch's ops (a "
+                    f"comparison, argmax, .numpy()...) and would be frozen "
+                    f"into the graph as a constant")
+
+
+def _trace(model, b, args, call_kwargs, input_names, dynamic_axes):
+    """Run the model once with the tracer on; returns (tracer, output,
+    graph input infos)."""
+    onnx = b.onnx
     tr = Tracer(b)
     for pname, p in list(model.named_parameters()) + list(
             model.named_buffers()):
@@ -434,46 +577,4 @@ def export(model, args, f, input_names, output_names, dynamic_axes,
         for h in handles:
             h.remove()
         model.train(was_training)
-
-    outs = _flatten(out)
-    output_names = list(output_names or [])
-    if len(output_names) > len(outs):
-        raise ValueError(f"{len(output_names)} output_names for "
-                         f"{len(outs)} outputs")
-    output_names += [f"output_{i}" for i in range(len(output_names),
-                                                  len(outs))]
-    graph_outputs = []
-    for t, name in zip(outs, output_names):
-        v = tr.lookup(t)
-        src = v.name if v is not None else b.const(_to_numpy(t._data))
-        b.nodes.append(onnx.helper.make_node("Identity", [src], [name],
-                                             name=b.fresh("output")))
-        graph_outputs.append(_value_info(
-            onnx, name, t.shape, _to_numpy(t._data).dtype,
-            _dyn_dims(dynamic_axes.get(name), name)))
-
-    nodes, inits = _prune(b.nodes, b.inits, output_names)
-    graph = onnx.helper.make_graph(nodes, type(model).__name__, graph_inputs,
-                                   graph_outputs, initializer=inits)
-    m = onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid("", opset_version)],
-        producer_name="dtorch")
-    # keep the IR version at what the opset needs, so that runtimes older
-    # than this onnx package load the file
-    m.ir_version = min(m.ir_version, {17: 8, 18: 8, 19: 9, 20: 9}
-                       [opset_version])
-    onnx.checker.check_model(m)
-    onnx.save_model(m, f)
-
-
-def _prune(nodes, inits, outputs):
-    """Drop nodes no output depends on (e.g. an RNN's input projection
-    that the ONNX RNN node took over) and the initializers they used."""
-    need = set(outputs)
-    keep = []
-    for n in reversed(nodes):
-        if any(o in need for o in n.output):
-            keep.append(n)
-            need.update(i for i in n.input if i)
-    keep.reverse()
-    return keep, [t for k, t in inits.items() if k in need]
+    return tr, out, graph_inputs
