@@ -106,7 +106,11 @@ def __getattr__(name):
     # torch.distributed is reachable as an attribute after `import torch`;
     # here it loads on first use, so that single-process programs import
     # no distribution code (collectives, process groups)
-    if name in ("distributed", "onnx"):
+    if name in ("distributed", "onnx", "ao", "quantization", "profiler"):
         import importlib
         return importlib.import_module("." + name, __name__)
+    if name in ("qint8", "quint8", "qint32"):
+        import importlib
+        return getattr(importlib.import_module(
+            ".ao.quantization._dtypes", __name__), name)
     raise AttributeError(f"module 'dtorch' has no attribute {name!r}")

@@ -59,6 +59,7 @@ LAYERS = {
     'dtorch.distributed.tensor': 7,
     # 8 tools that read models, never change training
     'dtorch.onnx': 8, 'dtorch.ao': 8, 'dtorch.profiler': 8,
+    'dtorch.quantization': 8,
     'dtorch.utils.tensorboard': 8,
 }
 

@@ -1,0 +1,2 @@
+"""Quantized modules (``dtorch.ao.nn.quantized.dynamic``)."""
+from . import quantized  # noqa: F401

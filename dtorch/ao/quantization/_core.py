@@ -1,0 +1,98 @@
+"""Array-level int8 arithmetic of dynamic quantization (NumPy or CuPy).
+
+- Weights: per output channel, symmetric, int8 in [-127, 127]:
+  ``w ~= scale[c] * q[c, :]`` with ``scale[c] = max|w[c, :]| / 127``.
+- Activations: per tensor, asymmetric uint8 in [0, 255], chosen from the
+  tensor's own min/max at each call (PyTorch's dynamic quantization):
+  ``x ~= s * (q - zp)`` with the range widened to include 0, so that 0 is
+  exact.
+- Products: ``sum_k (qx - zp) * qw`` is an integer; it is computed exactly
+  as int32 accumulation would. NumPy has no fast integer GEMM (its integer
+  matmul is a plain loop, 20-50x slower than BLAS on this machine), so the
+  integers go through float32 BLAS instead: every product is at most
+  255 * 127 in magnitude and float32 holds integers up to 2**24 exactly, so
+  a dot product over at most ``_EXACT_K`` = 512 terms is exact; longer ones
+  are cut into such chunks whose (exact) results add in int32.
+"""
+import numpy as np
+
+from ... import _backend as B
+
+QMAX_W = 127
+QMIN_X, QMAX_X = 0, 255
+# 2**24 / (255 * 127) = 518: the longest dot product float32 keeps exact
+_EXACT_K = 512
+
+
+def quantize_weight_per_channel(w):
+    """(int8 q, float32 scale per row) of a 2-D float array."""
+    xp = B.get_array_module(w)
+    w = w.astype(np.float32, copy=False)
+    if w.ndim != 2:
+        raise ValueError(f"per-channel weight quantization expects a 2-D "
+                         f"weight, got shape {list(w.shape)}")
+    if w.size and not bool(xp.isfinite(w).all()):
+        raise ValueError("cannot quantize a weight that contains inf or NaN")
+    amax = xp.abs(w).max(axis=1) if w.shape[1] else \
+        xp.zeros(w.shape[0], np.float32)
+    scale = (amax / QMAX_W).astype(np.float32)
+    # an all-zero row: any scale reproduces it; 1 keeps the division finite
+    scale = xp.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+    q = xp.clip(xp.rint(w / scale[:, None]), -QMAX_W, QMAX_W)
+    return q.astype(np.int8), scale
+
+
+def choose_qparams(x, what="input"):
+    """(scale, zero_point) of PyTorch's dynamic uint8 activation
+    quantization for array ``x`` (per tensor; the range includes 0)."""
+    lo = min(float(x.min()), 0.0)
+    hi = max(float(x.max()), 0.0)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise ValueError(f"dynamic quantization: the {what} contains inf "
+                         f"or NaN, which has no int8 representation")
+    scale = (hi - lo) / (QMAX_X - QMIN_X)
+    if scale <= np.finfo(np.float32).eps:
+        scale = 1.0
+    zp = int(np.clip(QMIN_X - round(lo / scale), QMIN_X, QMAX_X))
+    return np.float32(scale), zp
+
+
+def quantize_activation(x, scale, zp):
+    """uint8 codes of ``x`` under (scale, zp)."""
+    xp = B.get_array_module(x)
+    q = xp.rint(x.astype(np.float32, copy=False) / scale) + zp
+    return xp.clip(q, QMIN_X, QMAX_X).astype(np.uint8)
+
+
+def int_matmul(qx, zp, qw):
+    """``(qx - zp) @ qw.T`` as int32: qx uint8 (..., K), qw int8 (N, K).
+    Exact (see the module docstring)."""
+    xp = B.get_array_module(qx)
+    a = qx.astype(np.float32)
+    a -= np.float32(zp)
+    k = qw.shape[1]
+    if k <= _EXACT_K:
+        return (a @ qw.astype(np.float32).T).astype(np.int32)
+    acc = None
+    for s in range(0, k, _EXACT_K):
+        part = a[..., s:s + _EXACT_K] @ \
+            qw[:, s:s + _EXACT_K].astype(np.float32).T
+        part = part.astype(np.int32)
+        acc = part if acc is None else xp.add(acc, part, out=acc)
+    return acc
+
+
+def dynamic_linear(x, qw, w_scale, bias):
+    """float32 ``x @ w.T + bias`` with ``w = w_scale[:, None] * qw`` and
+    ``x`` quantized to uint8 on the fly; int32 accumulation."""
+    xp = B.get_array_module(x)
+    if x.size == 0:
+        out = xp.zeros(x.shape[:-1] + (qw.shape[0],), np.float32)
+        return out if bias is None else out + bias
+    sx, zp = choose_qparams(x)
+    acc = int_matmul(quantize_activation(x, sx, zp), zp, qw)
+    out = acc.astype(np.float32)
+    out *= (w_scale * sx).astype(np.float32)
+    if bias is not None:
+        out += bias
+    return out
