@@ -1,11 +1,14 @@
 """Sharded data parallelism: per-rank memory and step time of DDP, ZeRO-1,
 ZeRO-2 and FSDP in the same run.
 
-    mpiexec -n 2 python benchmarks/sharded.py [--layers 8] [--width 1024]
-        [--batch 64] [--steps 10] [--json out.json]
+    mpiexec -n 2 python benchmarks/sharded.py [--model mlp|gpt]
+        [--layers 8] [--width 1024] [--batch 64] [--steps 10] [--json F]
 
-Model: ``layers`` x (Linear(width, width) + Tanh) and a Linear(width, 1)
-head, float32, Adam; each rank a batch of ``batch`` rows. For each mode:
+Model (mlp): ``layers`` x (Linear(width, width) + Tanh) and a
+Linear(width, 1) head; (gpt): examples/gpt.py's GPT with ``layers`` blocks
+of ``width``, 4 heads, vocabulary ``vocab``, ``seq`` tokens, the blocks as
+FSDP units. float32, Adam; each rank a batch of ``batch`` rows. For each
+mode:
 
 - state bytes per rank, counted from the objects after a step: parameters
   as stored (FSDP: its shards), gradients (FSDP: the shards' gradients;
@@ -32,6 +35,20 @@ at load average 4-8, so step times are noisy; MB per rank, worst rank):
     4     zero1    32.0  32.0  16.0  80.1   7.0    383.4   1.34
     4     zero2    32.0  32.0  16.0  80.1  36.0    331.4   1.16
     4     fsdp      8.0   8.0  16.0  32.0  18.3    261.8   0.91
+
+GPT (``--model gpt --layers 4 --width 256 --batch 8 --steps 5``: 4.2 M
+parameters, vocabulary 4096, 64 tokens; load average 5-10, so the step
+times say little beyond FSDP's recomputation):
+
+    ranks mode   params grads optim state  peak  step ms  vs DDP
+    2     ddp      16.1  16.1  32.2  64.5  69.1   1077.2   1.00
+    2     zero1    16.1  16.1  16.1  48.3  69.1    632.2   0.59
+    2     zero2    16.1  16.1  16.1  48.3  69.1    788.8   0.73
+    2     fsdp      8.1   8.1  16.1  32.2  33.7   1680.5   1.56
+    4     ddp      16.1  16.1  32.2  64.5  69.1   1953.0   1.00
+    4     zero1    16.1  16.1   8.1  40.3  69.1   1635.2   0.84
+    4     zero2    16.1  16.1   8.1  40.3  69.1   2005.3   1.03
+    4     fsdp      4.0   4.0   8.1  16.1  33.7   3147.4   1.61
 
 (4 ranks run oversubscribed on 2 cores.) ZeRO-2's peak is DDP's
 communication-hook path (gradients copied into bucket buffers), not the
@@ -68,10 +85,30 @@ def build(layers, width):
     return nn.Sequential(*mods, nn.Linear(width, 1))
 
 
-def setup(mode, layers, width):
-    m = build(layers, width)
+def build_gpt(args):
+    """examples/gpt.py's GPT (no tensor parallelism: a one-rank TP group
+    per rank), float32; the blocks are FSDP's units."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "examples"))
+    import gpt
+    mine = None
+    for r in range(dist.get_world_size()):     # new_group is collective
+        g = dist.new_group([r])
+        if r == dist.get_rank():
+            mine = g
+    dtorch.manual_seed(0)
+    m = gpt.GPT(args.vocab, args.layers, 4, args.width, args.seq,
+                tp_group=mine)
+    return m, gpt.Block
+
+
+def setup(mode, args):
+    if args.model == "gpt":
+        m, unit = build_gpt(args)
+    else:
+        m, unit = build(args.layers, args.width), nn.Linear
     if mode == "fsdp":
-        model = FSDP(m, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+        model = FSDP(m, auto_wrap_policy=ModuleWrapPolicy({unit}))
         opt = optim.Adam(model.parameters(), lr=1e-4)
         return model, opt
     model = DDP(m)
@@ -94,16 +131,27 @@ def state_bytes(mode, model, opt):
 
 
 def run(mode, args):
-    model, opt = setup(mode, args.layers, args.width)
+    model, opt = setup(mode, args)
     rng = np.random.default_rng(dist.get_rank())
-    x = dtorch.tensor(rng.standard_normal((args.batch, args.width)),
-                      dtype=dtorch.float32)
-    y = dtorch.tensor(rng.standard_normal((args.batch, 1)),
-                      dtype=dtorch.float32)
+    if args.model == "gpt":
+        idx = rng.integers(0, args.vocab, (args.batch, args.seq + 1))
+        x, y = dtorch.tensor(idx[:, :-1]), dtorch.tensor(idx[:, 1:])
+
+        def loss_fn(out):
+            return nn.functional.cross_entropy(
+                out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    else:
+        x = dtorch.tensor(rng.standard_normal((args.batch, args.width)),
+                          dtype=dtorch.float32)
+        y = dtorch.tensor(rng.standard_normal((args.batch, 1)),
+                          dtype=dtorch.float32)
+
+        def loss_fn(out):
+            return ((out - y) ** 2).mean()
 
     def step():
         opt.zero_grad(set_to_none=False)
-        ((model(x) - y) ** 2).mean().backward()
+        loss_fn(model(x)).backward()
         opt.step()
     for _ in range(2):
         step()
@@ -127,6 +175,9 @@ def run(mode, args):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    ap.add_argument("--vocab", type=int, default=4096, help="gpt only")
+    ap.add_argument("--seq", type=int, default=64, help="gpt only")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64)
@@ -143,10 +194,9 @@ def main():
         rows.append({k: (max(x[k] for x in mine) if k != "mode" else v)
                      for k, v in r.items()})
     if dist.get_rank() == 0:
-        n = sum(p.numel() for p in build(args.layers, args.width)
-                .parameters())
-        print(f"{dist.get_world_size()} ranks, {n / 1e6:.2f} M parameters "
-              f"(float32), Adam; per-rank figures, worst rank")
+        n = rows[0]["params_MB"] * 2**20 / 4
+        print(f"{dist.get_world_size()} ranks, {args.model}, {n / 1e6:.2f} "
+              f"M parameters (float32), Adam; per-rank figures, worst rank")
         print(f"{'mode':6} {'params':>8} {'grads':>8} {'optim':>8} "
               f"{'state':>8} {'peak':>8} {'step ms':>8} {'vs DDP':>7}")
         ddp = rows[0]["step_ms"]
