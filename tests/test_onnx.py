@@ -316,3 +316,35 @@ def test_values_computed_outside_ops_are_refused(tmp_path):
     with pytest.raises(dtorch.onnx.OnnxExporterError,
                        match=r"'Mul'.*outside dtorch's ops"):
         dtorch.onnx.export(ValueBranch(), x, path)
+
+
+def test_transformer_encoder_layer(tmp_path):
+    """nn.MultiheadAttention folds the batch into the heads dim
+    ((L, N * h, d) reshapes): those reshapes stay dynamic."""
+    dtorch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0,
+                                       batch_first=True)
+    roundtrip(layer, dtorch.randn(2, 5, 8), tmp_path,
+              other=dtorch.randn(3, 5, 8))
+
+
+class Misc(nn.Module):
+    """Reductions (whose axes moved to an input in opset 18), GELU (an ONNX
+    op from opset 20), indexing, stack, expand, pad, clamp."""
+
+    def forward(self, x):
+        y = F.gelu(x) + F.gelu(x, approximate="tanh")
+        y = y - y.amax(-1, keepdim=True) + x.max(1)[0][:, None]
+        y = F.normalize(y, dim=-1) + y.mean(-1, keepdim=True)
+        y = dtorch.stack([y[:, 1, 2:5], y[..., :3].sum(1)], 1)
+        y = y + y[:, :1].expand(-1, 2, 3) + y[:, [1, 0]]
+        return F.pad(y.clamp(-0.5, 0.5), (1, 2)) * F.hardswish(y).sum()
+
+
+@pytest.mark.parametrize("opset", [17, 18, 20])
+def test_misc_ops_opsets(tmp_path, opset):
+    m = roundtrip(Misc(), dtorch.randn(2, 4, 6), tmp_path,
+                  other=dtorch.randn(2, 4, 6), opset_version=opset,
+                  dynamic_axes={})
+    assert m.opset_import[0].version == opset
+    assert ("Gelu" in ops_of(m)) == (opset >= 20)

@@ -101,8 +101,10 @@ def _cast(ctx, x, np_dtype=None):
 
 @conv(N.Reshape)
 def _reshape(ctx, x, shape=()):
-    # leading dims kept from the input are written as 0 ("copy this dim"):
-    # the batch dim then stays dynamic instead of baked in
+    # leading dims kept from the input are written as 0 ("copy this dim")
+    # and the first other one as -1 (inferred): a dynamic batch, kept or
+    # merged into/split from the next dims ((L, N, E) -> (L, N * h, d),
+    # (N * h, L, d) -> (N, h, L, d), flatten), then reshapes right
     out = list(ctx.out_shape)
     target = []
     same = True
@@ -110,8 +112,8 @@ def _reshape(ctx, x, shape=()):
         if same and i < len(x.shape) and x.shape[i] == d:
             target.append(0)
         else:
+            target.append(-1 if same else d)
             same = False
-            target.append(d)
     if any(d == 0 for d in out):
         target = out          # a real 0-size dim: no copy markers
     return ctx.b.node("Reshape", [ctx.name(x), ctx.b.ints(target)])
@@ -180,7 +182,7 @@ def _index(ctx, x, key=None):
             full.extend([slice(None)] * (nd - used))
         else:
             full.append(k)
-    if Ellipsis not in key:
+    if not any(k is Ellipsis for k in key):
         full.extend([slice(None)] * (nd - used))
     if arrays:
         # one integer index array (x[idx], x[:, idx]): Gather on its axis
@@ -279,18 +281,46 @@ def _sum(ctx, x, dim=None, keepdim=False, dtype=None):
     return ctx.b.node("ReduceSum", ins, keepdims=int(bool(keepdim)))
 
 
-@conv(N.Amax)
-def _amax(ctx, x, dim=None, keepdim=False, is_min=False, evenly=False):
-    op = "ReduceMin" if is_min else "ReduceMax"
-    axes = _axes_list(dim)
+def _reduce(ctx, op, x, axes, keepdim, axes_input_from=18):
+    """A Reduce* node; its axes moved from attribute to input in opset 18
+    (ReduceSum in 13)."""
     ins = [ctx.name(x)]
     kw = {"keepdims": int(bool(keepdim))}
     if axes is not None:
-        if ctx.b.opset >= 18:
+        if ctx.b.opset >= axes_input_from:
             ins.append(ctx.b.ints(axes))
         else:
             kw["axes"] = axes
     return ctx.b.node(op, ins, **kw)
+
+
+@conv(N.MaxDim)
+def _max_dim(ctx, x, dim=0, keepdim=False, is_min=False):
+    if not x.shape:
+        return ctx.b.node("Identity", [ctx.name(x)])
+    return _reduce(ctx, "ReduceMin" if is_min else "ReduceMax", x,
+                   [int(dim)], keepdim)
+
+
+@conv(N.Norm)
+def _norm(ctx, x, p=2.0, dim=None, keepdim=False):
+    ops = {1: "ReduceL1", 2: "ReduceL2"}
+    if p not in ops:
+        ctx.unsupported(f"p={p}")
+    y = _reduce(ctx, ops[p], x, _axes_list(dim), keepdim)
+    return ctx.b.node("Cast", [y], to=_np_to_onnx(ctx, ctx.out_dtype)) \
+        if np.dtype(x.dtype) != ctx.out_dtype else y
+
+
+def _np_to_onnx(ctx, dt):
+    from ._export import _onnx_type
+    return _onnx_type(ctx.b.onnx, dt)
+
+
+@conv(N.Amax)
+def _amax(ctx, x, dim=None, keepdim=False, is_min=False, evenly=False):
+    return _reduce(ctx, "ReduceMin" if is_min else "ReduceMax", x,
+                   _axes_list(dim), keepdim)
 
 
 # ======================================================== linear algebra ==
