@@ -1,8 +1,8 @@
 """Adadelta, as ``torch.optim.Adadelta``."""
 from __future__ import annotations
 from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
-                        _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
+                        _next_step, _step_tensor, _zeros)
 
 __all__ = ["Adadelta"]
 
@@ -10,6 +10,8 @@ __all__ = ["Adadelta"]
 class Adadelta(Optimizer):
     """Adadelta (Zeiler, 2012): steps scaled by the ratio of the running
     RMS of past updates to the running RMS of gradients, then by ``lr``.
+    ``foreach``/``capturable`` change nothing, ``differentiable=True`` warns
+    (see ``dtorch.optim.optimizer``).
 
     Example::
 
@@ -20,13 +22,13 @@ class Adadelta(Optimizer):
                  eps: float = 1e-6, weight_decay: float = 0,
                  foreach: bool | None = None, *, capturable: bool = False,
                  maximize: bool = False, differentiable: bool = False) -> None:
+        _kernel_args("Adadelta", foreach=foreach, capturable=capturable,
+                     differentiable=differentiable)
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= rho <= 1.0, f"Invalid rho value: {rho}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= weight_decay,
                f"Invalid weight_decay value: {weight_decay}")
-        # foreach/capturable/differentiable select PyTorch kernels; dtorch
-        # has one implementation
         defaults = dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay,
                         maximize=maximize)
         super().__init__(params, defaults)

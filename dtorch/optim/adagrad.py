@@ -2,8 +2,8 @@
 from __future__ import annotations
 from .. import _backend as B
 from ..tensor import Tensor
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
-                        _step_tensor)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
+                        _next_step, _step_tensor)
 
 __all__ = ["Adagrad"]
 
@@ -11,7 +11,8 @@ __all__ = ["Adagrad"]
 class Adagrad(Optimizer):
     """Adagrad (Duchi et al.): the step is divided by the root of the sum
     of squared gradients; ``lr_decay`` shrinks lr as ``lr / (1 + (t - 1) *
-    lr_decay)``.
+    lr_decay)``. ``foreach``/``fused`` change nothing,
+    ``differentiable=True`` warns (see ``dtorch.optim.optimizer``).
 
     Example::
 
@@ -20,7 +21,11 @@ class Adagrad(Optimizer):
 
     def __init__(self, params: ParamsT, lr: float = 1e-2, lr_decay: float = 0,
                  weight_decay: float = 0, initial_accumulator_value: float = 0,
-                 eps: float = 1e-10, *, maximize: bool = False) -> None:
+                 eps: float = 1e-10, foreach: bool | None = None, *,
+                 maximize: bool = False, differentiable: bool = False,
+                 fused: bool | None = None) -> None:
+        _kernel_args("Adagrad", foreach=foreach, fused=fused,
+                     differentiable=differentiable)
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= lr_decay, f"Invalid lr_decay value: {lr_decay}")
         _check(0.0 <= weight_decay,

@@ -3,8 +3,8 @@ from __future__ import annotations
 import math
 
 from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
-                        _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
+                        _next_step, _step_tensor, _zeros)
 
 __all__ = ["Adam", "AdamW"]
 
@@ -12,7 +12,9 @@ __all__ = ["Adam", "AdamW"]
 class Adam(Optimizer):
     """Adam (Kingma & Ba), with PyTorch's update order and bias
     correction; ``amsgrad`` keeps the running maximum of the second moment;
-    ``decoupled_weight_decay=True`` is AdamW.
+    ``decoupled_weight_decay=True`` is AdamW. ``foreach``/``fused``/
+    ``capturable`` change nothing, ``differentiable=True`` warns (see
+    ``dtorch.optim.optimizer``).
 
     Example::
 
@@ -22,8 +24,12 @@ class Adam(Optimizer):
     def __init__(self, params: ParamsT, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, amsgrad: bool = False, *,
-                 maximize: bool = False,
+                 foreach: bool | None = None, maximize: bool = False,
+                 capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None,
                  decoupled_weight_decay: bool = False) -> None:
+        _kernel_args(type(self).__name__, foreach=foreach, fused=fused,
+                     capturable=capturable, differentiable=differentiable)
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= betas[0] < 1.0,
@@ -90,6 +96,11 @@ class AdamW(Adam):
     def __init__(self, params: ParamsT, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False, *,
-                 maximize: bool = False) -> None:
+                 maximize: bool = False, foreach: bool | None = None,
+                 capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad,
-                         maximize=maximize, decoupled_weight_decay=True)
+                         foreach=foreach, maximize=maximize,
+                         capturable=capturable,
+                         differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)

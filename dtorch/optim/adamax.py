@@ -1,21 +1,25 @@
 """Adamax, as ``torch.optim.Adamax``."""
 from __future__ import annotations
 from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
-                        _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
+                        _next_step, _step_tensor, _zeros)
 
 __all__ = ["Adamax"]
 
 
 class Adamax(Optimizer):
     """Adam with the infinity norm: the second moment is replaced by a
-    running maximum of |gradient| (Kingma & Ba, section 7)."""
+    running maximum of |gradient| (Kingma & Ba, section 7).
+    ``foreach``/``capturable`` change nothing, ``differentiable=True`` warns
+    (see ``dtorch.optim.optimizer``)."""
 
     def __init__(self, params: ParamsT, lr: float = 2e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, foreach: bool | None = None, *,
                  maximize: bool = False, differentiable: bool = False,
                  capturable: bool = False) -> None:
+        _kernel_args("Adamax", foreach=foreach, capturable=capturable,
+                     differentiable=differentiable)
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= betas[0] < 1.0,

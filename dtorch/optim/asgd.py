@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
-                        _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
+                        _next_step, _step_tensor, _zeros)
 
 __all__ = ["ASGD"]
 
@@ -16,11 +16,16 @@ def _f32(v):
 
 
 class ASGD(Optimizer):
+    """As ``torch.optim.ASGD``; ``foreach``/``capturable`` change nothing,
+    ``differentiable=True`` warns (see ``dtorch.optim.optimizer``)."""
+
     def __init__(self, params: ParamsT, lr: float = 1e-2, lambd: float = 1e-4,
                  alpha: float = 0.75, t0: float = 1e6, weight_decay: float = 0,
                  foreach: bool | None = None, maximize: bool = False,
                  differentiable: bool = False,
                  capturable: bool = False) -> None:
+        _kernel_args("ASGD", foreach=foreach, capturable=capturable,
+                     differentiable=differentiable)
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= weight_decay,
                f"Invalid weight_decay value: {weight_decay}")

@@ -5,13 +5,16 @@ import numpy as np
 
 from .. import _backend as B
 from ..tensor import Tensor
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
-                        _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
+                        _next_step, _step_tensor, _zeros)
 
 __all__ = ["NAdam"]
 
 
 class NAdam(Optimizer):
+    """As ``torch.optim.NAdam``; ``foreach``/``capturable`` change nothing,
+    ``differentiable=True`` warns (see ``dtorch.optim.optimizer``)."""
+
     def __init__(self, params: ParamsT, lr: float = 2e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, momentum_decay: float = 4e-3,
@@ -19,6 +22,8 @@ class NAdam(Optimizer):
                  foreach: bool | None = None, maximize: bool = False,
                  capturable: bool = False,
                  differentiable: bool = False) -> None:
+        _kernel_args("NAdam", foreach=foreach, capturable=capturable,
+                     differentiable=differentiable)
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= betas[0] < 1.0,

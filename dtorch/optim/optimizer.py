@@ -4,9 +4,23 @@ PyTorch's ``state_dict`` format.
 Subclasses implement ``step`` as one readable per-parameter update on the
 parameters' arrays (the shape of mlx's ``apply_single``), with no
 foreach/fused variants.
+
+PyTorch's kernel-choice arguments, which every optimizer here accepts where
+PyTorch's does (``_kernel_args``):
+
+- ``foreach``, ``fused``, ``capturable`` pick among PyTorch's
+  implementations of the same update (multi-tensor, fused, CUDA-graph safe).
+  dtorch has one, so they are accepted silently and the results equal the
+  default's (tests/test_optim_kwargs.py pins that). PyTorch's refusal of
+  ``fused`` with ``foreach`` or ``differentiable`` is kept, so a script that
+  fails there fails here.
+- ``differentiable=True`` asks for a step recorded by autograd; dtorch's
+  step is not, so it warns once (dtorch._ignored).
 """
 from __future__ import annotations
 import copy
+import os
+import sys
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -16,6 +30,7 @@ from typing import Any, Union
 import numpy as np
 
 from .. import _backend as B
+from .._ignored import ignored_argument
 from ..autograd import enable_grad
 from ..nn.modules.module import zero_grads
 from ..tensor import Tensor
@@ -95,6 +110,10 @@ class Optimizer:
                                 f"{type(p).__module__}.{type(p).__name__}")
             if not p.is_leaf:
                 raise ValueError("can't optimize a non-leaf Tensor")
+        # a group may set PyTorch's kernel switches too (never stored as
+        # defaults: dtorch's param_groups leave them out)
+        _kernel_args(type(self).__name__, **{
+            k: param_group[k] for k in _KERNEL_ARGS if k in param_group})
         for name, default in self.defaults.items():
             if default is required and name not in param_group:
                 raise ValueError(
@@ -207,6 +226,38 @@ def _cast(param, value, key):
     if isinstance(value, (list, tuple)):
         return type(value)(_cast(param, v, key) for v in value)
     return value
+
+
+_KERNEL_ARGS = ("foreach", "fused", "capturable", "differentiable")
+
+
+def _kernel_args(owner, foreach=None, fused=None, capturable=False,
+                 differentiable=False):
+    """Check PyTorch's kernel-choice arguments for optimizer ``owner`` (a
+    name) as PyTorch does, and warn once for ``differentiable``; see the
+    module docstring for why the others change nothing."""
+    if fused and foreach:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+    if fused and differentiable:
+        raise RuntimeError("`fused` does not support `differentiable`")
+    if differentiable:
+        ignored_argument(owner, "differentiable", differentiable,
+                         "the optimizer step is not recorded by autograd",
+                         stacklevel=_caller_stacklevel())
+
+
+def _caller_stacklevel():
+    """warnings.warn's stacklevel, seen from ignored_argument, of the first
+    frame outside dtorch.optim: the user's line, through any chain of
+    optimizer constructors (AdamW -> Adam -> _kernel_args)."""
+    f, level = sys._getframe(1), 2
+    while f is not None and os.path.dirname(
+            f.f_code.co_filename) == _HERE:
+        f, level = f.f_back, level + 1
+    return level
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _check(cond, msg):

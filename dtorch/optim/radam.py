@@ -4,19 +4,24 @@ from __future__ import annotations
 import math
 
 from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
-                        _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
+                        _next_step, _step_tensor, _zeros)
 
 __all__ = ["RAdam"]
 
 
 class RAdam(Optimizer):
+    """As ``torch.optim.RAdam``; ``foreach``/``capturable`` change nothing,
+    ``differentiable=True`` warns (see ``dtorch.optim.optimizer``)."""
+
     def __init__(self, params: ParamsT, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, decoupled_weight_decay: bool = False,
                  *, foreach: bool | None = None, maximize: bool = False,
                  capturable: bool = False,
                  differentiable: bool = False) -> None:
+        _kernel_args("RAdam", foreach=foreach, capturable=capturable,
+                     differentiable=differentiable)
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= betas[0] < 1.0,

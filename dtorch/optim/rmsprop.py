@@ -1,8 +1,8 @@
 """RMSprop, as ``torch.optim.RMSprop``."""
 from __future__ import annotations
 from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
-                        _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
+                        _next_step, _step_tensor, _zeros)
 
 __all__ = ["RMSprop"]
 
@@ -10,7 +10,8 @@ __all__ = ["RMSprop"]
 class RMSprop(Optimizer):
     """RMSprop (Hinton), PyTorch's variant: eps is added outside the square
     root; ``centered`` subtracts the squared running mean of the gradient;
-    ``momentum`` accumulates ``g / avg``.
+    ``momentum`` accumulates ``g / avg``. ``foreach``/``capturable`` change
+    nothing, ``differentiable=True`` warns (see ``dtorch.optim.optimizer``).
 
     Example::
 
@@ -19,8 +20,11 @@ class RMSprop(Optimizer):
 
     def __init__(self, params: ParamsT, lr: float = 1e-2, alpha: float = 0.99,
                  eps: float = 1e-8, weight_decay: float = 0,
-                 momentum: float = 0, centered: bool = False, *,
-                 maximize: bool = False) -> None:
+                 momentum: float = 0, centered: bool = False,
+                 capturable: bool = False, foreach: bool | None = None,
+                 maximize: bool = False, differentiable: bool = False) -> None:
+        _kernel_args("RMSprop", foreach=foreach, capturable=capturable,
+                     differentiable=differentiable)
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
         _check(0.0 <= momentum, f"Invalid momentum value: {momentum}")

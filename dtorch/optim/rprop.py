@@ -3,18 +3,23 @@ the gradient keeps its sign and shrink when it flips."""
 from __future__ import annotations
 from .. import _backend as B
 from ..tensor import Tensor
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _next_step,
-                        _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
+                        _next_step, _step_tensor, _zeros)
 
 __all__ = ["Rprop"]
 
 
 class Rprop(Optimizer):
+    """As ``torch.optim.Rprop``; ``foreach``/``capturable`` change nothing,
+    ``differentiable=True`` warns (see ``dtorch.optim.optimizer``)."""
+
     def __init__(self, params: ParamsT, lr: float = 1e-2,
                  etas: tuple[float, float] = (0.5, 1.2),
                  step_sizes: tuple[float, float] = (1e-6, 50), *,
                  capturable: bool = False, foreach: bool | None = None,
                  maximize: bool = False, differentiable: bool = False) -> None:
+        _kernel_args("Rprop", foreach=foreach, capturable=capturable,
+                     differentiable=differentiable)
         _check(0.0 <= lr, f"Invalid learning rate: {lr}")
         _check(0.0 < etas[0] < 1.0 < etas[1],
                f"Invalid eta values: {etas[0]}, {etas[1]}")

@@ -1,7 +1,7 @@
 """Stochastic gradient descent with momentum, as ``torch.optim.SGD``."""
 from __future__ import annotations
 from ..tensor import Tensor
-from .optimizer import Optimizer, ParamsT, _bump, _check
+from .optimizer import Optimizer, ParamsT, _bump, _check, _kernel_args
 
 __all__ = ["SGD"]
 
@@ -15,6 +15,9 @@ class SGD(Optimizer):
         g = g + momentum * buf (nesterov) or buf
         p = p - lr * g
 
+    ``foreach``/``fused`` change nothing, ``differentiable=True`` warns
+    (see ``dtorch.optim.optimizer``).
+
     Example::
 
         opt = dtorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -23,7 +26,11 @@ class SGD(Optimizer):
 
     def __init__(self, params: ParamsT, lr: float = 1e-3, momentum: float = 0,
                  dampening: float = 0, weight_decay: float = 0,
-                 nesterov: bool = False, *, maximize: bool = False) -> None:
+                 nesterov: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, differentiable: bool = False,
+                 fused: bool | None = None) -> None:
+        _kernel_args("SGD", foreach=foreach, fused=fused,
+                     differentiable=differentiable)
         _check(lr >= 0.0, f"Invalid learning rate: {lr}")
         _check(momentum >= 0.0, f"Invalid momentum value: {momentum}")
         _check(weight_decay >= 0.0,
