@@ -204,3 +204,46 @@ def test_ranks_agree_on_skips_mpi(mpi_world):
     dist.all_gather_object(logs, log)
     assert all(lg == logs[0] for lg in logs)
     assert [st for st, _ in log] == [True, False, True, True]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value")
+def test_tensor_parallel_autocast_one_shard_overflows():
+    """Column -> Row parallel MLP under bfloat16 autocast with a GradScaler:
+    at step 1 only rank 1's weight shard gets a non-finite gradient (as an
+    overflow local to its shard would); every rank skips that step, keeps
+    its parameters and halves the scale."""
+    from dtorch.nn.parallel import tensor_parallel as tp
+
+    def body(rank, n):
+        dtorch.manual_seed(0)
+        l1 = tp.ColumnParallelLinear(6, 8, gather_output=False)
+        l2 = tp.RowParallelLinear(8, 4, input_is_parallel=True)
+        params = list(l1.parameters()) + list(l2.parameters())
+        opt = dtorch.optim.SGD(params, lr=0.1)
+        s = GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=100)
+        x = dtorch.randn(5, 6)
+        log = []
+        for i in range(3):
+            opt.zero_grad()
+            with dtorch.autocast("cpu"):
+                h = l1(x)
+                assert h.dtype is dtorch.bfloat16
+                # the row layer's bias is added after its all-reduce, in
+                # float32 (as a float32 bias after a bfloat16 matmul is)
+                out = l2(dtorch.relu(h))
+                loss = (out.float() ** 2).mean()
+            s.scale(loss).backward()
+            assert all(p.grad.dtype is dtorch.float32 for p in params)
+            if i == 1 and rank == 1:
+                with dtorch.no_grad():
+                    l1.weight.grad[0, 0] = float("inf")
+            before = [p.detach().numpy().copy() for p in params]
+            s.step(opt)
+            s.update()
+            same = all(np.array_equal(b, p.detach().numpy())
+                       for b, p in zip(before, params))
+            log.append((same, s.get_scale()))
+        return log
+    logs = dist.spawn_threads(body, 2, timeout=60)
+    assert logs[0] == logs[1]
+    assert logs[0] == [(False, 1024.0), (True, 512.0), (False, 512.0)]
