@@ -502,6 +502,66 @@ def test_root_with_parameters_keeps_them_not_recomputed():
     close(inner[:want[1].size], want[1])
 
 
+class Tied(nn.Module):
+    """An embedding and an output layer sharing one weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(6, 4)
+        self.mid = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 6, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.out(self.mid(self.emb(idx)).tanh())
+
+
+def test_tied_weights_one_copy():
+    """A parameter shared by two modules of a unit is stored once; both
+    uses' gradients add up (2 ranks = the plain model after 5 steps)."""
+    state = _build(lambda: Tied().to(F64))
+    idx = dtorch.tensor(np.random.default_rng(0).integers(0, 6, (8, 3)))
+    tgt = dtorch.tensor(np.random.default_rng(1).integers(0, 6, (8, 3)))
+
+    def loss(m, i, t):
+        o = m(i)
+        return nn.functional.cross_entropy(o.reshape(-1, 6), t.reshape(-1))
+    plain = model(lambda: Tied().to(F64), state)
+    opt = optim.Adam(plain.parameters(), lr=0.05)
+    for _ in range(5):
+        opt.zero_grad()
+        loss(plain, idx, tgt).backward()
+        opt.step()
+    want = {k: v.detach().numpy() for k, v in plain.state_dict().items()}
+
+    def only_mid(module, recurse, nonwrapped_numel=0):
+        return recurse or (isinstance(module, nn.Linear)
+                           and module.bias is not None)
+
+    def body(rank, size):
+        # the shared weight cannot live in a nested unit and the root both
+        with pytest.raises(ValueError, match="shared with a nested unit"):
+            FSDP(model(lambda: Tied().to(F64), state),
+                 auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+        f = FSDP(model(lambda: Tied().to(F64), state),
+                 auto_wrap_policy=only_mid)
+        # emb.weight (= out.weight) once in the root, mid nested
+        assert f._numel == 24
+        opt = optim.Adam(f.parameters(), lr=0.05)
+        for _ in range(5):
+            opt.zero_grad()
+            loss(f, idx[rank * 4:(rank + 1) * 4],
+                 tgt[rank * 4:(rank + 1) * 4]).backward()
+            opt.step()
+        return {k: v.detach().numpy() for k, v in f.state_dict().items()}
+    for sd in dist.spawn_threads(body, 2, timeout=60):
+        assert sorted(sd) == sorted(want)        # out.weight too
+        model(lambda: Tied().to(F64), state).load_state_dict(
+            {k: dtorch.tensor(v) for k, v in sd.items()})
+        for k in sd:
+            close(sd[k], want[k])
+
+
 def test_batchnorm_statistics_move_once():
     """BatchNorm inside a unit: the recomputation in backward does not
     update the running statistics again (one rank equals the plain model

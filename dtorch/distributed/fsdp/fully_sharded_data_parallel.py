@@ -212,7 +212,17 @@ class FullyShardedDataParallel(Module):
     def _shard_params(self, sync):
         """Own parameters -> one flat array, keep chunk ``rank``."""
         own, seen = [], {}
+        nested = {}
+        for u in self._units()[1:]:
+            for p, places in getattr(u, "_own", ()):
+                nested[id(p)] = places[0][1]
         for owner, name, p in _own_params(self._fsdp_wrapped_module):
+            if id(p) in nested:
+                raise ValueError(
+                    f"FullyShardedDataParallel: parameter {name!r} of "
+                    f"{type(owner).__name__} is shared with a nested unit "
+                    f"(its {nested[id(p)]!r}), which has sharded it: wrap "
+                    f"the modules that share a parameter in one unit")
             if id(p) in seen:              # a tied parameter: one copy
                 seen[id(p)][1].append((owner, name))
                 continue
@@ -493,6 +503,23 @@ class FullyShardedDataParallel(Module):
                         _join(owner_prefix, cname))
         return out
 
+    def _aliases(self, prefix=""):
+        """{other name: first name} of parameters registered under more
+        than one name (tied weights), nested units included."""
+        pre = {id(m): p for p, m in _walk(self._fsdp_wrapped_module,
+                                          prefix)}
+        out = {}
+        for p, places in self._own:
+            first = _join(pre[id(places[0][0])], places[0][1])
+            for owner, name in places[1:]:
+                out[_join(pre[id(owner)], name)] = first
+        for owner_prefix, m in _walk(self._fsdp_wrapped_module, prefix):
+            for cname, c in m._modules.items():
+                if _unit_of(c) is not None:
+                    out.update(_unit_of(c)._aliases(
+                        _join(owner_prefix, cname)))
+        return out
+
     def _buffers_named(self):
         out = {}
         for name, b in self._fsdp_wrapped_module.named_buffers():
@@ -639,6 +666,8 @@ class FullyShardedDataParallel(Module):
             for u, name, o, k, shape in self._named_pieces():
                 sd[prefix + name] = Tensor._wrap(
                     fulls[id(u)][o:o + k].reshape(shape).copy())
+        for alias, first in self._aliases().items():
+            sd[prefix + alias] = sd[prefix + first]   # tied: one tensor
         for name, b in self._buffers_named().items():
             sd[prefix + name] = b if keep_vars else b.detach()
         return sd
@@ -649,7 +678,7 @@ class FullyShardedDataParallel(Module):
         pieces = self._named_pieces()
         names = {n for _, n, _, _, _ in pieces}
         bufs = self._buffers_named()
-        want = names | set(bufs)
+        want = names | set(bufs) | set(self._aliases())
         missing = sorted(want - set(state_dict))
         unexpected = sorted(set(state_dict) - want)
         if strict and (missing or unexpected):
