@@ -299,7 +299,9 @@ def test_inplace_ops(tmp_path):
 
 class RawCompare(nn.Module):
     def forward(self, x):
-        return x * (x > 0)            # the comparison runs outside the ops
+        # a mask made in NumPy: nothing the tracer can follow
+        m = dtorch.tensor((x.detach().numpy() > 0).astype(np.float32))
+        return x * m
 
 
 class ValueBranch(nn.Module):
@@ -348,3 +350,31 @@ def test_misc_ops_opsets(tmp_path, opset):
                   dynamic_axes={})
     assert m.opset_import[0].version == opset
     assert ("Gelu" in ops_of(m)) == (opset >= 20)
+
+
+class MaskedPool(nn.Module):
+    """Comparisons, logical ops and argmax (Tensor methods that compute on
+    arrays, not through ops) become graph nodes: a padding mask from the
+    token ids, a where on a comparison, an argmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, idx):
+        pad = (idx == 0) | (idx >= 8)
+        h = self.emb(idx).masked_fill(pad[..., None], 0.0)
+        keep = (~pad).logical_and(idx != 5)
+        h = dtorch.where(h > 0.1, h, h * 0.5) * keep[..., None]
+        best = h.sum(-1).argmax(-1, keepdim=True)
+        return h.sum(1) / (keep.sum(1, keepdim=True) + 1) + best
+
+
+def test_masks_and_argmax_are_traced(tmp_path):
+    dtorch.manual_seed(0)
+    x = dtorch.tensor([[1, 0, 5, 9, 3], [2, 2, 0, 7, 8]])
+    m = roundtrip(MaskedPool(), x, tmp_path,
+                  other=dtorch.randint(0, 10, (4, 5)))
+    assert {"Equal", "Or", "Not", "And", "ArgMax", "Where"} <= ops_of(m)
+    from dtorch.tensor import Tensor
+    assert "fn" not in Tensor.__dict__["_cmp"].__qualname__   # restored

@@ -566,7 +566,11 @@ def _trace(model, b, args, call_kwargs, input_names, dynamic_axes):
     was_training = model.training
     from ..autograd.grad_mode import enable_grad
     model.eval()
+    patches = _tensor_patches(tr)
+    saved = [(cls, name, cls.__dict__[name]) for cls, name, _ in patches]
     Function.apply = classmethod(traced)
+    for cls, name, fn in patches:
+        setattr(cls, name, fn)
     _state.active = True
     try:
         with enable_grad():
@@ -574,7 +578,101 @@ def _trace(model, b, args, call_kwargs, input_names, dynamic_axes):
     finally:
         _state.active = False
         Function.apply = orig
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
         for h in handles:
             h.remove()
         model.train(was_training)
     return tr, out, graph_inputs
+
+
+_CMP = {"equal": "Equal", "less": "Less", "less_equal": "LessOrEqual",
+        "greater": "Greater", "greater_equal": "GreaterOrEqual",
+        "not_equal": "Equal", "logical_and": "And", "logical_or": "Or",
+        "bitwise_and": "And", "bitwise_or": "Or", "bitwise_xor": "Xor",
+        "logical_xor": "Xor"}
+
+
+def _tensor_patches(tr):
+    """Tensor methods that compute on raw arrays, not through an op
+    (comparisons, logical ops, argmax): wrapped while tracing so that a
+    mask or an index computed from the inputs becomes graph nodes."""
+    from ..tensor import Tensor
+    from .. import ops as N
+    cmp, logical = Tensor.__dict__["_cmp"], Tensor.__dict__["_logical"]
+    invert = Tensor.__dict__["__invert__"]
+    lnot = Tensor.__dict__["logical_not"]
+    arg = Tensor.__dict__["_arg"]
+
+    def mine():
+        return threading.get_ident() == tr.thread and not tr.depth
+
+    def binary(orig):
+        def fn(self, name, other):
+            out = orig(self, name, other)
+            if not mine():
+                return out
+            xv = tr.lookup(self)
+            ov = tr.lookup(other) if isinstance(other, TensorBase) else None
+            if xv is None and ov is None:
+                return out
+            ctx = _Ctx(tr, type(name, (), {}), [], {}, out)
+            if name not in _CMP:
+                ctx.unsupported(f"the '{name}' comparison")
+            if orig is cmp:
+                x, y = N.promote(self._data, other._data if isinstance(
+                    other, TensorBase) else other, name)
+                dt = np.dtype(x.dtype)
+            else:
+                dt = np.dtype(np.bool_) if name.startswith("logical") \
+                    else ctx.out_dtype
+            a = ctx.name(xv if xv is not None else tr.arg(self), dt)
+            if isinstance(other, TensorBase):
+                b = ctx.name(ov if ov is not None else tr.arg(other), dt)
+            else:
+                b = ctx.name(other, dt)
+            y = tr.b.node(_CMP[name], [a, b])
+            if name == "not_equal":
+                y = tr.b.node("Not", [y])
+            tr.bind(out, Value(y, out.shape, ctx.out_dtype))
+            return out
+        return fn
+
+    def unary_not(orig):
+        def fn(self):
+            out = orig(self)
+            v = tr.lookup(self) if mine() else None
+            if v is not None:
+                if v.dtype != np.bool_ and orig is invert:
+                    _Ctx(tr, type("BitwiseNot", (), {}), [], {},
+                         out).unsupported("a non-boolean tensor")
+                ctx = _Ctx(tr, type("Not", (), {}), [], {}, out)
+                y = tr.b.node("Not", [ctx.name(v, np.bool_)])
+                tr.bind(out, Value(y, out.shape, ctx.out_dtype))
+            return out
+        return fn
+
+    def argfn(self, fn, dim, keepdim):
+        out = arg(self, fn, dim, keepdim)
+        v = tr.lookup(self) if mine() else None
+        if v is None:
+            return out
+        b = tr.b
+        op = "ArgMax" if fn == "argmax" else "ArgMin"
+        if dim is None:
+            y = b.node(op, [b.node("Reshape", [v.name, b.ints([-1])])],
+                       axis=0, keepdims=0)
+            if keepdim:
+                y = b.node("Reshape", [y, b.ints([1] * len(v.shape))])
+        elif not v.shape:
+            y = b.const(np.zeros((), np.int64))
+        else:
+            y = b.node(op, [v.name], axis=int(dim), keepdims=int(keepdim))
+        tr.bind(out, Value(y, out.shape, np.dtype(np.int64)))
+        return out
+
+    return [(Tensor, "_cmp", binary(cmp)), (Tensor, "_logical",
+                                           binary(logical)),
+            (Tensor, "__invert__", unary_not(invert)),
+            (Tensor, "logical_not", unary_not(lnot)),
+            (Tensor, "_arg", argfn)]
