@@ -60,38 +60,56 @@ def choose_qparams(x, what="input"):
 def quantize_activation(x, scale, zp):
     """uint8 codes of ``x`` under (scale, zp)."""
     xp = B.get_array_module(x)
-    q = xp.rint(x.astype(np.float32, copy=False) / scale) + zp
+    # times the reciprocal, as dynamic_linear does: the same codes
+    q = xp.rint(x.astype(np.float32, copy=False) * np.float32(1.0 / scale)) + zp
     return xp.clip(q, QMIN_X, QMAX_X).astype(np.uint8)
 
 
 def int_matmul(qx, zp, qw):
     """``(qx - zp) @ qw.T`` as int32: qx uint8 (..., K), qw int8 (N, K).
     Exact (see the module docstring)."""
-    xp = B.get_array_module(qx)
     a = qx.astype(np.float32)
     a -= np.float32(zp)
+    return _exact_dot(a, qw, as_int=True)
+
+
+def _exact_dot(a, qw, as_int=False):
+    """``a @ qw.T`` for float32 ``a`` holding integers in [-255, 255]:
+    exact, in float32 (or int32 with ``as_int``) when K <= _EXACT_K, else
+    chunk sums added in int32."""
+    xp = B.get_array_module(a)
     k = qw.shape[1]
     if k <= _EXACT_K:
-        return (a @ qw.astype(np.float32).T).astype(np.int32)
+        out = a @ qw.astype(np.float32).T
+        return out.astype(np.int32) if as_int else out
     acc = None
     for s in range(0, k, _EXACT_K):
-        part = a[..., s:s + _EXACT_K] @ \
-            qw[:, s:s + _EXACT_K].astype(np.float32).T
-        part = part.astype(np.int32)
+        part = (a[..., s:s + _EXACT_K]
+                @ qw[:, s:s + _EXACT_K].astype(np.float32).T).astype(np.int32)
         acc = part if acc is None else xp.add(acc, part, out=acc)
     return acc
 
 
 def dynamic_linear(x, qw, w_scale, bias):
     """float32 ``x @ w.T + bias`` with ``w = w_scale[:, None] * qw`` and
-    ``x`` quantized to uint8 on the fly; int32 accumulation."""
+    ``x`` quantized to uint8 on the fly; int32 accumulation.
+
+    The activation codes minus their zero point, ``clip(rint(x / s), -zp,
+    255 - zp)``, are formed directly in float32 (the array BLAS reads): the
+    same integers as ``quantize_activation(x) - zp``, two casts fewer.
+    """
     xp = B.get_array_module(x)
     if x.size == 0:
         out = xp.zeros(x.shape[:-1] + (qw.shape[0],), np.float32)
         return out if bias is None else out + bias
     sx, zp = choose_qparams(x)
-    acc = int_matmul(quantize_activation(x, sx, zp), zp, qw)
-    out = acc.astype(np.float32)
+    a = x * np.float32(1.0 / sx) if x.dtype == np.float32 else \
+        (x / sx).astype(np.float32)
+    xp.rint(a, out=a)
+    xp.clip(a, np.float32(QMIN_X - zp), np.float32(QMAX_X - zp), out=a)
+    out = _exact_dot(a, qw)
+    if out.dtype != np.float32:
+        out = out.astype(np.float32)
     out *= (w_scale * sx).astype(np.float32)
     if bias is not None:
         out += bias
