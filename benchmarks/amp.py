@@ -28,8 +28,6 @@ args = ap.parse_args()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, str(args.threads))
 
-import numpy as np  # noqa: E402
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import dtorch  # noqa: E402
 from dtorch import nn  # noqa: E402

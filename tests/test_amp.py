@@ -294,7 +294,8 @@ def test_low_precision_gemm_accumulates_in_float32(dt):
     assert np.array_equal(out.detach().float().numpy(), ref.float().numpy())
     tx = torch.tensor(a).to(getattr(torch, dt))
     ty = torch.tensor(b).to(getattr(torch, dt))
-    np.testing.assert_allclose(out.detach().float().numpy(), (tx @ ty).float().numpy(),
+    np.testing.assert_allclose(out.detach().float().numpy(),
+                               (tx @ ty).float().numpy(),
                                rtol=0.02, atol=0.1)
     out.float().sum().backward()
     assert x.grad.dtype is D and y.grad.dtype is D
@@ -352,7 +353,8 @@ def test_bfloat16_ops_that_branch_on_float_dtypes():
     a[0, 0, 0, 0] = np.nan
     x = dtorch.tensor(a).bfloat16().requires_grad_()
     ref = dtorch.tensor(a).bfloat16().float()
-    for f in (lambda t: F.max_pool2d(t, 2), lambda t: t.sort(-1)[0], lambda t: t.median(),
+    for f in (lambda t: F.max_pool2d(t, 2), lambda t: t.sort(-1)[0],
+              lambda t: t.median(),
               lambda t: F.softmax(t, -1), lambda t: t.max(-1)[0]):
         got = f(x)
         assert got.dtype is dtorch.bfloat16

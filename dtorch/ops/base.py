@@ -149,7 +149,7 @@ def is_float(dt):
 
 
 def _low_np_dtypes():
-    # float16 and (ml_dtypes') bfloat16, the 2-byte floats NumPy has no BLAS for
+    # float16 and (ml_dtypes') bfloat16: 2-byte floats without NumPy BLAS
     from .._backend import bfloat16, float16
     return tuple(d.np for d in (float16, bfloat16) if d.np is not None)
 
