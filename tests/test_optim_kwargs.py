@@ -150,3 +150,25 @@ def test_switches_stay_out_of_param_groups():
                      capturable=True)
     g = opt.state_dict()["param_groups"][0]
     assert not {"foreach", "fused", "capturable", "differentiable"} & set(g)
+
+
+def _schedulers(mod):
+    return sorted(n for n, c in vars(mod).items()
+                  if isinstance(c, type) and c.__module__ == mod.__name__
+                  and not n.startswith("_"))
+
+
+def test_scheduler_signatures_match_torch():
+    # SequentialLR took a `verbose` nobody read (torch 2.13 has none)
+    torch = pytest.importorskip("torch")
+    from dtorch.optim import lr_scheduler as dls
+    names = _schedulers(dls)
+    assert "SequentialLR" in names and "ReduceLROnPlateau" in names
+    for name in names:
+        t = inspect.signature(
+            getattr(torch.optim.lr_scheduler, name).__init__).parameters
+        d = inspect.signature(getattr(dls, name).__init__).parameters
+        assert list(d) == list(t), name
+        for k in t:
+            if k != "self":
+                assert d[k].default == t[k].default, (name, k)

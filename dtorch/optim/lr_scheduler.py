@@ -800,8 +800,7 @@ class SequentialLR(LRScheduler):
     """Run ``schedulers`` one after another, switching at ``milestones``
     (each new one starts from its epoch 0)."""
 
-    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1,
-                 verbose="deprecated"):
+    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1):
         if len(schedulers) < 1:
             raise ValueError(f"{type(self).__name__} expects at least one "
                              f"scheduler, but got no scheduler.")
