@@ -378,3 +378,18 @@ def test_masks_and_argmax_are_traced(tmp_path):
     assert {"Equal", "Or", "Not", "And", "ArgMax", "Where"} <= ops_of(m)
     from dtorch.tensor import Tensor
     assert "fn" not in Tensor.__dict__["_cmp"].__qualname__   # restored
+
+
+def test_export_from_device(tmp_path, device):
+    """A model on the GPU exports (constants copied to the host) and the
+    file runs on the CPU with the same results."""
+    dtorch.manual_seed(0)
+    model = TextLSTM(layers=1).to(device)
+    x = dtorch.randint(0, 20, (3, 7), device=device)
+    path = str(tmp_path / "m.onnx")
+    dtorch.onnx.export(model, x, path, input_names=["x"])
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    with dtorch.no_grad():
+        want = model(x).cpu().numpy()
+    got, = sess.run(None, {"x": x.cpu().numpy()})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
