@@ -393,3 +393,20 @@ def test_export_from_device(tmp_path, device):
         want = model(x).cpu().numpy()
     got, = sess.run(None, {"x": x.cpu().numpy()})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+class PaddedAttention(nn.Module):
+    """A boolean attention mask that blanks whole rows: 0 there, as
+    PyTorch's safe softmax, not ONNX Softmax's NaN."""
+
+    def forward(self, q, keep):
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=keep)
+
+
+def test_attention_fully_masked_rows(tmp_path):
+    dtorch.manual_seed(0)
+    keep = dtorch.ones(2, 1, 4, 4, dtype=dtorch.bool).tril()
+    keep[0, 0, 1] = False                     # row 1 of sample 0: nothing
+    roundtrip(PaddedAttention(), (dtorch.randn(2, 2, 4, 3), keep), tmp_path,
+              other=(dtorch.randn(3, 2, 4, 3),
+                     dtorch.ones(3, 1, 4, 4, dtype=dtorch.bool)))

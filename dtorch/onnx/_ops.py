@@ -407,7 +407,16 @@ def _avg_pool(ctx, x, k=(2, 2), stride=(2, 2), pads=((0, 0), (0, 0)),
 
 @conv(N.Softmax)
 def _softmax(ctx, x, dim=-1, safe=False):
-    return ctx.b.node("Softmax", [ctx.name(x)], axis=int(dim))
+    B = ctx.b
+    xn = ctx.name(x)
+    y = B.node("Softmax", [xn], axis=int(dim))
+    if not safe:
+        return y
+    # PyTorch's _safe_softmax (attention): a row masked throughout gives 0,
+    # where ONNX's Softmax gives NaN
+    top = _reduce(ctx, "ReduceMax", x, [int(dim)], True)
+    dead = B.node("IsInf", [top], detect_positive=0)
+    return B.node("Where", [dead, ctx.name(0.0), y])
 
 
 @conv(N.LogSoftmax)
