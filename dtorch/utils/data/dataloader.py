@@ -179,6 +179,9 @@ class DataLoader:
         loader.load_state_dict(ckpt["loader"])
         for xb, yb in loader:      # continues with batch 101
             ...
+
+    ``in_order=False`` is accepted and changes nothing: batches always
+    come in the sampler's order, which PyTorch's out-of-order mode allows.
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None,
@@ -186,7 +189,8 @@ class DataLoader:
                  pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None,
                  generator=None, *, prefetch_factor=None,
-                 persistent_workers=False, pin_memory_device=""):
+                 persistent_workers=False, pin_memory_device="",
+                 in_order=True):
         if num_workers < 0:
             raise ValueError("num_workers option should be non-negative; "
                              "use num_workers=0 to disable multiprocessing.")
@@ -216,6 +220,10 @@ class DataLoader:
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
+        # in_order=False lets PyTorch yield batches as workers finish them;
+        # batches here always come in the sampler's order, one of the
+        # orders that allows, so it changes nothing (docstring)
+        self.in_order = in_order
         self._iterable = isinstance(dataset, IterableDataset)
         if self._iterable:
             for name, value in (("shuffle", shuffle), ("sampler", sampler),
