@@ -75,6 +75,26 @@ def _cases():
         "bce_logits": lambda L, x, w:
             L.nn.functional.binary_cross_entropy_with_logits(
                 lin(L, x, w), x.sigmoid()),
+        # losses of two bfloat16 operands: composites run whole in float32
+        "mse_low": lambda L, x, w: L.nn.functional.mse_loss(
+            lin(L, x, w), lin(L, w, x)),
+        "l1_low": lambda L, x, w: L.nn.functional.l1_loss(
+            lin(L, x, w), lin(L, w, x)),
+        "kl_div_low": lambda L, x, w: L.nn.functional.kl_div(
+            lin(L, x, w), lin(L, w, x), reduction="batchmean"),
+        "cosine_embedding_low": lambda L, x, w:
+            L.nn.functional.cosine_embedding_loss(
+                lin(L, x, w), lin(L, w, x), L.ones(8)),
+        "margin_ranking_low": lambda L, x, w:
+            L.nn.functional.margin_ranking_loss(
+                lin(L, x, w), lin(L, w, x), x.sign()),
+        "hinge_embedding_low": lambda L, x, w:
+            L.nn.functional.hinge_embedding_loss(lin(L, x, w), x.sign()),
+        "triplet_margin_low": lambda L, x, w:
+            L.nn.functional.triplet_margin_loss(
+                lin(L, x, w), lin(L, w, x), x),
+        "poisson_nll_low": lambda L, x, w: L.nn.functional.poisson_nll_loss(
+            lin(L, x, w), lin(L, w, x).abs()),
         "add_mixed": lambda L, x, w: lin(L, x, w) + x,
         "mul_mixed": lambda L, x, w: lin(L, x, w) * x,
         "cat_mixed": lambda L, x, w: L.cat([lin(L, x, w), x]),

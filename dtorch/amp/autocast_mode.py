@@ -142,7 +142,10 @@ def _dispatch(cls, args, kwargs):
         return NotImplemented
     policy = _POLICY[dev].get(cls)
     if policy is None:
-        return NotImplemented
+        # a composite marked with autograd.function.autocast_op
+        policy = getattr(cls, "_autocast_policy", None)
+        if policy is None:
+            return NotImplemented
     if policy is BANNED:
         raise RuntimeError(_BCE_BANNED)
     keep = None
@@ -166,7 +169,8 @@ def _dispatch(cls, args, kwargs):
         return NotImplemented       # nothing to cast
     prev, st.busy = st.busy, cls
     try:
-        out = cls.apply(*new, **kwargs)
+        run = cls.apply if isinstance(cls, type) else cls
+        out = run(*new, **kwargs)
     finally:
         st.busy = prev
     if keep is not None:
@@ -178,6 +182,12 @@ def _install(delta):
     with _lock:
         _open[0] += delta
         _function._autocast = _dispatch if _open[0] > 0 else None
+        # Function.apply checks one hook that the profiler shares with
+        # autocast; recompute it (absent before the profiler's change)
+        update = getattr(_function, "_update_hook", None)
+        if update is not None:
+            update()
+        _function._update_hook()
 
 
 class autocast:

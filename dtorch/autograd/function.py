@@ -27,6 +27,7 @@ autograd returns is made by ``_make`` of a tensor it was given (an op's
 tensor argument, the leaf whose ``.grad`` it sets, the output a gradient is
 for), so nothing needs to be registered with autograd at import.
 """
+import functools
 import itertools
 import weakref
 
@@ -40,6 +41,24 @@ _seq = itertools.count()
 # under the autocast policy, or NotImplemented for an op it leaves alone.
 # None otherwise, so the check in Function.apply costs one global lookup.
 _autocast = None
+
+
+def autocast_op(policy):
+    """Decorator: a composite function (a loss made of several ops) is one
+    op for autocast, with ``policy`` ('fp32', 'lower' or 'promote') for
+    its tensor arguments while a region is open. Outside one it costs the
+    same global lookup as Function.apply."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            if _autocast is not None:
+                out = _autocast(op, args, kwargs)
+                if out is not NotImplemented:
+                    return out
+            return fn(*args, **kwargs)
+        op._autocast_policy = policy
+        return op
+    return wrap
 
 
 class TensorBase:

@@ -8,6 +8,7 @@ from ... import _backend as B
 from ... import ops as P
 from ... import ops as N
 from ...tensor import Tensor
+from ...autograd.function import autocast_op
 from ._common import _legacy_reduction, _reduce
 from .activation import log_softmax, logsigmoid
 from .distance import pairwise_distance
@@ -24,6 +25,7 @@ def _check_same_size(input, target, name):
             f"size.", stacklevel=3)
 
 
+@autocast_op("fp32")
 def mse_loss(input, target, size_average=None, reduce=None,
              reduction="mean", weight=None):
     reduction = _legacy_reduction(size_average, reduce, reduction)
@@ -32,6 +34,7 @@ def mse_loss(input, target, size_average=None, reduce=None,
     return _reduce(d * d, reduction)
 
 
+@autocast_op("fp32")
 def l1_loss(input, target, size_average=None, reduce=None,
             reduction="mean"):
     reduction = _legacy_reduction(size_average, reduce, reduction)
@@ -39,6 +42,7 @@ def l1_loss(input, target, size_average=None, reduce=None,
     return _reduce((input - target).abs(), reduction)
 
 
+@autocast_op("fp32")
 def smooth_l1_loss(input, target, size_average=None, reduce=None,
                    reduction="mean", beta=1.0):
     reduction = _legacy_reduction(size_average, reduce, reduction)
@@ -48,6 +52,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None,
     return _reduce(N.SmoothL1.apply(input, target, beta=beta), reduction)
 
 
+@autocast_op("fp32")
 def huber_loss(input, target, reduction="mean", delta=1.0):
     return _reduce(N.Huber.apply(input, target, delta=delta), reduction)
 
@@ -74,6 +79,7 @@ def _check_targets(t, c, ignore_index):
     B.check_or_defer(bad.any(), error)
 
 
+@autocast_op("fp32")
 def nll_loss(input, target, weight=None, size_average=None,
              ignore_index=-100, reduce=None, reduction="mean"):
     reduction = _legacy_reduction(size_average, reduce, reduction)
@@ -109,6 +115,7 @@ def _nll(op, input, target, weight, ignore_index, reduction):
 
 
 @B.on_own_device   # direct CuPy code: on input's device
+@autocast_op("fp32")
 def cross_entropy(input, target, weight=None, size_average=None,
                   ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
@@ -192,6 +199,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None,
                    reduction)
 
 
+@autocast_op("fp32")
 def binary_cross_entropy_with_logits(input, target, weight=None,
                                      size_average=None, reduce=None,
                                      reduction="mean", pos_weight=None):
@@ -204,6 +212,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None,
         input, target, weight, pos_weight), reduction)
 
 
+@autocast_op("fp32")
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean",
            log_target=False):
     reduction = _legacy_reduction(size_average, reduce, reduction)
@@ -220,12 +229,14 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean",
 
 # ============================================================ losses ======
 
+@autocast_op("fp32")
 def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None,
                         reduce=None, reduction="mean"):
     return _reduce((-target * (input1 - input2) + margin).clamp(min=0),
                    reduction)
 
 
+@autocast_op("fp32")
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None,
                          reduce=None, reduction="mean"):
     pos = input.where(target == 1, input.new_zeros(()))
@@ -234,11 +245,13 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None,
     return _reduce(pos + neg, reduction)
 
 
+@autocast_op("fp32")
 def soft_margin_loss(input, target, size_average=None, reduce=None,
                      reduction="mean"):
     return _reduce(N.SoftMargin.apply(input, target), reduction)
 
 
+@autocast_op("fp32")
 def cosine_embedding_loss(input1, input2, target, margin=0.0,
                           size_average=None, reduce=None, reduction="mean"):
     eps = float(np.float32(1e-12))      # PyTorch's EPSILON is a float
@@ -252,6 +265,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0,
     return _reduce(loss, reduction)
 
 
+@autocast_op("fp32")
 def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0,
                         eps=1e-6, swap=False, size_average=None, reduce=None,
                         reduction="mean"):
@@ -273,6 +287,7 @@ def triplet_margin_with_distance_loss(anchor, positive, negative, *,
     return _reduce((d_pos - d_neg + margin).clamp(min=0), reduction)
 
 
+@autocast_op("fp32")
 def poisson_nll_loss(input, target, log_input=True, full=False,
                      size_average=None, eps=1e-8, reduce=None,
                      reduction="mean"):
@@ -306,6 +321,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6,
     return _reduce(loss, reduction)
 
 
+@autocast_op("fp32")
 def multilabel_soft_margin_loss(input, target, weight=None,
                                 size_average=None, reduce=None,
                                 reduction="mean"):
@@ -316,6 +332,7 @@ def multilabel_soft_margin_loss(input, target, weight=None,
     return _reduce(loss, reduction)
 
 
+@autocast_op("fp32")
 def multi_margin_loss(input, target, p=1, margin=1.0, weight=None,
                       size_average=None, reduce=None, reduction="mean"):
     if p not in (1, 2):
@@ -329,6 +346,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None,
     return _reduce(loss, reduction)
 
 
+@autocast_op("fp32")
 def multilabel_margin_loss(input, target, size_average=None, reduce=None,
                            reduction="mean"):
     raise NotImplementedError("multilabel_margin_loss is not supported by "
@@ -337,6 +355,7 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None,
 
 # =================================================================== CTC ==
 
+@autocast_op("fp32")
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0,
              reduction="mean", zero_infinity=False):
     """Connectionist temporal classification loss of (T, N, C)
