@@ -122,6 +122,8 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
         # processes take the unguarded calls
         run, acc = ((_run_node_on_device, _accumulate_on_device)
                     if _B._cupy is not None else (_run_node, _accumulate))
+        if _fn._profile is not None:     # dtorch.profiler is recording
+            run = _fn._profile.backward_node(run)
         for leaf in leaves:      # backward() called on a leaf itself
             if leaf_deps[leaf] == 0:
                 acc(leaf, buffers.pop(leaf, None), capture,

@@ -43,6 +43,20 @@ _seq = itertools.count()
 _autocast = None
 
 
+# While a dtorch.profiler profile records (in any thread), its op recorder:
+# called like _autocast, it times the op and hands it on to _autocast.
+_profile = None
+# The one hook Function.apply checks: the profiler's recorder when set, else
+# autocast's dispatcher, else None. Whoever sets _autocast or _profile calls
+# _update_hook().
+_hook = None
+
+
+def _update_hook():
+    global _hook
+    _hook = _profile if _profile is not None else _autocast
+
+
 def autocast_op(policy):
     """Decorator: a composite function (a loss made of several ops) is one
     op for autocast, with ``policy`` ('fp32', 'lower' or 'promote') for
@@ -145,8 +159,8 @@ class Function:
     # -------------------------------------------------------------- apply --
     @classmethod
     def apply(cls, *args, **kwargs):
-        if _autocast is not None:
-            out = _autocast(cls, args, kwargs)
+        if _hook is not None:
+            out = _hook(cls, args, kwargs)
             if out is not NotImplemented:
                 return out
         # CuPy runs kernels on the current device, not the operands': run
