@@ -187,7 +187,6 @@ def _install(delta):
         update = getattr(_function, "_update_hook", None)
         if update is not None:
             update()
-        _function._update_hook()
 
 
 class autocast:
