@@ -110,10 +110,14 @@ def softmin(input, dim=None, _stacklevel=3, dtype=None):
 # (dtorch/ops/activation.py): composed from clamp, their gradients at the kinks
 # and under an infinite upstream gradient differed (tests/test_boundary_grads)
 def hardswish(input, inplace=False):
+    if inplace:
+        return _inplace(input, hardswish)
     return N.Hardswish.apply(input)
 
 
 def hardsigmoid(input, inplace=False):
+    if inplace:
+        return _inplace(input, hardsigmoid)
     return N.Hardsigmoid.apply(input)
 
 
@@ -135,6 +139,8 @@ def prelu(input, weight):
 
 def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False,
           inplace=False):
+    if inplace:
+        return _inplace(input, lambda t: rrelu(t, lower, upper, training))
     if training:
         a = input.new_empty(input.shape).uniform_(lower, upper).detach()
         return N.PRelu.apply(input, a)
@@ -148,17 +154,27 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 
 
 def selu(input, inplace=False):
+    if inplace:
+        return _inplace(input, selu)
     return _SELU_SCALE * elu(input, _SELU_ALPHA)
 
 
 def celu(input, alpha=1.0, inplace=False):
+    if inplace:
+        return _inplace(input, lambda t: celu(t, alpha))
     return N.Elu.apply(input, alpha=alpha, input_scale=1.0 / alpha)
 
 
 def threshold(input, threshold, value, inplace=False):
-    return N.Threshold.apply(input, threshold=threshold, value=value) \
-        if isinstance(value, (int, float)) else \
-        input.where(input > threshold, value)
+    if inplace:
+        return _inplace(input, lambda t: _threshold(t, threshold, value))
+    return _threshold(input, threshold, value)
+
+
+def _threshold(input, th, value):
+    # (PyTorch's parameter name `threshold` hides the function above)
+    return N.Threshold.apply(input, threshold=th, value=value) \
+        if isinstance(value, (int, float)) else input.where(input > th, value)
 
 
 def softsign(input):

@@ -2,9 +2,8 @@
 import warnings
 
 from ... import ops as N
-from ...autograd.grad_mode import no_grad
 from ._common import _keep_mask
-from .activation import _SELU_ALPHA, _SELU_SCALE
+from .activation import _SELU_ALPHA, _SELU_SCALE, _inplace
 
 
 # ========================================================= regularisation ==
@@ -21,16 +20,15 @@ def _dropout(input, p, training, inplace, mask_shape):
                          f"but got {p}")
     if not training or p == 0.0:
         return input
-    if p == 1.0:
-        out = input * 0.0
-    else:
-        keep = _keep_mask(input, p, shape=tuple(mask_shape))
-        out = N.Dropout.apply(input, keep=keep, p=p)
     if inplace:
-        with no_grad():
-            input.copy_(out)
-        return input
-    return out
+        # through _inplace, so backward sees the mask (a copy_ under no_grad
+        # left the input's old graph node: gradients as if no dropout)
+        return _inplace(input,
+                        lambda t: _dropout(t, p, True, False, mask_shape))
+    if p == 1.0:
+        return input * 0.0
+    keep = _keep_mask(input, p, shape=tuple(mask_shape))
+    return N.Dropout.apply(input, keep=keep, p=p)
 
 
 def _feature_dropout(input, p, training, inplace, batched=True):
@@ -41,12 +39,10 @@ def _feature_dropout(input, p, training, inplace, batched=True):
                         input.shape[:2] + (1,) * (input.dim() - 2))
     if p < 0.0 or p > 1.0 or not training or p == 0.0:
         return _dropout(input, p, training, inplace, input.shape)
-    out = _feature_dropout(input.unsqueeze(0), p, True, False).squeeze(0)
     if inplace:
-        with no_grad():
-            input.copy_(out)
-        return input
-    return out
+        return _inplace(input,
+                        lambda t: _feature_dropout(t, p, True, False, False))
+    return _feature_dropout(input.unsqueeze(0), p, True, False).squeeze(0)
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):
@@ -98,6 +94,8 @@ def alpha_dropout(input, p=0.5, training=False, inplace=False):
                          f"but got {p}")
     if not training or p == 0:
         return input
+    if inplace:
+        return _inplace(input, lambda t: alpha_dropout(t, p, True))
     if p == 1:
         return input * 0
     alpha_p = -_SELU_ALPHA * _SELU_SCALE
@@ -110,6 +108,8 @@ def alpha_dropout(input, p=0.5, training=False, inplace=False):
 def feature_alpha_dropout(input, p=0.5, training=False, inplace=False):
     if not training or p == 0:
         return input
+    if inplace:
+        return _inplace(input, lambda t: feature_alpha_dropout(t, p, True))
     alpha_p = -_SELU_ALPHA * _SELU_SCALE
     a = ((1 - p) * (1 + p * alpha_p ** 2)) ** -0.5
     b = -a * alpha_p * p

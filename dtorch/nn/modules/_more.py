@@ -1,6 +1,8 @@
 """Activations, losses, pooling and dropout layers added for issue 14 (each
 over its ``nn.functional`` counterpart). The classes are re-exported from
 the PyTorch module paths (``nn.modules.activation``, ``.loss``, ...)."""
+import inspect
+
 from .module import Module
 from .loss import _Loss, _WeightedLoss
 from ..parameter import Parameter
@@ -32,19 +34,34 @@ class PReLU(Module):
 
 
 def _simple(name, fn_name, params=(), doc=""):
-    """A parameter-free activation module calling F.<fn_name>."""
+    """A parameter-free activation module calling F.<fn_name> with its
+    hyper-parameters (``inplace`` too, and ``training`` where F takes it,
+    as RReLU's random slopes need)."""
+    names = [p for p, _ in params]
+    sig = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                             default=v) for p, v in params])
+
     def __init__(self, *args, **kwargs):
+        # bind as a real signature would: a misspelt or extra argument is a
+        # TypeError, not an attribute nobody reads
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{name}.__init__(): {e}") from None
+        bound.apply_defaults()
         Module.__init__(self)
-        names = [p for p, _ in params]
-        vals = dict(params)
-        for k, v in zip(names, args):
-            vals[k] = v
-        vals.update(kwargs)
-        for k, v in vals.items():
-            setattr(self, k, v)
+        for k in names:
+            setattr(self, k, bound.arguments[k])
+    __init__.__signature__ = sig
+    takes_training = "training" in inspect.signature(
+        getattr(F, fn_name)).parameters
 
     def forward(self, input):
-        kw = {p: getattr(self, p) for p, _ in params if p != "inplace"}
+        kw = {p: getattr(self, p) for p in names}
+        if takes_training:
+            kw["training"] = self.training
         return getattr(F, fn_name)(input, **kw)
 
     def extra_repr(self):
@@ -74,17 +91,10 @@ class Threshold(Module):
         self.threshold, self.value, self.inplace = threshold, value, inplace
 
     def forward(self, input):
-        return F.threshold(input, self.threshold, self.value)
+        return F.threshold(input, self.threshold, self.value, self.inplace)
 
     def extra_repr(self):
         return f"threshold={self.threshold}, value={self.value}"
-
-
-def _rrelu_forward(self, input):
-    return F.rrelu(input, self.lower, self.upper, self.training)
-
-
-RReLU.forward = _rrelu_forward
 
 
 class AlphaDropout(Module):
@@ -93,12 +103,13 @@ class AlphaDropout(Module):
         self.p, self.inplace = p, inplace
 
     def forward(self, input):
-        return F.alpha_dropout(input, self.p, self.training)
+        return F.alpha_dropout(input, self.p, self.training, self.inplace)
 
 
 class FeatureAlphaDropout(AlphaDropout):
     def forward(self, input):
-        return F.feature_alpha_dropout(input, self.p, self.training)
+        return F.feature_alpha_dropout(input, self.p, self.training,
+                                       self.inplace)
 
 
 class ChannelShuffle(Module):

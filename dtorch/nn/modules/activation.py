@@ -45,7 +45,7 @@ class ELU(Module):
         self.alpha, self.inplace = alpha, inplace
 
     def forward(self, input):
-        return F.elu(input, self.alpha)
+        return F.elu(input, self.alpha, self.inplace)
 
     def extra_repr(self):
         return f"alpha={self.alpha}"
@@ -81,7 +81,7 @@ class SiLU(Module):
         self.inplace = inplace
 
     def forward(self, input):
-        return F.silu(input)
+        return F.silu(input, self.inplace)
 
     def extra_repr(self):
         return "inplace=True" if self.inplace else ""
@@ -89,7 +89,7 @@ class SiLU(Module):
 
 class Mish(SiLU):
     def forward(self, input):
-        return F.mish(input)
+        return F.mish(input, self.inplace)
 
 
 class Sigmoid(Module):

@@ -1,0 +1,126 @@
+"""nn's PyTorch arguments act: the in-place activations write into their
+input (F and modules), RReLU's module draws random slopes in training,
+and the generated activation modules take torch.nn's signatures, refusing
+unknown arguments instead of storing them."""
+import inspect
+
+import numpy as np
+import pytest
+
+import dtorch
+import dtorch.nn as nn
+import dtorch.nn.functional as F
+
+# (name, extra args) of F functions with inplace=, value-checked vs torch
+INPLACE = [("hardswish", ()), ("hardsigmoid", ()), ("selu", ()),
+           ("celu", (0.7,)), ("threshold", (0.25, -3.0)),
+           ("rrelu", (0.1, 0.3))]          # rrelu: eval (training=False)
+X = np.array([-4.0, -1.5, -0.2, 0.0, 0.25, 0.7, 2.0, 5.0])
+
+
+@pytest.mark.parametrize("name,args", INPLACE)
+def test_functional_inplace_writes_the_input_as_torch(name, args):
+    torch = pytest.importorskip("torch")
+    want_in = torch.tensor(X)
+    want = getattr(torch.nn.functional, name)(want_in, *args, inplace=True)
+    x = dtorch.tensor(X)
+    v = x._version
+    out = getattr(F, name)(x, *args, inplace=True)
+    assert out is x and x._version > v
+    np.testing.assert_allclose(x.numpy(), want_in.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name,args", INPLACE)
+def test_functional_inplace_gradient_as_torch(name, args):
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(X, requires_grad=True)
+    th = tx * 1.5                           # in place on a non-leaf
+    getattr(torch.nn.functional, name)(th, *args, inplace=True)
+    (th * torch.arange(8.0)).sum().backward()
+    dx = dtorch.tensor(X, requires_grad=True)
+    dh = dx * 1.5
+    getattr(F, name)(dh, *args, inplace=True)
+    (dh * dtorch.arange(8.0)).sum().backward()
+    np.testing.assert_allclose(dx.grad.numpy(), tx.grad.numpy(),
+                               rtol=1e-7, atol=1e-12)
+
+
+def _inplace_modules():
+    torch = pytest.importorskip("torch")
+    out = []
+    for name in sorted(dir(torch.nn)):
+        c = getattr(torch.nn, name)
+        if isinstance(c, type) and issubclass(c, torch.nn.Module) and \
+                hasattr(nn, name) and "inplace" in \
+                inspect.signature(c.__init__).parameters:
+            out.append(name)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:dropout[23]d")
+def test_every_inplace_module_writes_its_input():
+    # ELU, SiLU, Mish, the alpha dropouts, Threshold, SELU, CELU, ... all
+    # stored inplace=True and returned a new tensor
+    names = _inplace_modules()
+    assert {"ReLU", "ELU", "SiLU", "Mish", "AlphaDropout", "Threshold",
+            "SELU", "RReLU", "Dropout2d"} <= set(names)
+    xs = np.tile(X, (2, 3, 1))              # (N, C, L): every dropout's
+    for name in names:
+        args = (0.1, 20.0) if name == "Threshold" else ()
+        for train in (False, True):
+            dtorch.manual_seed(1)
+            ref = getattr(nn, name)(*args).train(train)(dtorch.tensor(xs))
+            x = dtorch.tensor(xs)
+            dtorch.manual_seed(1)
+            out = getattr(nn, name)(*args, inplace=True).train(train)(x)
+            assert out is x, (name, train)
+            np.testing.assert_array_equal(x.numpy(), ref.numpy(),
+                                          err_msg=f"{name} train={train}")
+
+
+@pytest.mark.parametrize("fn,x", [
+    ("dropout", X), ("alpha_dropout", X),
+    ("dropout1d", np.tile(X, (3, 1))),      # unbatched (C, L)
+    ("dropout2d", np.tile(X, (2, 3, 1, 1))),
+    ("feature_alpha_dropout", np.tile(X, (2, 3, 1)))])
+def test_inplace_dropout_gradient_sees_the_mask(fn, x):
+    # the in-place path copied the result under no_grad: backward went
+    # around the dropout (gradient 1 where the output was 0)
+    w = dtorch.tensor(np.arange(1, x.size + 1.0).reshape(x.shape))
+    grads = []
+    for inplace in (False, True):
+        a = dtorch.tensor(x, requires_grad=True)
+        h = a * 1.0
+        dtorch.manual_seed(3)
+        out = getattr(F, fn)(h, 0.4, True, inplace=inplace)
+        assert (out is h) == inplace
+        (out * w).sum().backward()
+        grads.append(a.grad.numpy())
+    np.testing.assert_array_equal(grads[1], grads[0])
+    assert (grads[0] == 0).any()            # something was dropped
+
+
+def test_rrelu_module_draws_slopes_in_training_only():
+    m = nn.RReLU(0.1, 0.3)
+    x = -dtorch.ones(2000)
+    dtorch.manual_seed(0)
+    slopes = -m(x).numpy()
+    assert slopes.min() >= 0.1 and slopes.max() <= 0.3
+    assert slopes.std() > 0.03             # uniform(0.1, 0.3): std 0.058
+    m.eval()
+    np.testing.assert_allclose(-m(x).numpy(), 0.2)
+
+
+@pytest.mark.parametrize("cls", ["CELU", "GLU", "Hardshrink", "Hardsigmoid",
+                                 "Hardswish", "RReLU", "SELU", "Softshrink"])
+def test_generated_activation_signatures(cls):
+    torch = pytest.importorskip("torch")
+    t = inspect.signature(getattr(torch.nn, cls).__init__).parameters
+    d = inspect.signature(getattr(nn, cls).__init__).parameters
+    assert [(k, p.default) for k, p in d.items()] == \
+        [(k, p.default) for k, p in t.items()]
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        getattr(nn, cls)(no_such_option=1)
+    with pytest.raises(TypeError, match="too many positional"):
+        getattr(nn, cls)(*range(len(t)))
