@@ -2,15 +2,19 @@
 
     python examples/digits.py [--epochs 15] [--checkpoint runs/digits.safetensors]
     python examples/digits.py --resume          # continue from the checkpoint
+    python examples/digits.py --plot            # + loss/accuracy PNG
 
 Plain PyTorch code with ``import dtorch as torch``; prints per-epoch metrics
 under a tqdm progress bar (on a terminal only) and saves a checkpoint
 (model, optimizer, scheduler, epoch, both RNG streams) after every epoch.
 Without --resume a run starts fresh; with it, an unfinished run continues
 exactly where the uninterrupted run would be (bitwise) and a finished one
-is only reported.
+is only reported. Each epoch's metrics (train/test loss, test accuracy, lr,
+time) go to a JSON-lines file next to the checkpoint (--metrics), and
+--plot draws them into a PNG at the end.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -22,7 +26,8 @@ import dtorch as torch  # noqa: E402
 from dtorch import nn  # noqa: E402
 from dtorch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from digits_common import (DigitsCNN, discard, evaluate,  # noqa: E402
-                           load_digits_split, plan_start)
+                           load_digits_split, plan_start, metrics_path,
+                           open_metrics, plot_metrics)
 
 
 def main(argv=None):
@@ -46,6 +51,13 @@ def main(argv=None):
                          "master weights; float16 adds a GradScaler")
     ap.add_argument("--amp-dtype", default="bfloat16",
                     choices=["bfloat16", "float16"])
+    ap.add_argument("--metrics", default=None,
+                    help="JSON-lines metrics, one line per epoch "
+                         "(default: next to --checkpoint, .metrics.jsonl)")
+    ap.add_argument("--plot", nargs="?", const="", default=None,
+                    metavar="PNG",
+                    help="write a loss/accuracy plot (default path: the "
+                         "metrics file's, .png); needs matplotlib")
     ap.add_argument("--quiet", action="store_true",
                     help="no progress bar (there is none when stderr is "
                          "not a terminal)")
@@ -74,7 +86,11 @@ def main(argv=None):
                                        args.resume)
     if message:
         print(message, flush=True)
+    mpath = args.metrics or metrics_path(args.checkpoint)
+    png = args.plot or os.path.splitext(mpath)[0] + ".png"
     if finished:
+        if args.plot is not None and os.path.exists(mpath):
+            print(f"plot: {plot_metrics(mpath, png)}", flush=True)
         print(f"final test accuracy {100 * ck['test_acc']:.2f}% (from the "
               f"checkpoint); checkpoint: {args.checkpoint}", flush=True)
         return ck["test_acc"]
@@ -93,6 +109,7 @@ def main(argv=None):
     elif os.path.exists(args.checkpoint):
         discard(args.checkpoint)
 
+    metrics = open_metrics(mpath, start)
     t0 = time.time()
     acc = 0.0
     for epoch in range(start, args.epochs):
@@ -101,6 +118,7 @@ def main(argv=None):
             sys.exit(3)
         bar = tqdm(train, desc=f"epoch {epoch + 1}/{args.epochs}",
                    disable=True if args.quiet else None, leave=False)
+        train_loss, n_seen = 0.0, 0
         for x, y in bar:
             opt.zero_grad()
             with torch.autocast("cpu", dtype=amp_dtype, enabled=args.amp):
@@ -109,12 +127,21 @@ def main(argv=None):
             scaler.step(opt)
             scaler.update()
             bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+            train_loss += loss.item() * len(y)
+            n_seen += len(y)
+        lr = opt.param_groups[0]["lr"]
         sched.step()
         correct, total, test_loss = evaluate(model, test)
         acc = correct / total
         print(f"epoch {epoch + 1:2d}  test loss {test_loss / total:.4f}  "
               f"test acc {100 * acc:.2f}%  ({time.time() - t0:.1f} s)",
               flush=True)
+        # before the checkpoint: a crash in between leaves a line past the
+        # checkpoint's epoch, which a resume drops (never a missing line)
+        metrics.write(json.dumps({
+            "epoch": epoch + 1, "train_loss": train_loss / max(n_seen, 1),
+            "test_loss": test_loss / total, "test_acc": acc, "lr": lr,
+            "time_s": round(time.time() - t0, 3)}) + "\n")
         os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
         torch.save({"model": model.state_dict(),
                     "optimizer": opt.state_dict(),
@@ -123,6 +150,9 @@ def main(argv=None):
                        if scaler.is_enabled() else {}),
                     "loader_rng": g.get_state(), "rng": torch.get_rng_state(),
                     "epoch": epoch + 1, "test_acc": acc}, args.checkpoint)
+    metrics.close()
+    if args.plot is not None:
+        print(f"plot: {plot_metrics(mpath, png)}", flush=True)
     print(f"final test accuracy {100 * acc:.2f}% in "
           f"{time.time() - t0:.1f} s; checkpoint: {args.checkpoint}")
     return acc

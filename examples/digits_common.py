@@ -164,3 +164,72 @@ def everyone_stops(mine):
     flag = torch.tensor([1.0 if mine else 0.0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag.item() > 0
+
+
+def metrics_path(checkpoint):
+    """Where a run's metrics go by default: next to its checkpoint."""
+    return os.path.splitext(checkpoint.rstrip("/"))[0] + ".metrics.jsonl"
+
+
+def open_metrics(path, start_epoch):
+    """The metrics file (JSON lines, one per epoch) opened for appending,
+    holding the records of epochs 1..start_epoch only: a fresh run
+    (start 0) starts an empty file, a resumed one drops what a crash wrote
+    after its checkpoint, so each epoch appears once."""
+    import json
+    kept = []
+    if start_epoch and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:          # a line cut by the crash
+                    continue
+                if rec.get("epoch", 0) <= start_epoch:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.writelines(kept)
+    return open(path, "a", buffering=1)     # line-buffered: one flush/epoch
+
+
+def read_metrics(path):
+    import json
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_metrics(path, png):
+    """Loss (train and test) and test accuracy per epoch as a PNG.
+    Needs matplotlib (the test extra installs it)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib "
+                         "(or the project's test extra)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    recs = read_metrics(path)
+    if not recs:
+        raise SystemExit(f"--plot: {path} holds no epochs to plot")
+    ep = [r["epoch"] for r in recs]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5), dpi=100)
+    a1.plot(ep, [r["train_loss"] for r in recs], marker="o", label="train")
+    a1.plot(ep, [r["test_loss"] for r in recs], marker="o", label="test")
+    a1.set_xlabel("epoch")
+    a1.set_ylabel("cross-entropy")
+    a1.set_yscale("log")
+    a1.legend()
+    a1.set_title("loss")
+    a2.plot(ep, [100 * r["test_acc"] for r in recs], marker="o",
+            color="tab:green")
+    a2.set_xlabel("epoch")
+    a2.set_ylabel("test accuracy (%)")
+    a2.set_title("accuracy")
+    for a in (a1, a2):
+        a.grid(True, alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(png) or ".", exist_ok=True)
+    fig.savefig(png)
+    plt.close(fig)
+    return png
