@@ -3,6 +3,7 @@ input (F and modules), RReLU's module draws random slopes in training,
 and the generated activation modules take torch.nn's signatures, refusing
 unknown arguments instead of storing them."""
 import inspect
+import warnings
 
 import numpy as np
 import pytest
@@ -124,3 +125,69 @@ def test_generated_activation_signatures(cls):
         getattr(nn, cls)(no_such_option=1)
     with pytest.raises(TypeError, match="too many positional"):
         getattr(nn, cls)(*range(len(t)))
+
+
+def _loss_inputs(lib, name):
+    rng = np.random.default_rng(7)
+    a, b, c = (lib.tensor(rng.standard_normal((4, 3))) for _ in range(3))
+    sign = lib.tensor(np.array([1.0, -1.0, 1.0, -1.0]))
+    return {
+        "mse_loss": (a, b),
+        "margin_ranking_loss": (a[:, 0], b[:, 0], sign),
+        "hinge_embedding_loss": (a, lib.tensor(np.sign(
+            rng.standard_normal((4, 3))))),
+        "soft_margin_loss": (a, lib.tensor(np.sign(
+            rng.standard_normal((4, 3))))),
+        "cosine_embedding_loss": (a, b, sign),
+        "triplet_margin_loss": (a, b, c),
+        "poisson_nll_loss": (a, lib.tensor(rng.poisson(2.0, (4, 3)) * 1.0)),
+        "multilabel_soft_margin_loss": (a, lib.tensor(
+            (rng.random((4, 3)) > 0.5) * 1.0)),
+        "multi_margin_loss": (a, lib.tensor(np.array([0, 2, 1, 2]))),
+    }[name]
+
+
+LEGACY = [dict(size_average=False), dict(reduce=False),
+          dict(size_average=True, reduce=True), dict(size_average=False,
+                                                     reduce=True)]
+
+
+@pytest.mark.parametrize("kw", LEGACY)
+@pytest.mark.parametrize("name", ["mse_loss", "margin_ranking_loss",
+                                  "hinge_embedding_loss", "soft_margin_loss",
+                                  "cosine_embedding_loss",
+                                  "triplet_margin_loss", "poisson_nll_loss",
+                                  "multilabel_soft_margin_loss",
+                                  "multi_margin_loss"])
+def test_legacy_size_average_and_reduce_as_torch(name, kw):
+    # 8 losses ignored them: reduce=False gave the mean, not per-element
+    torch = pytest.importorskip("torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # torch's deprecation notice
+        want = getattr(torch.nn.functional, name)(
+            *_loss_inputs(torch, name), **kw)
+    got = getattr(F, name)(*_loss_inputs(dtorch, name), **kw)
+    assert tuple(got.shape) == tuple(want.shape)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse_loss_weight_as_torch(reduction):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    a, b, w = (rng.standard_normal((3, 4)) for _ in range(3))
+    w = np.abs(w)
+    ta = torch.tensor(a, requires_grad=True)
+    want = torch.nn.functional.mse_loss(ta, torch.tensor(b),
+                                        reduction=reduction,
+                                        weight=torch.tensor(w))
+    da = dtorch.tensor(a, requires_grad=True)
+    got = F.mse_loss(da, dtorch.tensor(b), reduction=reduction,
+                     weight=dtorch.tensor(w))
+    np.testing.assert_allclose(got.detach().numpy(),
+                               want.detach().numpy(), rtol=1e-12)
+    want.sum().backward()
+    got.sum().backward()
+    np.testing.assert_allclose(da.grad.numpy(), ta.grad.numpy(), rtol=1e-12)
+    with pytest.raises(ValueError, match="same size"):
+        F.mse_loss(da, dtorch.tensor(b), weight=dtorch.ones(4))

@@ -31,7 +31,15 @@ def mse_loss(input, target, size_average=None, reduce=None,
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_same_size(input, target, "mse_loss")
     d = input - target
-    return _reduce(d * d, reduction)
+    if weight is None:
+        return _reduce(d * d, reduction)
+    # PyTorch's weighted form: the mean divides by the sum of the weights
+    if tuple(weight.shape) != tuple(input.shape):
+        raise ValueError("Weights and input must have the same size.")
+    loss = d * d * weight
+    if reduction == "mean":
+        return loss.sum() / weight.sum()
+    return _reduce(loss, reduction)
 
 
 @autocast_op("fp32")
@@ -232,6 +240,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean",
 @autocast_op("fp32")
 def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None,
                         reduce=None, reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
     return _reduce((-target * (input1 - input2) + margin).clamp(min=0),
                    reduction)
 
@@ -239,6 +248,7 @@ def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None,
 @autocast_op("fp32")
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None,
                          reduce=None, reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
     pos = input.where(target == 1, input.new_zeros(()))
     neg = (margin - input).clamp(min=0).where(target == -1,
                                               input.new_zeros(()))
@@ -248,12 +258,14 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None,
 @autocast_op("fp32")
 def soft_margin_loss(input, target, size_average=None, reduce=None,
                      reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
     return _reduce(N.SoftMargin.apply(input, target), reduction)
 
 
 @autocast_op("fp32")
 def cosine_embedding_loss(input1, input2, target, margin=0.0,
                           size_average=None, reduce=None, reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
     eps = float(np.float32(1e-12))      # PyTorch's EPSILON is a float
     prod = (input1 * input2).sum(-1)
     m1 = (input1 * input1).sum(-1) + eps
@@ -269,6 +281,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0,
 def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0,
                         eps=1e-6, swap=False, size_average=None, reduce=None,
                         reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
     d_pos = pairwise_distance(anchor, positive, p, eps)
     d_neg = pairwise_distance(anchor, negative, p, eps)
     if swap:
@@ -291,6 +304,7 @@ def triplet_margin_with_distance_loss(anchor, positive, negative, *,
 def poisson_nll_loss(input, target, log_input=True, full=False,
                      size_average=None, eps=1e-8, reduce=None,
                      reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
     if log_input:
         loss = input.exp() - target * input
     else:
@@ -325,6 +339,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6,
 def multilabel_soft_margin_loss(input, target, weight=None,
                                 size_average=None, reduce=None,
                                 reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
     loss = -(target * logsigmoid(input) + (1 - target) * logsigmoid(-input))
     if weight is not None:
         loss = loss * weight
@@ -335,6 +350,7 @@ def multilabel_soft_margin_loss(input, target, weight=None,
 @autocast_op("fp32")
 def multi_margin_loss(input, target, p=1, margin=1.0, weight=None,
                       size_average=None, reduce=None, reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
     if p not in (1, 2):
         raise ValueError("only p == 1 and p == 2 supported")
     x = input if input.ndim == 2 else input.unsqueeze(0)
