@@ -79,3 +79,83 @@ def _finish(ax, fig, path, xlabel, ylabel, title, note):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path)
     print(f"wrote {path}")
+
+
+# ------------------------------------------------ the benchmarks' pictures
+
+def plot_step_time(json_path):
+    """step_time.py: dtorch/torch step-time ratio per case and thread count."""
+    import json
+    with open(json_path) as f:
+        res = json.load(f)
+    runs = [r for r in res.get("runs", []) if r.get("cases")]
+    if not runs:
+        return None
+    cases = [c for c in runs[0]["cases"]
+             if "ratio" in runs[0]["cases"][c]]
+    if not cases:
+        print("no torch figures in the run: no step-time plot")
+        return None
+    groups = {f"{r['threads']} thread{'s' if r['threads'] > 1 else ''}":
+              [r["cases"][c].get("ratio", float("nan")) for c in cases]
+              for r in runs}
+    return bars(png_path(json_path), cases, groups,
+                "step time dtorch / PyTorch (lower is better)",
+                "Training step time vs PyTorch CPU", hline=1.0)
+
+
+def plot_allreduce(json_path):
+    """allreduce.py: bus bandwidth vs message size, dtorch's transports
+    against raw MPI."""
+    import json
+    with open(json_path) as f:
+        res = json.load(f)
+    rows = res.get("results", [])
+    if not rows:
+        return None
+    kib = [r["bytes"] / 1024 for r in rows]
+    names = {"raw": "raw MPI (mpi4py Allreduce)",
+             "mpi": "dtorch collectives, mpi", "tcp": "dtorch collectives, tcp"}
+    series = {names[k]: (kib, [r[f"{k}_busbw_GBps"] for r in rows])
+              for k in ("raw", "mpi", "tcp") if f"{k}_busbw_GBps" in rows[0]}
+    meta = res.get("meta", {})
+    return plot(png_path(json_path), series, "message size (KiB)",
+                "bus bandwidth (GB/s)",
+                f"all-reduce float32, {meta.get('ranks', '?')} ranks",
+                logx=True, logy=True,
+                note=f"{meta.get('host', '')} {meta.get('cpus', '')} CPUs "
+                     f"{meta.get('time', '')}")
+
+
+def plot_quant(json_path):
+    """quant.py: quantized / float32 Linear time per shape and batch."""
+    import json
+    with open(json_path) as f:
+        res = json.load(f)
+    rows = res.get("rows", [])
+    if not rows:
+        return None
+    labels = [f"{r['in']}x{r['out']} b{r['batch']}" for r in rows]
+    groups = {"dtorch qint8 / float32": [r["dtorch_ratio"] for r in rows]}
+    if "torch_ratio" in rows[0]:
+        groups["torch qint8 / float32"] = [r["torch_ratio"] for r in rows]
+    return bars(png_path(json_path), labels, groups,
+                "time ratio (lower is better; 1 = float32)",
+                f"Linear forward, dynamic int8 vs float32 "
+                f"({res.get('threads', '?')} thread)", hline=1.0)
+
+
+_BY_NAME = {"step_time": plot_step_time, "allreduce": plot_allreduce,
+            "quant": plot_quant}
+
+
+if __name__ == "__main__":
+    # re-draw the PNGs of existing results: python benchmarks/_plot.py F.json
+    import sys
+    for p in sys.argv[1:]:
+        kind = os.path.splitext(os.path.basename(p))[0]
+        fn = _BY_NAME.get(kind)
+        if fn is None:
+            print(f"{p}: no plot for {kind!r} (known: {', '.join(_BY_NAME)})")
+            continue
+        fn(p)

@@ -126,6 +126,10 @@ def main():
         with open(args.out, 'w') as fh:
             json.dump({'meta': meta, 'results': rows}, fh, indent=1)
         print(f"wrote {args.out}")
+        # a PNG next to the JSON when matplotlib is installed
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import _plot
+        _plot.plot_allreduce(args.out)
     comm.Barrier()
     if tg is not None:
         tg.destroy()

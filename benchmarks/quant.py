@@ -133,14 +133,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)
     print(f"wrote {args.out}")
-    labels = [f"{r['in']}x{r['out']} b{r['batch']}" for r in rows]
-    groups = {"dtorch qint8 / float32": [r["dtorch_ratio"] for r in rows]}
-    if torch is not None:
-        groups["torch qint8 / float32"] = [r["torch_ratio"] for r in rows]
-    _plot.bars(_plot.png_path(args.out), labels, groups,
-               "time ratio (lower is better; 1 = float32)",
-               f"Linear forward, dynamic int8 vs float32 "
-               f"({args.threads} thread)", hline=1.0)
+    _plot.plot_quant(args.out)
 
 
 if __name__ == "__main__":

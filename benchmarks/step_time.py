@@ -265,6 +265,10 @@ def main():
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
     print(f"wrote {args.out}")
+    # a PNG next to the JSON when matplotlib is installed
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _plot
+    _plot.plot_step_time(args.out)
 
 
 def report(tr, cases):
