@@ -191,3 +191,24 @@ def test_mse_loss_weight_as_torch(reduction):
     np.testing.assert_allclose(da.grad.numpy(), ta.grad.numpy(), rtol=1e-12)
     with pytest.raises(ValueError, match="same size"):
         F.mse_loss(da, dtorch.tensor(b), weight=dtorch.ones(4))
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_conv_transpose_output_size_as_torch(dims):
+    # ConvTranspose1d ignored forward's output_size (one size too small)
+    torch = pytest.importorskip("torch")
+    cls = f"ConvTranspose{dims}d"
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3) + (5,) * dims)
+    tm = getattr(torch.nn, cls)(3, 2, 3, stride=2, padding=1).double()
+    dm = getattr(nn, cls)(3, 2, 3, stride=2, padding=1, dtype=dtorch.float64)
+    dm.load_state_dict({k: dtorch.tensor(v.detach().numpy())
+                        for k, v in tm.state_dict().items()})
+    size = [10] * dims                     # 9 by default, 10 is valid
+    want = tm(torch.tensor(x), output_size=size)
+    got = dm(dtorch.tensor(x), output_size=size)
+    assert list(got.shape) == list(want.shape) == [2, 2] + size
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(),
+                               rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="valid sizes range from 9 to 10"):
+        dm(dtorch.tensor(x), output_size=[12] * dims)

@@ -135,6 +135,30 @@ class Conv2d(_ConvNd):
                         self.padding, self.dilation, self.groups)
 
 
+def _output_padding(m, input, output_size):
+    """The output_padding that makes transposed convolution ``m`` produce
+    ``output_size`` (PyTorch's forward(input, output_size)); None: the
+    module's own."""
+    if output_size is None:
+        return m.output_padding
+    n = len(m.kernel_size)
+    output_size = list(output_size)[-n:]
+    out = []
+    for d in range(n):
+        size = input.shape[d - n]
+        base = ((size - 1) * m.stride[d] - 2 * m.padding[d]
+                + m.dilation[d] * (m.kernel_size[d] - 1) + 1)
+        extra = output_size[d] - base
+        if not 0 <= extra < max(m.stride[d], m.dilation[d]):
+            raise ValueError(
+                f"requested an output size of {output_size}, but valid "
+                f"sizes range from {base} to "
+                f"{base + max(m.stride[d], m.dilation[d]) - 1} "
+                f"(for an input of {list(input.shape[-n:])})")
+        out.append(extra)
+    return tuple(out)
+
+
 class ConvTranspose1d(_ConvNd):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1,
                  padding=0, output_padding=0, groups=1, bias=True,
@@ -145,7 +169,8 @@ class ConvTranspose1d(_ConvNd):
 
     def forward(self, input, output_size=None):
         return F.conv_transpose1d(input, self.weight, self.bias, self.stride,
-                                  self.padding, self.output_padding,
+                                  self.padding,
+                                  _output_padding(self, input, output_size),
                                   self.groups, self.dilation)
 
 
@@ -162,27 +187,8 @@ class ConvTranspose2d(_ConvNd):
                          padding, dilation, True, output_padding, groups,
                          bias, padding_mode, 2, device, dtype)
 
-    def _output_padding(self, input, output_size):
-        if output_size is None:
-            return self.output_padding
-        output_size = list(output_size)[-2:]
-        out = []
-        for d in range(2):
-            size = input.shape[d - 2]
-            base = ((size - 1) * self.stride[d] - 2 * self.padding[d]
-                    + self.dilation[d] * (self.kernel_size[d] - 1) + 1)
-            extra = output_size[d] - base
-            if not 0 <= extra < max(self.stride[d], self.dilation[d]):
-                raise ValueError(
-                    f"requested an output size of {output_size}, but valid "
-                    f"sizes range from {base} to "
-                    f"{base + max(self.stride[d], self.dilation[d]) - 1} "
-                    f"(for an input of {list(input.shape[2:])})")
-            out.append(extra)
-        return tuple(out)
-
     def forward(self, input, output_size=None):
-        op = self._output_padding(input, output_size)
+        op = _output_padding(self, input, output_size)
         return F.conv_transpose2d(input, self.weight, self.bias, self.stride,
                                   self.padding, op, self.groups,
                                   self.dilation)
