@@ -212,3 +212,39 @@ def test_conv_transpose_output_size_as_torch(dims):
                                rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="valid sizes range from 9 to 10"):
         dm(dtorch.tensor(x), output_size=[12] * dims)
+
+
+def test_sdpa_enable_gqa_as_torch():
+    # enable_gqa was ignored: 4 query heads over 2 key/value heads failed
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 4, 3, 8))
+    k, v = (rng.standard_normal((2, 2, 5, 8)) for _ in range(2))
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.tensor(a) for a in (q, k, v)), enable_gqa=True)
+    args = [dtorch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    got = F.scaled_dot_product_attention(*args, enable_gqa=True)
+    np.testing.assert_allclose(got.detach().numpy(), want.numpy(),
+                               rtol=1e-10, atol=1e-12)
+    assert dtorch.autograd.gradcheck(
+        lambda a, b, c: F.scaled_dot_product_attention(a, b, c,
+                                                       enable_gqa=True),
+        args)
+    with pytest.raises(RuntimeError, match="multiple of the key/value"):
+        F.scaled_dot_product_attention(
+            dtorch.tensor(q[:, :3]), *args[1:], enable_gqa=True)
+
+
+def test_mha_forward_refuses_bias_v_and_static_v_alone():
+    # only bias_k/static_k were checked; bias_v/static_v alone were dropped
+    E, H = 4, 2
+    x = dtorch.randn(3, 1, E)
+    w, b = dtorch.randn(3 * E, E), dtorch.zeros(3 * E)
+    ow, ob = dtorch.randn(E, E), dtorch.zeros(E)
+    for kw in (dict(bias_v=dtorch.zeros(1, 1, E)),
+               dict(static_v=dtorch.zeros(H, 3, E // H))):
+        args = dict(bias_k=None, bias_v=None, add_zero_attn=False,
+                    dropout_p=0.0, out_proj_weight=ow, out_proj_bias=ob)
+        args.update(kw)
+        with pytest.raises(NotImplementedError, match="bias_v"):
+            F.multi_head_attention_forward(x, x, x, E, H, w, b, **args)

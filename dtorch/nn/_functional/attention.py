@@ -19,6 +19,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     """softmax(q k^T * scale + mask) v over the last two dims; a boolean
     mask marks the positions that may attend (True = keep)."""
     L, S = query.shape[-2], key.shape[-2]
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        # grouped-query attention: each key/value head serves a group of
+        # consecutive query heads
+        hq, hkv = query.shape[-3], key.shape[-3]
+        if hq % hkv or value.shape[-3] != hkv:
+            raise RuntimeError(
+                f"scaled_dot_product_attention(enable_gqa=True): the number "
+                f"of query heads ({hq}) must be a multiple of the key/value "
+                f"heads ({hkv}, {value.shape[-3]})")
+        key = key.repeat_interleave(hq // hkv, dim=-3)
+        value = value.repeat_interleave(hq // hkv, dim=-3)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     att = (query @ key.transpose(-2, -1)) * scale
     xp = query._xp()
@@ -70,7 +81,8 @@ def multi_head_attention_forward(
         static_k=None, static_v=None, average_attn_weights=True,
         is_causal=False):
     """PyTorch's multi-head attention on (L, N, E) inputs."""
-    if bias_k is not None or add_zero_attn or static_k is not None:
+    if bias_k is not None or bias_v is not None or add_zero_attn or \
+            static_k is not None or static_v is not None:
         raise NotImplementedError(
             "multi_head_attention_forward: bias_k/bias_v, add_zero_attn and "
             "static_k/static_v are not supported")
