@@ -16,6 +16,104 @@ def _sigmoid(xp, x):
         return 1 / (1 + xp.exp(-x))
 
 
+# ---------------------------------------------------------------- CUDA ----
+# On a GPU every ufunc call is a kernel launch, and at RNN sizes the launch
+# (~5-10 us) costs more than the arithmetic: the CPU loops below launch
+# ~15 per LSTM step. So on CUDA each time step's pointwise work, forward
+# and backward, is ONE kernel made by cupy.fuse from the functions below,
+# which write their results into the preallocated buffers with ``out=``
+# (CuPy's fusion supports out= and in-place updates of its arguments);
+# the recurrent matmul stays a GEMM. Sigmoid is written with tanh, as on
+# the CPU path. The NumPy path keeps its own loops (measured faster there).
+
+_FUSED = {}
+
+
+def _fused(xp):
+    """The step kernels for array module ``xp`` (cupy), built once."""
+    k = _FUSED.get(xp)
+    if k is not None:
+        return k
+
+    def sig(x):
+        return 0.5 * xp.tanh(0.5 * x) + 0.5
+
+    def lstm_fwd(xi, xf, xg, xo, hi, hf, hg, ho, bi, bf, bg, bo, c,
+                 i, f, g, o, cn, tc, h):
+        # gate pre-activations x + h @ w_hh.T + b_hh; cell and output
+        xp.add(sig(xi + hi + bi), 0, out=i)
+        xp.add(sig(xf + hf + bf), 0, out=f)
+        xp.tanh(xg + hg + bg, out=g)
+        xp.add(sig(xo + ho + bo), 0, out=o)
+        xp.add(f * c, i * g, out=cn)
+        xp.tanh(cn, out=tc)
+        xp.multiply(o, tc, out=h)
+        return h
+
+    def lstm_bwd(dhm, gt, fn, i, f, g, o, tc, cp, dc, di, df, dg, do):
+        # dh = dgates[t + 1] @ w_hh (dhm) + the output's gradient; dc
+        # carries through f of step t + 1 (fn); then the gate gradients
+        dh = dhm + gt
+        xp.add(dc * fn, dh * o * (1 - tc * tc), out=dc)
+        xp.multiply(dc * g, i * (1 - i), out=di)
+        xp.multiply(dc * cp, f * (1 - f), out=df)
+        xp.multiply(dc * i, 1 - g * g, out=dg)
+        xp.multiply(dh * tc, o * (1 - o), out=do)
+        return do
+
+    def gru_fwd(xr, xz, xn, hr, hz, hn, br, bz, bn, h,
+                r, z, n, hns, hout):
+        xp.add(sig(xr + hr + br), 0, out=r)
+        xp.add(sig(xz + hz + bz), 0, out=z)
+        xp.add(hn, bn, out=hns)
+        xp.tanh(xn + r * hns, out=n)
+        xp.add(n, z * (h - n), out=hout)
+        return hout
+
+    def gru_bwd(dhz, dhm, gt, r, z, n, hp, hns, dr, dz, dn, hr, hz, hn):
+        # dh = dh_{t+1} * z_{t+1} (dhz) + dhh[t + 1] @ w_hh (dhm) + g[t];
+        # dhz becomes dh * z for the next step
+        dh = dhz + dhm + gt
+        xp.multiply(dh * (1 - z), 1 - n * n, out=dn)
+        xp.multiply(dh * (hp - n), z * (1 - z), out=dz)
+        xp.multiply(dn * hns, r * (1 - r), out=dr)
+        xp.add(dr, 0, out=hr)
+        xp.add(dz, 0, out=hz)
+        xp.multiply(dn, r, out=hn)
+        xp.multiply(dh, z, out=dhz)
+        return dhz
+
+    def rnn_tanh_fwd(x, hh, b, h):
+        xp.tanh(x + hh + b, out=h)
+        return h
+
+    def rnn_relu_fwd(x, hh, b, h):
+        xp.maximum(x + hh + b, 0, out=h)
+        return h
+
+    def rnn_tanh_bwd(dhm, gt, h, da):
+        xp.multiply(dhm + gt, 1 - h * h, out=da)
+        return da
+
+    def rnn_relu_bwd(dhm, gt, h, da):
+        # PyTorch's threshold_backward: dh where h > 0 (a 0/1 product
+        # would turn an infinite dh into NaN)
+        xp.add(xp.where(h <= 0, 0, dhm + gt), 0, out=da)
+        return da
+
+    k = {f.__name__: xp.fuse(kernel_name="dtorch_" + f.__name__)(f)
+         for f in (lstm_fwd, lstm_bwd, gru_fwd, gru_bwd, rnn_tanh_fwd,
+                   rnn_relu_fwd, rnn_tanh_bwd, rnn_relu_bwd)}
+    _FUSED[xp] = k
+    return k
+
+
+def _gates(a, k):
+    """The k (N, H) column blocks of an (N, k*H) array."""
+    H = a.shape[-1] // k
+    return [a[..., j * H:(j + 1) * H] for j in range(k)]
+
+
 class RNNLayer(Op):
     """A whole Elman RNN layer, one direction: h_t = act(xw[t] + h_{t-1}
     @ w_hh.T + b_hh). ``xw`` (T, N, H) holds the input projections for all
@@ -29,6 +127,9 @@ class RNNLayer(Op):
         h = h0
         steps = range(T - 1, -1, -1) if reverse else range(T)
         wt = w_hh.T
+        if xp is not np:
+            return RNNLayer._forward_fused(ctx, xp, xw, h0, w_hh, b_hh,
+                                           reverse, nonlinearity, out)
         for t in steps:
             a = xw[t] + h @ wt
             if b_hh is not None:
@@ -41,9 +142,40 @@ class RNNLayer(Op):
         return out
 
     @staticmethod
+    def _forward_fused(ctx, xp, xw, h0, w_hh, b_hh, reverse, act, out):
+        T = xw.shape[0]
+        step = _fused(xp)["rnn_%s_fwd" % act]
+        hh = xp.empty(h0.shape, xw.dtype)
+        wt = w_hh.T
+        b = 0 if b_hh is None else b_hh
+        h = h0
+        for t in (range(T - 1, -1, -1) if reverse else range(T)):
+            xp.matmul(h, wt, out=hh)
+            h = step(xw[t], hh, b, out[t])
+        out[T] = h
+        ctx.save_for_backward(h0, w_hh)
+        ctx.out, ctx.reverse, ctx.act = out, reverse, act
+        return out
+
+    @staticmethod
+    def _backward_fused(ctx, xp, g):
+        h0, w_hh = ctx.to_save
+        out, reverse = ctx.out, ctx.reverse
+        T = out.shape[0] - 1
+        step = _fused(xp)["rnn_%s_bwd" % ctx.act]
+        da = xp.empty(out[:T].shape, g.dtype)
+        dhm = g[T].astype(g.dtype, copy=True)   # dh from the later step
+        for t in (range(T) if reverse else range(T - 1, -1, -1)):
+            step(dhm, g[t], out[t], da[t])
+            xp.matmul(da[t], w_hh, out=dhm)
+        return _rnn_grads(ctx, xp, da, dhm, (out[:T], h0, reverse))
+
+    @staticmethod
     def backward(ctx, g):
         h0, w_hh = ctx.to_save
         xp = get_array_module(g)
+        if xp is not np:
+            return RNNLayer._backward_fused(ctx, xp, g)
         out, reverse = ctx.out, ctx.reverse
         T = out.shape[0] - 1
         da = xp.empty(out[:T].shape, g.dtype)
@@ -128,6 +260,13 @@ class LSTMLayer(Op):
         acts = xp.empty((T, 4, n, H), dt)      # i, f, g, o after activation
         cs = xp.empty((T, n, H), dt)
         tcs = xp.empty((T, n, H), dt)          # tanh(c_t), for backward
+        if xp is not np:
+            LSTMLayer._forward_fused(xp, xw, h0, c0, w_hh, b_hh, reverse,
+                                     out, acts, cs, tcs)
+            ctx.save_for_backward(h0, c0, w_hh)
+            ctx.out, ctx.acts, ctx.cs, ctx.tcs = out, acts, cs, tcs
+            ctx.reverse = reverse
+            return out
         ig = xp.empty((n, H), dt)
         hw = xp.empty((4 * H, n), dt)          # w_hh @ h.T, one step
         # all four activations in one tanh over the whole gate block:
@@ -169,9 +308,60 @@ class LSTMLayer(Op):
         return out
 
     @staticmethod
+    def _forward_fused(xp, xw, h0, c0, w_hh, b_hh, reverse, out, acts, cs,
+                       tcs):
+        T = xw.shape[0]
+        step = _fused(xp)["lstm_fwd"]
+        hw = xp.empty((h0.shape[0], w_hh.shape[0]), xw.dtype)
+        hws = _gates(hw, 4)
+        bs = [0] * 4 if b_hh is None else _gates(b_hh, 4)
+        wt = w_hh.T
+        h, c = h0, c0
+        for t in (range(T - 1, -1, -1) if reverse else range(T)):
+            xp.matmul(h, wt, out=hw)
+            a = acts[t]
+            h = step(*_gates(xw[t], 4), *hws, *bs, c, a[0], a[1], a[2],
+                     a[3], cs[t], tcs[t], out[t])
+            c = cs[t]
+        out[T] = c
+
+    @staticmethod
+    def _backward_fused(ctx, xp, g):
+        h0, c0, w_hh = ctx.to_save
+        out, acts, cs, tcs, reverse = (ctx.out, ctx.acts, ctx.cs, ctx.tcs,
+                                       ctx.reverse)
+        T, _, n, H = acts.shape
+        dt = g.dtype
+        step = _fused(xp)["lstm_bwd"]
+        dgates = xp.empty((T, n, 4 * H), dt)
+        dhm = xp.empty((n, H), dt)             # dgates[t + 1] @ w_hh
+        dc = g[T].astype(dt, copy=True)
+        prev = None
+        for t in (range(T) if reverse else range(T - 1, -1, -1)):
+            if prev is None:                   # the last step: no t + 1
+                dh_in, fn = 0, 1
+            else:
+                xp.matmul(dgates[prev], w_hh, out=dhm)
+                dh_in, fn = dhm, acts[prev, 1]
+            tp = t + 1 if reverse else t - 1
+            cp = c0 if (tp < 0 or tp >= T) else cs[tp]
+            a = acts[t]
+            step(dh_in, g[t], fn, a[0], a[1], a[2], a[3], tcs[t], cp, dc,
+                 *_gates(dgates[t], 4))
+            prev = t
+        if prev is None:                       # T == 0
+            dh0 = xp.zeros(h0.shape, dt)
+        else:
+            dh0 = dgates[prev] @ w_hh
+            dc *= acts[prev, 1]
+        return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
+
+    @staticmethod
     def backward(ctx, g):
         h0, c0, w_hh = ctx.to_save
         xp = get_array_module(g)
+        if xp is not np:
+            return LSTMLayer._backward_fused(ctx, xp, g)
         out, acts, cs, tcs, reverse = (ctx.out, ctx.acts, ctx.cs, ctx.tcs,
                                        ctx.reverse)
         T, _, n, H = acts.shape
@@ -235,6 +425,12 @@ class GRULayer(Op):
         out = xp.empty((T + 1, n, H), xw.dtype)
         acts = xp.empty((T, n, 3 * H), xw.dtype)     # r, z, n
         hns = xp.empty((T, n, H), xw.dtype)          # h @ w_hn.T + b_hn
+        if xp is not np:
+            GRULayer._forward_fused(xp, xw, h0, w_hh, b_hh, reverse, out,
+                                    acts, hns)
+            ctx.save_for_backward(h0, w_hh)
+            ctx.out, ctx.acts, ctx.hns, ctx.reverse = out, acts, hns, reverse
+            return out
         h = h0
         wt = w_hh.T
         steps = range(T - 1, -1, -1) if reverse else range(T)
@@ -257,9 +453,51 @@ class GRULayer(Op):
         return out
 
     @staticmethod
+    def _forward_fused(xp, xw, h0, w_hh, b_hh, reverse, out, acts, hns):
+        T = xw.shape[0]
+        step = _fused(xp)["gru_fwd"]
+        hh = xp.empty((h0.shape[0], w_hh.shape[0]), xw.dtype)
+        hhs = _gates(hh, 3)
+        bs = [0] * 3 if b_hh is None else _gates(b_hh, 3)
+        wt = w_hh.T
+        h = h0
+        for t in (range(T - 1, -1, -1) if reverse else range(T)):
+            xp.matmul(h, wt, out=hh)
+            h = step(*_gates(xw[t], 3), *hhs, *bs, h, *_gates(acts[t], 3),
+                     hns[t], out[t])
+        out[T] = h
+
+    @staticmethod
+    def _backward_fused(ctx, xp, g):
+        h0, w_hh = ctx.to_save
+        out, acts, hns, reverse = ctx.out, ctx.acts, ctx.hns, ctx.reverse
+        T = out.shape[0] - 1
+        H = h0.shape[-1]
+        step = _fused(xp)["gru_bwd"]
+        dx = xp.empty(acts.shape, g.dtype)     # grads of x-side gates
+        dhh = xp.empty(acts.shape, g.dtype)    # grads of h-side gates
+        dhz = g[T].astype(g.dtype, copy=True)  # dh_{t+1} * z_{t+1}
+        dhm = xp.zeros(h0.shape, g.dtype)      # dhh[t + 1] @ w_hh
+        for t in (range(T) if reverse else range(T - 1, -1, -1)):
+            tp = t + 1 if reverse else t - 1
+            hp = h0 if (tp < 0 or tp >= T) else out[tp]
+            step(dhz, dhm, g[t], *_gates(acts[t], 3), hp, hns[t],
+                 *_gates(dx[t], 3), *_gates(dhh[t], 3))
+            xp.matmul(dhh[t], w_hh, out=dhm)
+        dh = dhz + dhm
+        prev = _prev_states(xp, out[:T], h0, reverse)
+        need = ctx.needs_input_grad
+        d2 = dhh.reshape(-1, 3 * H)
+        gw = d2.T @ prev.reshape(-1, H) if need[2] else None
+        gb = d2.sum(axis=0) if len(need) > 3 and need[3] else None
+        return dx, dh, gw, gb
+
+    @staticmethod
     def backward(ctx, g):
         h0, w_hh = ctx.to_save
         xp = get_array_module(g)
+        if xp is not np:
+            return GRULayer._backward_fused(ctx, xp, g)
         out, acts, hns, reverse = ctx.out, ctx.acts, ctx.hns, ctx.reverse
         T = out.shape[0] - 1
         H = h0.shape[-1]

@@ -92,6 +92,71 @@ _SCALARS = (bool, int, float, complex, _np.generic)
 _h2d = __import__("collections").deque(maxlen=4096)
 
 
+# ------------------------------------------------------ kernel counts ----
+
+# kernel launches on stand-in arrays, by name: each ufunc call, each call
+# of a cupy function, each __setitem__, and "fuse:<kernel_name>" per call
+# of a fused function (whose inner ufunc calls are one kernel, not counted).
+# Tests read it (and clear it) to assert how many kernels a step launches.
+_launches = __import__("collections").Counter()
+_fuse_state = __import__("threading").local()
+
+
+def _fusing():
+    return getattr(_fuse_state, "depth", 0) > 0
+
+
+def _no_fuse(what):
+    # inside cupy.fuse the arguments are symbolic variables: only ufuncs
+    # (operators included) and where can be applied to them
+    if _fusing():
+        raise TypeError(f"{what} is not supported in cupy.fuse")
+
+
+class _Fusion:
+    """cupy.fuse's result: calling it with stand-in arrays runs the Python
+    function once on them (NumPy semantics, each ufunc checked as outside)
+    and counts ONE kernel launch; with NumPy arguments only it is the plain
+    function, as in CuPy."""
+
+    def __init__(self, func, kernel_name=None):
+        self.func = func
+        self.name = kernel_name or func.__name__
+        self.__name__ = func.__name__
+        self.__doc__ = func.__doc__
+
+    def __call__(self, *args):
+        for a in args:
+            if not isinstance(a, (ndarray,) + _SCALARS):
+                if isinstance(a, _np.ndarray):
+                    break
+                raise TypeError(f"Unsupported type {type(a)}")
+        else:
+            if _bi.any(isinstance(a, ndarray) for a in args):
+                if _fusing():
+                    raise TypeError("nested cupy.fuse call")
+                _launches["fuse:" + self.name] += 1
+                _fuse_state.depth = 1
+                try:
+                    return self.func(*args)
+                finally:
+                    _fuse_state.depth = 0
+        return self.func(*args)
+
+
+def fuse(*args, **kwargs):
+    """cupy.fuse(*args, **kwargs): ``@fuse``, ``@fuse()`` or
+    ``@fuse(kernel_name=...)``."""
+    unknown = set(kwargs) - {"kernel_name"}
+    if unknown:
+        raise TypeError(f"fuse() got unexpected keyword arguments {unknown}")
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return _Fusion(args[0])
+    if args:
+        raise TypeError("fuse() takes a function or keyword arguments")
+    return lambda f: _Fusion(f, **kwargs)
+
+
 # ------------------------------------------------------------- arrays ----
 
 def _cur():
@@ -409,6 +474,7 @@ class ndarray:
         return ndarray._new(_np.asarray(r), dev)
 
     def __getitem__(self, key):
+        _no_fuse("indexing")
         k = self._wrap_oob(self._key(key, self._dev), self._a.shape)
         r = self._a[k]
         if isinstance(r, _np.generic):
@@ -419,6 +485,8 @@ class ndarray:
         return ndarray._new(r, dev)
 
     def __setitem__(self, key, value):
+        _no_fuse("indexing")
+        _launches["setitem"] += 1
         dev = _cur()
         _check_dev(self, dev)
         k = self._wrap_oob(self._key(key, dev), self._a.shape)
@@ -516,6 +584,11 @@ class _ufunc:
 
     def __call__(self, *args, out=None, dtype=None, **kw):
         dev = _cur()
+        if _fusing():
+            if self.__name__ == "matmul":
+                raise TypeError("matmul is not supported in cupy.fuse")
+        else:
+            _launches[self.__name__] += 1
         ins, outs = args[:self.nin], args[self.nin:]
         if outs:
             out = outs[0] if len(outs) == 1 else outs
@@ -605,6 +678,8 @@ def _fn(npf, name):
             return npf(*args, **kw)
     else:
         def f(*args, **kw):
+            _no_fuse(f"cupy.{name}")
+            _launches[name] += 1
             dev = _cur()
             if "dtype" in kw:
                 _check_dtype(kw["dtype"])
@@ -739,7 +814,7 @@ lib = _NS(stride_tricks=_NS(
         _np.lib.stride_tricks.as_strided(x._a, shape, strides), x._dev)))
 from numpy import newaxis, inf, nan, pi, e  # noqa: E402,F401
 
-_HAND = {"array", "asarray", "asanyarray", "asnumpy", "get_array_module",
+_HAND = {"fuse", "array", "asarray", "asanyarray", "asnumpy", "get_array_module",
          "take", "take_along_axis",
          "where", "ndarray", "cuda", "random", "linalg", "lib", "newaxis",
          "inf", "nan", "pi", "e", "is_available", "get_default_memory_pool",
