@@ -274,3 +274,54 @@ def test_no_nccl_in_the_stand_in(cp):
         pytest.skip("the real CuPy may have NCCL")
     with pytest.raises((ImportError, AttributeError)):
         cp.cuda.nccl
+
+
+# --- cupy/_core/fusion.pyx, docs reference/generated/cupy.fuse ------------
+
+def test_fuse_forms_out_args_and_numpy_fallback(cp):
+    # @fuse, @fuse() and @fuse(kernel_name=...); ufuncs with out= write into
+    # the arguments (fusion_tests TestFusionInplaceUpdate); Python scalars
+    # are arguments too; NumPy arguments run the plain function
+    def body(x, y, s, z):
+        cp.add(x * s, cp.tanh(y), out=z)
+        z += 1
+        return z
+
+    x, y = cp.arange(4.0), cp.ones(4)
+    want = (cp.arange(4.0) * 2 + cp.tanh(cp.ones(4)) + 1).get()
+    for f in (cp.fuse(body), cp.fuse()(body),
+              cp.fuse(kernel_name="k_body")(body)):
+        z = cp.zeros(4)
+        r = f(x, y, 2, z)
+        np.testing.assert_allclose(z.get(), want)
+        np.testing.assert_allclose(r.get(), want)
+    # a where inside a fused function (cupy/_sorting/search.py has a fusion
+    # branch)
+    g = cp.fuse(lambda h, d: cp.where(h <= 0, 0, d))
+    assert g(cp.asarray([-1.0, 2.0]), cp.asarray([5.0, 6.0])).get().tolist() \
+        == [0.0, 6.0]
+    if is_fake(cp):
+        out = np.zeros(2)
+        cp.fuse(lambda a, o: np.add(a, 1, out=o))(np.ones(2), out)
+        assert out.tolist() == [2.0, 2.0]
+    with pytest.raises(TypeError):      # kernel_name given twice
+        cp.fuse(body, kernel_name="x")(body)
+
+
+def test_fused_function_counts_one_launch(cp):
+    if not is_fake(cp):
+        pytest.skip("launch counts are the stand-in's")
+    x = cp.arange(3.0)
+    f = cp.fuse(kernel_name="three")(lambda a: cp.exp(a) * a + 1)
+    cp._launches.clear()
+    f(x)
+    assert dict(cp._launches) == {"fuse:three": 1}
+    cp._launches.clear()
+    cp.exp(x) * x + 1
+    assert dict(cp._launches) == {"exp": 1, "multiply": 1, "add": 1}
+    # what CuPy's fusion cannot trace is refused inside the function
+    for bad in (lambda a: a[0] + 1, lambda a: a @ a,
+                lambda a: cp.concatenate([a, a])):
+        with pytest.raises(TypeError, match="cupy.fuse"):
+            cp.fuse(bad)(x)
+    assert not cp._fusing()     # a refused call leaves the state clean

@@ -146,15 +146,16 @@ class _Fusion:
 
 def fuse(*args, **kwargs):
     """cupy.fuse(*args, **kwargs): ``@fuse``, ``@fuse()`` or
-    ``@fuse(kernel_name=...)``."""
-    unknown = set(kwargs) - {"kernel_name"}
-    if unknown:
-        raise TypeError(f"fuse() got unexpected keyword arguments {unknown}")
-    if len(args) == 1 and callable(args[0]) and not kwargs:
-        return _Fusion(args[0])
-    if args:
-        raise TypeError("fuse() takes a function or keyword arguments")
-    return lambda f: _Fusion(f, **kwargs)
+    ``@fuse(kernel_name=...)``; the arguments are bound as CuPy binds them
+    (cupy/_core/fusion.pyx: ``wrapper(f, kernel_name=None)``)."""
+    import functools
+
+    def wrapper(f, kernel_name=None):
+        return _Fusion(f, kernel_name)
+
+    if len(args) == 1 and not kwargs and callable(args[0]):
+        return functools.update_wrapper(wrapper(args[0]), args[0])
+    return lambda f: functools.update_wrapper(wrapper(f, *args, **kwargs), f)
 
 
 # ------------------------------------------------------------- arrays ----
