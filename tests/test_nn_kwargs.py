@@ -248,3 +248,92 @@ def test_mha_forward_refuses_bias_v_and_static_v_alone():
         args.update(kw)
         with pytest.raises(NotImplementedError, match="bias_v"):
             F.multi_head_attention_forward(x, x, x, E, H, w, b, **args)
+
+
+def test_load_state_dict_assign_as_torch():
+    # assign=True was ignored: values were copied into float32 parameters
+    torch = pytest.importorskip("torch")
+    for lib in (torch, dtorch):
+        m = lib.nn.Sequential(lib.nn.Linear(2, 3), lib.nn.BatchNorm1d(3))
+        m[0].bias.requires_grad_(False)
+        sd = {k: v.detach().clone().double() + 1
+              for k, v in m.state_dict().items()}
+        r = m.load_state_dict(sd, assign=True)
+        assert not r.missing_keys and not r.unexpected_keys
+        assert m[0].weight.dtype == lib.float64
+        assert isinstance(m[0].weight, lib.nn.Parameter)
+        assert m[0].weight.requires_grad and not m[0].bias.requires_grad
+        assert m[1].running_mean is sd["1.running_mean"]
+        sd["0.weight"].add_(5)            # the parameter is that memory
+        assert float(m[0].weight.detach().sum()) == \
+            float(sd["0.weight"].sum())
+        assert "weight" in dict(m[0].named_parameters())
+    m = nn.Linear(2, 3)
+    w = m.weight
+    m.load_state_dict({"weight": dtorch.ones(3, 2), "bias": dtorch.ones(3)})
+    assert m.weight is w and m.weight.tolist() == [[1.0, 1.0]] * 3
+
+
+def test_forward_hook_always_call_runs_when_forward_raises():
+    seen = []
+
+    class Boom(nn.Module):
+        def forward(self, x, k=0):
+            raise ValueError("boom")
+
+    m = Boom()
+    m.register_forward_hook(lambda mod, a, out: seen.append(("plain", out)))
+    m.register_forward_hook(lambda mod, a, out: seen.append(("always", out)),
+                            always_call=True)
+    m.register_forward_hook(lambda mod, a, kw, out: seen.append(("kw", kw)),
+                            with_kwargs=True, always_call=True)
+    with pytest.raises(ValueError, match="boom"):
+        m(1, k=2)
+    assert seen == [("always", None), ("kw", {"k": 2})]
+    # an always hook's own error is a warning: forward's error propagates;
+    # a hook that raised itself is not run again
+    seen.clear()
+    b = Boom()
+
+    def bad(mod, a, out):
+        raise KeyError("hook")
+    b.register_forward_hook(bad, always_call=True)
+    b.register_forward_hook(lambda mod, a, out: seen.append(1),
+                            always_call=True)
+    with pytest.warns(UserWarning, match="always_call.*'hook'"):
+        with pytest.raises(ValueError, match="boom"):
+            b(1)
+    assert seen == [1]
+    lin = nn.Linear(2, 2)
+    lin.register_forward_hook(bad, always_call=True)
+    calls = []
+    lin.register_forward_hook(lambda mod, a, out: calls.append(out),
+                              always_call=True)
+    with pytest.raises(KeyError):
+        lin(dtorch.ones(2))
+    assert len(calls) == 1 and tuple(calls[0].shape) == (2,)
+    seen.clear()
+    lin2 = nn.Linear(2, 2)
+    lin2.register_forward_hook(lambda mod, a, out: seen.append(out.shape),
+                               always_call=True)
+    lin2(dtorch.ones(2))                    # once on success
+    assert seen == [(2,)]
+
+
+def test_ddp_load_state_dict_assign_warns_and_copies():
+    import dtorch.distributed as dist
+    from dtorch import _ignored
+    from dtorch.nn.parallel import DistributedDataParallel as DDP
+    _ignored._warned.discard(("DistributedDataParallel.load_state_dict",
+                              "assign"))
+
+    def body(rank, world):
+        ddp = DDP(nn.Linear(2, 2))
+        w = ddp.module.weight
+        sd = {k: v.detach() + 1 for k, v in ddp.state_dict().items()}
+        with pytest.warns(UserWarning, match="assign=True has no effect"):
+            ddp.load_state_dict(sd, assign=True)
+        return ddp.module.weight is w and \
+            ddp.module.weight.tolist() == sd["module.weight"].tolist()
+
+    assert dist.spawn_threads(body, 1) == [True]

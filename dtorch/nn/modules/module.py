@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Iterator, Mapping
 import itertools
+import warnings
 from typing import Any, TypeVar
 
 from ... import _backend as B
@@ -468,9 +469,14 @@ class Module:
                               prepend: bool = False, with_kwargs: bool = False,
                               always_call: bool = False) -> RemovableHandle:
         """``hook(module, args, output)`` runs after forward; a returned
-        value replaces the output."""
+        value replaces the output. ``always_call=True``: it also runs (with
+        output None) when forward or an earlier hook raises, before the
+        error propagates."""
         h = RemovableHandle(self._forward_hooks)
         self._forward_hooks[h.id] = (hook, with_kwargs)
+        if always_call:
+            self.__dict__.setdefault("_forward_hooks_always_called",
+                                     set()).add(h.id)
         if prepend:
             self._forward_hooks.move_to_end(h.id, last=False)
         return h
@@ -509,15 +515,40 @@ class Module:
             res = hook(self, args)
             if res is not None:
                 args = res if isinstance(res, tuple) else (res,)
-        out = self.forward(*args, **kwargs)
-        for hook, with_kw in itertools.chain(
-                _global_forward_hooks.values(),
-                self._forward_hooks.values()):
-            res = hook(self, args, kwargs, out) if with_kw else \
-                hook(self, args, out)
-            if res is not None:
-                out = res
+        called = set()
+        out = None
+        try:
+            out = self.forward(*args, **kwargs)
+            for key, (hook, with_kw) in itertools.chain(
+                    _global_forward_hooks.items(),
+                    self._forward_hooks.items()):
+                called.add(key)
+                res = hook(self, args, kwargs, out) if with_kw else \
+                    hook(self, args, out)
+                if res is not None:
+                    out = res
+        except Exception:
+            self._run_always_called_hooks(args, kwargs, out, called)
+            raise
         return out
+
+    def _run_always_called_hooks(self, args, kwargs, out, called):
+        """PyTorch's always_call forward hooks after a failure: each one not
+        run yet runs; its own error is a warning, the first error wins."""
+        always = self.__dict__.get("_forward_hooks_always_called", ())
+        for key, (hook, with_kw) in list(self._forward_hooks.items()):
+            if key not in always or key in called:
+                continue
+            try:
+                res = hook(self, args, kwargs, out) if with_kw else \
+                    hook(self, args, out)
+                if res is not None:
+                    out = res
+            except Exception as e:
+                warnings.warn(
+                    "module forward hook with ``always_call=True`` raised an "
+                    "exception that was silenced as another error was raised "
+                    f"in forward: {e}", stacklevel=3)
 
     _call_impl = __call__
 
@@ -599,6 +630,15 @@ class Module:
                     f"{val.shape} from checkpoint, the shape in current "
                     f"model is {param.shape}.")
                 continue
+            if local_metadata.get("assign_to_params_buffers", False):
+                # assign=True: the checkpoint's tensor becomes the parameter
+                # (its dtype and device kept), with the old requires_grad
+                if isinstance(param, Parameter):
+                    rg = param.requires_grad
+                    val = val.requires_grad_(rg) if isinstance(
+                        val, Parameter) else Parameter(val, requires_grad=rg)
+                setattr(self, name, val)
+                continue
             try:
                 with no_grad():
                     param.copy_(val)
@@ -630,15 +670,18 @@ class Module:
                         assign: bool = False) -> _IncompatibleKeys:
         """Copy parameters and buffers from ``state_dict``; returns
         ``(missing_keys, unexpected_keys)``; with ``strict`` any mismatch
-        raises RuntimeError listing them, as in PyTorch."""
+        raises RuntimeError listing them, as in PyTorch. ``assign=True``
+        puts the state dict's tensors in place of the module's (keeping
+        each parameter's requires_grad) instead of copying into them."""
         if not isinstance(state_dict, dict):
             raise TypeError(f"Expected state_dict to be dict-like, got "
                             f"{type(state_dict)}.")
         missing, unexpected, errors = [], [], []
 
         def load(module, prefix=""):
-            module._load_from_state_dict(state_dict, prefix, {}, True,
-                                         missing, unexpected, errors)
+            module._load_from_state_dict(
+                state_dict, prefix, {"assign_to_params_buffers": assign},
+                True, missing, unexpected, errors)
             for name, child in module._modules.items():
                 if child is not None:
                     load(child, prefix + name + ".")

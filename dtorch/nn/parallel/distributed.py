@@ -284,6 +284,11 @@ class DistributedDataParallel(Module):
 
     # ------------------------------------------------------- state dict --
     def load_state_dict(self, state_dict, strict=True, assign=False):
+        if assign:
+            # swapping the parameters would orphan the reducer's buckets
+            ignored_argument("DistributedDataParallel.load_state_dict",
+                             "assign", assign, "values are copied into the "
+                             "registered parameters")
         keys = list(state_dict)
         if keys and not any(k.startswith("module.") for k in keys):
             return self.module.load_state_dict(state_dict, strict=strict)
