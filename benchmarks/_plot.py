@@ -115,7 +115,8 @@ def plot_allreduce(json_path):
         return None
     kib = [r["bytes"] / 1024 for r in rows]
     names = {"raw": "raw MPI (mpi4py Allreduce)",
-             "mpi": "dtorch collectives, mpi", "tcp": "dtorch collectives, tcp"}
+             "mpi": "dtorch collectives, mpi",
+             "tcp": "dtorch collectives, tcp"}
     series = {names[k]: (kib, [r[f"{k}_busbw_GBps"] for r in rows])
               for k in ("raw", "mpi", "tcp") if f"{k}_busbw_GBps" in rows[0]}
     meta = res.get("meta", {})

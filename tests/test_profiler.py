@@ -258,3 +258,23 @@ def test_one_profile_per_rank_under_ddp(tmp_path):
         assert "dtorch::Linear" in names
         assert any(n.endswith("LinearBackward") for n in names)
     assert _function._hook is None
+
+
+@pytest.mark.mpi(min_size=2)
+def test_each_mpi_rank_profiles_its_own_ddp_step(mpi_world, tmp_path):
+    from dtorch.nn.parallel import DistributedDataParallel as DDP
+    dist = mpi_world
+    rank = dist.get_rank()
+    dtorch.manual_seed(0)
+    model = DDP(nn.Linear(4, 2))
+    with profile(record_shapes=True) as p:
+        with record_function(f"rank{rank}_step"):
+            model(dtorch.randn(3, 4) + rank).sum().backward()
+    path = tmp_path / f"rank{rank}.json"
+    p.export_chrome_trace(str(path))
+    doc = json.loads(path.read_text())
+    assert doc["distributedInfo"]["rank"] == rank
+    assert doc["distributedInfo"]["world_size"] == dist.get_world_size()
+    names = [e["name"] for e in doc["traceEvents"]]
+    assert names[0] == f"rank{rank}_step" and "dtorch::Linear" in names
+    assert all(e["args"]["rank"] == rank for e in doc["traceEvents"])

@@ -36,7 +36,8 @@ def test_l1_unstructured_mask_and_layout_match_torch(amount):
     torch.nn.utils.prune.l1_unstructured(t, "weight", amount=amount)
     np.testing.assert_array_equal(d.weight_mask.numpy(),
                                   t.weight_mask.numpy())
-    np.testing.assert_array_equal(d.weight.detach().numpy(), t.weight.detach().numpy())
+    np.testing.assert_array_equal(d.weight.detach().numpy(),
+                                  t.weight.detach().numpy())
     assert list(d.state_dict()) == list(t.state_dict()) == [
         "bias", "weight_orig", "weight_mask"]
     assert [n for n, _ in d.named_parameters()] == \
@@ -64,7 +65,8 @@ def test_forward_uses_mask_and_orig_gets_masked_gradient():
     with dtorch.no_grad():
         d.weight_orig.fill_(2.0)
     d(dtorch.tensor(x))
-    np.testing.assert_array_equal(d.weight.detach().numpy(), 2 * d.weight_mask.numpy())
+    np.testing.assert_array_equal(d.weight.detach().numpy(),
+                                  2 * d.weight_mask.numpy())
 
 
 def test_iterative_pruning_combines_masks_like_torch():

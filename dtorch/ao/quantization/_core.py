@@ -61,7 +61,8 @@ def quantize_activation(x, scale, zp):
     """uint8 codes of ``x`` under (scale, zp)."""
     xp = B.get_array_module(x)
     # times the reciprocal, as dynamic_linear does: the same codes
-    q = xp.rint(x.astype(np.float32, copy=False) * np.float32(1.0 / scale)) + zp
+    inv = np.float32(1.0 / scale)
+    q = xp.rint(x.astype(np.float32, copy=False) * inv) + zp
     return xp.clip(q, QMIN_X, QMAX_X).astype(np.uint8)
 
 
