@@ -13,7 +13,10 @@ def _tuple(x):
 def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False,
              strategy="reverse-mode"):
     """d func(inputs) / d inputs: for one input and one output a tensor of
-    shape output.shape + input.shape; tuples of tuples otherwise."""
+    shape output.shape + input.shape; tuples of tuples otherwise.
+    ``vectorize=True`` (PyTorch's vmap path) is accepted and gives the same
+    Jacobian: dtorch computes it one backward per output element either
+    way."""
     if create_graph:
         raise NotImplementedError("jacobian(create_graph=True) needs double "
                                   "backward, which dtorch does not support")

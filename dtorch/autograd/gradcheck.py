@@ -34,7 +34,9 @@ def _outputs(fn, inputs):
 def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
               raise_exception=True, nondet_tol=0.0):
     """True when ``func``'s backward matches finite differences for every
-    input that requires grad; otherwise raise (or return False).
+    input that requires grad, and gives the same answer when run twice
+    (within ``nondet_tol``, PyTorch's reentrancy check); otherwise raise
+    (or return False).
 
     Example::
 
@@ -62,6 +64,7 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
         # analytical Jacobian, one backward per output element
         analytical = {i: np.zeros((inputs[i].numel(), n_out))
                       for i in diff}
+        again = {i: np.zeros_like(a) for i, a in analytical.items()}
         for j in range(n_out):
             outs_j = _outputs(func, inputs)[k]
             g = np.zeros(n_out)
@@ -69,11 +72,12 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
             g = outs_j._make(outs_j._xp().asarray(
                 g.reshape(outs_j.shape).astype(outs_j._data.dtype)),
                 False, None)
-            grads = _grad([outs_j], [inputs[i] for i in diff], [g],
-                          allow_unused=True)
-            for i, gi in zip(diff, grads):
-                if gi is not None:
-                    analytical[i][:, j] = _host(gi.detach()._data).reshape(-1)
+            for jac, retain in ((analytical, True), (again, False)):
+                grads = _grad([outs_j], [inputs[i] for i in diff], [g],
+                              retain_graph=retain, allow_unused=True)
+                for i, gi in zip(diff, grads):
+                    if gi is not None:
+                        jac[i][:, j] = _host(gi.detach()._data).reshape(-1)
         # numerical Jacobian, central differences
         for i in diff:
             x = inputs[i]
@@ -99,6 +103,15 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
                        f"largest difference at (input elem {bad[0]}, output "
                        f"elem {bad[1]}): numerical {numerical[bad]} vs "
                        f"analytical {a[bad]}")
+                if raise_exception:
+                    raise GradcheckError(msg)
+                return False
+            if not np.allclose(a, again[i], rtol=0, atol=nondet_tol):
+                msg = (f"Backward is not reentrant, i.e., running backward "
+                       f"with same input and grad_output multiple times "
+                       f"gives different values, although analytical "
+                       f"gradient matches numerical gradient. The tolerance "
+                       f"for nondeterminism was {nondet_tol}.")
                 if raise_exception:
                     raise GradcheckError(msg)
                 return False
