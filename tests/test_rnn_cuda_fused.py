@@ -122,10 +122,12 @@ def test_gradcheck_on_cuda(kind, reverse):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "tanh", "relu"])
-def test_layer_ops_with_b_hh_equal_cpu(kind):
+@pytest.mark.parametrize("T,n", [(5, 2), (1, 2), (0, 2), (3, 0)])
+def test_layer_ops_with_b_hh_equal_cpu(kind, T, n):
     # the modules fold b_hh into the input projection for LSTM and RNN; the
-    # cells and direct use pass it to the layer op: check that path too
-    ins = _layer_inputs(kind, T=5, device="cpu")
+    # cells and direct use pass it to the layer op: check that path too,
+    # with one step, no step and an empty batch
+    ins = _layer_inputs(kind, T=T, n=n, device="cpu")
     insc = [t.detach().to("cuda").requires_grad_() for t in ins]
     for rev in (False, True):
         y = _apply(kind, rev)(*ins)

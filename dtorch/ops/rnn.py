@@ -195,6 +195,8 @@ class RNNLayer(Op):
 
 def _prev_states(xp, hs, h0, reverse):
     """h_{t-1} for every t, in time order, as one (T, N, H) array."""
+    if hs.shape[0] == 0:
+        return hs
     if reverse:
         return xp.concatenate([hs[1:], h0[None]], axis=0)
     return xp.concatenate([h0[None], hs[:-1]], axis=0)
@@ -205,6 +207,8 @@ def _hh_weight_grad(dgates, hs, h0, reverse):
     (reversed: hs[1:] then h0), without copying them into one array: one
     GEMM over the T - 1 steps whose h_{t-1} is an output, one for h0."""
     T, G, H = dgates.shape[0], dgates.shape[-1], hs.shape[-1]
+    if T == 0:      # no step: a zero gradient, of the right shape
+        return dgates.reshape(-1, G).T @ hs.reshape(-1, H)
     if reverse:
         body, hb, first = dgates[:T - 1], hs[1:], dgates[T - 1]
     else:
