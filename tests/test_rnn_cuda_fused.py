@@ -40,9 +40,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode,kw", CASES,
-                         ids=[f"{m}-{'-'.join(f'{k}={v}' for k, v in kw.items())}"
-                              for m, kw in CASES])
+IDS = [m + "".join(f"-{k}={v}" for k, v in kw.items()) for m, kw in CASES]
+
+
+@pytest.mark.parametrize("mode,kw", CASES, ids=IDS)
 @pytest.mark.parametrize("with_h0", [False, True], ids=["no_h0", "h0"])
 def test_cuda_equals_cpu_forward_and_gradients(mode, kw, with_h0):
     dtorch.manual_seed(1)

@@ -815,7 +815,8 @@ lib = _NS(stride_tricks=_NS(
         _np.lib.stride_tricks.as_strided(x._a, shape, strides), x._dev)))
 from numpy import newaxis, inf, nan, pi, e  # noqa: E402,F401
 
-_HAND = {"fuse", "array", "asarray", "asanyarray", "asnumpy", "get_array_module",
+_HAND = {"fuse",
+         "array", "asarray", "asanyarray", "asnumpy", "get_array_module",
          "take", "take_along_axis",
          "where", "ndarray", "cuda", "random", "linalg", "lib", "newaxis",
          "inf", "nan", "pi", "e", "is_available", "get_default_memory_pool",
