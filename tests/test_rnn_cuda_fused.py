@@ -196,3 +196,27 @@ def test_fused_step_kernel_names():
     n = _launches(cp, lambda: N.LSTMLayer.apply(*ins).sum().backward())
     assert n.get("fuse:dtorch_lstm_fwd") == 3
     assert n.get("fuse:dtorch_lstm_bwd") == 3
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "tanh", "relu"])
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float16", 2e-2)])
+def test_fused_steps_keep_the_dtype(kind, dtype, tol):
+    # the kernels' constants (0.5, 1) and zero-bias arguments must not
+    # promote float32/float16 states to float64
+    ref = _layer_inputs(kind, T=4, device="cpu")
+    dt = getattr(dtorch, dtype)
+    ins = [t.detach().to("cuda", dt).requires_grad_() for t in ref]
+    # the reference: the same (rounded) inputs, float64 on the CPU
+    ref = [t.detach().cpu().double().requires_grad_() for t in ins]
+    y = _apply(kind, False)(*ins)
+    assert y.dtype == dt
+    y.float().sum().backward()
+    yr = _apply(kind, False)(*ref)
+    yr.sum().backward()
+    np.testing.assert_allclose(_np(y).astype(np.float64), _np(yr),
+                               rtol=tol, atol=tol)
+    for a, b in zip(ins, ref):
+        assert a.grad.dtype == dt
+        np.testing.assert_allclose(_np(a.grad).astype(np.float64),
+                                   _np(b.grad), rtol=10 * tol,
+                                   atol=10 * tol)

@@ -147,7 +147,9 @@ class RNNLayer(Op):
         step = _fused(xp)["rnn_%s_fwd" % act]
         hh = xp.empty(h0.shape, xw.dtype)
         wt = w_hh.T
-        b = 0 if b_hh is None else b_hh
+        # no Python scalars as kernel arguments: their dtype would be the
+        # fusion's to guess (an int64 0 next to float16 arrays)
+        b = xp.zeros((), xw.dtype) if b_hh is None else b_hh
         h = h0
         for t in (range(T - 1, -1, -1) if reverse else range(T)):
             xp.matmul(h, wt, out=hh)
@@ -318,7 +320,8 @@ class LSTMLayer(Op):
         step = _fused(xp)["lstm_fwd"]
         hw = xp.empty((h0.shape[0], w_hh.shape[0]), xw.dtype)
         hws = _gates(hw, 4)
-        bs = [0] * 4 if b_hh is None else _gates(b_hh, 4)
+        bs = [xp.zeros((), xw.dtype)] * 4 if b_hh is None else \
+            _gates(b_hh, 4)
         wt = w_hh.T
         h, c = h0, c0
         for t in (range(T - 1, -1, -1) if reverse else range(T)):
@@ -340,10 +343,11 @@ class LSTMLayer(Op):
         dgates = xp.empty((T, n, 4 * H), dt)
         dhm = xp.empty((n, H), dt)             # dgates[t + 1] @ w_hh
         dc = g[T].astype(dt, copy=True)
+        zero, one = xp.zeros((), dt), xp.ones((), dt)
         prev = None
         for t in (range(T) if reverse else range(T - 1, -1, -1)):
             if prev is None:                   # the last step: no t + 1
-                dh_in, fn = 0, 1
+                dh_in, fn = zero, one
             else:
                 xp.matmul(dgates[prev], w_hh, out=dhm)
                 dh_in, fn = dhm, acts[prev, 1]
@@ -462,7 +466,8 @@ class GRULayer(Op):
         step = _fused(xp)["gru_fwd"]
         hh = xp.empty((h0.shape[0], w_hh.shape[0]), xw.dtype)
         hhs = _gates(hh, 3)
-        bs = [0] * 3 if b_hh is None else _gates(b_hh, 3)
+        bs = [xp.zeros((), xw.dtype)] * 3 if b_hh is None else \
+            _gates(b_hh, 3)
         wt = w_hh.T
         h = h0
         for t in (range(T - 1, -1, -1) if reverse else range(T)):
