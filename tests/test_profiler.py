@@ -278,3 +278,13 @@ def test_each_mpi_rank_profiles_its_own_ddp_step(mpi_world, tmp_path):
     names = [e["name"] for e in doc["traceEvents"]]
     assert names[0] == f"rank{rank}_step" and "dtorch::Linear" in names
     assert all(e["args"]["rank"] == rank for e in doc["traceEvents"])
+
+
+def test_on_the_device(device):
+    m = nn.Linear(4, 3).to(device)
+    with profile(record_shapes=True) as p:
+        m(dtorch.randn(2, 4, device=device)).sum().backward()
+    names = [e.name for e in p.events()]
+    assert "dtorch::Linear" in names
+    assert any(n.endswith("LinearBackward") for n in names)
+    assert _function._hook is None

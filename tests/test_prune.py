@@ -212,3 +212,20 @@ def test_importance_scores_decide_the_mask():
     np.testing.assert_array_equal(d.weight_mask.numpy(),
                                   t.weight_mask.numpy())
     assert (d.weight_mask.numpy()[scores < 10] == 0).all()
+
+
+def test_on_the_device_equals_cpu(device):
+    d, _ = _pair((8, 6), seed=7)
+    e, _ = _pair((8, 6), seed=7)
+    e = e.to(device)
+    for mod in (d, e):
+        prune.l1_unstructured(mod, "weight", amount=0.3)
+        prune.ln_structured(mod, "weight", amount=2, n=2, dim=0)
+    assert e.weight_mask.device.type == device
+    np.testing.assert_array_equal(e.weight_mask.cpu().numpy(),
+                                  d.weight_mask.numpy())
+    x = dtorch.randn(3, 6)
+    e(x.to(device)).sum().backward()
+    d(x).sum().backward()
+    np.testing.assert_allclose(e.weight_orig.grad.cpu().numpy(),
+                               d.weight_orig.grad.numpy(), rtol=1e-6)

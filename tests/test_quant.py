@@ -293,3 +293,20 @@ def test_digits_linear_weights_four_times_smaller(digits_model):
     np.savez(buf_f, *[v.numpy() for v in model.head.state_dict().values()])
     np.savez(buf_q, *[v.numpy() for v in q.head.state_dict().values()])
     assert buf_f.tell() / buf_q.tell() > 3.5
+
+
+def test_on_the_device_equals_cpu(device):
+    m = nn.Sequential(nn.Linear(8, 6), nn.LSTM(6, 5, batch_first=True))
+    q = quantize_dynamic(m)
+    x = dtorch.randn(2, 4, 8)
+    want, (wh, wc) = q[1](q[0](x))
+    qd_ = quantize_dynamic(m.to(device))        # quantized on the device
+    qm = q.to(device)                           # or moved there
+    for model in (qd_, qm):
+        assert model[0].weight_int8.device.type == device
+        y, (h, c) = model[1](model[0](x.to(device)))
+        assert y.device.type == device
+        np.testing.assert_allclose(y.cpu().numpy(), want.numpy(),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(c.cpu().numpy(), wc.numpy(),
+                                   rtol=1e-5, atol=1e-6)
