@@ -337,3 +337,26 @@ def test_ddp_load_state_dict_assign_warns_and_copies():
             ddp.module.weight.tolist() == sd["module.weight"].tolist()
 
     assert dist.spawn_threads(body, 1) == [True]
+
+
+@pytest.mark.parametrize("cls", ["Embedding", "EmbeddingBag"])
+def test_embedding_sparse_warns_once_and_gives_the_dense_gradient(cls):
+    from dtorch import _ignored
+    _ignored._warned.clear()
+    idx = dtorch.tensor([[0, 2], [2, 3]])
+    grads = []
+    for sparse in (False, True, True):
+        dtorch.manual_seed(0)
+        m = getattr(nn, cls)(5, 3, sparse=sparse)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            m(idx).sum().backward()
+        grads.append(m.weight.grad.numpy())
+        msgs = [str(x.message) for x in w]
+        if sparse and len(grads) == 2:
+            assert len(msgs) == 1 and "sparse=True has no effect" in \
+                msgs[0] and "dense" in msgs[0], msgs
+        else:
+            assert not msgs, msgs           # off, or already warned
+    np.testing.assert_array_equal(grads[1], grads[0])
+    _ignored._warned.clear()

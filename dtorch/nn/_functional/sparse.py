@@ -2,9 +2,17 @@
 import numpy as np
 
 from ... import _backend as B
+from ..._ignored import ignored_argument
 from ... import ops as N
 from ...tensor import Tensor
 from ...autograd.grad_mode import no_grad
+
+
+def _dense_gradient(owner):
+    # dtorch has no sparse tensors: weight.grad is the dense gradient (the
+    # same values; optimizers treat it as any dense one)
+    ignored_argument(owner, "sparse", True, "weight.grad is a dense tensor "
+                     "(dtorch has no sparse tensors)", stacklevel=4)
 
 
 # ============================================================== embedding ==
@@ -34,8 +42,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None,
             scale = (max_norm / (norms + 1e-7)).clip(max=1.0)
             weight._data[idx.reshape(-1)] = rows * scale[:, None]
             weight._bump_version()
-    # sparse=True: the gradient is dense (dtorch has no sparse tensors);
-    # optimizers treat it as they would the dense one
+    if sparse:
+        _dense_gradient("embedding")
     return N.Embedding.apply(weight, idx, padding_idx=padding_idx,
                              scale_grad_by_freq=scale_grad_by_freq)
 
@@ -68,6 +76,8 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2,
     if mode not in ("sum", "mean", "max"):
         raise ValueError(f"mode has to be one of sum, mean or max, got "
                          f"{mode}")
+    if sparse:
+        _dense_gradient("embedding_bag")
     if per_sample_weights is not None and mode != "sum":
         raise NotImplementedError(
             f"embedding_bag: per_sample_weights was not None. "

@@ -280,9 +280,8 @@ class EmbeddingBag(Module):
                  sparse=False, _weight=None, include_last_offset=False,
                  padding_idx=None, device=None, dtype=None):
         super().__init__()
-        if sparse:
-            raise NotImplementedError("sparse gradients are not supported "
-                                      "by dtorch")
+        # sparse=True: F.embedding_bag warns that the gradient is dense,
+        # as Embedding's does
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.max_norm, self.norm_type = max_norm, norm_type
