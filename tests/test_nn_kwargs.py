@@ -360,3 +360,30 @@ def test_embedding_sparse_warns_once_and_gives_the_dense_gradient(cls):
             assert not msgs, msgs           # off, or already warned
     np.testing.assert_array_equal(grads[1], grads[0])
     _ignored._warned.clear()
+
+
+def test_clip_grad_foreach_changes_nothing():
+    from dtorch.nn.utils import clip_grad_norm_, clip_grad_value_
+    from dtorch.nn.utils.clip_grad import get_total_norm
+
+    def params():
+        rng = np.random.default_rng(0)
+        ps = [dtorch.zeros(3, 2, requires_grad=True),
+              dtorch.zeros(4, requires_grad=True)]
+        for p in ps:
+            p.grad = dtorch.tensor(rng.standard_normal(p.shape) * 5)
+        return ps
+
+    for foreach in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            base, got = params(), params()
+            n0 = clip_grad_norm_(base, 1.0, norm_type=3.0)
+            n1 = clip_grad_norm_(got, 1.0, norm_type=3.0, foreach=foreach)
+            assert n0.item() == n1.item()
+            clip_grad_value_(base, 0.1)
+            clip_grad_value_(got, 0.1, foreach=foreach)
+            for a, b in zip(base, got):
+                np.testing.assert_array_equal(a.grad.numpy(), b.grad.numpy())
+            assert get_total_norm([p.grad for p in got], foreach=foreach) \
+                .item() == get_total_norm([p.grad for p in base]).item()

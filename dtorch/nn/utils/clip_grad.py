@@ -6,6 +6,10 @@ of the norms of the local gradients) and ``clip_grads_with_norm_`` (scale by
 host-side branch on the norm is needed). A distributed version computes the
 global norm its own way (e.g. all-reducing ``total ** p``) and then calls
 ``clip_grads_with_norm_`` with it, or passes ``total_norm_fn``.
+
+``foreach`` (PyTorch's multi-tensor kernels) is accepted by every function
+here and changes nothing: there is one implementation, and the results equal
+the default's (tests/test_nn_kwargs.py).
 """
 import math
 
