@@ -18,13 +18,17 @@ def _sigmoid(xp, x):
 
 # ---------------------------------------------------------------- CUDA ----
 # On a GPU every ufunc call is a kernel launch, and at RNN sizes the launch
-# (~5-10 us) costs more than the arithmetic: the CPU loops below launch
-# ~15 per LSTM step. So on CUDA each time step's pointwise work, forward
+# (~5-10 us) costs more than the arithmetic: the CPU loops below would
+# launch 11 elementwise kernels per LSTM step forward and 21 backward (GRU
+# 16 and 23; counted on the CuPy stand-in). So on CUDA each time step's pointwise work, forward
 # and backward, is ONE kernel made by cupy.fuse from the functions below,
 # which write their results into the preallocated buffers with ``out=``
 # (CuPy's fusion supports out= and in-place updates of its arguments);
 # the recurrent matmul stays a GEMM. Sigmoid is written with tanh, as on
-# the CPU path. The NumPy path keeps its own loops (measured faster there).
+# the CPU path. The NumPy path keeps its own in-place loops: the same step
+# functions run by NumPy allocate their temporaries and measured slower
+# (LSTM forward T=64, N=32, H=256, float32, one thread: 33.4 ms against
+# 30.4 ms, best of 9).
 
 _FUSED = {}
 
