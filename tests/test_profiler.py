@@ -288,3 +288,13 @@ def test_on_the_device(device):
     assert "dtorch::Linear" in names
     assert any(n.endswith("LinearBackward") for n in names)
     assert _function._hook is None
+
+
+def test_arguments_without_effect_warn():
+    import dtorch._ignored as ig
+    ig._warned.clear()
+    with pytest.warns(UserWarning, match="profile_memory=True has no effect"):
+        with profile(profile_memory=True):
+            pass
+    with pytest.warns(UserWarning, match="no kernel timings"):
+        profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])

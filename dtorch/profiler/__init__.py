@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 
+from .._ignored import ignored_argument
 from ..autograd import function as _function
 from ..autograd.function import TensorBase
 from ._events import EventList, FunctionEvent, FunctionEventAvg  # noqa
@@ -202,7 +203,8 @@ class profile:
 
     Args (PyTorch's): activities, schedule, on_trace_ready, record_shapes,
     profile_memory, with_stack, with_flops, with_modules. profile_memory,
-    with_stack and with_flops are accepted and record nothing extra.
+    with_stack and with_flops record nothing extra (a warning says so
+    once).
     """
 
     def __init__(self, *, activities=None, schedule=None,
@@ -217,6 +219,21 @@ class profile:
                 raise TypeError(f"activities must be ProfilerActivity "
                                 f"values, got {a!r}")
         self.activities = acts
+        for name, value, why in (
+                ("profile_memory", profile_memory, "no memory events"),
+                ("with_stack", with_stack, "no Python stacks"),
+                ("with_flops", with_flops, "no FLOP counts"),
+                ("experimental_config", experimental_config, ""),
+                ("use_cuda", use_cuda, "CUDA ops are timed as host "
+                 "launches")):
+            if value:
+                ignored_argument("dtorch.profiler.profile", name, value,
+                                 why)
+        if ProfilerActivity.CUDA in acts:
+            ignored_argument(
+                "dtorch.profiler.profile", "activities",
+                ProfilerActivity.CUDA, "no kernel timings: CUDA ops are "
+                "timed as host launches like CPU ones")
         self.schedule = schedule if schedule is not None else _always
         self.on_trace_ready = on_trace_ready
         self.record_shapes = bool(record_shapes)
