@@ -387,3 +387,14 @@ def test_clip_grad_foreach_changes_nothing():
                 np.testing.assert_array_equal(a.grad.numpy(), b.grad.numpy())
             assert get_total_norm([p.grad for p in got], foreach=foreach) \
                 .item() == get_total_norm([p.grad for p in base]).item()
+
+
+def test_packed_sequence_cuda_takes_the_device_index():
+    # PackedSequence.cuda(1) went to the current device (arguments dropped)
+    if dtorch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices (DTORCH_FAKE_CUDA=1 has two)")
+    from dtorch.nn.utils.rnn import pack_sequence
+    ps = pack_sequence([dtorch.ones(3, 2), dtorch.ones(2, 2)])
+    assert str(ps.cuda(1).data.device) == "cuda:1"
+    assert str(ps.cuda(device=1).batch_sizes.device) == "cpu"
+    assert str(ps.cuda().data.device) == "cuda:0"

@@ -47,7 +47,8 @@ class PackedSequence(namedtuple("PackedSequence", [
         return self.to("cpu")
 
     def cuda(self, *args, **kwargs):
-        return self.to("cuda")
+        # Tensor.cuda's arguments (device index, ...) pick the device
+        return self.to(self.data.new_empty(0).cuda(*args, **kwargs).device)
 
     def double(self):
         return self.to(dtype=B.float64)
