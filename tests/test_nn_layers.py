@@ -407,3 +407,14 @@ def test_bad_inputs_give_pytorch_errors():
         nn.LSTM(2, 2)(dtorch.ones(1, 1, 1, 2))
     with pytest.raises(RuntimeError, match=r"Expected hidden size \(1, 3, 2\)"):
         nn.GRU(2, 2)(dtorch.ones(4, 3, 2), dtorch.zeros(2, 3, 2))
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+@pytest.mark.parametrize("batch_first,shape", [(False, (0, 2, 3)),
+                                               (False, (0, 3)),
+                                               (True, (2, 0, 3))])
+def test_rnn_refuses_an_empty_sequence_as_pytorch(mode, batch_first, shape):
+    m = getattr(nn, mode)(3, 4, batch_first=batch_first)
+    with pytest.raises(RuntimeError, match="sequence length to be larger "
+                                           "than 0"):
+        m(dtorch.zeros(shape))

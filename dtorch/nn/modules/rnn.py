@@ -140,6 +140,9 @@ class RNNBase(Module):
                 f"input.size(-1) must be equal to input_size. Expected "
                 f"{self.input_size}, got {input.shape[-1]}")
         T, n = input.shape[:2]
+        if T == 0:
+            raise RuntimeError("Expected sequence length to be larger than 0 "
+                               "in RNN")
         dirs = 2 if self.bidirectional else 1
         hshape = (self.num_layers * dirs, n, self.hidden_size)
         if hx is None:
