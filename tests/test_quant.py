@@ -310,3 +310,65 @@ def test_on_the_device_equals_cpu(device):
                                    rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(c.cpu().numpy(), wc.numpy(),
                                    rtol=1e-5, atol=1e-6)
+
+
+# --- the compiled int8 kernel (numba, optional extra 'quant') -------------
+
+def test_import_dtorch_does_not_import_numba():
+    import subprocess
+    code = ("import sys, dtorch, dtorch.ao.quantization; "
+            "assert 'numba' not in sys.modules, 'numba imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_kernel_is_exact_int32_accumulation():
+    pytest.importorskip("numba")
+    from dtorch.ao.quantization import _kernels
+    rng = np.random.default_rng(1)
+    for k in (1, 7, 511, 512, 513, 1500, 4096):
+        a = rng.choice([-255, 255], size=(3, k)).astype(np.int16)
+        w = rng.choice([-127, 127], size=(5, k)).astype(np.int8)
+        a[0], w[0] = 255, 127                    # the largest sum: 32385 * k
+        a[1], w[1] = -255, 127
+        got = _kernels.int_matmul(a, w)
+        want = a.astype(np.int64) @ w.astype(np.int64).T
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("k,n,shape,dtype", [
+    (16, 8, (1,), np.float32), (600, 33, (4,), np.float32),
+    (1500, 20, (2, 3), np.float32), (300, 9, (1,), np.float64),
+    (5, 3, (16,), np.float32)])
+def test_kernel_and_blas_paths_bitwise_equal(monkeypatch, k, n, shape,
+                                             dtype):
+    pytest.importorskip("numba")
+    from dtorch.ao.quantization import _kernels
+    lin = _linear(k, n, seed=k)
+    q = qd.Linear.from_float(lin)
+    rng = np.random.default_rng(k)
+    x = dtorch.tensor((rng.standard_normal(shape + (k,)) * 3).astype(dtype))
+    calls = []
+    real = _kernels.int_matmul
+    monkeypatch.setattr(_kernels, "int_matmul",
+                        lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(Q, "KERNEL_MAX_ROWS", 1 << 30)
+    y_kernel = q(x).numpy()
+    assert calls, "the compiled kernel was not used"
+    monkeypatch.setattr(Q, "KERNEL_MAX_ROWS", 0)
+    y_blas = q(x).numpy()
+    assert len(calls) == 1, "KERNEL_MAX_ROWS=0 must keep the BLAS path"
+    assert y_kernel.dtype == y_blas.dtype == np.float32
+    np.testing.assert_array_equal(y_kernel, y_blas)
+
+
+def test_without_numba_falls_back_to_blas(monkeypatch):
+    from dtorch.ao.quantization import _kernels
+    monkeypatch.setattr(_kernels, "_kernel", False)   # as if not installed
+    assert _kernels.kernel() is None
+    lin = _linear(40, 6, seed=4)
+    q = qd.Linear.from_float(lin)
+    x = dtorch.randn(1, 40)
+    y = q(x).numpy()
+    monkeypatch.setattr(Q, "KERNEL_MAX_ROWS", 0)
+    np.testing.assert_array_equal(y, q(x).numpy())

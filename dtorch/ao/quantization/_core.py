@@ -17,6 +17,12 @@
 import numpy as np
 
 from ... import _backend as B
+from . import _kernels
+
+# Row count (batch) up to which a CPU Linear uses the compiled int8 kernel
+# (_kernels, when numba is installed) instead of float32 BLAS. Measured
+# crossover in benchmarks/quant.py; 0 disables the kernel.
+KERNEL_MAX_ROWS = 16
 
 QMAX_W = 127
 QMIN_X, QMAX_X = 0, 255
@@ -108,7 +114,15 @@ def dynamic_linear(x, qw, w_scale, bias):
         (x / sx).astype(np.float32)
     xp.rint(a, out=a)
     xp.clip(a, np.float32(QMIN_X - zp), np.float32(QMAX_X - zp), out=a)
-    out = _exact_dot(a, qw)
+    k = x.shape[-1]
+    rows = x.size // k
+    if xp is np and rows <= KERNEL_MAX_ROWS and _kernels.kernel():
+        # the same integers, summed in int32 by the compiled kernel
+        a16 = a.reshape(rows, k).astype(np.int16)
+        out = _kernels.int_matmul(a16, np.ascontiguousarray(qw))
+        out = out.reshape(x.shape[:-1] + (qw.shape[0],))
+    else:
+        out = _exact_dot(a, qw)
     if out.dtype != np.float32:
         out = out.astype(np.float32)
     out *= (w_scale * sx).astype(np.float32)
