@@ -2,44 +2,17 @@
 positions; optional affine and running statistics, as in PyTorch."""
 import warnings
 
-from .module import Module
-from ..parameter import Parameter
 from .. import functional as F
-from .. import init
-from ..._creation import empty, zeros, ones, tensor
-from ... import _backend as B
+from .normalization import _NormBase
 
 
-class _InstanceNorm(Module):
+class _InstanceNorm(_NormBase):
     _nd = 2
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False,
                  track_running_stats=False, device=None, dtype=None):
-        super().__init__()
-        fk = {"device": device, "dtype": dtype}
-        self.num_features = num_features
-        self.eps = eps
-        self.momentum = momentum
-        self.affine = affine
-        self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = Parameter(empty(num_features, **fk))
-            self.bias = Parameter(empty(num_features, **fk))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        if track_running_stats:
-            self.register_buffer("running_mean", zeros(num_features, **fk))
-            self.register_buffer("running_var", ones(num_features, **fk))
-            self.register_buffer("num_batches_tracked",
-                                 tensor(0, dtype=B.int64, device=device))
-        else:
-            self.register_buffer("running_mean", None)
-            self.register_buffer("running_var", None)
-            self.register_buffer("num_batches_tracked", None)
-        if affine:
-            init.ones_(self.weight)
-            init.zeros_(self.bias)
+        super().__init__(num_features, eps, momentum, affine,
+                         track_running_stats, device, dtype)
 
     def forward(self, input):
         nd = input.dim()
@@ -62,11 +35,6 @@ class _InstanceNorm(Module):
             self.training or not self.track_running_stats, self.momentum
             if self.momentum is not None else 0.1, self.eps)
         return out if batched else out.squeeze(0)
-
-    def extra_repr(self):
-        return (f"{self.num_features}, eps={self.eps}, "
-                f"momentum={self.momentum}, affine={self.affine}, "
-                f"track_running_stats={self.track_running_stats}")
 
 
 class InstanceNorm1d(_InstanceNorm):

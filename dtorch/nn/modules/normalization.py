@@ -46,8 +46,9 @@ class LayerNorm(Module):
                 f"elementwise_affine={self.elementwise_affine}")
 
 
-class _BatchNorm(Module):
-    _dims = ()
+class _NormBase(Module):
+    """Per-channel affine parameters and running statistics shared by batch
+    and instance norm (PyTorch's ``_NormBase``)."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, device=None, dtype=None):
@@ -87,6 +88,15 @@ class _BatchNorm(Module):
             init.ones_(self.weight)
             init.zeros_(self.bias)
 
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, "
+                f"momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+
+
+class _BatchNorm(_NormBase):
+    _dims = ()
+
     def _check_input_dim(self, input):
         if input.dim() not in self._dims:
             raise ValueError(
@@ -107,11 +117,6 @@ class _BatchNorm(Module):
             input, self.running_mean if use_stats else None,
             self.running_var if use_stats else None, self.weight, self.bias,
             bn_training, factor, self.eps)
-
-    def extra_repr(self):
-        return (f"{self.num_features}, eps={self.eps}, "
-                f"momentum={self.momentum}, affine={self.affine}, "
-                f"track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm):
