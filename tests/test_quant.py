@@ -339,7 +339,7 @@ def test_kernel_is_exact_int32_accumulation():
 @pytest.mark.parametrize("k,n,shape,dtype", [
     (16, 8, (1,), np.float32), (600, 33, (4,), np.float32),
     (1500, 20, (2, 3), np.float32), (300, 9, (1,), np.float64),
-    (5, 3, (16,), np.float32)])
+    (5, 3, (16,), np.float32), (1500, 20, (2, 3), np.float64)])
 def test_kernel_and_blas_paths_bitwise_equal(monkeypatch, k, n, shape,
                                              dtype):
     pytest.importorskip("numba")
@@ -349,17 +349,20 @@ def test_kernel_and_blas_paths_bitwise_equal(monkeypatch, k, n, shape,
     rng = np.random.default_rng(k)
     x = dtorch.tensor((rng.standard_normal(shape + (k,)) * 3).astype(dtype))
     calls = []
-    real = _kernels.int_matmul
-    monkeypatch.setattr(_kernels, "int_matmul",
-                        lambda *a: calls.append(1) or real(*a))
+    for name in ("int_matmul", "linear"):       # float64 / float32 input
+        monkeypatch.setattr(_kernels, name, lambda *a, real=getattr(
+            _kernels, name): calls.append(1) or real(*a))
     monkeypatch.setattr(Q, "KERNEL_MAX_ROWS", 1 << 30)
+    if k == 16:
+        q.bias = None                 # no bias: -0.0 must stay -0.0
     y_kernel = q(x).numpy()
     assert calls, "the compiled kernel was not used"
     monkeypatch.setattr(Q, "KERNEL_MAX_ROWS", 0)
     y_blas = q(x).numpy()
     assert len(calls) == 1, "KERNEL_MAX_ROWS=0 must keep the BLAS path"
     assert y_kernel.dtype == y_blas.dtype == np.float32
-    np.testing.assert_array_equal(y_kernel, y_blas)
+    np.testing.assert_array_equal(y_kernel.view(np.int32),   # bit for bit
+                                  y_blas.view(np.int32))
 
 
 def test_without_numba_falls_back_to_blas(monkeypatch):

@@ -14,6 +14,8 @@
   a dot product over at most ``_EXACT_K`` = 512 terms is exact; longer ones
   are cut into such chunks whose (exact) results add in int32.
 """
+import math
+
 import numpy as np
 
 from ... import _backend as B
@@ -24,6 +26,7 @@ from . import _kernels
 # crossover in benchmarks/quant.py; 0 disables the kernel.
 KERNEL_MAX_ROWS = 16
 
+_F32_EPS = float(np.finfo(np.float32).eps)
 QMAX_W = 127
 QMIN_X, QMAX_X = 0, 255
 # 2**24 / (255 * 127) = 518: the longest dot product float32 keeps exact
@@ -53,13 +56,15 @@ def choose_qparams(x, what="input"):
     quantization for array ``x`` (per tensor; the range includes 0)."""
     lo = min(float(x.min()), 0.0)
     hi = max(float(x.max()), 0.0)
-    if not (np.isfinite(lo) and np.isfinite(hi)):
+    # Python scalar arithmetic: numpy's scalar calls (isfinite, finfo,
+    # clip) cost ~15 us a call, more than a batch-1 int8 GEMV
+    if not (math.isfinite(lo) and math.isfinite(hi)):
         raise ValueError(f"dynamic quantization: the {what} contains inf "
                          f"or NaN, which has no int8 representation")
     scale = (hi - lo) / (QMAX_X - QMIN_X)
-    if scale <= np.finfo(np.float32).eps:
+    if scale <= _F32_EPS:
         scale = 1.0
-    zp = int(np.clip(QMIN_X - round(lo / scale), QMIN_X, QMAX_X))
+    zp = int(min(max(QMIN_X - round(lo / scale), QMIN_X), QMAX_X))
     return np.float32(scale), zp
 
 
@@ -110,22 +115,34 @@ def dynamic_linear(x, qw, w_scale, bias):
         out = xp.zeros(x.shape[:-1] + (qw.shape[0],), np.float32)
         return out if bias is None else out + bias
     sx, zp = choose_qparams(x)
+    k = x.shape[-1]
+    rows = x.size // k
+    use_kernel = (xp is np and rows <= KERNEL_MAX_ROWS
+                  and _kernels.kernel() is not None)
+    lo, hi = np.float32(QMIN_X - zp), np.float32(QMAX_X - zp)
+    s_out = (w_scale * sx).astype(np.float32)
+    if use_kernel and x.dtype == np.float32:
+        # one compiled pass: quantize, int32 GEMM, dequantize
+        x2 = np.ascontiguousarray(x.reshape(rows, k))
+        out = _kernels.linear(x2, np.float32(1.0 / sx), lo, hi,
+                              np.ascontiguousarray(qw), s_out,
+                              None if bias is None else
+                              bias.astype(np.float32, copy=False))
+        return out.reshape(x.shape[:-1] + (qw.shape[0],))
     a = x * np.float32(1.0 / sx) if x.dtype == np.float32 else \
         (x / sx).astype(np.float32)
     xp.rint(a, out=a)
-    xp.clip(a, np.float32(QMIN_X - zp), np.float32(QMAX_X - zp), out=a)
-    k = x.shape[-1]
-    rows = x.size // k
-    if xp is np and rows <= KERNEL_MAX_ROWS and _kernels.kernel():
+    xp.clip(a, lo, hi, out=a)
+    if use_kernel:
         # the same integers, summed in int32 by the compiled kernel
-        a16 = a.reshape(rows, k).astype(np.int16)
-        out = _kernels.int_matmul(a16, np.ascontiguousarray(qw))
+        out = _kernels.int_matmul(a.reshape(rows, k).astype(np.int16),
+                                  np.ascontiguousarray(qw))
         out = out.reshape(x.shape[:-1] + (qw.shape[0],))
     else:
         out = _exact_dot(a, qw)
     if out.dtype != np.float32:
         out = out.astype(np.float32)
-    out *= (w_scale * sx).astype(np.float32)
+    out *= s_out
     if bias is not None:
         out += bias
     return out

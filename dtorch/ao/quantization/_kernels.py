@@ -36,12 +36,34 @@ def _compile():
                 for k in range(k_len):
                     acc += np.int32(a[m, k]) * np.int32(w[n, k])
                 out[m, n] = acc
-    return int8_gemm
+
+    # The whole Linear for float32 input in one call: quantize the rows
+    # (the float32 ops of _core.dynamic_linear, in its order), the int32
+    # GEMM, then ``float32(acc) * scale[n] (+ bias[n])``. Not fastmath:
+    # the float steps must round as NumPy's do (no FMA contraction), so
+    # both paths agree bit for bit; the integer loop vectorises anyway.
+    @numba.njit(cache=True, nogil=True)
+    def fused_linear(x, inv, lo, hi, w, scale, bias, has_bias, out):
+        m_rows, k_len = x.shape
+        n_rows = w.shape[0]
+        a = np.empty(k_len, np.int16)
+        for m in range(m_rows):
+            for k in range(k_len):
+                v = np.rint(x[m, k] * inv)
+                a[k] = np.int16(min(max(v, lo), hi))
+            for n in range(n_rows):
+                acc = np.int32(0)
+                for k in range(k_len):
+                    acc += np.int32(a[k]) * np.int32(w[n, k])
+                y = np.float32(acc) * scale[n]
+                out[m, n] = y + bias[n] if has_bias else y
+    return int8_gemm, fused_linear
 
 
 def kernel():
-    """The compiled ``int8_gemm(a int16 (M, K), w int8 (N, K), out int32
-    (M, N))``, or None when numba is not installed."""
+    """The compiled ``(int8_gemm, fused_linear)``, or None when numba is
+    not installed. ``int8_gemm(a int16 (M, K), w int8 (N, K), out int32
+    (M, N))``."""
     global _kernel
     if _kernel is None:
         try:
@@ -55,5 +77,17 @@ def int_matmul(a, qw):
     """``a @ qw.T`` as int32 for int16 ``a`` (M, K) and int8 ``qw`` (N, K),
     both C-contiguous."""
     out = np.empty((a.shape[0], qw.shape[0]), np.int32)
-    kernel()(a, qw, out)
+    kernel()[0](a, qw, out)
+    return out
+
+
+def linear(x, inv, lo, hi, qw, scale, bias):
+    """float32 (M, N) of float32 ``x`` (M, K), C-contiguous: activation
+    codes minus zero point ``clip(rint(x * inv), lo, hi)`` (float32), exact
+    int32 products with int8 ``qw`` (N, K), times float32 ``scale`` (N,),
+    plus float32 ``bias`` (N,) or None."""
+    out = np.empty((x.shape[0], qw.shape[0]), np.float32)
+    has_bias = bias is not None
+    kernel()[1](x, inv, lo, hi, qw, scale,
+                bias if has_bias else scale, has_bias, out)
     return out
