@@ -22,7 +22,7 @@ import threading
 import time
 
 
-from .arrays import reduce_into, row
+from .arrays import describe, reduce_into, row
 from .errors import CollectiveMismatchError, _Expired, RankFailureError
 from .group import ProcessGroup, Timeout, as_seconds
 
@@ -53,11 +53,12 @@ class _World:
 
 
 class _Slot:
-    __slots__ = ('vals', 'ops', 'arrived', 'read')
+    __slots__ = ('vals', 'ops', 'sigs', 'arrived', 'read', 'error')
 
     def __init__(self, n):
-        self.vals, self.ops = [None] * n, [None] * n
+        self.vals, self.ops, self.sigs = [None] * n, [None] * n, [None] * n
         self.arrived, self.read = 0, 0
+        self.error = None    # a mismatch: every rank of the slot raises it
 
 
 class ThreadGroup(ProcessGroup):
@@ -71,7 +72,7 @@ class ThreadGroup(ProcessGroup):
         world.groups[(key, rank)] = self
 
     # ---- the slot protocol
-    def _post(self, payload, opname):
+    def _post(self, payload, opname, sig=None):
         # slots count posts, not collectives: object ops and the debug
         # check post several times within one collective
         self._nslot += 1
@@ -81,13 +82,30 @@ class ThreadGroup(ProcessGroup):
             slot = w.slots.get((self._key, seq))
             if slot is None:
                 slot = w.slots[(self._key, seq)] = _Slot(self.size)
+            if slot.error is not None:
+                raise slot.error
             for r, other in enumerate(slot.ops):
                 if other is not None and other != opname:
-                    raise CollectiveMismatchError(
+                    slot.error = CollectiveMismatchError(
                         f"collective mismatch on group {self.name!r} at "
                         f"#{self._seq}: rank {self.rank} calls {opname} but "
                         f"rank {r} calls {other}", rank=r)
+                # the same op with another buffer: NumPy would broadcast a
+                # [] into a [4] (a silent wrong answer) or fail on one rank
+                # only, as the real backends would misread the bytes
+                elif other is not None and slot.sigs[r] != sig:
+                    slot.error = CollectiveMismatchError(
+                        f"collective mismatch on group {self.name!r} at "
+                        f"#{self._seq}: rank {self.rank} calls {opname} "
+                        f"with {sig} but rank {r} with {slot.sigs[r]}",
+                        rank=r)
+                if slot.error is not None:
+                    # the ranks waiting on this slot raise it too, instead
+                    # of waiting for the timeout
+                    w.cond.notify_all()
+                    raise slot.error
             slot.vals[self.rank], slot.ops[self.rank] = payload, opname
+            slot.sigs[self.rank] = sig
             slot.arrived += 1
             w.cond.notify_all()
         return seq
@@ -97,6 +115,8 @@ class ThreadGroup(ProcessGroup):
         with w.cond:
             slot = w.slots[key]
             while slot.arrived < self.size:
+                if slot.error is not None:
+                    raise slot.error
                 w.check_failed(self.ranks[self.rank])
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -108,9 +128,10 @@ class ThreadGroup(ProcessGroup):
                 del w.slots[key]
             return slot.vals
 
-    def _exchange(self, payload, opname, then):
-        """Post now; the finisher collects and calls then(vals)."""
-        seq = self._post(payload, opname)
+    def _exchange(self, payload, opname, then, like=None):
+        """Post now; the finisher collects and calls then(vals). `like`:
+        the buffer whose shape and dtype every rank must match."""
+        seq = self._post(payload, opname, describe(like))
 
         def fin(deadline):
             then(_on_current_device(self._collect(seq, deadline)))
@@ -132,13 +153,14 @@ class ThreadGroup(ProcessGroup):
     # ---- ops
     def _start_all_reduce(self, arr, op, deadline):
         return self._exchange(arr.copy(), 'all_reduce',
-                              lambda v: reduce_into(arr, v, op, self.size))
+                              lambda v: reduce_into(arr, v, op, self.size),
+                              arr)
 
     def _start_reduce(self, arr, dst, op, deadline):
         def then(v):
             if self.rank == dst:
                 reduce_into(arr, v, op, self.size)
-        return self._exchange(arr.copy(), 'reduce', then)
+        return self._exchange(arr.copy(), 'reduce', then, arr)
 
     def _start_broadcast(self, arr, src, deadline):
         mine = arr.copy() if self.rank == src else None
@@ -146,39 +168,40 @@ class ThreadGroup(ProcessGroup):
         def then(v):
             if self.rank != src:
                 arr[...] = v[src]
-        return self._exchange(mine, 'broadcast', then)
+        return self._exchange(mine, 'broadcast', then, arr)
 
     def _start_all_gather(self, out, inp, deadline):
         def then(v):
             for r in range(self.size):
                 row(out, r)[...] = v[r]
-        return self._exchange(inp.copy(), 'all_gather', then)
+        return self._exchange(inp.copy(), 'all_gather', then, inp)
 
     def _start_gather(self, out, inp, dst, deadline):
         def then(v):
             if self.rank == dst:
                 for r in range(self.size):
                     row(out, r)[...] = v[r]
-        return self._exchange(inp.copy(), 'gather', then)
+        return self._exchange(inp.copy(), 'gather', then, inp)
 
     def _start_scatter(self, out, inp, src, deadline):
         mine = ([a.copy() for a in inp] if self.rank == src else None)
 
         def then(v):
             out[...] = v[src][self.rank]
-        return self._exchange(mine, 'scatter', then)
+        return self._exchange(mine, 'scatter', then, out)
 
     def _start_reduce_scatter(self, out, inp, op, deadline):
         def then(v):
             reduce_into(out, [x[self.rank] for x in v], op, self.size)
         return self._exchange([a.copy() for a in inp], 'reduce_scatter',
-                              then)
+                              then, out)
 
     def _start_all_to_all(self, out, inp, deadline):
         def then(v):
             for r in range(self.size):
                 row(out, r)[...] = v[r][self.rank]
-        return self._exchange([a.copy() for a in inp], 'all_to_all', then)
+        return self._exchange([a.copy() for a in inp], 'all_to_all', then,
+                              row(out, 0))
 
     def _start_barrier(self, deadline):
         return self._exchange(None, 'barrier', lambda v: None)

@@ -359,9 +359,54 @@ def test_sync_module_states_takes_rank0():
         return {k: float(np.abs(v.detach().numpy()).max())
                 for k, v in f.state_dict().items()
                 if k not in ("1.num_batches_tracked", "1.running_var")}
-    for maxes in dist.spawn_threads(body, 3, timeout=60):
-        assert set(maxes.values()) == {0.0}, maxes
+    for rank, maxes in enumerate(dist.spawn_threads(body, 3, timeout=60)):
+        assert set(maxes.values()) == {0.0}, (rank, maxes)
         assert "1.running_mean" in maxes and "0.weight" in maxes
+
+
+def test_sync_module_states_two_worlds_at_once():
+    """Two spawn_threads worlds running FSDP side by side (threads of one
+    process, the same default-group machinery) each take their own rank
+    0's values: nothing is shared between worlds."""
+    import threading
+    out = {}
+
+    def world(base):
+        def body(rank, size):
+            m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).to(F64)
+            with dtorch.no_grad():
+                for t in list(m.parameters()) + [m[1].running_mean]:
+                    t.fill_(base + rank)
+            f = FSDP(m, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+                     sync_module_states=True)
+            return {k: sorted(set(np.ravel(v.detach().numpy()).tolist()))
+                    for k, v in f.state_dict().items()
+                    if k not in ("1.num_batches_tracked", "1.running_var")}
+        out[base] = dist.spawn_threads(body, 3, timeout=60)
+
+    ts = [threading.Thread(target=world, args=(b,)) for b in (10.0, 20.0)]
+    [t.start() for t in ts]
+    [t.join(120) for t in ts]
+    for base in (10.0, 20.0):
+        for rank, vals in enumerate(out[base]):
+            assert all(v == [base] for v in vals.values()), (base, rank,
+                                                              vals)
+
+
+def test_sync_module_states_refuses_models_that_differ():
+    """Ranks whose buffers differ in shape: the broadcast names both
+    shapes instead of NumPy broadcasting rank 0's scalar into the others'
+    buffers (a silent wrong answer on the threads backend)."""
+    def body(rank, size):
+        m = nn.Linear(2, 2).to(F64)
+        m.register_buffer("scale", dtorch.ones(()) if rank == 0
+                          else dtorch.zeros(3))
+        with pytest.raises(dist.CollectiveMismatchError) as e:
+            FSDP(m, sync_module_states=True)
+        return str(e.value)
+    for msg in dist.spawn_threads(body, 2, timeout=60):
+        assert "broadcast" in msg and "[] float32" in msg \
+            and "[3] float32" in msg, msg
 
 
 def test_errors():
