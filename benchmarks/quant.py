@@ -39,6 +39,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--repeats", type=int, default=200)
 ap.add_argument("--out", default="benchmarks/results/quant.json")
+ap.add_argument("--batches", default="1,4,8,16,32")
 args = ap.parse_args()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(args.threads)
@@ -49,6 +50,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import dtorch  # noqa: E402
 from dtorch.ao.quantization import quantize_dynamic  # noqa: E402
+from dtorch.ao.quantization import _core as Q, _kernels  # noqa: E402
 import _plot  # noqa: E402
 
 try:
@@ -58,7 +60,24 @@ except ImportError:
     torch = None
 
 SHAPES = [(512, 64), (784, 256), (1024, 1024), (4096, 1024)]
-BATCHES = [1, 32]
+BATCHES = [int(b) for b in args.batches.split(",")]
+
+
+def compile_seconds():
+    """First-call time of the numba kernel in a fresh process with an empty
+    cache (compiling), then again with the cache filled (loading)."""
+    import subprocess
+    import tempfile
+    code = ("import time; t = time.perf_counter(); import numpy as np; "
+            "from dtorch.ao.quantization import _kernels as K; "
+            "K.int_matmul(np.zeros((1, 8), np.int16), "
+            "np.zeros((2, 8), np.int8)); print(time.perf_counter() - t)")
+    root = os.path.join(os.path.dirname(__file__), "..")
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, NUMBA_CACHE_DIR=d)
+        return [float(subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=root, check=True,
+            capture_output=True, text=True).stdout) for _ in range(2)]
 
 
 def paired(fns, repeats):
@@ -75,6 +94,13 @@ def paired(fns, repeats):
 
 
 def main():
+    global has_numba, default_rows
+    has_numba = _kernels.kernel() is not None
+    compile_s = compile_seconds() if has_numba else None
+    if compile_s:
+        print(f"numba kernel first call: {compile_s[0]:.2f} s compiling, "
+              f"{compile_s[1]:.2f} s from the cache (incl. imports)")
+    default_rows = Q.KERNEL_MAX_ROWS
     rows = []
     for k, n in SHAPES:
         dtorch.manual_seed(0)
@@ -93,12 +119,20 @@ def main():
                 tq = tqd(tl, {torch.nn.Linear: per_channel_dynamic_qconfig})
         for b in BATCHES:
             x = dtorch.randn(b, k)
+            kern = has_numba and b <= default_rows
             fns = []
 
             def dt_float():
                 with dtorch.no_grad():
                     lin(x)
-            fns += [dt_float, lambda: q(x)]
+            def dt_q_kernel():
+                Q.KERNEL_MAX_ROWS = 1 << 30
+                q(x)
+
+            def dt_q_blas():
+                Q.KERNEL_MAX_ROWS = 0
+                q(x)
+            fns += [dt_float, dt_q_kernel, dt_q_blas]
             if torch is not None:
                 xt = torch.randn(b, k)
 
@@ -114,19 +148,27 @@ def main():
             ts = paired(fns, reps)
             row = {"in": k, "out": n, "batch": b,
                    "dtorch_float32_us": ts[0] * 1e6,
-                   "dtorch_qint8_us": ts[1] * 1e6,
-                   "dtorch_ratio": ts[1] / ts[0],
+                   "dtorch_qint8_kernel_us": ts[1] * 1e6,
+                   "dtorch_qint8_blas_us": ts[2] * 1e6,
+                   "dtorch_kernel_ratio": ts[1] / ts[0],
+                   "dtorch_blas_ratio": ts[2] / ts[0],
+                   # the path dtorch picks by default (what _plot shows)
+                   "dtorch_ratio": ts[1 if kern else 2] / ts[0],
                    "weight_bytes_float32": f_bytes,
                    "weight_bytes_qint8": q_bytes,
                    "memory_ratio": f_bytes / q_bytes}
             if torch is not None:
-                row.update({"torch_float32_us": ts[2] * 1e6,
-                            "torch_qint8_us": ts[3] * 1e6,
-                            "torch_ratio": ts[3] / ts[2]})
+                row.update({"torch_float32_us": ts[3] * 1e6,
+                            "torch_qint8_us": ts[4] * 1e6,
+                            "torch_ratio": ts[4] / ts[3]})
             rows.append(row)
             print(" ".join(f"{key}={v:.3g}" if isinstance(v, float)
                            else f"{key}={v}" for key, v in row.items()))
+    Q.KERNEL_MAX_ROWS = default_rows
     res = {"threads": args.threads, "numpy": np.__version__,
+           "numba": has_numba and __import__("numba").__version__,
+           "numba_first_call_s": compile_s,
+           "kernel_max_rows": default_rows,
            "torch": torch.__version__ if torch is not None else None,
            "rows": rows}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

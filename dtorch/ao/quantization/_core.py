@@ -24,7 +24,7 @@ from . import _kernels
 # Row count (batch) up to which a CPU Linear uses the compiled int8 kernel
 # (_kernels, when numba is installed) instead of float32 BLAS. Measured
 # crossover in benchmarks/quant.py; 0 disables the kernel.
-KERNEL_MAX_ROWS = 16
+KERNEL_MAX_ROWS = 32
 
 _F32_EPS = float(np.finfo(np.float32).eps)
 QMAX_W = 127
