@@ -176,7 +176,6 @@ class HandshakeGate:
     def _round(self):
         """One poll of the listener and the waiting connections."""
         now = time.monotonic()
-        self._expire(now)
         poller = select.poll()
         listening = now >= self._paused_until
         if listening:
@@ -204,6 +203,9 @@ class HandshakeGate:
                     self._paused_until = time.monotonic() + 0.05
             elif fd in self.pending:
                 self._advance(self.pending[fd])
+        # after reading: an answer that arrived in time while this thread
+        # was not scheduled (a loaded machine) is not dropped unread
+        self._expire(time.monotonic())
 
     def _accept(self):
         """Accept what is waiting; False when accept() ran out of
@@ -256,6 +258,11 @@ class HandshakeGate:
                 return self._drop(p)
             p.authed, p.buf, p.need = True, bytearray(), self.extra
             if self.extra:
+                # the peer proved the token and was told OK: it sends the
+                # extra bytes at once and counts the connection as made, so
+                # they get a full timeout of their own (dropping it now
+                # would leave both ends waiting for the collective timeout)
+                p.deadline = time.monotonic() + self.timeout
                 return
         del self.pending[p.sock.fileno()]
         try:

@@ -302,6 +302,45 @@ def test_run_ranks_survives_a_taken_port():
             'RankFailureError', outs[rank]
 
 
+def test_gate_keeps_a_peer_that_passed_the_token():
+    """A data-plane peer that proved the token near the end of the
+    handshake timeout (a loaded machine) and then sends its channel bytes
+    is kept: it was told OK and counts itself connected, so dropping it
+    left both ranks waiting for the collective timeout."""
+    import threading
+    from collectives import store as S
+    lsock = socket.socket()
+    lsock.bind(('127.0.0.1', 0))
+    lsock.listen(8)
+    got, ready = [], threading.Event()
+
+    def on_ready(sock, extra):
+        got.append(extra)
+        sock.close()
+        ready.set()
+    gate = S.HandshakeGate(lsock, b'tok', on_ready, 'test-gate', extra=5,
+                           timeout=2.0)
+    try:
+        c = socket.create_connection(lsock.getsockname(), timeout=10)
+        nonce = S._recv_exact(c, 16)
+        time.sleep(0.5)                    # into the 2 s handshake
+        c.sendall(S.token_digest(b'tok', nonce))
+        assert S._recv_exact(c, 2) == b'OK'
+        time.sleep(2.0)                    # past the first deadline
+        c.sendall(b'r\x01\x00\x00\x00')
+        assert ready.wait(10), "the gate dropped an authenticated peer"
+        assert got == [b'r\x01\x00\x00\x00']
+        c.close()
+        # a stranger that never answers is still dropped in time
+        s2 = socket.create_connection(lsock.getsockname(), timeout=10)
+        S._recv_exact(s2, 16)
+        s2.settimeout(10)
+        assert s2.recv(1) == b''           # closed by the gate
+        s2.close()
+    finally:
+        gate.close()
+
+
 def test_tcp_shm_ring_unlinked_and_attach_refusals():
     """Ranks as threads of one process: the rings are set up in files
     without a name (nothing in /dev/shm), their creators' descriptors are
