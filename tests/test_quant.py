@@ -112,7 +112,9 @@ def test_quantize_dynamic_swaps_children_only_and_copies():
     assert type(quantize_dynamic(bare)) is nn.Linear   # as PyTorch: no swap
 
 
-def test_errors():
+@pytest.mark.parametrize("kernel_rows", [0, 32])   # BLAS / numba path
+def test_errors(monkeypatch, kernel_rows):
+    monkeypatch.setattr(Q, "KERNEL_MAX_ROWS", kernel_rows)
     lin = _linear(4, 3)
     m = nn.Sequential(lin)
     with pytest.raises(NotImplementedError, match="qint8"):
@@ -124,6 +126,8 @@ def test_errors():
         q(dtorch.tensor([[1.0, float("nan"), 0.0, 0.0]]))
     with pytest.raises(ValueError, match="inf or NaN"):
         q(dtorch.tensor([[1.0, float("inf"), 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="inf or NaN"):
+        q(dtorch.tensor([[1.0, float("-inf"), float("nan"), 0.0]]))
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         q(dtorch.randn(2, 5))
     # boundaries: an empty batch, an all-zero input, a constant input

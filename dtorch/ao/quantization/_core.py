@@ -54,8 +54,14 @@ def quantize_weight_per_channel(w):
 def choose_qparams(x, what="input"):
     """(scale, zero_point) of PyTorch's dynamic uint8 activation
     quantization for array ``x`` (per tensor; the range includes 0)."""
-    lo = min(float(x.min()), 0.0)
-    hi = max(float(x.max()), 0.0)
+    return qparams_from_range(float(x.min()), float(x.max()), what)
+
+
+def qparams_from_range(lo, hi, what="input"):
+    """``choose_qparams`` of an array whose min and max are ``lo``,
+    ``hi`` (Python floats)."""
+    lo = min(lo, 0.0)
+    hi = max(hi, 0.0)
     # Python scalar arithmetic: numpy's scalar calls (isfinite, finfo,
     # clip) cost ~15 us a call, more than a batch-1 int8 GEMV
     if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -114,16 +120,21 @@ def dynamic_linear(x, qw, w_scale, bias):
     if x.size == 0:
         out = xp.zeros(x.shape[:-1] + (qw.shape[0],), np.float32)
         return out if bias is None else out + bias
-    sx, zp = choose_qparams(x)
     k = x.shape[-1]
     rows = x.size // k
     use_kernel = (xp is np and rows <= KERNEL_MAX_ROWS
                   and _kernels.kernel() is not None)
+    if use_kernel and x.dtype == np.float32:
+        x2 = np.ascontiguousarray(x.reshape(rows, k))
+        # one compiled pass instead of two NumPy reductions (batch 1: the
+        # per-call overhead is what small layers pay)
+        sx, zp = qparams_from_range(*_kernels.minmax(x2))
+    else:
+        sx, zp = choose_qparams(x)
     lo, hi = np.float32(QMIN_X - zp), np.float32(QMAX_X - zp)
     s_out = (w_scale * sx).astype(np.float32)
     if use_kernel and x.dtype == np.float32:
         # one compiled pass: quantize, int32 GEMM, dequantize
-        x2 = np.ascontiguousarray(x.reshape(rows, k))
         out = _kernels.linear(x2, np.float32(1.0 / sx), lo, hi,
                               np.ascontiguousarray(qw), s_out,
                               None if bias is None else

@@ -59,11 +59,23 @@ def _compile():
             for n in range(n_rows):
                 y = np.float32(acc[m, n]) * scale[n]
                 out[m, n] = y + bias[n] if has_bias else y
-    return int8_gemm, fused_linear
+
+    # NumPy's min/max in one pass: NaN propagates (the caller rejects it)
+    @numba.njit(cache=True, nogil=True)
+    def minmax(x):
+        lo = np.inf
+        hi = -np.inf
+        for v in x.ravel():
+            if v != v:
+                return np.nan, np.nan
+            lo = min(lo, v)
+            hi = max(hi, v)
+        return float(lo), float(hi)
+    return int8_gemm, fused_linear, minmax
 
 
 def kernel():
-    """The compiled ``(int8_gemm, fused_linear)``, or None when numba is
+    """The compiled ``(int8_gemm, fused_linear, minmax)``, or None when numba is
     not installed. ``int8_gemm(a int16 (M, K), w int8 (N, K), out int32
     (M, N))``."""
     global _kernel
@@ -81,6 +93,11 @@ def int_matmul(a, qw):
     out = np.empty((a.shape[0], qw.shape[0]), np.int32)
     kernel()[0](a, qw, out)
     return out
+
+
+def minmax(x):
+    """(min, max) of a C-contiguous float32 array as Python floats."""
+    return kernel()[2](x)
 
 
 def linear(x, inv, lo, hi, qw, scale, bias):
