@@ -59,7 +59,50 @@ def _detect_is_causal_mask(mask, is_causal=None, size=None):
     return make_causal
 
 
-class TransformerEncoderLayer(Module):
+class _TransformerLayer(Module):
+    """What encoder and decoder layers share: ``_n`` attention sublayers
+    (self-attention, then cross-attention in the decoder), the feed-forward
+    block, and one LayerNorm and one Dropout per sublayer plus the
+    feed-forward one. Submodules are created in PyTorch's order so
+    ``state_dict`` keys and parameter order match."""
+    __constants__ = ["norm_first"]
+    _n = 2          # sublayers incl. the feed-forward block
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1,
+                 activation=F.relu, layer_norm_eps=1e-5, batch_first=False,
+                 norm_first=False, bias=True, device=None, dtype=None):
+        super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        for name in ("self_attn", "multihead_attn")[:self._n - 1]:
+            setattr(self, name, MultiheadAttention(
+                d_model, nhead, dropout=dropout, bias=bias,
+                batch_first=batch_first, **fk))
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **fk)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **fk)
+        self.norm_first = norm_first
+        for i in range(1, self._n + 1):
+            setattr(self, f"norm{i}",
+                    LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk))
+        for i in range(1, self._n + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout))
+        if isinstance(activation, str):
+            activation = _get_activation_fn(activation)
+        self.activation = activation
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask,
+                           key_padding_mask=key_padding_mask,
+                           need_weights=False,
+                           is_causal=is_causal and attn_mask is None)[0]
+        return self.dropout1(x)
+
+    def _ff_block(self, x):
+        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
+        return getattr(self, f"dropout{self._n}")(x)
+
+
+class TransformerEncoderLayer(_TransformerLayer):
     """Self-attention then a feed-forward block, each with dropout, a
     residual connection and LayerNorm (after, or before with
     ``norm_first=True``).
@@ -70,27 +113,7 @@ class TransformerEncoderLayer(Module):
                                            batch_first=True)
         out = layer(torch.randn(8, 10, 64))
     """
-    __constants__ = ["norm_first"]
-
-    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1,
-                 activation=F.relu, layer_norm_eps=1e-5, batch_first=False,
-                 norm_first=False, bias=True, device=None, dtype=None):
-        super().__init__()
-        fk = {"device": device, "dtype": dtype}
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout,
-                                            bias=bias,
-                                            batch_first=batch_first, **fk)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **fk)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **fk)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        if isinstance(activation, str):
-            activation = _get_activation_fn(activation)
-        self.activation = activation
+    _n = 2
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None,
                 is_causal=False):
@@ -106,49 +129,12 @@ class TransformerEncoderLayer(Module):
             x = self.norm2(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask,
-                           key_padding_mask=key_padding_mask,
-                           need_weights=False,
-                           is_causal=is_causal and attn_mask is None)[0]
-        return self.dropout1(x)
 
-    def _ff_block(self, x):
-        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
-        return self.dropout2(x)
-
-
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_TransformerLayer):
     """Self-attention, attention over the encoder's output (``memory``),
     then a feed-forward block; each with dropout, residual and LayerNorm.
     """
-    __constants__ = ["norm_first"]
-
-    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1,
-                 activation=F.relu, layer_norm_eps=1e-5, batch_first=False,
-                 norm_first=False, bias=True, device=None, dtype=None):
-        super().__init__()
-        fk = {"device": device, "dtype": dtype}
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout,
-                                            batch_first=batch_first,
-                                            bias=bias, **fk)
-        self.multihead_attn = MultiheadAttention(d_model, nhead,
-                                                 dropout=dropout,
-                                                 batch_first=batch_first,
-                                                 bias=bias, **fk)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **fk)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **fk)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.dropout3 = Dropout(dropout)
-        if isinstance(activation, str):
-            activation = _get_activation_fn(activation)
-        self.activation = activation
+    _n = 3
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None,
                 tgt_key_padding_mask=None, memory_key_padding_mask=None,
@@ -171,13 +157,6 @@ class TransformerDecoderLayer(Module):
             x = self.norm3(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask,
-                           key_padding_mask=key_padding_mask,
-                           is_causal=is_causal and attn_mask is None,
-                           need_weights=False)[0]
-        return self.dropout1(x)
-
     def _mha_block(self, x, mem, attn_mask, key_padding_mask,
                    is_causal=False):
         x = self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
@@ -185,10 +164,6 @@ class TransformerDecoderLayer(Module):
                                 is_causal=is_causal and attn_mask is None,
                                 need_weights=False)[0]
         return self.dropout2(x)
-
-    def _ff_block(self, x):
-        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
-        return self.dropout3(x)
 
 
 class TransformerEncoder(Module):
