@@ -5,6 +5,7 @@ iteration; in training mode each forward runs ``n_power_iterations`` steps
 and updates the buffers ``weight_u`` and ``weight_v`` in place."""
 from ..parameter import Parameter
 from ...autograd.grad_mode import no_grad
+from .weight_norm import _remove_hook
 
 __all__ = ["spectral_norm", "remove_spectral_norm", "SpectralNorm"]
 
@@ -94,9 +95,4 @@ def spectral_norm(module, name="weight", n_power_iterations=1, eps=1e-12,
 
 
 def remove_spectral_norm(module, name="weight"):
-    for k, hook in list(module._forward_pre_hooks.items()):
-        if isinstance(hook[0], SpectralNorm) and hook[0].name == name:
-            hook[0].remove(module)
-            del module._forward_pre_hooks[k]
-            return module
-    raise ValueError(f"spectral_norm of '{name}' not found in {module}")
+    return _remove_hook(module, SpectralNorm, name, "spectral_norm")

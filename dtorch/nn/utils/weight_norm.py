@@ -60,10 +60,16 @@ def weight_norm(module, name="weight", dim=0):
     return module
 
 
-def remove_weight_norm(module, name="weight"):
+def _remove_hook(module, kind, name, what):
+    """Undo the ``kind`` reparametrisation of ``name`` (weight_norm's and
+    spectral_norm's remove_*): restore the plain parameter, drop the hook."""
     for k, hook in list(module._forward_pre_hooks.items()):
-        if isinstance(hook[0], WeightNorm) and hook[0].name == name:
+        if isinstance(hook[0], kind) and hook[0].name == name:
             hook[0].remove(module)
             del module._forward_pre_hooks[k]
             return module
-    raise ValueError(f"weight_norm of '{name}' not found in {module}")
+    raise ValueError(f"{what} of '{name}' not found in {module}")
+
+
+def remove_weight_norm(module, name="weight"):
+    return _remove_hook(module, WeightNorm, name, "weight_norm")
