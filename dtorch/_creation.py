@@ -1,10 +1,13 @@
 """Tensor factories (``tensor``, ``zeros``, ``randn``, ...) and the
 ``dtorch.*`` functions that take several tensors (``cat``, ``stack``,
 ``where``)."""
+import warnings
+
 import numpy as np
 
 from . import _backend as B
 from . import ops as P
+from .autograd.grad_mode import is_grad_enabled
 from .random import draw as _draw
 from ._tensor_methods._common import _dims
 from .tensor import Tensor, _finish, _np_dtype, _fill, _where
@@ -34,7 +37,39 @@ def from_numpy(a):
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False, out=None):
-    return _fill(0, size, dtype, device, requires_grad)
+    if out is not None and dtype is None:
+        dtype = out.dtype
+    # a factory resizes out without PyTorch's warning
+    return _write_out(out, _fill(0, size, dtype, device, requires_grad),
+                      "zeros", warn_resize=False)
+
+
+def _write_out(out, res, name, warn_resize=True):
+    """PyTorch's ``out=``: ``res`` written into ``out`` (resized, with
+    PyTorch's warning, when a non-empty ``out`` has another shape; cast
+    within the same kind), and ``out`` returned."""
+    if out is None:
+        return res
+    if is_grad_enabled() and (res.requires_grad or out.requires_grad):
+        raise RuntimeError(
+            f"{name}(): functions with out=... arguments don't support "
+            f"automatic differentiation, but one of the arguments requires "
+            f"grad.")
+    if not np.can_cast(_np_dtype(res.dtype), _np_dtype(out.dtype),
+                       casting="same_kind"):
+        raise RuntimeError(f"{name}(): result type {res.dtype} can't be "
+                           f"cast to the desired output type {out.dtype}")
+    if tuple(out.shape) != tuple(res.shape):
+        if out.numel() and warn_resize:
+            warnings.warn(
+                f"An output with one or more elements was resized since it "
+                f"had shape {list(out.shape)}, which does not match the "
+                f"required output shape {list(res.shape)}.", UserWarning,
+                stacklevel=3)
+        out.resize_(res.shape)
+    out._data[...] = res._data
+    out._bump_version()
+    return out
 
 
 def ones(*size, dtype=None, device=None, requires_grad=False):
@@ -203,8 +238,10 @@ def cat(tensors, dim=0, out=None):
     # PyTorch skips legacy empty 1-D tensors in cat
     ts = [t for t in ts if not (t.ndim == 1 and t.numel() == 0)] or ts[:1]
     if len(ts) == 1:
-        return ts[0] * 1 if ts[0].requires_grad else ts[0].clone()
-    return P.Cat.apply(*ts, dim=dim)
+        res = ts[0] * 1 if ts[0].requires_grad else ts[0].clone()
+    else:
+        res = P.Cat.apply(*ts, dim=dim)
+    return _write_out(out, res, "cat")
 
 
 concat = concatenate = cat
@@ -213,7 +250,7 @@ concat = concatenate = cat
 def stack(tensors, dim=0, out=None):
     """Stack equally shaped tensors along a new dimension."""
     ts = _tensors(tensors, "stack")
-    return P.Stack.apply(*ts, dim=dim)
+    return _write_out(out, P.Stack.apply(*ts, dim=dim), "stack")
 
 
 def where(condition, input=None, other=None):

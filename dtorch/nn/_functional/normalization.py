@@ -1,7 +1,7 @@
 """Normalization functions: batch/layer/group/instance norm,
 local_response_norm, normalize."""
 from ... import ops as N
-from ..._creation import cat
+from ..._creation import _write_out, cat
 from .padding import pad
 from .pooling import avg_pool2d
 
@@ -53,7 +53,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
-    return input / input.norm(p, dim, keepdim=True).clamp_min(eps)
+    res = input / input.norm(p, dim, keepdim=True).clamp_min(eps)
+    return _write_out(out, res, "normalize")
 
 
 # ============================================================== norms =====
