@@ -33,8 +33,9 @@ from dtorch.distributed.checkpoint.state_dict import (  # noqa: E402
 from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
-from digits_common import (DigitsCNN, dcp_summary, discard,  # noqa: E402
-                           distributed_accuracy, everyone_stops,
+from digits_common import (DigitsCNN, add_run_args,  # noqa: E402
+                           dcp_summary, discard, distributed_accuracy,
+                           everyone_stops,
                            load_digits_split, plan_start, restart_count)
 
 _stop = [False]
@@ -47,18 +48,7 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=15, help="epochs to train")
     ap.add_argument("--batch-size", type=int, default=16,
                     help="batch size per rank")
-    ap.add_argument("--lr", type=float, default=2e-3,
-                    help="Adam's learning rate at 1 rank (times "
-                         "sqrt(ranks); cosine schedule)")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="seed of the model, the data split and order")
-    ap.add_argument("--checkpoint", default="runs/ddp_digits",
-                    help="distributed checkpoint (a directory) written "
-                         "after every epoch")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue from --checkpoint (a finished run is "
-                         "only reported); a restarted job "
-                         "(DTORCH_RESTART_COUNT > 0) always does")
+    add_run_args(ap, "ddp_digits", "rank")
     ap.add_argument("--fail-at-epoch", type=int, default=-1,
                     help="testing: the last rank exits 3 at the start of "
                          "this epoch (0-based) on the first attempt "

@@ -68,6 +68,24 @@ def distributed_accuracy(model, loader, group=None):
     return r["correct"] / r["total"]
 
 
+def add_run_args(ap, name, per):
+    """--lr, --seed, --checkpoint and --resume as the distributed examples
+    spell them; ``per``: what the learning rate is given for (1 rank, 1
+    replica)."""
+    ap.add_argument("--lr", type=float, default=2e-3,
+                    help=f"Adam's learning rate at 1 {per} (times "
+                         f"sqrt({per}s); cosine schedule)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the model, the data split and order")
+    ap.add_argument("--checkpoint", default=f"runs/{name}",
+                    help="distributed checkpoint (a directory) written "
+                         "after every epoch")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from --checkpoint (a finished run is "
+                         "only reported); a restarted job "
+                         "(DTORCH_RESTART_COUNT > 0) always does")
+
+
 def restart_count():
     """0 on a first run, n after n restarts of the job (dtorch-launch
     --max-restarts, a SLURM requeue: DTORCH_RESTART_COUNT)."""

@@ -43,7 +43,7 @@ from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.nn.parallel import tensor_parallel as tp  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
-from digits_common import (dcp_summary, discard,  # noqa: E402
+from digits_common import (add_run_args, dcp_summary, discard,  # noqa: E402
                            distributed_accuracy,
                            everyone_stops, load_digits_split, plan_start)
 
@@ -82,18 +82,7 @@ def main(argv=None):
                     help="batch size per data-parallel replica")
     ap.add_argument("--hidden", type=int, default=256,
                     help="hidden units of the sharded layers")
-    ap.add_argument("--lr", type=float, default=2e-3,
-                    help="Adam's learning rate at 1 replica (times "
-                         "sqrt(replicas); cosine schedule)")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="seed of the model, the data split and order")
-    ap.add_argument("--checkpoint", default="runs/tp_digits",
-                    help="distributed checkpoint (a directory) written "
-                         "after every epoch")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue from --checkpoint (a finished run is "
-                         "only reported); a restarted job "
-                         "(DTORCH_RESTART_COUNT > 0) always does")
+    add_run_args(ap, "tp_digits", "replica")
     ap.add_argument("--quiet", action="store_true",
                     help="no progress bar (there is none when stderr is "
                          "not a terminal)")
