@@ -156,30 +156,6 @@ class Log1p(Op):
             return g / (ctx.to_save[0] + 1)
 
 
-class Sin(Op):
-    @staticmethod
-    def forward(ctx, x):
-        x = _float_input(x)
-        ctx.save_for_backward(x)
-        return get_array_module(x).sin(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * get_array_module(g).cos(ctx.to_save[0])
-
-
-class Cos(Op):
-    @staticmethod
-    def forward(ctx, x):
-        x = _float_input(x)
-        ctx.save_for_backward(x)
-        return get_array_module(x).cos(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return -g * get_array_module(g).sin(ctx.to_save[0])
-
-
 class Tanh(Op):
     @staticmethod
     def forward(ctx, x):
@@ -302,6 +278,14 @@ def erfinv(xp, y):
 
 
 _2_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+Sin = _unary("Sin", lambda xp, x: xp.sin(x),
+             lambda xp, x, o: xp.cos(x))
+
+
+Cos = _unary("Cos", lambda xp, x: xp.cos(x),
+             lambda xp, x, o: -xp.sin(x))
 
 
 Asin = _unary("Asin", lambda xp, x: xp.arcsin(x),
