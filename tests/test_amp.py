@@ -140,6 +140,7 @@ MODULES = {
     "GRU": lambda L: L.nn.GRU(8, 8),
     "RNNCell": lambda L: L.nn.RNNCell(8, 8),
     "GRUCell": lambda L: L.nn.GRUCell(8, 8),
+    "LSTMCell": lambda L: L.nn.LSTMCell(8, 8),
     "RNN": lambda L: L.nn.RNN(8, 8),
     "Linear": lambda L: L.nn.Linear(8, 8),
     "LayerNorm": lambda L: L.nn.LayerNorm(8),
@@ -148,14 +149,19 @@ MODULES = {
 }
 
 
-def test_lstm_cell_known_difference():
-    # PyTorch's LSTMCell is a composite whose float32 cell state promotes
-    # h and c back to float32 under CPU autocast; dtorch's cell is one LSTM
-    # op (nn.LSTM's, bfloat16 on PyTorch's list), so h and c stay bfloat16
+def test_lstm_cell_runs_in_float32_on_cpu_and_low_on_cuda_list():
+    # PyTorch's LSTMCell is float32 under CPU autocast (its float32 cell
+    # state promotes h and c), nn.LSTM bfloat16 (mkldnn_rnn_layer is listed)
+    from dtorch.amp import autocast_mode as A
+    from dtorch.nn.modules import rnn
+    assert rnn._lstm_cell._autocast_policy == {"cpu": A.FP32,
+                                               "cuda": A.LOWER}
     cell = nn.LSTMCell(8, 8)
     with dtorch.autocast("cpu"):
         h, c = cell(dtorch.randn(3, 8))
-    assert h.dtype is dtorch.bfloat16 and c.dtype is dtorch.bfloat16
+        y, _ = nn.LSTM(8, 8)(dtorch.randn(2, 3, 8))
+    assert h.dtype is dtorch.float32 and c.dtype is dtorch.float32
+    assert y.dtype is dtorch.bfloat16
 
 
 def _first(out):

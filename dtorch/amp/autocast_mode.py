@@ -144,6 +144,8 @@ def _dispatch(cls, args, kwargs):
     if policy is None:
         # a composite marked with autograd.function.autocast_op
         policy = getattr(cls, "_autocast_policy", None)
+        if isinstance(policy, dict):        # one policy per device type
+            policy = policy.get(dev)
         if policy is None:
             return NotImplemented
     if policy is BANNED:
@@ -165,14 +167,23 @@ def _dispatch(cls, args, kwargs):
             keep = first._data.dtype
         new = [_cast(a, _F32, None) if _eligible(a, cpu) else a
                for a in args]
-    if keep is None and all(n is a for n, a in zip(new, args)):
+    composite32 = policy is FP32 and not isinstance(cls, type)
+    if keep is None and not composite32 and all(
+            n is a for n, a in zip(new, args)):
         return NotImplemented       # nothing to cast
     prev, st.busy = st.busy, cls
+    if composite32:
+        # a float32 composite (a loss, lstm_cell on CPU) runs whole in
+        # float32: its inner matmuls are not lowered again
+        mode = st.mode[dev]
+        st.mode[dev] = (False,) + tuple(mode[1:])
     try:
         run = cls.apply if isinstance(cls, type) else cls
         out = run(*new, **kwargs)
     finally:
         st.busy = prev
+        if composite32:
+            st.mode[dev] = mode
     if keep is not None:
         out = P.Cast.apply(out, np_dtype=keep)
     return out

@@ -59,8 +59,9 @@ def _update_hook():
 
 def autocast_op(policy):
     """Decorator: a composite function (a loss made of several ops) is one
-    op for autocast, with ``policy`` ('fp32', 'lower' or 'promote') for
-    its tensor arguments while a region is open. Outside one it costs the
+    op for autocast, with ``policy`` ('fp32', 'lower' or 'promote', or a
+    dict of them by device type: {'cpu': ..., 'cuda': ...}) for its tensor
+    arguments while a region is open. Outside one it costs the
     same global lookup as Function.apply."""
     def wrap(fn):
         @functools.wraps(fn)

@@ -439,7 +439,8 @@ class CumExtreme(Op):
         if is_float(h.dtype):
             # NaN propagates: once seen, it is the running value
             seen = np.logical_or.accumulate(np.isnan(h), axis=axis)
-            acc = np.where(seen, np.nan, acc)
+            # NaN of the input's dtype: a Python nan widens bfloat16
+            acc = np.where(seen, np.array(np.nan, h.dtype), acc)
             hit = (h == acc) | (np.isnan(h) & seen)
         else:
             hit = h == acc

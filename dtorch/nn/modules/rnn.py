@@ -21,6 +21,7 @@ from .. import functional as F
 from .. import init
 from ..._creation import empty, zeros, cat, stack
 from ... import ops as N
+from ...autograd.function import autocast_op
 
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -347,13 +348,32 @@ class LSTMCell(RNNCellBase):
 
     def forward(self, input, hx=None):
         h0, c0 = (None, None) if hx is None else hx
-        xw, h0, batched = self._prep(input, h0)
-        if c0 is None:
-            c0 = zeros(tuple(h0.shape), dtype=h0.dtype, device=h0.device)
-        elif not batched:
-            c0 = c0.unsqueeze(0)
-        y = N.LSTMLayer.apply(xw, h0, c0, self.weight_hh, self.bias_hh)
-        h, c = y[0], y[1]
-        if not batched:
-            h, c = h.squeeze(0), c.squeeze(0)
-        return h, c
+        return _lstm_cell(self, input, h0, c0, self.weight_ih, self.bias_ih,
+                          self.weight_hh, self.bias_hh)
+
+
+# One op for autocast, as PyTorch's lstm_cell: float32 on CPU (not in its
+# CPU lower-precision list, unlike nn.LSTM), the low dtype on CUDA.
+@autocast_op({"cpu": "fp32", "cuda": "lower"})
+def _lstm_cell(cell, input, h0, c0, w_ih, b_ih, w_hh, b_hh):
+    batched = input.dim() == 2
+    if input.dim() not in (1, 2):
+        raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got "
+                         f"{input.dim()}D instead")
+    if not batched:
+        input = input.unsqueeze(0)
+    if h0 is None:
+        h0 = zeros((input.shape[0], cell.hidden_size), dtype=input.dtype,
+                   device=input.device)
+    elif not batched:
+        h0 = h0.unsqueeze(0)
+    if c0 is None:
+        c0 = zeros(tuple(h0.shape), dtype=h0.dtype, device=h0.device)
+    elif not batched:
+        c0 = c0.unsqueeze(0)
+    xw = F.linear(input, w_ih, b_ih).unsqueeze(0)
+    y = N.LSTMLayer.apply(xw, h0, c0, w_hh, b_hh)
+    h, c = y[0], y[1]
+    if not batched:
+        h, c = h.squeeze(0), c.squeeze(0)
+    return h, c
