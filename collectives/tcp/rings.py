@@ -17,16 +17,24 @@ class RingAlgorithms:
     """All-reduce, reduce-scatter, all-gather and broadcast round the ring
     (a mixin of TCPGroup: needs rank, size, _right and _step)."""
 
+    @staticmethod
+    def _on_host(method, arr, *args):
+        """CuPy arrays: sockets move host memory, so run ``method`` on a host
+        copy and copy the result back. True when it did."""
+        if get_array_module(arr) is np:
+            return False
+        host = arr.get()
+        method(host, *args)
+        arr.set(host)
+        return True
+
     def _all_reduce(self, arr, op, deadline, seq):
         n = self.size
         if op is ReduceOp.AVG and arr.dtype.kind not in 'fc':
             divide_avg(arr, n)   # raises the TypeError
         if n == 1:
             return
-        if get_array_module(arr) is not np:   # CuPy: sockets move host memory
-            host = arr.get()
-            self._all_reduce(host, op, deadline, seq)
-            arr.set(host)
+        if self._on_host(self._all_reduce, arr, op, deadline, seq):
             return
         flat = arr.reshape(-1)
         if arr.nbytes <= SMALL or flat.size < n or \
@@ -75,10 +83,7 @@ class RingAlgorithms:
         n, r = self.size, self.rank
         if n == 1:
             return
-        if get_array_module(arr) is not np:   # CuPy: sockets move host memory
-            host = arr.get()
-            self._broadcast(host, src, deadline, seq)
-            arr.set(host)
+        if self._on_host(self._broadcast, arr, src, deadline, seq):
             return
         flat = arr.reshape(-1).view(np.uint8)
         piece = 1 << 20
