@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from dtorch.utils.data import DataLoader, Dataset
+from test_data import _children as _child_states
 
 # names a regression would leave in /dev/shm (PyTorch's, multiprocessing's,
 # ours)
@@ -35,18 +36,7 @@ def _fds():
 
 
 def _children():
-    kids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid():
-            kids.append(int(pid))
-    return kids
+    return [pid for pid, _ in _child_states()]
 
 
 def _gone(pid):
