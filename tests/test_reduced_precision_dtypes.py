@@ -10,8 +10,8 @@ UNARY = """abs neg exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan
 asin acos atan sinh cosh tanh asinh acosh atanh sigmoid relu floor ceil round
 trunc frac sign reciprocal square erf erfc erfinv lgamma digamma sinc logit
 nan_to_num sum mean prod amax amin max min std var norm nanmean nansum
-sort argsort msort flip t tril triu clone diff""".split()
-ALONG_DIM = """cumsum cumprod cummax cummin logcumsumexp softmax log_softmax
+sort argsort msort t tril triu clone diff""".split()
+ALONG_DIM = """flip cumsum cumprod cummax cummin logcumsumexp softmax log_softmax
 logsumexp""".split()
 K = ["topk", "kthvalue"]
 
