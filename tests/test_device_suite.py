@@ -258,8 +258,9 @@ def _ddp_body(rank, ws, device, init, x, y):
     return {k: host(v) for k, v in m.state_dict().items()}
 
 
-@pytest.mark.parametrize("device", RANK_DEVICES)
-def test_ddp_over_threads_equals_single_process(device):
+def _ddp_reference():
+    """A float64 MLP trained 3 SGD steps in one process: (model, its initial
+    state on the host, x, y) for the DDP runs to match."""
     dtorch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).to(F64)
     init = {k: host(v).copy() for k, v in ref.state_dict().items()}
@@ -269,6 +270,12 @@ def test_ddp_over_threads_equals_single_process(device):
         opt.zero_grad()
         F.mse_loss(ref(x), y).backward()
         opt.step()
+    return ref, init, x, y
+
+
+@pytest.mark.parametrize("device", RANK_DEVICES)
+def test_ddp_over_threads_equals_single_process(device):
+    ref, init, x, y = _ddp_reference()
     res = dist.spawn_threads(
         lambda r, n: _ddp_body(r, n, device, init, x, y), 2,
         timeout=60)
@@ -394,15 +401,7 @@ def test_ddp_ranks_on_different_gpus_reduce_on_their_devices():
     starts on device 0) and orders its stream after the compute stream."""
     if dtorch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
-    dtorch.manual_seed(0)
-    ref = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).to(F64)
-    init = {k: host(v).copy() for k, v in ref.state_dict().items()}
-    x, y = rnd(8, 5, seed=7, grad=False), rnd(8, 3, seed=8, grad=False)
-    opt = dtorch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    for _ in range(3):
-        opt.zero_grad()
-        F.mse_loss(ref(x), y).backward()
-        opt.step()
+    ref, init, x, y = _ddp_reference()
     res = dist.spawn_threads(
         lambda r, n: _ddp_rank_on_own_gpu(r, n, init, x, y), 2, timeout=60)
     for r in res:
