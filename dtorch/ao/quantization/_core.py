@@ -124,7 +124,10 @@ def dynamic_linear(x, qw, w_scale, bias):
     rows = x.size // k
     use_kernel = (xp is np and rows <= KERNEL_MAX_ROWS
                   and _kernels.kernel() is not None)
-    if use_kernel and x.dtype == np.float32:
+    # the fused kernel rounds as NumPy does for float32 operands only
+    fused = use_kernel and x.dtype == w_scale.dtype == np.float32 and (
+        bias is None or bias.dtype == np.float32)
+    if fused:
         x2 = np.ascontiguousarray(x.reshape(rows, k))
         # one compiled pass instead of two NumPy reductions (batch 1: the
         # per-call overhead is what small layers pay)
@@ -132,13 +135,11 @@ def dynamic_linear(x, qw, w_scale, bias):
     else:
         sx, zp = choose_qparams(x)
     lo, hi = np.float32(QMIN_X - zp), np.float32(QMAX_X - zp)
-    s_out = (w_scale * sx).astype(np.float32)
-    if use_kernel and x.dtype == np.float32:
+    if fused:
         # one compiled pass: quantize, int32 GEMM, dequantize
         out = _kernels.linear(x2, np.float32(1.0 / sx), lo, hi,
-                              np.ascontiguousarray(qw), s_out,
-                              None if bias is None else
-                              bias.astype(np.float32, copy=False))
+                              np.ascontiguousarray(qw), w_scale, sx,
+                              bias)
         return out.reshape(x.shape[:-1] + (qw.shape[0],))
     a = x * np.float32(1.0 / sx) if x.dtype == np.float32 else \
         (x / sx).astype(np.float32)
@@ -153,7 +154,7 @@ def dynamic_linear(x, qw, w_scale, bias):
         out = _exact_dot(a, qw)
     if out.dtype != np.float32:
         out = out.astype(np.float32)
-    out *= s_out
+    out *= (w_scale * sx).astype(np.float32)
     if bias is not None:
         out += bias
     return out

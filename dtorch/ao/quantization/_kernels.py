@@ -43,7 +43,7 @@ def _compile():
     # the float steps must round as NumPy's do (no FMA contraction), so
     # both paths agree bit for bit; the integer loop vectorises anyway.
     @numba.njit(cache=True, nogil=True)
-    def fused_linear(x, inv, lo, hi, w, scale, bias, has_bias, out):
+    def fused_linear(x, inv, lo, hi, w, scale, sx, bias, has_bias, out):
         m_rows, k_len = x.shape
         n_rows = w.shape[0]
         a = np.empty((m_rows, k_len), np.int16)
@@ -57,7 +57,8 @@ def _compile():
         int8_gemm(a, w, acc)
         for m in range(m_rows):
             for n in range(n_rows):
-                y = np.float32(acc[m, n]) * scale[n]
+                # (scale * sx) first: NumPy's order, float32 throughout
+                y = np.float32(acc[m, n]) * (scale[n] * sx)
                 out[m, n] = y + bias[n] if has_bias else y
 
     # NumPy's min/max in one pass: NaN propagates (the caller rejects it)
@@ -100,13 +101,13 @@ def minmax(x):
     return kernel()[2](x)
 
 
-def linear(x, inv, lo, hi, qw, scale, bias):
+def linear(x, inv, lo, hi, qw, scale, sx, bias):
     """float32 (M, N) of float32 ``x`` (M, K), C-contiguous: activation
     codes minus zero point ``clip(rint(x * inv), lo, hi)`` (float32), exact
-    int32 products with int8 ``qw`` (N, K), times float32 ``scale`` (N,),
-    plus float32 ``bias`` (N,) or None."""
+    int32 products with int8 ``qw`` (N, K), times float32 ``scale * sx``
+    (``scale`` (N,), ``sx`` a float32 scalar), plus float32 ``bias`` (N,) or None."""
     out = np.empty((x.shape[0], qw.shape[0]), np.float32)
     has_bias = bias is not None
-    kernel()[1](x, inv, lo, hi, qw, scale,
+    kernel()[1](x, inv, lo, hi, qw, scale, sx,
                 bias if has_bias else scale, has_bias, out)
     return out
