@@ -3,6 +3,8 @@ maximum/minimum, fmod/remainder, lerp, where, clamp (number or tensor
 bounds) and hardtanh. Binary ops promote their operands with ``promote``
 and sum their gradients back to each operand's shape with ``unbroadcast``.
 """
+import operator
+
 import numpy as np
 
 from .._backend import get_array_module
@@ -45,37 +47,28 @@ def pow_scalar(xp, x, e):
 # ============================================================ binary ==
 
 class Add(Op):
-    @staticmethod
-    def forward(ctx, x, y):
-        x2, y2 = promote(x, y, "add")
+    """x + y; Sub is the same but for the operator and y's gradient sign."""
+    _name, _f, _neg_y = "add", staticmethod(operator.add), False
+
+    @classmethod
+    def forward(cls, ctx, x, y):
+        x2, y2 = promote(x, y, cls._name)
         _meta(ctx, x, y)
         try:
-            return x2 + y2
+            return cls._f(x2, y2)
         except ValueError:
-            raise _shape_error("add", x, y) from None
+            raise _shape_error(cls._name, x, y) from None
 
-    @staticmethod
-    def backward(ctx, g):
+    @classmethod
+    def backward(cls, ctx, g):
         n = ctx.needs_input_grad
         return (unbroadcast(g, ctx.xs, ctx.xd) if n[0] else None,
-                unbroadcast(g, ctx.ys, ctx.yd) if n[1] else None)
+                unbroadcast(-g if cls._neg_y else g, ctx.ys, ctx.yd)
+                if n[1] else None)
 
 
-class Sub(Op):
-    @staticmethod
-    def forward(ctx, x, y):
-        x2, y2 = promote(x, y, "sub")
-        _meta(ctx, x, y)
-        try:
-            return x2 - y2
-        except ValueError:
-            raise _shape_error("sub", x, y) from None
-
-    @staticmethod
-    def backward(ctx, g):
-        n = ctx.needs_input_grad
-        return (unbroadcast(g, ctx.xs, ctx.xd) if n[0] else None,
-                unbroadcast(-g, ctx.ys, ctx.yd) if n[1] else None)
+class Sub(Add):
+    _name, _f, _neg_y = "sub", staticmethod(operator.sub), True
 
 
 class Mul(Op):
