@@ -259,22 +259,19 @@ class Transformer(Module):
                  bias=True, device=None, dtype=None):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
-        if custom_encoder is not None:
-            self.encoder = custom_encoder
-        else:
-            layer = TransformerEncoderLayer(
-                d_model, nhead, dim_feedforward, dropout, activation,
-                layer_norm_eps, batch_first, norm_first, bias, **fk)
-            norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-            self.encoder = TransformerEncoder(layer, num_encoder_layers, norm)
-        if custom_decoder is not None:
-            self.decoder = custom_decoder
-        else:
-            layer = TransformerDecoderLayer(
-                d_model, nhead, dim_feedforward, dropout, activation,
-                layer_norm_eps, batch_first, norm_first, bias, **fk)
-            norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **fk)
-            self.decoder = TransformerDecoder(layer, num_decoder_layers, norm)
+        for side, custom, Layer, Stack, n in (
+                ("encoder", custom_encoder, TransformerEncoderLayer,
+                 TransformerEncoder, num_encoder_layers),
+                ("decoder", custom_decoder, TransformerDecoderLayer,
+                 TransformerDecoder, num_decoder_layers)):
+            if custom is None:
+                layer = Layer(d_model, nhead, dim_feedforward, dropout,
+                              activation, layer_norm_eps, batch_first,
+                              norm_first, bias, **fk)
+                norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias,
+                                 **fk)
+                custom = Stack(layer, n, norm)
+            setattr(self, side, custom)
         self._reset_parameters()
         self.d_model = d_model
         self.nhead = nhead
