@@ -1,7 +1,8 @@
 """Dynamic int8 quantization: Linear forward time and weight memory, float32
 vs quantize_dynamic, for dtorch and (when installed) PyTorch, same threads.
 
-    python benchmarks/quant.py [--threads 1] [--repeats 200] [--out F]
+    python benchmarks/quant.py [--threads 1] [--repeats 200] [--batches 1,8,32,64]
+                               [--out F]
 
 Writes JSON (and a PNG of the quantized/float32 time ratios when matplotlib
 is installed). Times are medians of interleaved runs, so both see the same
