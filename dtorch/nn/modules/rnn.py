@@ -295,7 +295,10 @@ class RNNCellBase(Module):
         for w in self.parameters():
             init.uniform_(w, -std, std)
 
-    def _prep(self, input, hx):
+    def _prep(self, input, hx, w_ih=None, b_ih=None):
+        """(input @ w_ih + b_ih as a length-1 sequence, hx batched and
+        zeros when None, whether input was batched); w_ih/b_ih default to
+        the cell's own (LSTMCell passes autocast's casts)."""
         batched = input.dim() == 2
         if input.dim() not in (1, 2):
             raise ValueError(f"{type(self).__name__}: Expected input to be "
@@ -307,7 +310,9 @@ class RNNCellBase(Module):
                        dtype=input.dtype, device=input.device)
         elif not batched:
             hx = hx.unsqueeze(0)
-        xw = F.linear(input, self.weight_ih, self.bias_ih).unsqueeze(0)
+        if w_ih is None:
+            w_ih, b_ih = self.weight_ih, self.bias_ih
+        xw = F.linear(input, w_ih, b_ih).unsqueeze(0)
         return xw, hx, batched
 
     def extra_repr(self):
@@ -356,22 +361,11 @@ class LSTMCell(RNNCellBase):
 # CPU lower-precision list, unlike nn.LSTM), the low dtype on CUDA.
 @autocast_op({"cpu": "fp32", "cuda": "lower"})
 def _lstm_cell(cell, input, h0, c0, w_ih, b_ih, w_hh, b_hh):
-    batched = input.dim() == 2
-    if input.dim() not in (1, 2):
-        raise ValueError(f"LSTMCell: Expected input to be 1D or 2D, got "
-                         f"{input.dim()}D instead")
-    if not batched:
-        input = input.unsqueeze(0)
-    if h0 is None:
-        h0 = zeros((input.shape[0], cell.hidden_size), dtype=input.dtype,
-                   device=input.device)
-    elif not batched:
-        h0 = h0.unsqueeze(0)
+    xw, h0, batched = cell._prep(input, h0, w_ih, b_ih)
     if c0 is None:
         c0 = zeros(tuple(h0.shape), dtype=h0.dtype, device=h0.device)
     elif not batched:
         c0 = c0.unsqueeze(0)
-    xw = F.linear(input, w_ih, b_ih).unsqueeze(0)
     y = N.LSTMLayer.apply(xw, h0, c0, w_hh, b_hh)
     h, c = y[0], y[1]
     if not batched:
