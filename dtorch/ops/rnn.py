@@ -425,6 +425,19 @@ class LSTMLayer(Op):
         return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
 
 
+def _gru_grads(ctx, xp, dx, dhh, dh, prev):
+    """GRULayer's gradients from its gate grads: (xw, h0, w_hh, b_hh).
+    The h-side gates' grads ``dhh`` give w_hh's (against the previous
+    states) and b_hh's."""
+    H = dh.shape[-1]
+    prev = _prev_states(xp, *prev)
+    need = ctx.needs_input_grad
+    d2 = dhh.reshape(-1, 3 * H)
+    gw = d2.T @ prev.reshape(-1, H) if need[2] else None
+    gb = d2.sum(axis=0) if len(need) > 3 and need[3] else None
+    return dx, dh, gw, gb
+
+
 class GRULayer(Op):
     """A whole GRU layer, one direction, PyTorch's gates (r, z, n):
     n = tanh(xn + r * (h @ w_hn.T + b_hn)), h' = (1 - z) * n + z * h.
@@ -485,7 +498,6 @@ class GRULayer(Op):
         h0, w_hh = ctx.to_save
         out, acts, hns, reverse = ctx.out, ctx.acts, ctx.hns, ctx.reverse
         T = out.shape[0] - 1
-        H = h0.shape[-1]
         step = _fused(xp)["gru_bwd"]
         dx = xp.empty(acts.shape, g.dtype)     # grads of x-side gates
         dhh = xp.empty(acts.shape, g.dtype)    # grads of h-side gates
@@ -498,12 +510,7 @@ class GRULayer(Op):
                  *_gates(dx[t], 3), *_gates(dhh[t], 3))
             xp.matmul(dhh[t], w_hh, out=dhm)
         dh = dhz + dhm
-        prev = _prev_states(xp, out[:T], h0, reverse)
-        need = ctx.needs_input_grad
-        d2 = dhh.reshape(-1, 3 * H)
-        gw = d2.T @ prev.reshape(-1, H) if need[2] else None
-        gb = d2.sum(axis=0) if len(need) > 3 and need[3] else None
-        return dx, dh, gw, gb
+        return _gru_grads(ctx, xp, dx, dhh, dh, (out[:T], h0, reverse))
 
     @staticmethod
     def backward(ctx, g):
@@ -533,9 +540,4 @@ class GRULayer(Op):
             dhh[t, :, :2 * H] = dx[t, :, :2 * H]
             dhh[t, :, 2 * H:] = dn * r
             dh = dh * z + dhh[t] @ w_hh
-        prev = _prev_states(xp, out[:T], h0, reverse)
-        need = ctx.needs_input_grad
-        d2 = dhh.reshape(-1, 3 * H)
-        gw = d2.T @ prev.reshape(-1, H) if need[2] else None
-        gb = d2.sum(axis=0) if len(need) > 3 and need[3] else None
-        return dx, dh, gw, gb
+        return _gru_grads(ctx, xp, dx, dhh, dh, (out[:T], h0, reverse))
