@@ -20,6 +20,7 @@ import dtorch
 from dtorch import nn
 from dtorch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
                                            pipeline)
+from test_pipeline import run_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -50,13 +51,7 @@ def test_pipeline_over_mpi_equals_unsplit(mpi_world, sched):
         range(1, world))
     stage = pipeline(_chain(), split_spec=cuts).build_stage(rank, "cpu")
     schedule = sched(stage, 4, nn.functional.cross_entropy)
-    losses = []
-    if stage.is_first:
-        schedule.step(x)
-    elif stage.is_last:
-        schedule.step(target=y, losses=losses)
-    else:
-        schedule.step()
+    losses = run_step(stage, schedule, x, y)
     for n, p in stage.submod.named_parameters():
         np.testing.assert_allclose(p.grad.numpy(), want[n], atol=TOL,
                                    rtol=0, err_msg=n)
