@@ -10,8 +10,8 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, float32_compute
-from .window import _as_strided, _col2im, _pad2d, _unpad2d, _windows, \
-    conv_out_size
+from .window import _as_strided, _col2im, _offsets, _pad2d, _unpad2d, \
+    _windows, conv_out_size
 
 
 @float32_compute
@@ -192,13 +192,8 @@ def _col2im_nhwc(xp, gk, xshape, pads, k, stride, dilation, ohw):
     oh, ow = ohw
     gk = gk.reshape(k[0] * k[1], n, oh, ow, c)
     gxp = xp.zeros((n, h + t + b, w + l + r, c), gk.dtype)
-    for i in range(k[0]):
-        h0 = i * dilation[0]
-        hs = slice(h0, h0 + stride[0] * (oh - 1) + 1, stride[0])
-        for j in range(k[1]):
-            w0 = j * dilation[1]
-            ws = slice(w0, w0 + stride[1] * (ow - 1) + 1, stride[1])
-            gxp[:, hs, ws] += gk[i * k[1] + j]
+    for o, (hs, ws) in enumerate(_offsets(k, stride, dilation, ohw)):
+        gxp[:, hs, ws] += gk[o]
     gx = gxp[:, t:t + h, l:l + w].transpose(0, 3, 1, 2)
     return xp.ascontiguousarray(gx)
 

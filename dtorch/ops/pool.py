@@ -7,7 +7,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, is_float
-from .window import _col2im, _pad2d, _unpad2d, _windows
+from .window import _col2im, _offsets, _pad2d, _unpad2d, _windows
 
 
 class MaxPool2d(Op):
@@ -208,17 +208,6 @@ def _tiles(x, k, ohw):
     n, c = x.shape[:2]
     oh, ow = ohw
     return x[:, :, :oh * k[0], :ow * k[1]].reshape(n, c, oh, k[0], ow, k[1])
-
-
-def _offsets(k, stride, dilation, out_hw):
-    """(rows, cols) slices that pick kernel offset (i, j) of every window."""
-    oh, ow = out_hw
-    for i in range(k[0]):
-        h0 = i * dilation[0]
-        hs = slice(h0, h0 + stride[0] * (oh - 1) + 1, stride[0])
-        for j in range(k[1]):
-            w0 = j * dilation[1]
-            yield hs, slice(w0, w0 + stride[1] * (ow - 1) + 1, stride[1])
 
 
 class AvgPool2d(Op):

@@ -28,19 +28,24 @@ def _windows(xp, x, k, stride, dilation, out_hw):
          sh * stride[0], sw * stride[1]))
 
 
-def _col2im(xp, cols, shape, k, stride, dilation, out_hw):
-    """The adjoint of ``_windows``: sum (N, C, KH, KW, OH, OW) back into an
-    array of (padded) ``shape``, one strided slice per kernel offset (never
-    ``add.at``)."""
-    out = xp.zeros(shape, cols.dtype)
+def _offsets(k, stride, dilation, out_hw):
+    """(rows, cols) slices that pick kernel offset (i, j) of every window."""
     oh, ow = out_hw
     for i in range(k[0]):
         h0 = i * dilation[0]
         hs = slice(h0, h0 + stride[0] * (oh - 1) + 1, stride[0])
         for j in range(k[1]):
             w0 = j * dilation[1]
-            ws = slice(w0, w0 + stride[1] * (ow - 1) + 1, stride[1])
-            out[:, :, hs, ws] += cols[:, :, i, j]
+            yield hs, slice(w0, w0 + stride[1] * (ow - 1) + 1, stride[1])
+
+
+def _col2im(xp, cols, shape, k, stride, dilation, out_hw):
+    """The adjoint of ``_windows``: sum (N, C, KH, KW, OH, OW) back into an
+    array of (padded) ``shape``, one strided slice per kernel offset (never
+    ``add.at``)."""
+    out = xp.zeros(shape, cols.dtype)
+    for o, (hs, ws) in enumerate(_offsets(k, stride, dilation, out_hw)):
+        out[:, :, hs, ws] += cols[:, :, o // k[1], o % k[1]]
     return out
 
 
