@@ -118,6 +118,15 @@ def _gates(a, k):
     return [a[..., j * H:(j + 1) * H] for j in range(k)]
 
 
+def _fused_hh(xp, xw, h0, w_hh, b_hh, k):
+    """What the fused LSTM/GRU forward loops reuse every step: the buffer
+    for h @ w_hh.T and its k gate views, b_hh's gate views (array zeros
+    without bias: the fusion gets no Python scalars), and w_hh.T."""
+    hw = xp.empty((h0.shape[0], w_hh.shape[0]), xw.dtype)
+    bs = [xp.zeros((), xw.dtype)] * k if b_hh is None else _gates(b_hh, k)
+    return hw, _gates(hw, k), bs, w_hh.T
+
+
 class RNNLayer(Op):
     """A whole Elman RNN layer, one direction: h_t = act(xw[t] + h_{t-1}
     @ w_hh.T + b_hh). ``xw`` (T, N, H) holds the input projections for all
@@ -322,11 +331,7 @@ class LSTMLayer(Op):
                        tcs):
         T = xw.shape[0]
         step = _fused(xp)["lstm_fwd"]
-        hw = xp.empty((h0.shape[0], w_hh.shape[0]), xw.dtype)
-        hws = _gates(hw, 4)
-        bs = [xp.zeros((), xw.dtype)] * 4 if b_hh is None else \
-            _gates(b_hh, 4)
-        wt = w_hh.T
+        hw, hws, bs, wt = _fused_hh(xp, xw, h0, w_hh, b_hh, 4)
         h, c = h0, c0
         for t in (range(T - 1, -1, -1) if reverse else range(T)):
             xp.matmul(h, wt, out=hw)
@@ -481,11 +486,7 @@ class GRULayer(Op):
     def _forward_fused(xp, xw, h0, w_hh, b_hh, reverse, out, acts, hns):
         T = xw.shape[0]
         step = _fused(xp)["gru_fwd"]
-        hh = xp.empty((h0.shape[0], w_hh.shape[0]), xw.dtype)
-        hhs = _gates(hh, 3)
-        bs = [xp.zeros((), xw.dtype)] * 3 if b_hh is None else \
-            _gates(b_hh, 3)
-        wt = w_hh.T
+        hh, hhs, bs, wt = _fused_hh(xp, xw, h0, w_hh, b_hh, 3)
         h = h0
         for t in (range(T - 1, -1, -1) if reverse else range(T)):
             xp.matmul(h, wt, out=hh)
