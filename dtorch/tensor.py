@@ -647,7 +647,9 @@ class Tensor(_function.TensorBase):
 
     def sub(self, other, alpha=1):
         if alpha != 1:
-            other = _operand(other, self) * alpha
+            other = _operand(other, self)
+            P.arith.check_sub_operands(self, other)   # before bool * alpha
+            other = other * alpha
         return self - other
 
     subtract = sub

@@ -288,3 +288,20 @@ def test_tensor_dtype_of_lists_of_tensors_follows_the_tensors():
                    lambda t: [t, 2]):
             assert str(dtorch.tensor(mk(x)).dtype) == \
                 str(torch.tensor(mk(y)).dtype).replace("torch", "dtorch"), dt
+
+
+def test_bool_subtraction_is_refused_as_pytorch():
+    torch = pytest.importorskip("torch")
+    t, f, i = (dtorch.tensor([True]), dtorch.tensor([False]),
+               dtorch.tensor([1]))
+    T, F_, I = torch.tensor([True]), torch.tensor([False]), torch.tensor([1])
+    for (a, b), (A, B_) in [((t, f), (T, F_)), ((t, i), (T, I)),
+                            ((i, t), (I, T)), ((t, 1), (T, 1)),
+                            ((1, t), (1, T)), ((i, True), (I, True))]:
+        with pytest.raises(RuntimeError) as want:
+            A - B_
+        with pytest.raises(RuntimeError) as got:
+            a - b
+        assert str(got.value) == str(want.value)
+    with pytest.raises(RuntimeError, match="bool tensor"):
+        dtorch.sub(dtorch.tensor([1.]), t, alpha=2)

@@ -70,6 +70,32 @@ class Add(Op):
 class Sub(Add):
     _name, _f, _neg_y = "sub", staticmethod(operator.sub), True
 
+    @classmethod
+    def forward(cls, ctx, x, y):
+        check_sub_operands(x, y)
+        return super().forward(ctx, x, y)
+
+
+def check_sub_operands(x, y):
+    """PyTorch refuses bool subtraction (NumPy gives its own error or a
+    silent int result), with its own advice."""
+    bx, by = _is_bool(x), _is_bool(y)
+    if bx and by:
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with two bool tensors is not "
+            "supported. Use the `^` or `logical_xor()` operator instead.")
+    if bx or by:
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not "
+            "supported. If you are trying to invert a mask, use the `~` "
+            "or `logical_not()` operator instead.")
+
+
+def _is_bool(a):
+    a = getattr(a, "_data", a)          # a tensor's array
+    return isinstance(a, (bool, np.bool_)) or \
+        getattr(a, "dtype", None) == np.bool_
+
 
 class Mul(Op):
     @staticmethod
