@@ -138,8 +138,10 @@ class LRScheduler:
                           UserWarning, stacklevel=3)
 
 
-class LambdaLR(LRScheduler):
-    """lr = initial_lr * lr_lambda(epoch); one lambda, or one per group."""
+class _LambdaScheduler(LRScheduler):
+    """The ``lr_lambda`` handling LambdaLR and MultiplicativeLR share: one
+    lambda for every group or one per group, and a state dict that keeps
+    callable objects' ``__dict__`` (plain functions are not saved)."""
 
     def __init__(self, optimizer, lr_lambda, last_epoch=-1):
         self.optimizer = optimizer
@@ -154,7 +156,6 @@ class LambdaLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def state_dict(self):
-        # functions are not saved; callable objects save their __dict__
         sd = {k: v for k, v in self.__dict__.items()
               if k not in ("optimizer", "lr_lambdas")}
         sd["lr_lambdas"] = [
@@ -169,6 +170,10 @@ class LambdaLR(LRScheduler):
         for fn, saved in zip(self.lr_lambdas, lambdas):
             if saved is not None:
                 fn.__dict__.update(saved)
+
+
+class LambdaLR(_LambdaScheduler):
+    """lr = initial_lr * lr_lambda(epoch); one lambda, or one per group."""
 
     def get_lr(self):
         self._warn_get_lr()
@@ -571,36 +576,8 @@ class ConstantLR(LRScheduler):
         return [base * f for base in self.base_lrs]
 
 
-class MultiplicativeLR(LRScheduler):
+class MultiplicativeLR(_LambdaScheduler):
     """lr *= lr_lambda(epoch) at every step after the first."""
-
-    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
-        self.optimizer = optimizer
-        n = len(optimizer.param_groups)
-        if not isinstance(lr_lambda, (list, tuple)):
-            self.lr_lambdas = [lr_lambda] * n
-        else:
-            if len(lr_lambda) != n:
-                raise ValueError(f"Expected {n} lr_lambdas, but got "
-                                 f"{len(lr_lambda)}")
-            self.lr_lambdas = list(lr_lambda)
-        super().__init__(optimizer, last_epoch)
-
-    def state_dict(self):
-        sd = {k: v for k, v in self.__dict__.items()
-              if k not in ("optimizer", "lr_lambdas")}
-        sd["lr_lambdas"] = [
-            None if isinstance(fn, types.FunctionType)
-            else fn.__dict__.copy() for fn in self.lr_lambdas]
-        return sd
-
-    def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        lambdas = state_dict.pop("lr_lambdas")
-        self.__dict__.update(state_dict)
-        for fn, saved in zip(self.lr_lambdas, lambdas):
-            if saved is not None:
-                fn.__dict__.update(saved)
 
     def get_lr(self):
         self._warn_get_lr()
