@@ -1,8 +1,7 @@
 """Adadelta, as ``torch.optim.Adadelta``."""
 from __future__ import annotations
-from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
-                        _next_step, _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _decayed_grad,
+                        _init_state, _kernel_args, _next_step)
 
 __all__ = ["Adadelta"]
 
@@ -34,19 +33,10 @@ class Adadelta(Optimizer):
         super().__init__(params, defaults)
 
     def _update(self, p, group):
-        state = self.state[p]
-        if not state:
-            state["step"] = _step_tensor()
-            state["square_avg"] = _zeros(p)
-            state["acc_delta"] = _zeros(p)
+        state = _init_state(self.state[p], p, "square_avg", "acc_delta")
         _next_step(state)
         rho, eps = group["rho"], group["eps"]
-        x, g = p._data, p.grad._data
-        xp = B.get_array_module(x)
-        if group["maximize"]:
-            g = -g
-        if group["weight_decay"] != 0:
-            g = g + group["weight_decay"] * x
+        x, g, xp = _decayed_grad(p, group)
         sq = state["square_avg"]._data
         acc = state["acc_delta"]._data
         sq *= rho

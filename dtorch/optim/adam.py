@@ -2,9 +2,8 @@
 from __future__ import annotations
 import math
 
-from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
-                        _next_step, _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check_adam_args,
+                        _decayed_grad, _init_state, _kernel_args, _next_step)
 
 __all__ = ["Adam", "AdamW"]
 
@@ -30,14 +29,7 @@ class Adam(Optimizer):
                  decoupled_weight_decay: bool = False) -> None:
         _kernel_args(type(self).__name__, foreach=foreach, fused=fused,
                      capturable=capturable, differentiable=differentiable)
-        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
-        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
-        _check(0.0 <= betas[0] < 1.0,
-               f"Invalid beta parameter at index 0: {betas[0]}")
-        _check(0.0 <= betas[1] < 1.0,
-               f"Invalid beta parameter at index 1: {betas[1]}")
-        _check(0.0 <= weight_decay,
-               f"Invalid weight_decay value: {weight_decay}")
+        _check_adam_args(lr, eps, betas, weight_decay)
         defaults = dict(lr=lr, betas=betas, eps=eps,
                         weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize,
@@ -45,25 +37,14 @@ class Adam(Optimizer):
         super().__init__(params, defaults)
 
     def _update(self, p, group):
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        lr, eps = group["lr"], group["eps"]
         beta1, beta2 = group["betas"]
-        state = self.state[p]
-        if not state:
-            state["step"] = _step_tensor()
-            state["exp_avg"] = _zeros(p)
-            state["exp_avg_sq"] = _zeros(p)
-            if group["amsgrad"]:
-                state["max_exp_avg_sq"] = _zeros(p)
+        names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+        state = _init_state(self.state[p], p,
+                            *names[:3 if group["amsgrad"] else 2])
         step = _next_step(state)
-        x, g = p._data, p.grad._data
-        xp = B.get_array_module(x)
-        if group["maximize"]:
-            g = -g
-        if wd != 0:
-            if group.get("decoupled_weight_decay", False):
-                x *= 1 - lr * wd
-            else:
-                g = g + wd * x
+        x, g, xp = _decayed_grad(
+            p, group, group.get("decoupled_weight_decay", False))
         m, v = state["exp_avg"]._data, state["exp_avg_sq"]._data
         # one scratch array for every intermediate: each temporary costs a
         # pass over the parameter (and page faults, for large ones)

@@ -1,8 +1,7 @@
 """Adamax, as ``torch.optim.Adamax``."""
 from __future__ import annotations
-from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
-                        _next_step, _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check_adam_args,
+                        _decayed_grad, _init_state, _kernel_args, _next_step)
 
 __all__ = ["Adamax"]
 
@@ -20,32 +19,16 @@ class Adamax(Optimizer):
                  capturable: bool = False) -> None:
         _kernel_args("Adamax", foreach=foreach, capturable=capturable,
                      differentiable=differentiable)
-        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
-        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
-        _check(0.0 <= betas[0] < 1.0,
-               f"Invalid beta parameter at index 0: {betas[0]}")
-        _check(0.0 <= betas[1] < 1.0,
-               f"Invalid beta parameter at index 1: {betas[1]}")
-        _check(0.0 <= weight_decay,
-               f"Invalid weight_decay value: {weight_decay}")
+        _check_adam_args(lr, eps, betas, weight_decay)
         defaults = dict(lr=lr, betas=betas, eps=eps,
                         weight_decay=weight_decay, maximize=maximize)
         super().__init__(params, defaults)
 
     def _update(self, p, group):
-        state = self.state[p]
-        if not state:
-            state["step"] = _step_tensor()
-            state["exp_avg"] = _zeros(p)
-            state["exp_inf"] = _zeros(p)
+        state = _init_state(self.state[p], p, "exp_avg", "exp_inf")
         step = _next_step(state)
         beta1, beta2 = group["betas"]
-        x, g = p._data, p.grad._data
-        xp = B.get_array_module(x)
-        if group["maximize"]:
-            g = -g
-        if group["weight_decay"] != 0:
-            g = g + group["weight_decay"] * x
+        x, g, xp = _decayed_grad(p, group)
         m = state["exp_avg"]._data
         u = state["exp_inf"]._data
         m += (1 - beta1) * (g - m)

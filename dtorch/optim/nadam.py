@@ -3,10 +3,10 @@ Dozat's momentum schedule)."""
 from __future__ import annotations
 import numpy as np
 
-from .. import _backend as B
 from ..tensor import Tensor
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
-                        _next_step, _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _check_adam_args,
+                        _decayed_grad, _kernel_args, _next_step,
+                        _step_tensor, _zeros)
 
 __all__ = ["NAdam"]
 
@@ -24,14 +24,7 @@ class NAdam(Optimizer):
                  differentiable: bool = False) -> None:
         _kernel_args("NAdam", foreach=foreach, capturable=capturable,
                      differentiable=differentiable)
-        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
-        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
-        _check(0.0 <= betas[0] < 1.0,
-               f"Invalid beta parameter at index 0: {betas[0]}")
-        _check(0.0 <= betas[1] < 1.0,
-               f"Invalid beta parameter at index 1: {betas[1]}")
-        _check(0.0 <= weight_decay,
-               f"Invalid weight_decay value: {weight_decay}")
+        _check_adam_args(lr, eps, betas, weight_decay)
         _check(0.0 <= momentum_decay,
                f"Invalid momentum_decay value: {momentum_decay}")
         defaults = dict(lr=lr, betas=betas, eps=eps,
@@ -50,18 +43,10 @@ class NAdam(Optimizer):
             state["exp_avg"] = _zeros(p)
             state["exp_avg_sq"] = _zeros(p)
         step = _next_step(state)
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        lr, eps = group["lr"], group["eps"]
         beta1, beta2 = group["betas"]
         md = group["momentum_decay"]
-        x, g = p._data, p.grad._data
-        xp = B.get_array_module(x)
-        if group["maximize"]:
-            g = -g
-        if wd != 0:
-            if group["decoupled_weight_decay"]:
-                x *= 1 - lr * wd
-            else:
-                g = g + wd * x
+        x, g, xp = _decayed_grad(p, group, group["decoupled_weight_decay"])
         bc2 = 1 - beta2 ** step
         mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * md)))
         mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * md)))

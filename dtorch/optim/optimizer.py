@@ -283,6 +283,43 @@ def _next_step(state):
     return float(t._data)
 
 
+def _check_adam_args(lr, eps, betas, weight_decay):
+    """The Adam family's argument checks, in PyTorch's order and words."""
+    _check(0.0 <= lr, f"Invalid learning rate: {lr}")
+    _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
+    _check(0.0 <= betas[0] < 1.0,
+           f"Invalid beta parameter at index 0: {betas[0]}")
+    _check(0.0 <= betas[1] < 1.0,
+           f"Invalid beta parameter at index 1: {betas[1]}")
+    _check(0.0 <= weight_decay, f"Invalid weight_decay value: {weight_decay}")
+
+
+def _init_state(state, p, *names):
+    """On a parameter's first step, fill its empty ``state`` with 'step' and
+    a zero tensor like ``p`` per name, in PyTorch's key order."""
+    if not state:
+        state["step"] = _step_tensor()
+        for name in names:
+            state[name] = _zeros(p)
+    return state
+
+
+def _decayed_grad(p, group, decoupled=False):
+    """``p``'s array, its gradient (negated under ``maximize``, plus L2
+    weight decay; or, ``decoupled``, the decay applied to the parameter
+    itself, AdamW-style) and their array module."""
+    x, g = p._data, p.grad._data
+    if group["maximize"]:
+        g = -g
+    wd = group["weight_decay"]
+    if wd != 0:
+        if decoupled:
+            x *= 1 - group["lr"] * wd
+        else:
+            g = g + wd * x
+    return x, g, B.get_array_module(x)
+
+
 def _bump(p):
     """Count an in-place update of ``p``'s array: a graph that saved ``p``
     before the step then fails at backward, as in PyTorch."""

@@ -3,9 +3,8 @@ learning rate rectified; plain momentum SGD while it is undefined)."""
 from __future__ import annotations
 import math
 
-from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
-                        _next_step, _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check_adam_args,
+                        _decayed_grad, _init_state, _kernel_args, _next_step)
 
 __all__ = ["RAdam"]
 
@@ -22,14 +21,7 @@ class RAdam(Optimizer):
                  differentiable: bool = False) -> None:
         _kernel_args("RAdam", foreach=foreach, capturable=capturable,
                      differentiable=differentiable)
-        _check(0.0 <= lr, f"Invalid learning rate: {lr}")
-        _check(0.0 <= eps, f"Invalid epsilon value: {eps}")
-        _check(0.0 <= betas[0] < 1.0,
-               f"Invalid beta parameter at index 0: {betas[0]}")
-        _check(0.0 <= betas[1] < 1.0,
-               f"Invalid beta parameter at index 1: {betas[1]}")
-        _check(0.0 <= weight_decay,
-               f"Invalid weight_decay value: {weight_decay}")
+        _check_adam_args(lr, eps, betas, weight_decay)
         defaults = dict(lr=lr, betas=betas, eps=eps,
                         weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay,
@@ -37,23 +29,11 @@ class RAdam(Optimizer):
         super().__init__(params, defaults)
 
     def _update(self, p, group):
-        state = self.state[p]
-        if not state:
-            state["step"] = _step_tensor()
-            state["exp_avg"] = _zeros(p)
-            state["exp_avg_sq"] = _zeros(p)
+        state = _init_state(self.state[p], p, "exp_avg", "exp_avg_sq")
         step = _next_step(state)
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        lr, eps = group["lr"], group["eps"]
         beta1, beta2 = group["betas"]
-        x, g = p._data, p.grad._data
-        xp = B.get_array_module(x)
-        if group["maximize"]:
-            g = -g
-        if wd != 0:
-            if group["decoupled_weight_decay"]:
-                x *= 1 - lr * wd
-            else:
-                g = g + wd * x
+        x, g, xp = _decayed_grad(p, group, group["decoupled_weight_decay"])
         m = state["exp_avg"]._data
         v = state["exp_avg_sq"]._data
         m += (1 - beta1) * (g - m)
