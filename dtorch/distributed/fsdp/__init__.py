@@ -5,6 +5,7 @@ from .fully_sharded_data_parallel import (FSDPModule,
                                           FullyShardedDataParallel,
                                           StateDictType,
                                           fully_shard)
+from .api import MixedPrecision, MixedPrecisionPolicy
 from .wrap import (ModuleWrapPolicy, always_wrap_policy,
                    size_based_auto_wrap_policy)
 
@@ -12,4 +13,5 @@ FSDP = FullyShardedDataParallel
 
 __all__ = ["FullyShardedDataParallel", "FSDP", "StateDictType",
            "ModuleWrapPolicy", "size_based_auto_wrap_policy",
-           "always_wrap_policy", "fully_shard", "FSDPModule"]
+           "always_wrap_policy", "fully_shard", "FSDPModule",
+           "MixedPrecision", "MixedPrecisionPolicy"]

@@ -39,6 +39,16 @@ parameter's local piece of its flattened elements, marked with
 writes it, and ``dcp.load`` into the sharded state dict of a model on
 another world size fills that rank's boxes. ``load_state_dict`` takes
 either kind. ``clip_grad_norm_`` clips by the global norm.
+
+Mixed precision (``mixed_precision=MixedPrecision(...)``, or
+``fully_shard(mp_policy=MixedPrecisionPolicy(...))``): the shards stay in
+their dtype (float32 master weights for the optimizer); a unit casts its
+shard to ``param_dtype`` before the all-gather, so forward and the
+recomputation in backward see low-precision parameters; the gradient is
+reduce-scattered in ``reduce_dtype`` (default ``param_dtype``; divided
+before and after the sum, as PyTorch, so float16 does not overflow) and
+cast back to the shard's dtype unless ``keep_low_precision_grads``.
+Auto-wrapped units inherit the configuration.
 """
 import contextlib
 import weakref
@@ -54,6 +64,7 @@ from ...nn.parameter import Parameter
 from ... import random as _random
 from ...tensor import Tensor
 from ..clip_grad import global_norm
+from .api import MixedPrecision, MixedPrecisionPolicy
 
 __all__ = ["FullyShardedDataParallel", "StateDictType", "fully_shard",
            "FSDPModule"]
@@ -88,7 +99,7 @@ class _UnitFunction(Function):
     def forward(ctx, unit, flat_shard, kwargs, *args):
         ctx.unit, ctx.kwargs, ctx.args = unit, kwargs, args
         ctx.rng = _random.get_rng_state()
-        unit._gather(requires_grad=False)
+        unit._gather(requires_grad=False, compute=True)
         try:
             with no_grad():          # no graph: it would keep the weights
                 out = unit._call_inner(args, kwargs)
@@ -108,7 +119,7 @@ class _UnitFunction(Function):
     @staticmethod
     def backward(ctx, *grads):
         unit = ctx.unit
-        leaves = unit._gather(requires_grad=True)
+        leaves = unit._gather(requires_grad=True, compute=True)
         try:
             inputs = [a.detach().requires_grad_(a.requires_grad)
                       if isinstance(a, Tensor) else a for a in ctx.args]
@@ -131,6 +142,10 @@ class _UnitFunction(Function):
             if pairs:
                 _backward([o for o, _ in pairs], [g for _, g in pairs])
             shard_grad = unit._reduce_scatter_grads(leaves)
+            if shard_grad.dtype != unit._flat_param.dtype:
+                # keep_low_precision_grads: the engine would cast it
+                unit._accumulate(shard_grad)
+                shard_grad = None
         finally:
             unit._free()
             # the recomputed graph's nodes and the leaves refer to each
@@ -164,7 +179,6 @@ class FullyShardedDataParallel(Module):
         for name, val in (("sharding_strategy", sharding_strategy),
                           ("cpu_offload", cpu_offload),
                           ("backward_prefetch", backward_prefetch),
-                          ("mixed_precision", mixed_precision),
                           ("ignored_modules", ignored_modules),
                           ("param_init_fn", param_init_fn),
                           ("ignored_states", ignored_states),
@@ -186,10 +200,18 @@ class FullyShardedDataParallel(Module):
             raise RuntimeError("FullyShardedDataParallel needs an "
                                "initialized process group")
         object.__setattr__(self, "process_group", group)
+        if mixed_precision is not None and not isinstance(
+                mixed_precision, (MixedPrecision, MixedPrecisionPolicy)):
+            raise TypeError(f"FullyShardedDataParallel: mixed_precision "
+                            f"must be a MixedPrecision, got "
+                            f"{type(mixed_precision).__name__}")
+        object.__setattr__(self, "_mp", mixed_precision)
+        object.__setattr__(self, "_is_root", True)
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if auto_wrap_policy is not None:
-            _auto_wrap(module, auto_wrap_policy, group, sync_module_states)
+            _auto_wrap(module, auto_wrap_policy, group, sync_module_states,
+                       mixed_precision)
         self._fsdp_wrapped_module = module
         object.__setattr__(self, "_state_dict_type",
                            StateDictType.FULL_STATE_DICT)
@@ -201,6 +223,9 @@ class FullyShardedDataParallel(Module):
                 for b in m._buffers.values():
                     if b is not None:
                         dist.broadcast(b, src, group=group)
+        for u in self._units()[1:]:
+            object.__setattr__(u, "_is_root", False)
+        self._cast_buffers()
         stats = _Stats()
         for u in self._units():
             object.__setattr__(u, "_stats", stats)
@@ -299,8 +324,53 @@ class FullyShardedDataParallel(Module):
                     stack.append(c)
         return out
 
-    def _all_gather_flat(self):
+    def _cast_buffers(self):
+        """Floating buffers of this unit's modules (not nested units') to
+        ``buffer_dtype``; their original dtypes are what ``state_dict``
+        saves."""
+        object.__setattr__(self, "_buf_dtypes", {})
+        dt = getattr(self._mp, "buffer_dtype", None)
+        if dt is None:
+            return
+        for _, m in _walk(self._fsdp_wrapped_module, ""):
+            for b in m._buffers.values():
+                if b is not None and b.dtype.is_floating_point \
+                        and b.dtype != dt:
+                    self._buf_dtypes[id(b)] = b.dtype
+                    b._data = b._data.astype(dt.np)
+
+    def _param_dtype(self):
+        return getattr(self._mp, "param_dtype", None)
+
+    def _cast_inputs(self, args, kwargs):
+        """PyTorch's input casting: floating-point tensors (nested in
+        lists, tuples and dicts) to ``param_dtype``, through autograd."""
+        mp, dt = self._mp, self._param_dtype()
+        if dt is None:
+            return args, kwargs
+        if isinstance(mp, MixedPrecision):
+            cast = mp.cast_root_forward_inputs if self._is_root \
+                else mp.cast_forward_inputs
+        else:
+            cast = mp.cast_forward_inputs
+        if not cast:
+            return args, kwargs
+        return _map_float(args, dt), _map_float(kwargs, dt)
+
+    def _accumulate(self, g):
+        """Add a shard gradient to ``_flat_param.grad`` as it is (a
+        low-precision one stays low precision)."""
+        fp = self._flat_param
+        if fp._grad is None:
+            fp._grad = g
+        else:
+            fp._grad._data += g._data
+            fp._grad._bump_version()
+
+    def _all_gather_flat(self, dtype=None):
         shard = self._flat_param._data
+        if dtype is not None:          # cast before: less to send
+            shard = shard.astype(dtype.np)
         xp = self._flat_param._xp()
         full = xp.empty(self._chunk * self.world_size, shard.dtype)
         if self.world_size == 1:
@@ -311,15 +381,17 @@ class FullyShardedDataParallel(Module):
                                         group=self.process_group)
         return full
 
-    def _gather(self, requires_grad):
+    def _gather(self, requires_grad, compute=False):
         """Make the own parameters exist in full (views of one gathered
         array) as plain attributes of their modules; with requires_grad
-        each is a fresh leaf whose .grad the recomputation fills."""
+        each is a fresh leaf whose .grad the recomputation fills. With
+        ``compute`` they are in the mixed precision ``param_dtype``."""
         prev = self.__dict__.get("_full")
         if prev is not None:     # kept by an earlier forward's leaves
             self._stats.live -= prev.nbytes
             self._stats.freed.append(weakref.ref(prev))
-        full = self._all_gather_flat()
+        full = self._all_gather_flat(self._param_dtype() if compute
+                                     else None)
         object.__setattr__(self, "_full", full)
         self._stats.add(full.nbytes)
         leaves, o = [], 0
@@ -346,19 +418,39 @@ class FullyShardedDataParallel(Module):
     def _reduce_scatter_grads(self, leaves):
         full = self._full
         xp = self._flat_param._xp()
-        g = xp.zeros(full.size, full.dtype)
+        mp = self._mp
+        rdt = full.dtype
+        if mp is not None and (mp.reduce_dtype or mp.param_dtype):
+            rdt = (mp.reduce_dtype or mp.param_dtype).np
+        g = xp.zeros(full.size, rdt)
         o = 0
         for t, k in zip(leaves, self._sizes):
             if t is not None and t.grad is not None:
                 g[o:o + k] = t.grad._data.reshape(-1)
             o += k
-        mine = xp.empty(self._chunk, full.dtype)
+        mine = xp.empty(self._chunk, rdt)
         if self.world_size == 1:
             mine[...] = g
-        else:
+        elif mp is None:
             dist.reduce_scatter_tensor(Tensor._wrap(mine), Tensor._wrap(g),
                                        group=self.process_group)
             mine /= self.world_size
+        else:
+            # a low-precision sum can overflow (float16): divide part of
+            # the way before it and the rest after, as PyTorch's FSDP
+            pre = 1
+            while self.world_size % pre == 0 \
+                    and self.world_size / pre > pre:
+                pre *= 2
+            if pre > 1:
+                g /= rdt.type(pre)
+            dist.reduce_scatter_tensor(Tensor._wrap(mine), Tensor._wrap(g),
+                                       group=self.process_group)
+            if self.world_size // pre > 1:
+                mine /= rdt.type(self.world_size // pre)
+        keep = isinstance(mp, MixedPrecision) and mp.keep_low_precision_grads
+        if not keep and mine.dtype != self._flat_param._data.dtype:
+            mine = mine.astype(self._flat_param._data.dtype)
         return Tensor._wrap(mine)
 
     # ----------------------------------------------------------- forward --
@@ -366,6 +458,13 @@ class FullyShardedDataParallel(Module):
         return self._fsdp_wrapped_module(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
+        if self._mp is not None:
+            args, kwargs = self._cast_inputs(args, kwargs)
+        out = self._forward(args, kwargs)
+        odt = getattr(self._mp, "output_dtype", None)
+        return out if odt is None else _map_float(out, odt)
+
+    def _forward(self, args, kwargs):
         if self._flat_param is None:
             return self._call_inner(args, kwargs)
         if self._has_nested() and is_grad_enabled() \
@@ -386,7 +485,7 @@ class FullyShardedDataParallel(Module):
         if keep is None:
             keep = {"sets": [], "queued": False}
             object.__setattr__(self, "_keep", keep)
-        leaves = self._gather(requires_grad=True)
+        leaves = self._gather(requires_grad=True, compute=True)
         # forward may run again before backward (two inputs, one loss):
         # every call's leaves are reduced when backward ends. Weakly held:
         # a forward whose graph was dropped without backward (evaluation
@@ -423,7 +522,9 @@ class FullyShardedDataParallel(Module):
         fp = self._flat_param
         if g is None:
             return
-        if fp.grad is None:
+        if g.dtype != fp.dtype:          # keep_low_precision_grads
+            self._accumulate(g)
+        elif fp.grad is None:
             fp.grad = g
         else:
             fp.grad._data += g._data
@@ -668,8 +769,14 @@ class FullyShardedDataParallel(Module):
                     fulls[id(u)][o:o + k].reshape(shape).copy())
         for alias, first in self._aliases().items():
             sd[prefix + alias] = sd[prefix + first]   # tied: one tensor
+        orig = {}
+        for u in self._units():
+            orig.update(u._buf_dtypes)
         for name, b in self._buffers_named().items():
-            sd[prefix + name] = b if keep_vars else b.detach()
+            if id(b) in orig:          # saved in full precision
+                sd[prefix + name] = b.detach().to(orig[id(b)])
+            else:
+                sd[prefix + name] = b if keep_vars else b.detach()
         return sd
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
@@ -718,7 +825,8 @@ class FullyShardedDataParallel(Module):
                 u._flat_param._bump_version()
             for name, b in bufs.items():
                 if name in state_dict:
-                    b._data[...] = state_dict[name]._data
+                    b._data[...] = state_dict[name]._data.astype(
+                        b._data.dtype)
         return _Keys(missing, unexpected)
 
 
@@ -786,18 +894,34 @@ def _numel_unwrapped(module):
     return sum(p.numel() for _, _, p in _own_params(module))
 
 
-def _auto_wrap(module, policy, group, sync):
+def _map_float(obj, dtype):
+    """``obj`` with its floating-point tensors (in lists, tuples, dicts)
+    cast to ``dtype``."""
+    if isinstance(obj, Tensor):
+        return obj.to(dtype) if obj.dtype.is_floating_point \
+            and obj.dtype != dtype else obj
+    if isinstance(obj, (list, tuple)):
+        out = [_map_float(o, dtype) for o in obj]
+        return type(obj)(out) if type(obj) in (list, tuple) \
+            else type(obj)(*out)
+    if isinstance(obj, dict):
+        return {k: _map_float(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def _auto_wrap(module, policy, group, sync, mp=None):
     """Wrap the submodules ``policy`` picks (children first)."""
     for name, child in list(module._modules.items()):
         if child is None or _unit_of(child) is not None:
             continue
         if policy(module=child, recurse=True,
                   nonwrapped_numel=_numel_unwrapped(child)):
-            _auto_wrap(child, policy, group, sync)
+            _auto_wrap(child, policy, group, sync, mp)
         if policy(module=child, recurse=False,
                   nonwrapped_numel=_numel_unwrapped(child)):
             module._modules[name] = FullyShardedDataParallel(
-                child, process_group=group, sync_module_states=sync)
+                child, process_group=group, sync_module_states=sync,
+                mixed_precision=mp)
 
 
 
@@ -841,7 +965,7 @@ class _InPlaceUnit(FullyShardedDataParallel):
 
 
 def fully_shard(module, *, mesh=None, reshard_after_forward=True,
-                process_group=None, **kwargs):
+                process_group=None, mp_policy=None, **kwargs):
     """Shard ``module`` in place (PyTorch's ``fully_shard``): call it on
     each block, then on the root; returns the module, now an FSDP unit
     whose ``parameters()`` are its flat shard."""
@@ -862,8 +986,14 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True,
     orig = type(module)
     state = _InPlaceUnit.__new__(_InPlaceUnit)
     object.__setattr__(state, "_orig_cls", orig)
+    if mp_policy is not None and not isinstance(mp_policy,
+                                                MixedPrecisionPolicy):
+        raise TypeError(f"fully_shard: mp_policy must be a "
+                        f"MixedPrecisionPolicy, got "
+                        f"{type(mp_policy).__name__}")
     FullyShardedDataParallel.__init__(state, module,
-                                      process_group=process_group)
+                                      process_group=process_group,
+                                      mixed_precision=mp_policy)
     fp = state._flat_param
     if fp is not None:
         module._parameters["_flat_param"] = fp
