@@ -2,8 +2,8 @@
 from __future__ import annotations
 from .. import _backend as B
 from ..tensor import Tensor
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
-                        _next_step, _step_tensor)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _decayed_grad,
+                        _kernel_args, _next_step, _step_tensor)
 
 __all__ = ["Adagrad"]
 
@@ -59,12 +59,7 @@ class Adagrad(Optimizer):
     def _update(self, p, group):
         state = self.state[p]
         step = _next_step(state)
-        x, g = p._data, p.grad._data
-        xp = B.get_array_module(x)
-        if group["maximize"]:
-            g = -g
-        if group["weight_decay"] != 0:
-            g = g + group["weight_decay"] * x
+        x, g, xp = _decayed_grad(p, group)
         clr = group["lr"] / (1 + (step - 1) * group["lr_decay"])
         s = state["sum"]._data
         s += g * g

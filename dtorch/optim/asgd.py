@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
-                        _next_step, _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _decayed_grad,
+                        _kernel_args, _next_step, _step_tensor, _zeros)
 
 __all__ = ["ASGD"]
 
@@ -42,11 +42,7 @@ class ASGD(Optimizer):
             state["ax"] = _zeros(p)
         step = _next_step(state)
         lr, lambd = group["lr"], group["lambd"]
-        x, g = p._data, p.grad._data
-        if group["maximize"]:
-            g = -g
-        if group["weight_decay"] != 0:
-            g = g + group["weight_decay"] * x
+        x, g, _ = _decayed_grad(p, group)
         eta = float(state["eta"]._data)
         x *= 1 - lambd * eta
         x -= eta * g

@@ -1,8 +1,7 @@
 """RMSprop, as ``torch.optim.RMSprop``."""
 from __future__ import annotations
-from .. import _backend as B
-from .optimizer import (Optimizer, ParamsT, _bump, _check, _kernel_args,
-                        _next_step, _step_tensor, _zeros)
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _decayed_grad,
+                        _kernel_args, _next_step, _step_tensor, _zeros)
 
 __all__ = ["RMSprop"]
 
@@ -37,7 +36,7 @@ class RMSprop(Optimizer):
         super().__init__(params, defaults)
 
     def _update(self, p, group):
-        lr, wd, alpha = group["lr"], group["weight_decay"], group["alpha"]
+        lr, alpha = group["lr"], group["alpha"]
         momentum = group["momentum"]
         state = self.state[p]
         if not state:
@@ -48,12 +47,7 @@ class RMSprop(Optimizer):
             if group["centered"]:
                 state["grad_avg"] = _zeros(p)
         _next_step(state)
-        x, g = p._data, p.grad._data
-        xp = B.get_array_module(x)
-        if group["maximize"]:
-            g = -g
-        if wd != 0:
-            g = g + wd * x
+        x, g, xp = _decayed_grad(p, group)
         sq = state["square_avg"]._data
         sq *= alpha
         sq += (1 - alpha) * (g * g)

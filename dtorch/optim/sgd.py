@@ -1,7 +1,8 @@
 """Stochastic gradient descent with momentum, as ``torch.optim.SGD``."""
 from __future__ import annotations
 from ..tensor import Tensor
-from .optimizer import Optimizer, ParamsT, _bump, _check, _kernel_args
+from .optimizer import (Optimizer, ParamsT, _bump, _check, _decayed_grad,
+                        _kernel_args)
 
 __all__ = ["SGD"]
 
@@ -43,13 +44,9 @@ class SGD(Optimizer):
         super().__init__(params, defaults)
 
     def _update(self, p, group):
-        lr, wd = group["lr"], group["weight_decay"]
+        lr = group["lr"]
         momentum = group["momentum"]
-        x, g = p._data, p.grad._data
-        if group["maximize"]:
-            g = -g
-        if wd != 0:
-            g = g + wd * x
+        x, g, _ = _decayed_grad(p, group)
         if momentum != 0:
             state = self.state[p]
             buf = state.get("momentum_buffer")
