@@ -4,6 +4,7 @@ gradients and training; DP x TP equals single-process training; the
 regions' backward is the adjoint of their forward; checkpoints gather and
 cut again. Threads backend here; the MPI variant under mpiexec; and
 examples/tp_digits.py end to end under mpiexec -n 2."""
+import copy
 import os
 import re
 import shutil
@@ -57,7 +58,10 @@ def column_row_body(rank, size, full_c, full_r, x0, g0):
     the number of checks done (the caller makes sure all ran)."""
     xs = x0.detach().numpy()
     gs = g0.detach().numpy()
-    lin_c, lin_r = full_c, full_r
+    # each rank's own copy: thread ranks share full_c/full_r, and zero_grad +
+    # backward on a shared layer let one rank's reference gradient take in
+    # another's (a doubled dW seen once in a full-suite run)
+    lin_c, lin_r = copy.deepcopy(full_c), copy.deepcopy(full_r)
     # the reference: plain layers, full input
     refs = {}
     for name, lin, x in (("col", lin_c, xs), ("row", lin_r, None)):
