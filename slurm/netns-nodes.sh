@@ -139,6 +139,11 @@ shape() {  # shape NETNS DEV: tbf at RATE on DEV's egress
         burst "$burst" latency 20ms
 }
 
+no_ipv6() {  # no IPv6 link-local addresses on the links made in netns $1
+    ip netns exec "$1" sh -c 'for f in all default; do
+        echo 1 > /proc/sys/net/ipv6/conf/$f/disable_ipv6; done' 2>/dev/null || true
+}
+
 holder_alive() {  # holder_alive PID: is PID our holder for this prefix?
     local pid="$1" cmd
     [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
@@ -216,12 +221,14 @@ cmd_start() {
     } > "$STATE/hosts"
 
     ip netns add "$SW"
+    no_ipv6 "$SW"
     ip -n "$SW" link set lo up
     ip -n "$SW" link add br0 type bridge
     ip -n "$SW" link set br0 up
     for ((i = 0; i < n; i++)); do
         ns="$PREFIX-node$i"
         ip netns add "$ns"
+        no_ipv6 "$ns"
         ip link add eth0 netns "$ns" type veth peer name "p$i" netns "$SW"
         ip -n "$SW" link set "p$i" master br0
         ip -n "$SW" link set "p$i" up
@@ -237,6 +244,7 @@ cmd_start() {
         ip link add "$HLINK" type veth peer name hl netns "$SW"
         ip -n "$SW" link set hl master br0
         ip -n "$SW" link set hl up
+        echo 1 > "/proc/sys/net/ipv6/conf/$HLINK/disable_ipv6" 2>/dev/null || true
         ip addr add "$NET.254/24" dev "$HLINK"
         ip link set "$HLINK" up
     fi

@@ -1,0 +1,210 @@
+"""dtorch-launch across two "hosts": one launcher per netns node (own
+network, hostname, /dev/shm and PID namespace; slurm/netns-nodes.sh), tcp
+backend, ranks meeting only over the veth link.  Needs root and ip/tc/
+unshare/nsenter (skips with the reason otherwise; CI has them)."""
+import os
+import random
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from launch_scripts.harness import ROOT, UNDER_MPI, clean_env, script
+from netns_nodes import kill_tree, two_nodes  # noqa: F401 (fixture)
+
+if UNDER_MPI:
+    pytest.skip("starts its own jobs; runs in the single-process phase",
+                allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(300)
+
+# Deadlines catch hangs on a loaded 2-core machine, not slowness.
+JOB_S = 180
+
+
+class _Reader:
+    """Collects a process's stdout/stderr lines in threads."""
+
+    def __init__(self, proc):
+        self.proc, self.out, self.err = proc, [], []
+        self._threads = [threading.Thread(target=self._pump, daemon=True,
+                                          args=(s, acc)) for s, acc in
+                         ((proc.stdout, self.out), (proc.stderr, self.err))]
+        for t in self._threads:
+            t.start()
+
+    def _pump(self, stream, acc):
+        for line in iter(stream.readline, ""):
+            acc.append(line)
+        stream.close()
+
+    def join(self, timeout=10):
+        for t in self._threads:
+            t.join(timeout)
+        return "".join(self.out), "".join(self.err)
+
+
+def _launchers(nodes, k, mode, port=None):
+    """Start dtorch-launch on node0 (node rank 0) and node1; returns
+    [(proc, reader)] for each."""
+    port = port or random.randrange(20000, 40000)
+    env = clean_env(DTORCH_RDZV_TOKEN=secrets.token_hex(16),
+                    PYTHONUNBUFFERED=1)
+    procs = []
+    for r, node in enumerate(("node0", "node1")):
+        cmd = [sys.executable, "-m", "launch", "--nnodes", "2",
+               "--node-rank", str(r), "--master-addr", "node0",
+               "--master-port", str(port), "--nproc-per-node", str(k),
+               "--backend", "tcp", "--grace-period", "3",
+               script("two_nodes_job.py"), mode]
+        p = nodes.popen(node, cmd, cwd=ROOT, env=env, text=True,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        procs.append((p, _Reader(p)))
+    return procs
+
+
+def _wait_all(procs, timeout):
+    deadline = time.monotonic() + timeout
+    try:
+        for p, _ in procs:
+            p.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for p, _ in procs:
+            kill_tree(p)
+        outs = [r.join() for _, r in procs]
+        raise AssertionError(f"launchers still running after {timeout} s: "
+                             f"{outs}")
+    return [r.join() for _, r in procs]
+
+
+def _node_processes(nodes, node):
+    """Processes in `node` other than its PID 1 holder and this ps."""
+    out = nodes.run(node, ["ps", "-e", "-o", "pid=,args="],
+                    check=True).stdout
+    return [ln for ln in out.splitlines()
+            if ln.split()[0] != "1" and "ps -e" not in ln
+            and not ln.split(None, 1)[1].startswith("sleep 3600")]
+
+
+def test_nodes_are_separate_hosts(two_nodes):
+    n = two_nodes
+    assert n.run("node0", "hostname", check=True).stdout.strip() == "node0"
+    assert n.run("node1", "hostname", check=True).stdout.strip() == "node1"
+    # /dev/shm is private per node and persists between exec calls
+    name = f"/dev/shm/dtorch-two-nodes-{secrets.token_hex(4)}"
+    n.run("node0", ["touch", name], check=True)
+    try:
+        assert n.run("node0", ["test", "-e", name]).returncode == 0
+        assert n.run("node1", ["test", "-e", name]).returncode != 0
+        assert not os.path.exists(name)
+    finally:
+        n.run("node0", ["rm", "-f", name])
+    # the nodes reach each other by name over eth0, on 169.254/16 only
+    addrs = n.run("node1", "ip -4 -o addr show", check=True).stdout
+    assert re.findall(r"inet (\S+)/", addrs) == ["127.0.0.1", n.addr["node1"]]
+    assert n.addr["node0"].startswith("169.254.")
+    got = n.run("node1", "getent hosts node0", check=True).stdout.split()[0]
+    assert got == n.addr["node0"]
+    # each node has its own process table: node1 cannot see node0's pids
+    p = n.popen("node0", ["sleep", "60"])
+    try:
+        inner = n.inner_pid(p)
+        assert inner != p.pid
+        seen = n.run("node1", ["ps", "-e", "-o", "args="]).stdout
+        assert "sleep 60" not in seen
+        seen0 = n.run("node0", ["ps", "-e", "-o", "args="]).stdout
+        assert "sleep 60" in seen0
+    finally:
+        p.kill()
+        p.wait(10)
+    # killing the pid we started killed the command inside the node
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{inner}") and time.monotonic() < deadline:
+        with open(f"/proc/{inner}/stat") as f:
+            if f.read().split(") ")[1].split()[0] in ("Z", "X"):
+                break
+        time.sleep(0.05)
+    assert "sleep 60" not in n.run("node0", ["ps", "-e", "-o",
+                                             "args="]).stdout
+
+
+def test_launch_two_nodes_tcp(two_nodes):
+    """2 nodes x 2 ranks: hostnames, all_reduce/broadcast, 3 DDP steps;
+    the cross-node bytes went over eth0."""
+    n, k = two_nodes, 2
+    before = {node: n.counters(node) for node in n.names}
+    t0 = time.monotonic()
+    (o0, e0), (o1, e1) = _wait_all(_launchers(n, k, "check"), JOB_S)
+    took = time.monotonic() - t0
+    out = o0 + o1
+    assert sorted(map(int, re.findall(r"\bOK (\d+)", out))) == \
+        [0, 1, 2, 3], f"node0:\n{o0}{e0}\nnode1:\n{o1}{e1}"
+    hosts = {int(r): (h, rest.split()) for r, h, rest in
+             re.findall(r"\bHOST (\d+) (\S+) ([^\n]*)", out)}
+    for rank in range(2 * k):
+        assert hosts[rank][0] == f"node{rank // k}"
+        assert hosts[rank][1] == ["node0"] * k + ["node1"] * k
+    # every rank line came through the launcher of its own node
+    assert set(re.findall(r"\[rank (\d)\]", o0)) == {"0", "1"}
+    assert set(re.findall(r"\[rank (\d)\]", o1)) == {"2", "3"}
+    after = {node: n.counters(node) for node in n.names}
+    # the 1 MiB all-reduce alone moves >= 1 MiB each way across the link
+    # (ring or hierarchical); nothing else leaves a node but over eth0
+    for node in n.names:
+        for key in ("tx_bytes", "rx_bytes"):
+            moved = after[node][key] - before[node][key]
+            assert moved >= 1 << 20, (node, key, moved)
+    print(f"two nodes x {k} ranks: {took:.1f} s; eth0 node0 tx "
+          f"{after['node0']['tx_bytes'] - before['node0']['tx_bytes']} B")
+    for node in n.names:
+        assert _node_processes(n, node) == []
+
+
+@pytest.mark.parametrize("victim", ["node1", "node0"])
+def test_dead_node_stops_the_other(two_nodes, victim):
+    """SIGKILL one node's launcher (by the pid started in that node): its
+    ranks die with it, the other node's ranks fail their next all-reduce
+    and that launcher stops its job with an error naming the lost rank."""
+    n, k = two_nodes, 2
+    procs = _launchers(n, k, "loop")
+    try:
+        deadline = time.monotonic() + JOB_S
+        while len(re.findall(r"\bREADY \d+", "".join(
+                procs[0][1].out + procs[1][1].out))) < 2 * k:
+            assert time.monotonic() < deadline, "ranks never got ready"
+            assert all(p.poll() is None for p, _ in procs), \
+                [r.join() for _, r in procs]
+            time.sleep(0.05)
+        dead = int(victim[-1])
+        other = 1 - dead
+        os.kill(n.inner_pid(procs[dead][0]), signal.SIGKILL)
+        t0 = time.monotonic()
+        procs[other][0].wait(JOB_S)
+        took = time.monotonic() - t0
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                kill_tree(p)
+    (out, err) = procs[other][1].join()
+    procs[dead][0].wait(30)
+    assert procs[other][0].returncode != 0, out + err
+    lost = range(dead * k, dead * k + k)
+    # the survivors' ranks name a rank of the dead node
+    named = set(map(int, re.findall(r"\brank (\d+)\b", err)))
+    assert named & set(lost), err
+    print(f"{victim} killed: node{other}'s launcher exited "
+          f"{procs[other][0].returncode} after {took:.1f} s")
+    for node in n.names:
+        left = []
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            left = _node_processes(n, node)
+            if not left:
+                break
+            time.sleep(0.1)
+        assert left == [], (node, left)
