@@ -27,6 +27,7 @@ from .arrays import (Array, PerRank, ReduceOp, check_buffer, describe,
                      divide_avg, get_array_module, reduce_op, row)
 from .errors import (CollectiveError, CollectiveMismatchError,
                      CollectiveTimeoutError, _Expired)
+from . import timeline as _timeline
 
 DEFAULT_TIMEOUT = 600.0
 # seconds, or a timedelta (torch's spelling); None: the default
@@ -62,6 +63,8 @@ class Work:
     group timeout, counted from the call, or after `timeout` seconds).
     """
 
+    _tl = None     # (Timeline, token) while DTORCH_TIMELINE records
+
     def __init__(self, group: ProcessGroup, rec: tuple,
                  fin: Callable[[float], None] | None, deadline: float,
                  test: Callable[[], bool] | None = None) -> None:
@@ -86,6 +89,8 @@ class Work:
             self._exc = e
             raise
         self._done = True
+        if self._tl is not None:
+            self._tl[0].end(self._tl[1])
         return True
 
     def is_completed(self) -> bool:
@@ -123,6 +128,8 @@ class ProcessGroup:
         self._inflight = None  # rec of a blocking call in progress (mpi)
         self._debug = debug_level() == 'DETAIL'
         self._nsub = 0         # new_group calls, to key sub-groups
+        # DTORCH_TIMELINE: the rank's timeline (collectives/timeline.py)
+        self._timeline = _timeline.for_group(self)
 
     def __repr__(self):
         return (f"<{type(self).__name__} {self.name!r} rank {self.rank}"
@@ -202,6 +209,11 @@ class ProcessGroup:
     def _run(self, name, arr, sig, start, async_op, p2p=False):
         if self._broken is not None:
             self._check_usable()
+        if self._timeline is not None:
+            return self._run_recorded(name, arr, sig, start, async_op, p2p)
+        return self._run_op(name, arr, sig, start, async_op, p2p)
+
+    def _run_op(self, name, arr, sig, start, async_op, p2p):
         if p2p:
             self._p2p_seq += 1
             seq = -self._p2p_seq   # p2p ops do not count as collectives
@@ -224,6 +236,22 @@ class ProcessGroup:
             return Work(self, rec, fin, deadline, self._tester(fin))
         self._finish(rec, fin, deadline)
         return None
+
+    def _run_recorded(self, name, arr, sig, start, async_op, p2p):
+        tl = self._timeline
+        if not tl.synced and not p2p and self.size == tl.size:
+            tl.start(self)    # the first collective of the world: clocks
+        # a point-to-point op's peer is in its signature ("dst=3 tag=0")
+        peers = ([self.ranks[int(sig.split()[0][4:])]] if p2p
+                 else list(self.ranks))
+        tok = tl.collective(self, name, arr, sig, peers)
+        w = self._run_op(name, arr, sig, start, async_op, p2p)
+        tl.started(tok, -self._p2p_seq if p2p else self._seq, async_op)
+        if w is None:
+            tl.end(tok)
+        else:
+            w._tl = (tl, tok)
+        return w
 
     def _finish(self, rec, fin, deadline):
         try:
@@ -436,7 +464,7 @@ class ProcessGroup:
         self._check_rank(dst, 'send dst')
         if dst == self.rank:
             raise ValueError(f"rank {self.rank} cannot send to itself")
-        return self._run('send', arr, '',
+        return self._run('send', arr, f"dst={dst} tag={tag}",
                          lambda d: self._start_send(arr, dst, tag, d),
                          async_op, p2p=True)
 
@@ -447,7 +475,7 @@ class ProcessGroup:
         self._check_rank(src, 'recv src')
         if src == self.rank:
             raise ValueError(f"rank {self.rank} cannot recv from itself")
-        return self._run('recv', arr, '',
+        return self._run('recv', arr, f"src={src} tag={tag}",
                          lambda d: self._start_recv(arr, src, tag, d),
                          async_op, p2p=True)
 
@@ -507,8 +535,11 @@ class ProcessGroup:
         name = name or f"{self.name}/{self._nsub}"
         sub = [self.ranks.index(r) for r in ranks]   # ranks in this group
         me = sub.index(self.rank) if self.rank in sub else None
-        return self._new_group(sub, ranks, me, name,
-                               as_seconds(timeout, self.timeout))
+        g = self._new_group(sub, ranks, me, name,
+                            as_seconds(timeout, self.timeout))
+        if g is not None and self._timeline is not None:
+            g._timeline = self._timeline   # the rank's one file
+        return g
 
     def destroy(self) -> None:
         """Release sockets/communicators; the group is unusable after."""

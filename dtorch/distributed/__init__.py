@@ -143,6 +143,9 @@ def init_process_group(backend=None, init_method=None, timeout=None,
     g = _c.init(b, timeout=timeout, master_addr=addr or None,
                 master_port=port or None, **kw)
     _world[0] = g
+    if g._timeline is not None:     # DTORCH_TIMELINE (collectives/timeline)
+        from . import _timeline
+        _timeline.attach(g)
     return g
 
 
@@ -439,6 +442,9 @@ def spawn_threads(fn, world_size, timeout=None):
     launcher. Returns the list of results; re-raises the first failure."""
     def body(group):
         _local.group = group
+        if group._timeline is not None:     # DTORCH_TIMELINE
+            from . import _timeline
+            _timeline.attach(group)
         try:
             return fn(group.rank, group.size)
         finally:

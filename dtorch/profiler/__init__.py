@@ -179,7 +179,11 @@ _recorder = _OpRecorder()
 def _install(delta):
     with _lock:
         _active[0] += delta
-        _function._profile = _recorder if _active[0] > 0 else None
+        hook = _recorder if _active[0] > 0 else None
+        # a DTORCH_TIMELINE recorder, if the job runs one, stays outermost
+        # and hands ops on to this one (dtorch/distributed/_timeline.py)
+        tl = sys.modules.get("dtorch.distributed._timeline")
+        _function._profile = tl._outermost(hook) if tl is not None else hook
         _function._update_hook()
 
 

@@ -209,6 +209,9 @@ class Reducer:
     docstring). ``stats``: seconds spent reducing buckets (communication
     thread) and waiting for them at the end of backward (main thread);
     1 - wait/comm is the share of communication hidden behind backward."""
+    # DTORCH_TIMELINE: the rank's timeline (set by DDP), and when each
+    # bucket of this step became ready (perf_counter_ns)
+    _tl = None
 
     def __init__(self, params, names, group, bucket_cap_mb):
         self.params, self.names, self.group = params, names, group
@@ -219,6 +222,7 @@ class Reducer:
         self.stats = {"comm_s": 0.0, "wait_s": 0.0, "buckets": 0}
         self.strategy = None
         self._next = 0
+        self._ready_ns = {}
 
     @staticmethod
     def _build(params, bucket_cap_mb):
@@ -255,6 +259,8 @@ class Reducer:
         self.strategy.gradient_ready(b, j, p, zero)
         b.ready.add(j)
         b.pending -= 1
+        if self._tl is not None and b.pending == 0:
+            self._ready_ns[b.index] = time.perf_counter_ns()
         # launch in bucket order, whatever order gradients arrive in, so
         # that every rank issues the same sequence of all-reduces
         while (self._next < len(self.buckets)
@@ -264,6 +270,8 @@ class Reducer:
 
     def _launch(self, b):
         work, stats = self.strategy.work(b), self.stats
+        if self._tl is not None:
+            work = self._recorded(b, work)
 
         def run():
             t0 = time.perf_counter()
@@ -272,6 +280,30 @@ class Reducer:
             stats["buckets"] += 1
             return out
         b.future = self.comm.submit(run, device_of(b.flat))
+
+    def _recorded(self, b, work):
+        """``work`` that records the bucket on its own timeline row:
+        "pending" (ready, waiting for earlier buckets to fill), "queued"
+        (launched, the communication thread busy with earlier ones) and
+        "allreduce" (reduced)."""
+        tl, now = self._tl, time.perf_counter_ns
+        launched = now()
+        ready = self._ready_ns.pop(b.index, launched)
+        row = tl.track(f"DDP bucket {b.index}")
+        args = {"bucket": b.index, "bytes": int(b.flat.nbytes),
+                "params": len(b.params), "dtype": str(b.dtype)}
+
+        def run():
+            started = now()
+            try:
+                return work()
+            finally:
+                done = now()
+                if launched > ready:
+                    tl.complete("pending", "ddp", ready, launched, args, row)
+                tl.complete("queued", "ddp", launched, started, args, row)
+                tl.complete("allreduce", "ddp", started, done, args, row)
+        return run
 
     def missing(self):
         """Names of the parameters whose gradient never became ready, in
@@ -287,6 +319,16 @@ class Reducer:
 
     def finish(self, as_bucket_view):
         """Wait for the launched buckets and write their results back."""
+        if self._tl is not None:
+            t = time.perf_counter_ns()
+            try:
+                return self._finish(as_bucket_view)
+            finally:
+                self._tl.complete("DDP wait for buckets", "ddp", t,
+                                  time.perf_counter_ns())
+        return self._finish(as_bucket_view)
+
+    def _finish(self, as_bucket_view):
         t0 = time.perf_counter()
         for b in self.buckets:
             if b.future is None:

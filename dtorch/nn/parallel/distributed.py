@@ -28,6 +28,7 @@ import contextlib
 import numpy as np
 
 from ... import distributed as dist
+from ...distributed import _timeline
 from ..._ignored import ignored_argument
 from ...autograd import engine as _engine
 from ...autograd.function import AccumulateGrad
@@ -83,6 +84,8 @@ class DistributedDataParallel(Module):
             else resolve_group(None)
         # plain attributes, not registered as submodules or parameters
         object.__setattr__(self, "process_group", group)
+        # DTORCH_TIMELINE: this rank's ops, buckets and collectives
+        tl = _timeline.attach(group) if _timeline.requested() else None
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
@@ -101,6 +104,7 @@ class DistributedDataParallel(Module):
             self._sync_module_states()
         object.__setattr__(self, "_reducer", Reducer(
             self._params, names, group, self.bucket_cap_mb))
+        self._reducer._tl = tl
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
                        for p in self._params]
         self._unfinished = None      # set if a sync backward left buckets

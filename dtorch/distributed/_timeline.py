@@ -1,0 +1,153 @@
+"""dtorch's part of the timeline (``DTORCH_TIMELINE=DIR``, see
+``collectives/timeline.py``): autograd ops and backward nodes of a rank,
+recorded into the timeline of its process group.
+
+``attach(group)`` is called where a job joins its group (init_process_group,
+DDP) and only when the variable is set: it synchronises the clocks (a
+collective, so every rank calls it at the same point), binds the calling
+thread to the rank's timeline and installs the recorder as
+``autograd.function._profile`` - the slot the profiler uses, so
+``Function.apply`` keeps its single hook check and nothing is installed
+while no timeline is on. A profile that records at the same time still sees
+every op: the timeline's recorder stays outermost and hands each op on to
+the profiler's (``dtorch.profiler._install`` asks ``_outermost``).
+
+Events: ``<Op>`` (forward, args: input shapes) on the thread that ran it,
+``<Node>Backward`` for each backward node; rank threads of one process
+(``spawn_threads``) each record into their own rank's file.
+"""
+import sys
+import threading
+import time
+
+from collectives import timeline as _ctl
+from ..autograd import function as _function
+from ..autograd.function import TensorBase
+
+_now = time.perf_counter_ns
+_lock = threading.Lock()
+
+
+class _Local(threading.local):
+    tl = None         # the timeline of the rank this thread works for
+    inside = None     # the op class being recorded (re-entry guard)
+
+
+_tls = _Local()
+_process = [None, 0]   # the process's one timeline (process ranks), count
+
+
+def requested():
+    return _ctl.requested() is not None
+
+
+def _shapes(args):
+    return [a._data.shape for a in args if isinstance(a, TensorBase)]
+
+
+class _Recorder:
+    """``autograd.function._profile`` while a timeline records: records
+    the op, then hands it on to the profiler (``inner``) or autocast."""
+    inner = None
+
+    def _pass(self, cls, args, kwargs):
+        inner = self.inner
+        if inner is not None:
+            return inner(cls, args, kwargs)
+        amp = _function._autocast
+        return amp(cls, args, kwargs) if amp is not None else NotImplemented
+
+    def __call__(self, cls, args, kwargs):
+        st = _tls
+        tl = st.tl or _process[0]
+        if tl is None or st.inside is cls or tl.closed:
+            return self._pass(cls, args, kwargs)
+        prev, st.inside = st.inside, cls
+        t0 = _now()
+        try:
+            return cls.apply(*args, **kwargs)
+        finally:
+            st.inside = prev
+            tl.complete(cls.__name__, 'op', t0, _now(),
+                        {'shapes': _shapes(args)})
+
+    def backward_node(self, run):
+        """Wrap the engine's per-node call for one backward pass."""
+        if self.inner is not None:
+            run = self.inner.backward_node(run)
+        tl = _tls.tl or _process[0]
+        if tl is None or tl.closed:
+            return run
+
+        def timed(node, *rest):
+            t0 = _now()
+            try:
+                return run(node, *rest)
+            finally:
+                tl.complete(node.name(), 'backward', t0, _now())
+        return timed
+
+
+_recorder = _Recorder()
+_on = [False]
+
+
+def _profiler_recorder():
+    # only a profiler the job loaded itself: never load it from here
+    prof = sys.modules.get("dtorch.profiler")
+    if prof is not None and prof._active[0] > 0:
+        return prof._recorder
+    return None
+
+
+def _outermost(inner):
+    """The hook to install given the profiler's (or None): the timeline's
+    recorder around it while a timeline is on."""
+    if not _on[0]:
+        return inner
+    _recorder.inner = inner
+    return _recorder
+
+
+def _install(on):
+    with _lock:
+        _on[0] = on
+        _function._profile = _outermost(_profiler_recorder())
+        _function._update_hook()
+
+
+def attach(group):
+    """Start the timeline of ``group``'s rank (clock sync on first use) and
+    record this thread's autograd ops into it. Returns the timeline, or
+    None when ``DTORCH_TIMELINE`` is unset."""
+    tl = getattr(group, "_timeline", None)
+    if tl is None:
+        return None
+    if not tl.synced:
+        if group.size != tl.size:
+            raise RuntimeError(
+                f"DTORCH_TIMELINE: the timeline of rank {tl.rank} starts on "
+                f"its world group (clock sync), not on group "
+                f"{group.name!r} of {group.size} ranks")
+        tl.start(group)
+    _tls.tl = tl
+    with _lock:
+        if _process[0] is not tl:
+            # one timeline per process: any thread's ops are its rank's;
+            # several (thread ranks): only threads bound by attach record
+            _process[1] += 1
+            _process[0] = tl if _process[1] == 1 else None
+    if not _on[0]:
+        _install(True)
+    return tl
+
+
+def close():
+    """Write every open timeline of this process and remove the hook."""
+    paths = _ctl.close_all()
+    with _lock:
+        _process[0], _process[1] = None, 0
+    _tls.tl = None
+    if _on[0]:
+        _install(False)
+    return paths
