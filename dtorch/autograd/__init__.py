@@ -4,10 +4,11 @@ from .function import Function
 from .grad_mode import (no_grad, enable_grad, set_grad_enabled,
                         inference_mode, is_grad_enabled)
 from ._api import backward, grad
-from .gradcheck import gradcheck
+from .gradcheck import gradcheck, gradgradcheck
 from .anomaly_mode import detect_anomaly, set_detect_anomaly  # noqa
 from .variable import Variable  # noqa: F401
 from . import functional  # noqa: F401
 
-__all__ = ["Function", "backward", "grad", "gradcheck", "no_grad",
+__all__ = ["Function", "backward", "grad", "gradcheck", "gradgradcheck",
+           "no_grad",
            "enable_grad", "set_grad_enabled", "inference_mode"]

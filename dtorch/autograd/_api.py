@@ -15,7 +15,10 @@ def _as_list(x):
     return [x]
 
 
-def _root_grads(outputs, grad_outputs, what):
+def _root_grads(outputs, grad_outputs, what, create_graph=False):
+    """The gradients the engine starts from: arrays, or tensors (a given
+    gradient as it is, so that it may itself require grad) under
+    create_graph."""
     T = _fn.TensorBase
     grads = []
     for i, (t, g) in enumerate(zip(outputs, grad_outputs)):
@@ -31,6 +34,8 @@ def _root_grads(outputs, grad_outputs, what):
                         f"outputs ({what} of a tensor of shape "
                         f"{list(t.shape)}: pass gradient=)")
                 g = t._xp().ones(t._data.shape, t._data.dtype)
+                if create_graph:
+                    g = t._make(g, False, None)
             else:
                 if not isinstance(g, T):
                     g = t._make(t._xp().asarray(g, dtype=t._data.dtype),
@@ -40,37 +45,44 @@ def _root_grads(outputs, grad_outputs, what):
                         f"Mismatch in shape: grad_output[{i}] has a shape "
                         f"of {list(g.shape)} and output[{i}] has a shape of "
                         f"{list(t.shape)}.")
-                g = g._data.copy()   # the engine may accumulate into it
+                if not create_graph:
+                    g = g._data.copy()   # the engine may add into it
         grads.append(g)
     return grads
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None,
              create_graph=False, inputs=None):
-    """Accumulate gradients of ``tensors`` into the leaves' ``.grad``."""
-    if create_graph:
-        raise NotImplementedError(
-            "dtorch does not support create_graph=True (higher-order "
-            "gradients)")
+    """Accumulate gradients of ``tensors`` into the leaves' ``.grad``.
+
+    With ``create_graph=True`` the gradients are recorded, so that
+    ``.grad`` can be differentiated again (gradient penalties, Hessian-
+    vector products); ``retain_graph`` then defaults to True."""
+    if retain_graph is None:
+        retain_graph = create_graph
     outs = _as_list(tensors)
     gs = _as_list(grad_tensors) or [None] * len(outs)
     if len(gs) != len(outs):
         raise RuntimeError(f"got {len(gs)} gradients for {len(outs)} "
                            f"tensors")
-    grads = _root_grads(outs, gs, "backward")
+    grads = _root_grads(outs, gs, "backward", create_graph)
     if inputs is not None:
         ins = _as_list(inputs)
         res = _engine.run_backward(outs, grads, bool(retain_graph), ins,
-                                   accumulate=False)
+                                   accumulate=False,
+                                   create_graph=create_graph)
         for t, g in zip(ins, res):
-            if g is not None:
+            if g is not None and create_graph:
+                t._grad = g if t._grad is None else t._grad + g
+            elif g is not None:
                 with _B.device_guard(g):
                     if t._grad is None:
                         t._grad = t._make(g.copy(), False, None)
                     else:
                         t._grad._data += g
         return
-    _engine.run_backward(outs, grads, bool(retain_graph))
+    _engine.run_backward(outs, grads, bool(retain_graph),
+                         create_graph=create_graph)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None,
@@ -81,11 +93,15 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None,
     Example::
 
         gx, = dtorch.autograd.grad((x ** 2).sum(), [x])
+
+    With ``create_graph=True`` the returned gradients are part of a graph
+    and can be differentiated again::
+
+        gx, = dtorch.autograd.grad((x ** 3).sum(), x, create_graph=True)
+        gxx, = dtorch.autograd.grad(gx.sum(), x)       # 6 * x
     """
-    if create_graph:
-        raise NotImplementedError(
-            "dtorch does not support create_graph=True (higher-order "
-            "gradients)")
+    if retain_graph is None:
+        retain_graph = create_graph
     outs = _as_list(outputs)
     ins = _as_list(inputs)
     single = not isinstance(inputs, (list, tuple))
@@ -96,9 +112,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None,
                 f"One of the differentiated Tensors (input {i}) does not "
                 f"require grad")
     gs = _as_list(grad_outputs) or [None] * len(outs)
-    grads = _root_grads(outs, gs, "grad")
+    grads = _root_grads(outs, gs, "grad", create_graph)
     res = _engine.run_backward(outs, grads, bool(retain_graph), ins,
-                               accumulate=False)
+                               accumulate=False, create_graph=create_graph)
     out = []
     for i, (t, g) in enumerate(zip(ins, res)):
         if g is None:
@@ -109,5 +125,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None,
                     f"One of the differentiated Tensors (input {i}) appears "
                     f"to not have been used in the graph. Set "
                     f"allow_unused=True if this is the desired behavior.")
-        out.append(None if g is None else t._make(g, False, None))
+        if g is None or create_graph and isinstance(g, T):
+            out.append(g)
+        else:
+            out.append(t._make(g, False, None))
     return tuple(out)

@@ -59,11 +59,16 @@ def _call_hooks(hooks, g):
 
 
 def run_backward(roots, grads, retain_graph=False, inputs=None,
-                 accumulate=True):
+                 accumulate=True, create_graph=False):
     """Propagate ``grads`` (arrays) from ``roots`` (tensors) to the leaves.
 
     With ``inputs`` (a list of tensors), return their gradients instead of,
     or (``accumulate=True``) besides, accumulating into leaves' ``.grad``.
+
+    With ``create_graph`` the gradients are tensors instead of arrays (the
+    roots' ``grads`` too), and the backward pass is itself recorded: each
+    node runs its differentiable backward (``Function._run_backward_graph``)
+    with grad mode on, so the results can be differentiated again.
     """
     # ---- the graph. A node's inputs always come from nodes created before
     # it, so decreasing creation number is a topological order: no consumer
@@ -113,15 +118,21 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
         buf[nr] = g if nr not in buf else buf[nr] + g
 
     prev_mode = _state.enabled
-    _state.enabled = False  # no graph is recorded while differentiating
+    # no graph is recorded while differentiating, unless create_graph
+    _state.enabled = bool(create_graph)
     outer_callbacks = _callbacks.pending
     _callbacks.pending = []
     try:
         # with CuPy loaded, each node and leaf runs on its gradients'
         # device (CuPy runs kernels on the current device); CPU-only
         # processes take the unguarded calls
-        run, acc = ((_run_node_on_device, _accumulate_on_device)
-                    if _B._cupy is not None else (_run_node, _accumulate))
+        if create_graph:
+            run, acc = ((_run_node_graph_on_device, _accumulate_on_device)
+                        if _B._cupy is not None
+                        else (_run_node_graph, _accumulate_graph))
+        else:
+            run, acc = ((_run_node_on_device, _accumulate_on_device)
+                        if _B._cupy is not None else (_run_node, _accumulate))
         if _fn._profile is not None:     # dtorch.profiler is recording
             run = _fn._profile.backward_node(run)
         for leaf in leaves:      # backward() called on a leaf itself
@@ -224,11 +235,14 @@ def _run_node_on_device(node, buf, *rest):
         _run_node(node, buf, *rest)
 
 
-def _accumulate_on_device(node, buf, *rest):
+def _accumulate_on_device(node, buf, capture, results, accumulate):
     # on the leaf's device: .grad += g runs on the current device
     if buf:
         with _B.device_guard(node.variable._data):
-            _accumulate(node, buf, *rest)
+            if isinstance(buf[0], _fn.TensorBase):
+                _accumulate_graph(node, buf, capture, results, accumulate)
+            else:
+                _accumulate(node, buf, capture, results, accumulate)
 
 
 def _accumulate(node, buf, capture, results, accumulate):
@@ -258,6 +272,99 @@ def _accumulate(node, buf, capture, results, accumulate):
             t._grad._bump_version()
         else:
             t._grad = t._make(gd + g, False, None)
+    if t._post_hooks:
+        for h in t._post_hooks:
+            h(t)
+
+
+# ---------------------------------------------------------------------------
+# create_graph=True: the same walk over tensors, recorded as a new graph.
+
+def _call_hooks_graph(hooks, g):
+    # a user's tensor hook (Tensor.register_hook) sees the tensor itself;
+    # dtorch's own array hooks see its array, and a new array they return
+    # replaces the gradient as a constant
+    for h in hooks:
+        th = getattr(h, "hook", None)
+        if th is not None:
+            r = th(g)
+            if r is not None:
+                g = r
+        else:
+            r = h(g._data)
+            if r is not g._data:
+                g = g._make(r, False, None)
+    return g
+
+
+def _run_node_graph(node, buf, buffers, capture, results, retain_graph):
+    """_run_node over tensors: the node's backward is recorded."""
+    if node._freed:
+        raise RuntimeError(_FREED_MSG)
+    out_grads = [None] * (max(buf) + 1)
+    for nr, g in buf.items():
+        out_grads[nr] = g
+    if node._hooks:
+        for nr, hooks in node._hooks.items():
+            if nr < len(out_grads) and out_grads[nr] is not None:
+                out_grads[nr] = _call_hooks_graph(hooks, out_grads[nr])
+    if capture is not None:
+        for nr, g in enumerate(out_grads):
+            for i in capture.get((node, nr), ()):
+                results[i] = g
+    if node._versions:
+        _check_versions(node)
+    in_grads = node._run_backward_graph(out_grads)
+    if _anomaly[0]:
+        check_grads(node, [None if g is None else g._data
+                           for g in in_grads])
+    if not retain_graph:
+        node.__dict__.clear()
+        node._freed = True
+        node._versions = None
+    for e, g in zip(node.next_edges, in_grads):
+        if e is None or g is None:
+            continue
+        c, nr = e
+        cb = buffers.get(c)
+        if cb is None:
+            buffers[c] = {nr: g}
+        elif nr in cb:
+            cb[nr] = cb[nr] + g
+        else:
+            cb[nr] = g
+
+
+def _run_node_graph_on_device(node, buf, *rest):
+    with _B.device_guard(_first_cuda(g._data for g in buf.values())):
+        _run_node_graph(node, buf, *rest)
+
+
+def _accumulate_graph(node, buf, capture, results, accumulate):
+    """_accumulate over tensors: ``.grad`` becomes the (differentiable)
+    gradient tensor, summed out of place with an earlier one, as PyTorch
+    does under create_graph."""
+    if not buf:
+        return
+    g = buf[0]
+    t = node.variable
+    if g.shape != t._data.shape:
+        raise RuntimeError(
+            f"Function AccumulateGrad returned an invalid gradient: got "
+            f"shape {list(g.shape)} for a tensor of shape {list(t.shape)}")
+    if t._hooks:
+        g = _call_hooks_graph(t._hooks, g)
+    if capture is not None:
+        for i in capture.get((node, 0), ()):
+            results[i] = g
+        if not accumulate:
+            return
+    if g.dtype != t.dtype:
+        g = g.to(t.dtype)
+    # a copy, as PyTorch's AccumulateGrad under grad mode: the gradient may
+    # be a broadcast view or the caller's own tensor, and .grad is updated
+    # in place later (optimizers, zero_grad)
+    t._grad = g.clone() if t._grad is None else t._grad + g
     if t._post_hooks:
         for h in t._post_hooks:
             h(t)

@@ -221,6 +221,123 @@ class Function:
         return res
 
 
+    # ---------------------------------------------- create_graph=True --
+    # The engine calls _run_backward_graph instead of _run_backward: the
+    # gradients are tensors and grad mode is on, so what backward computes
+    # is recorded and can be differentiated again.
+    #
+    # dtorch's primitives compute first-order gradients on arrays. One that
+    # can be differentiated twice also defines
+    #
+    #     @staticmethod
+    #     def backward_graph(ctx, *grads):    # tensors in, tensors out
+    #
+    # written with differentiable dtorch ops (or returning NotImplemented
+    # for arguments it does not cover); ``ctx.graph_input(i, a)`` and
+    # ``ctx.graph_output(a)`` turn the arrays that forward saved back into
+    # tensors connected to the graph (PyTorch's SavedVariable): a gradient
+    # taken through them flows to input i, or through this node. A
+    # primitive without backward_graph still gives its first-order
+    # gradient, as a tensor whose own backward raises: differentiating it
+    # again is an error that names the op, never a silent zero.
+
+    def graph_input(self, i, data):
+        """``data`` (input i's array, as forward saw it) as a tensor whose
+        gradient flows to input i."""
+        e = self.next_edges[i]
+        if e is None:
+            return self._gmake(data, False, None)
+        t = self._gmake(data, True, e[0])
+        t._output_nr = e[1]
+        return t
+
+    def graph_output(self, data, nr=0):
+        """``data`` (this node's output nr, saved by forward) as a tensor
+        whose gradient flows back through this node."""
+        t = self._gmake(data, True, self)
+        t._output_nr = nr
+        return t
+
+    def _run_backward_graph(self, grads):
+        make = next(g for g in grads if g is not None)._make
+        if self._array_api:
+            bg = getattr(type(self), "backward_graph", None)
+            if bg is None:
+                return _first_order_only(self, grads, make)
+            self._gmake = make
+            out = bg(self, *grads)
+            if out is NotImplemented:    # not for these arguments
+                return _first_order_only(self, grads, make)
+            return out if type(out) is tuple else (out,)
+        grads = list(grads) + [None] * (len(self._out_meta) - len(grads))
+        for i, (g, meta) in enumerate(zip(grads, self._out_meta)):
+            if g is None and self._materialize and meta is not None:
+                xp, shape, dt = meta
+                grads[i] = make(xp.zeros(shape, dt), False, None)
+        out = type(self).backward(self, *grads)
+        if type(out) is not tuple:
+            out = (out,)
+        T = TensorBase
+        res = [g if g is None or isinstance(g, T) else make(g, False, None)
+               for g in out]
+        n = len(self.next_edges)
+        if len(res) < n:
+            res.extend([None] * (n - len(res)))
+        elif len(res) > n and any(g is not None for g in res[n:]):
+            raise RuntimeError(
+                f"function {self.name()} returned an incorrect number of "
+                f"gradients (expected {n}, got {len(res)})")
+        return res
+
+
+def _first_order_only(node, grads, make):
+    """The gradients of a primitive that has no backward_graph: computed on
+    arrays as usual, returned as tensors whose backward raises."""
+    prev = _state.enabled
+    _state.enabled = False
+    try:
+        out = node._run_backward([None if g is None else g._data
+                                  for g in grads])
+    finally:
+        _state.enabled = prev
+    edges = [e for e in node.next_edges if e is not None]
+    edges += [_edge(g) for g in grads if g is not None and g.requires_grad]
+    res = []
+    for a in out:
+        if a is None:
+            res.append(None)
+            continue
+        stop = _NoDoubleBackward(node.name(), edges)
+        res.append(make(a, True, stop))
+    return res
+
+
+class _NoDoubleBackward(Function):
+    """Stands for the gradient of a primitive without backward_graph:
+    reaching it in a backward pass is an error that names the primitive."""
+    _array_api = True
+
+    def __init__(self, op, edges):
+        self.op = op
+        self.next_edges = tuple(edges)
+        self._seq = next(_seq)
+        self._freed = False
+        self._hooks = None
+        self._versions = None
+
+    def name(self):
+        return f"{self.op}GradBackward"
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"double backward is not implemented for {ctx.op}: the "
+            f"gradient it computed under create_graph=True cannot be "
+            f"differentiated again in dtorch (gradient penalties and "
+            f"higher-order gradients need every op on the path to "
+            f"support it)")
+
+
 def _cuda_index(args, kwargs):
     """The device index of the first CuPy array (or CUDA tensor) among an
     op's arguments, or None."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from ._api import grad as _grad
 from . import function as _fn
-from .grad_mode import no_grad
+from .grad_mode import no_grad, enable_grad
 
 
 class GradcheckError(RuntimeError):
@@ -116,3 +116,51 @@ def gradcheck(func, inputs, eps=1e-6, atol=1e-5, rtol=1e-3,
                     raise GradcheckError(msg)
                 return False
     return True
+
+
+def gradgradcheck(func, inputs, grad_outputs=None, eps=1e-6, atol=1e-5,
+                  rtol=1e-3, gen_non_contig_grad_outputs=False,
+                  raise_exception=True, nondet_tol=0.0):
+    """``gradcheck`` of the gradient itself: the second derivatives that
+    ``create_graph=True`` gives, against finite differences of the first
+    ones. ``grad_outputs`` (random, requiring grad, when None) are inputs
+    of the checked function too, as in torch.autograd.gradgradcheck.
+
+    Example::
+
+        x = dtorch.randn(3, dtype=dtorch.float64, requires_grad=True)
+        assert dtorch.autograd.gradgradcheck(lambda t: t.tanh() * t, (x,))
+    """
+    T = _fn.TensorBase
+    if isinstance(inputs, T):
+        inputs = (inputs,)
+    inputs = tuple(inputs)
+    outs = [o for o in _outputs(func, inputs) if o.requires_grad]
+    if grad_outputs is None:
+        rng = np.random.default_rng(0)
+        grad_outputs = []
+        for o in outs:
+            a = rng.standard_normal(tuple(o.shape))
+            if gen_non_contig_grad_outputs and a.ndim:
+                a = np.repeat(a, 2, axis=-1)[..., ::2]
+            grad_outputs.append(o._make(
+                o._xp().asarray(a).astype(o._data.dtype), True, None))
+    elif isinstance(grad_outputs, T):
+        grad_outputs = [grad_outputs]
+    grad_outputs = tuple(grad_outputs)
+    n_in = len(inputs)
+    diff = [i for i, t in enumerate(inputs)
+            if isinstance(t, T) and t.requires_grad]
+
+    def first_order(*args):
+        # also while gradcheck perturbs inputs under no_grad
+        ins, gos = args[:n_in], args[n_in:]
+        with enable_grad():
+            outs = [o for o in _outputs(func, ins) if o.requires_grad]
+            gs = _grad(outs, [ins[i] for i in diff], list(gos),
+                       create_graph=True, allow_unused=True)
+        return tuple(g for g in gs if g is not None)
+
+    return gradcheck(first_order, inputs + grad_outputs, eps=eps, atol=atol,
+                     rtol=rtol, raise_exception=raise_exception,
+                     nondet_tol=nondet_tol)

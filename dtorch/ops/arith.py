@@ -9,7 +9,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
-    is_float
+    is_float, const, keep_grad_t, unbroadcast_t
 
 
 def _shape_error(op, x, y):
@@ -66,6 +66,13 @@ class Add(Op):
                 unbroadcast(-g if cls._neg_y else g, ctx.ys, ctx.yd)
                 if n[1] else None)
 
+    @classmethod
+    def backward_graph(cls, ctx, g):
+        n = ctx.needs_input_grad
+        return (unbroadcast_t(g, ctx.xs, ctx.xd) if n[0] else None,
+                unbroadcast_t(-g if cls._neg_y else g, ctx.ys, ctx.yd)
+                if n[1] else None)
+
 
 class Sub(Add):
     _name, _f, _neg_y = "sub", staticmethod(operator.sub), True
@@ -118,6 +125,15 @@ class Mul(Op):
         return (unbroadcast(g * y, ctx.xs, ctx.xd) if n[0] else None,
                 unbroadcast(g * x, ctx.ys, ctx.yd) if n[1] else None)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        x, y = ctx.to_save
+        n = ctx.needs_input_grad
+        return (unbroadcast_t(g * _saved(ctx, 1, y), ctx.xs, ctx.xd)
+                if n[0] else None,
+                unbroadcast_t(g * _saved(ctx, 0, x), ctx.ys, ctx.yd)
+                if n[1] else None)
+
 
 class Div(Op):
     @staticmethod
@@ -137,6 +153,16 @@ class Div(Op):
         gx = g / y
         gy = unbroadcast(-gx * x / y, ctx.ys, ctx.yd) if n[1] else None
         return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None, gy)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        x, y = ctx.to_save
+        n = ctx.needs_input_grad
+        y = _saved(ctx, 1, y)
+        gx = g / y
+        gy = unbroadcast_t(-gx * _saved(ctx, 0, x) / y, ctx.ys, ctx.yd) \
+            if n[1] else None
+        return (unbroadcast_t(gx, ctx.xs, ctx.xd) if n[0] else None, gy)
 
 
 class Pow(Op):
@@ -180,6 +206,28 @@ class Pow(Op):
                 gy = unbroadcast(gy, ctx.ys, ctx.yd)
         return gx, gy
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        x, y, out = ctx.to_save
+        n = ctx.needs_input_grad
+        xt, yt = _saved(ctx, 0, x), _saved(ctx, 1, y)
+        gx = gy = None
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if n[0]:
+                if type(y) in _SCALARS:
+                    gx = (const(g, get_array_module(g._data).zeros_like(
+                        g._data)) if y == 0 else g * (y * xt ** (y - 1)))
+                else:
+                    gx = keep_grad_t(y != 0, g * (yt * xt ** (yt - 1)))
+                gx = unbroadcast_t(gx, ctx.xs, ctx.xd)
+            if n[1]:
+                xp = get_array_module(g._data)
+                lx = xt.log() if type(x) not in _SCALARS else np.log(x)
+                zero = xp.asarray((x == 0) & (y >= 0))
+                gy = g * keep_grad_t(~zero, ctx.graph_output(out) * lx)
+                gy = unbroadcast_t(gy, ctx.ys, ctx.yd)
+        return gx, gy
+
 
 class Maximum(Op):
     """Elementwise maximum; ties split the gradient evenly, and where
@@ -211,6 +259,19 @@ class Maximum(Op):
             gy = unbroadcast(keep_grad(xp, ~cls._lose(y, x), g), ctx.ys,
                              ctx.yd)
         return gx, gy
+
+    @classmethod
+    def backward_graph(cls, ctx, g):
+        x, y = ctx.to_save
+        tie = x == y
+        if bool(tie.any()):
+            g = g * const(g, get_array_module(x).where(tie, 0.5, 1.0)
+                          .astype(g._data.dtype))
+        n = ctx.needs_input_grad
+        return (unbroadcast_t(keep_grad_t(~cls._lose(x, y), g), ctx.xs,
+                              ctx.xd) if n[0] else None,
+                unbroadcast_t(keep_grad_t(~cls._lose(y, x), g), ctx.ys,
+                              ctx.yd) if n[1] else None)
 
 
 class Minimum(Maximum):
@@ -245,6 +306,17 @@ class Lerp(Op):
                     unbroadcast(g * w, ctx.ys, ctx.yd) if n[1] else None,
                     unbroadcast(g * (b - a), ctx.wshape, ctx.wd)
                     if len(n) > 2 and n[2] else None)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        a, b, w = ctx.to_save
+        n = ctx.needs_input_grad
+        wt = _saved(ctx, 2, w) if len(n) > 2 else w
+        return (unbroadcast_t(g * (1 - wt), ctx.xs, ctx.xd) if n[0] else None,
+                unbroadcast_t(g * wt, ctx.ys, ctx.yd) if n[1] else None,
+                unbroadcast_t(g * (_saved(ctx, 1, b) - _saved(ctx, 0, a)),
+                              ctx.wshape, ctx.wd)
+                if len(n) > 2 and n[2] else None)
 
 
 def _div_floor(xp, a, b):
@@ -286,6 +358,18 @@ class Mod(Op):
                 gy = unbroadcast(-g * q, ctx.ys, ctx.yd)
         return (unbroadcast(g, ctx.xs, ctx.xd) if n[0] else None, gy)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        x, y = ctx.to_save
+        xp = get_array_module(g._data)
+        n = ctx.needs_input_grad
+        gy = None
+        if n[1]:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                q = _div_floor(xp, x, y) if ctx.floor else xp.trunc(x / y)
+                gy = unbroadcast_t(-g * const(g, q), ctx.ys, ctx.yd)
+        return (unbroadcast_t(g, ctx.xs, ctx.xd) if n[0] else None, gy)
+
 
 # ================================================ selection by value ==
 
@@ -308,6 +392,16 @@ class Where(Op):
                 unbroadcast(keep_grad(xp, cond, g), ctx.xs, ctx.xd)
                 if n[1] else None,
                 unbroadcast(keep_grad(xp, ~cond, g), ctx.ys, ctx.yd)
+                if n[2] else None)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        cond = ctx.to_save[0]
+        n = ctx.needs_input_grad
+        return (None,
+                unbroadcast_t(keep_grad_t(cond, g), ctx.xs, ctx.xd)
+                if n[1] else None,
+                unbroadcast_t(keep_grad_t(~cond, g), ctx.ys, ctx.yd)
                 if n[2] else None)
 
 
@@ -340,6 +434,19 @@ class Clamp(Op):
             keep = x <= ctx.hi
         return keep_grad(get_array_module(g), keep, g)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        return keep_grad_t(type(ctx).keep_mask(ctx), g)
+
+    @staticmethod
+    def keep_mask(ctx):
+        x = ctx.to_save[0]
+        if ctx.lo is not None and ctx.hi is not None:
+            return (x >= ctx.lo) & (x <= ctx.hi)
+        if ctx.lo is not None:
+            return x >= ctx.lo
+        return x <= ctx.hi
+
 
 class Hardtanh(Clamp):
     """clamp(x, lo, hi) whose gradient is 0 at the bounds themselves
@@ -351,6 +458,11 @@ class Hardtanh(Clamp):
         xp = get_array_module(g)
         # NaN gets 0 too (PyTorch)
         return keep_grad(xp, (x > ctx.lo) & (x < ctx.hi), g)
+
+    @staticmethod
+    def keep_mask(ctx):
+        x = ctx.to_save[0]
+        return (x > ctx.lo) & (x < ctx.hi)
 
 
 class ClampT(Op):
@@ -403,3 +515,29 @@ class ClampT(Op):
         return (None if gx is None else unbroadcast(gx, ctx.xs, ctx.xd),
                 None if glo is None else unbroadcast(glo, ctx.ls, ctx.ld),
                 None if ghi is None else unbroadcast(ghi, ctx.hs, ctx.hd))
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        x, lo, hi = ctx.to_save
+        n = ctx.needs_input_grad
+        gx = glo = ghi = None
+        if lo is not None and hi is not None:
+            mx, ml, mh = (x >= lo) & (x <= hi), (x < lo) & (lo < hi), \
+                (x > hi) | (hi < lo)
+        elif lo is not None:
+            mx, ml, mh = x >= lo, x < lo, None
+        else:
+            mx, ml, mh = x <= hi, None, x > hi
+        if n[0]:
+            gx = unbroadcast_t(keep_grad_t(mx, g), ctx.xs, ctx.xd)
+        if len(n) > 1 and n[1] and ml is not None:
+            glo = unbroadcast_t(keep_grad_t(ml, g), ctx.ls, ctx.ld)
+        if len(n) > 2 and n[2] and mh is not None:
+            ghi = unbroadcast_t(keep_grad_t(mh, g), ctx.hs, ctx.hd)
+        return gx, glo, ghi
+
+
+def _saved(ctx, i, a):
+    """Operand i as backward_graph uses it: a number stays a number, an
+    array becomes a tensor connected to input i."""
+    return a if type(a) in _SCALARS or a is None else ctx.graph_input(i, a)

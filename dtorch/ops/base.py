@@ -194,3 +194,39 @@ def float32_compute(cls):
     cls.forward = staticmethod(forward)
     cls.backward = staticmethod(backward)
     return cls
+
+
+# ---------------------------------------------------------------------------
+# Differentiable backward (create_graph=True). An op's ``backward_graph``
+# takes and returns tensors (see Function.graph_input in autograd); these
+# are the tensor forms of the helpers above. Arrays that are constant for
+# the derivative (masks, indices, integer counts) enter as ``const``.
+
+def const(like, a):
+    """Array ``a`` as a tensor that needs no gradient (made like ``like``)."""
+    return like._make(a, False, None)
+
+
+def unbroadcast_t(g, shape, dtype=None):
+    """``unbroadcast`` of a gradient tensor, by differentiable sums."""
+    if g.shape != shape:
+        extra = g.ndim - len(shape)
+        if extra:
+            g = g.sum(dim=tuple(range(extra)))
+        axes = tuple(i for i, n in enumerate(shape)
+                     if n == 1 and g.shape[i] != 1)
+        if axes:
+            g = g.sum(dim=axes, keepdim=True)
+        if tuple(g.shape) != tuple(shape):
+            g = g.reshape(shape)
+    if dtype is not None and g._data.dtype != dtype:
+        from .movement import Cast
+        g = Cast.apply(g, dtype)
+    return g
+
+
+def keep_grad_t(cond, g):
+    """g where ``cond`` (an array), else 0, differentiable in g; NaN and
+    inf in g are dropped where cond is False, as ``keep_grad``."""
+    from .arith import Where
+    return Where.apply(cond, g, 0.0)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _float_input, _meta, keep_grad, promote, sgn, \
-    unbroadcast
+    unbroadcast, const, keep_grad_t, unbroadcast_t
 
 
 class Neg(Op):
@@ -30,6 +30,10 @@ class Neg(Op):
     def backward(ctx, g):
         return -g
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        return -g
+
 
 class Exp(Op):
     @staticmethod
@@ -41,6 +45,10 @@ class Exp(Op):
     @staticmethod
     def backward(ctx, g):
         return g * ctx.to_save[0]
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return g * ctx.graph_output(ctx.to_save[0])
 
 
 class Log(Op):
@@ -54,6 +62,10 @@ class Log(Op):
     @staticmethod
     def backward(ctx, g):
         return g / ctx.to_save[0]
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return g / ctx.graph_input(0, ctx.to_save[0])
 
 
 class Sqrt(Op):
@@ -69,6 +81,11 @@ class Sqrt(Op):
         with np.errstate(divide="ignore"):
             return g / (2 * ctx.to_save[0])
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        with np.errstate(divide="ignore"):
+            return g / (2 * ctx.graph_output(ctx.to_save[0]))
+
 
 class StdSqrt(Sqrt):
     """sqrt of a variance: std(). The gradient is 0 where the std is 0
@@ -79,6 +96,12 @@ class StdSqrt(Sqrt):
         xp = get_array_module(g)
         with np.errstate(divide="ignore", invalid="ignore"):
             return xp.where(out == 0, xp.zeros((), g.dtype), g / (2 * out))
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        out = ctx.to_save[0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return keep_grad_t(out != 0, g / (2 * ctx.graph_output(out)))
 
 
 class Rsqrt(Op):
@@ -96,6 +119,12 @@ class Rsqrt(Op):
         with np.errstate(over="ignore", invalid="ignore"):
             return (-0.5 * g) * (out * out * out)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        out = ctx.graph_output(ctx.to_save[0])
+        with np.errstate(over="ignore", invalid="ignore"):
+            return (-0.5 * g) * (out * out * out)
+
 
 class Abs(Op):
     @staticmethod
@@ -107,6 +136,10 @@ class Abs(Op):
     def backward(ctx, g):
         # a product, as in PyTorch (inf * 0 is NaN there too); sgn(NaN) = 0
         return g * sgn(get_array_module(g), ctx.to_save[0])
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return g * const(g, sgn(get_array_module(g._data), ctx.to_save[0]))
 
 
 class Reciprocal(Op):
@@ -121,6 +154,12 @@ class Reciprocal(Op):
     @staticmethod
     def backward(ctx, g):
         out = ctx.to_save[0]
+        with np.errstate(over="ignore", invalid="ignore"):
+            return -g * (out * out)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        out = ctx.graph_output(ctx.to_save[0])
         with np.errstate(over="ignore", invalid="ignore"):
             return -g * (out * out)
 
@@ -140,6 +179,11 @@ class Expm1(Op):
         with np.errstate(invalid="ignore"):
             return g * (ctx.to_save[0] + 1)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        with np.errstate(invalid="ignore"):
+            return g * (ctx.graph_output(ctx.to_save[0]) + 1)
+
 
 class Log1p(Op):
     """log(1 + x) in one step (exact near 0); backward g / (x + 1)."""
@@ -155,6 +199,11 @@ class Log1p(Op):
         with np.errstate(divide="ignore", invalid="ignore"):
             return g / (ctx.to_save[0] + 1)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return g / (ctx.graph_input(0, ctx.to_save[0]) + 1)
+
 
 class Tanh(Op):
     @staticmethod
@@ -166,6 +215,11 @@ class Tanh(Op):
     @staticmethod
     def backward(ctx, g):
         out = ctx.to_save[0]
+        return g * (1 - out * out)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        out = ctx.graph_output(ctx.to_save[0])
         return g * (1 - out * out)
 
 
@@ -186,6 +240,11 @@ class Sigmoid(Op):
         out = ctx.to_save[0]
         return g * out * (1 - out)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        out = ctx.graph_output(ctx.to_save[0])
+        return g * out * (1 - out)
+
 
 class Relu(Op):
     @staticmethod
@@ -201,6 +260,10 @@ class Relu(Op):
         xp = get_array_module(g)
         xp.logical_not(keep, out=keep)      # in place: no second mask
         return keep_grad(xp, keep, g)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return keep_grad_t(ctx.to_save[0] > 0, g)
 
 
 # ================================================= special functions ==
@@ -222,8 +285,10 @@ def _erf(xp, x):
     return erf(x)
 
 
-def _unary(name, f, df, save_out=False):
-    """An Op computing f(xp, x), with gradient g * df(xp, x, out)."""
+def _unary(name, f, df, dt=None):
+    """An Op computing f(xp, x), with gradient g * df(xp, x, out); with
+    ``dt(x, out)``, the same derivative written on tensors, its gradient
+    can be differentiated again (create_graph=True)."""
     def forward(ctx, x):
         x = _float_input(x)
         xp = get_array_module(x)
@@ -239,8 +304,16 @@ def _unary(name, f, df, save_out=False):
         with np.errstate(all="ignore"):
             return (g * df(xp, x, out)).astype(g.dtype, copy=False)
 
-    return type(name, (Op,), {"forward": staticmethod(forward),
-                              "backward": staticmethod(backward)})
+    def backward_graph(ctx, g):
+        x, out = ctx.to_save
+        with np.errstate(all="ignore"):
+            return g * dt(ctx.graph_input(0, x), ctx.graph_output(out))
+
+    methods = {"forward": staticmethod(forward),
+               "backward": staticmethod(backward)}
+    if dt is not None:
+        methods["backward_graph"] = staticmethod(backward_graph)
+    return type(name, (Op,), methods)
 
 
 def erfinv(xp, y):
@@ -281,63 +354,78 @@ _2_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
 Sin = _unary("Sin", lambda xp, x: xp.sin(x),
-             lambda xp, x, o: xp.cos(x))
+             lambda xp, x, o: xp.cos(x),
+             dt=lambda x, o: x.cos())
 
 
 Cos = _unary("Cos", lambda xp, x: xp.cos(x),
-             lambda xp, x, o: -xp.sin(x))
+             lambda xp, x, o: -xp.sin(x),
+             dt=lambda x, o: -x.sin())
 
 
 Asin = _unary("Asin", lambda xp, x: xp.arcsin(x),
-              lambda xp, x, o: 1 / xp.sqrt(1 - x * x))
+              lambda xp, x, o: 1 / xp.sqrt(1 - x * x),
+             dt=lambda x, o: (1 - x * x).rsqrt())
 
 
 Acos = _unary("Acos", lambda xp, x: xp.arccos(x),
-              lambda xp, x, o: -1 / xp.sqrt(1 - x * x))
+              lambda xp, x, o: -1 / xp.sqrt(1 - x * x),
+             dt=lambda x, o: -(1 - x * x).rsqrt())
 
 
 Atan = _unary("Atan", lambda xp, x: xp.arctan(x),
-              lambda xp, x, o: 1 / (1 + x * x))
+              lambda xp, x, o: 1 / (1 + x * x),
+             dt=lambda x, o: 1 / (1 + x * x))
 
 
 Sinh = _unary("Sinh", lambda xp, x: xp.sinh(x),
-              lambda xp, x, o: xp.cosh(x))
+              lambda xp, x, o: xp.cosh(x),
+             dt=lambda x, o: x.cosh())
 
 
 Cosh = _unary("Cosh", lambda xp, x: xp.cosh(x),
-              lambda xp, x, o: xp.sinh(x))
+              lambda xp, x, o: xp.sinh(x),
+             dt=lambda x, o: x.sinh())
 
 
 Asinh = _unary("Asinh", lambda xp, x: xp.arcsinh(x),
-               lambda xp, x, o: 1 / xp.sqrt(x * x + 1))
+               lambda xp, x, o: 1 / xp.sqrt(x * x + 1),
+             dt=lambda x, o: (x * x + 1).rsqrt())
 
 
 Acosh = _unary("Acosh", lambda xp, x: xp.arccosh(x),
-               lambda xp, x, o: 1 / xp.sqrt(x * x - 1))
+               lambda xp, x, o: 1 / xp.sqrt(x * x - 1),
+             dt=lambda x, o: (x * x - 1).rsqrt())
 
 
 Atanh = _unary("Atanh", lambda xp, x: xp.arctanh(x),
-               lambda xp, x, o: 1 / (1 - x * x))
+               lambda xp, x, o: 1 / (1 - x * x),
+             dt=lambda x, o: 1 / (1 - x * x))
 
 
 Exp2 = _unary("Exp2", lambda xp, x: xp.exp2(x),
-              lambda xp, x, o: o * math.log(2.0))
+              lambda xp, x, o: o * math.log(2.0),
+             dt=lambda x, o: o * math.log(2.0))
 
 
 Erf = _unary("Erf", lambda xp, x: _erf(xp, x),
-             lambda xp, x, o: _2_SQRT_PI * xp.exp(-x * x))
+             lambda xp, x, o: _2_SQRT_PI * xp.exp(-x * x),
+             dt=lambda x, o: _2_SQRT_PI * (-x * x).exp())
 
 
 Erfc = _unary("Erfc", lambda xp, x: 1 - _erf(xp, x),
-              lambda xp, x, o: -_2_SQRT_PI * xp.exp(-x * x))
+              lambda xp, x, o: -_2_SQRT_PI * xp.exp(-x * x),
+             dt=lambda x, o: -_2_SQRT_PI * (-x * x).exp())
 
 
 Erfinv = _unary("Erfinv", erfinv,
-                lambda xp, x, o: (math.sqrt(math.pi) / 2) * xp.exp(o * o))
+                lambda xp, x, o: (math.sqrt(math.pi) / 2) * xp.exp(o * o),
+             dt=lambda x, o: (math.sqrt(math.pi) / 2) * (o * o).exp())
 
 
 Frac = _unary("Frac", lambda xp, x: x - xp.trunc(x),
-              lambda xp, x, o: xp.ones_like(x))
+              lambda xp, x, o: xp.ones_like(x),
+             dt=lambda x, o: 1)
 
 
 Sinc = _unary(
@@ -379,6 +467,16 @@ class Logit(Op):
             d = xp.where((x < ctx.eps) | (x > 1 - ctx.eps), 0, d)
         return d
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        x = ctx.graph_input(0, ctx.to_save[0])
+        with np.errstate(all="ignore"):
+            d = g / (x * (1 - x))
+        if ctx.eps is not None:
+            xa = ctx.to_save[0]
+            d = keep_grad_t(~((xa < ctx.eps) | (xa > 1 - ctx.eps)), d)
+        return d
+
 
 class Atan2(Op):
     @staticmethod
@@ -404,6 +502,19 @@ class Atan2(Op):
         return (unbroadcast(gy, ctx.xs, ctx.xd) if n[0] else None,
                 unbroadcast(gx, ctx.ys, ctx.yd) if n[1] else None)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        ya, xa = ctx.to_save
+        n = ctx.needs_input_grad
+        y, x = _operand(ctx, 0, ya), _operand(ctx, 1, xa)
+        with np.errstate(all="ignore"):
+            d = x * x + y * y
+            keep = get_array_module(g._data).asarray(xa * xa + ya * ya != 0)
+            gy = keep_grad_t(keep, g * x / d) if n[0] else None
+            gx = keep_grad_t(keep, -g * y / d) if n[1] else None
+        return (unbroadcast_t(gy, ctx.xs, ctx.xd) if n[0] else None,
+                unbroadcast_t(gx, ctx.ys, ctx.yd) if n[1] else None)
+
 
 class Hypot(Op):
     @staticmethod
@@ -421,6 +532,17 @@ class Hypot(Op):
         with np.errstate(all="ignore"):
             return (unbroadcast(g * x / out, ctx.xs, ctx.xd) if n[0] else None,
                     unbroadcast(g * y / out, ctx.ys, ctx.yd) if n[1] else None)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa, ya, out = ctx.to_save
+        n = ctx.needs_input_grad
+        out = ctx.graph_output(out)
+        with np.errstate(all="ignore"):
+            return (unbroadcast_t(g * _operand(ctx, 0, xa) / out, ctx.xs,
+                                  ctx.xd) if n[0] else None,
+                    unbroadcast_t(g * _operand(ctx, 1, ya) / out, ctx.ys,
+                                  ctx.yd) if n[1] else None)
 
 
 def xlogy_grad_x(xp, g, x, y):
@@ -523,7 +645,13 @@ def trigamma(xp, x):
         return xp.where(refl, (math.pi * math.pi) / (s * s) - t, t)
 
 
-Lgamma = _unary("Lgamma", lgamma, lambda xp, x, o: digamma(xp, x))
+Lgamma = _unary("Lgamma", lgamma, lambda xp, x, o: digamma(xp, x),
+             dt=lambda x, o: x.digamma())
 
 
 Digamma = _unary("Digamma", digamma, lambda xp, x, o: trigamma(xp, x))
+
+
+def _operand(ctx, i, a):
+    # a number stays a number; an array is input i as a tensor
+    return a if type(a) in (int, float, bool) else ctx.graph_input(i, a)

@@ -6,7 +6,7 @@ import numpy as np
 
 from .._backend import get_array_module, from_np
 from .base import Op, _device_error, promote, unbroadcast, \
-    float32_compute
+    float32_compute, unbroadcast_t
 
 
 @float32_compute
@@ -50,6 +50,30 @@ class MatMul(Op):
         if n[1]:
             gy = xp.swapaxes(x2, -1, -2) @ g2
             gy = unbroadcast(gy, y2.shape).reshape(y.shape)
+        return gx, gy
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa, ya = ctx.to_save
+        n = ctx.needs_input_grad
+        x, y = ctx.graph_input(0, xa), ctx.graph_input(1, ya)
+        x2 = x.unsqueeze(0) if xa.ndim == 1 else x
+        y2 = y.unsqueeze(1) if ya.ndim == 1 else y
+        if xa.ndim == 1 and ya.ndim == 1:
+            g2 = g.reshape(1, 1)
+        elif xa.ndim == 1:
+            g2 = g.unsqueeze(-2)
+        elif ya.ndim == 1:
+            g2 = g.unsqueeze(-1)
+        else:
+            g2 = g
+        gx = gy = None
+        if n[0]:
+            gx = unbroadcast_t(g2 @ y2.transpose(-1, -2),
+                               tuple(x2.shape)).reshape(xa.shape)
+        if n[1]:
+            gy = unbroadcast_t(x2.transpose(-1, -2) @ g2,
+                               tuple(y2.shape)).reshape(ya.shape)
         return gx, gy
 
 
@@ -98,4 +122,19 @@ class Linear(Op):
             gw = g2.T @ x2
         if len(n) > 2 and n[2]:
             gb = g2.sum(axis=0)
+        return gx, gw, gb
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa, wa = ctx.to_save
+        n = ctx.needs_input_grad
+        gx = gw = gb = None
+        g2 = g.reshape(-1, g.shape[-1])
+        if n[0]:
+            gx = (g2 @ ctx.graph_input(1, wa)).reshape(
+                tuple(g.shape[:-1]) + (wa.shape[1],))
+        if n[1]:
+            gw = g2.t() @ ctx.graph_input(0, xa).reshape(-1, xa.shape[-1])
+        if len(n) > 2 and n[2]:
+            gb = g2.sum(0)
         return gx, gw, gb

@@ -5,7 +5,8 @@ replicate, circular), contiguous copies, dtype casts and device moves.
 import numpy as np
 
 from .._backend import get_array_module, from_np, result_type, device_of
-from .base import Op, _axes, _device_error, unbroadcast
+from .base import Op, _axes, _device_error, unbroadcast, \
+    unbroadcast_t
 from .index import index_add0
 
 
@@ -28,6 +29,10 @@ class Reshape(Op):
     def backward(ctx, g):
         return g.reshape(ctx.shape)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        return g.reshape(ctx.shape)
+
 
 class Permute(Op):
     _is_view = True
@@ -41,6 +46,10 @@ class Permute(Op):
     def backward(ctx, g):
         return g.transpose(np.argsort(ctx.dims))
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        return g.permute(*np.argsort(ctx.dims).tolist())
+
 
 class Expand(Op):
     _is_view = True
@@ -53,6 +62,10 @@ class Expand(Op):
     @staticmethod
     def backward(ctx, g):
         return unbroadcast(g, ctx.shape)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return unbroadcast_t(g, ctx.shape)
 
 
 # =============================================== joining and padding ==
@@ -92,6 +105,12 @@ class Cat(Op):
         return tuple(p.astype(d, copy=False)
                      for p, d in zip(parts, ctx.dtypes))
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        parts = g.split(list(ctx.sizes), dim=ctx.axis)
+        return tuple(p if p._data.dtype == d else Cast.apply(p, d)
+                     for p, d in zip(parts, ctx.dtypes))
+
 
 class Stack(Op):
     @staticmethod
@@ -115,6 +134,11 @@ class Stack(Op):
         xp = get_array_module(g)
         return tuple(xp.take(g, i, axis=ctx.axis).astype(d, copy=False)
                      for i, d in enumerate(ctx.dtypes))
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return tuple(p if p._data.dtype == d else Cast.apply(p, d)
+                     for p, d in zip(g.unbind(ctx.axis), ctx.dtypes))
 
 
 _NP_PAD_MODES = {"reflect": "reflect", "replicate": "edge",
@@ -157,6 +181,14 @@ class Pad(Op):
             g = xp.moveaxis(gm, 0, ax)
         return g
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        if ctx.mode != "constant":
+            return NotImplemented
+        key = tuple(slice(lo, g.shape[i] - hi)
+                    for i, (lo, hi) in enumerate(ctx.pads))
+        return g[key]
+
 
 # ============================================================ copies ==
 
@@ -170,6 +202,10 @@ class Copy(Op):
     def backward(ctx, g):
         return g
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        return g
+
 
 class Cast(Op):
     @staticmethod
@@ -181,6 +217,10 @@ class Cast(Op):
     def backward(ctx, g):
         return g.astype(ctx.src)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        return Cast.apply(g, ctx.src)
+
 
 class ToDevice(Op):
     @staticmethod
@@ -191,3 +231,7 @@ class ToDevice(Op):
     @staticmethod
     def backward(ctx, g):
         return ctx.src.send(g)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return ToDevice.apply(g, device=ctx.src)

@@ -5,9 +5,9 @@ median of all elements. Backward reshapes the reduced gradient with
 """
 import numpy as np
 
-from .._backend import get_array_module, put_along_axis
+from .._backend import get_array_module, put_along_axis, from_np
 from .base import Op, _axes, _float_input, keep_grad, sgn, \
-    is_float
+    is_float, const, keep_grad_t
 
 
 def _expand_back(g, shape, axes, keepdim):
@@ -35,6 +35,12 @@ class Sum(Op):
         g = _expand_back(g, ctx.shape, ctx.axes, ctx.keepdim)
         xp = get_array_module(g)
         return xp.broadcast_to(g, ctx.shape).astype(ctx.xd)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        g = _expand_back(g, ctx.shape, ctx.axes, ctx.keepdim)
+        g = g.expand(ctx.shape)
+        return g if g._data.dtype == ctx.xd else g.to(from_np(ctx.xd))
 
 
 class Prod(Op):
@@ -85,6 +91,21 @@ class Prod(Op):
             g = xp.expand_dims(g, axis)
         return g * others
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        x = ctx.to_save[0]
+        if x.ndim == 0:
+            return g
+        if bool((x == 0).any()):
+            return NotImplemented     # the cumulative-product form
+        xt = ctx.graph_input(0, x)
+        out = xt.prod() if ctx.axis is None else \
+            xt.prod(ctx.axis, keepdim=True)
+        if ctx.axis is not None and not ctx.keepdim:
+            g = g.unsqueeze(ctx.axis)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return g * (out / xt)
+
 
 class Amax(Op):
     """max/min over dims; ties share the gradient evenly (PyTorch amax:
@@ -119,6 +140,21 @@ class Amax(Op):
             mask = x == o
             count = mask.sum(axis=ctx.axes, keepdims=True)
             return g / count * mask
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        x, out = ctx.to_save
+        xp = get_array_module(x)
+        o = _expand_back(out, x.shape, ctx.axes, ctx.keepdim)
+        g = _expand_back(g, x.shape, ctx.axes, ctx.keepdim)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if ctx.evenly:
+                mask = xp.isnan(x) if bool(xp.isnan(out)) else x == o
+                return keep_grad_t(mask, (g / int(mask.sum())).expand(
+                    x.shape))
+            mask = x == o
+            count = mask.sum(axis=ctx.axes, keepdims=True)
+            return g / const(g, count) * const(g, mask)
 
 
 class Norm(Op):
@@ -178,6 +214,25 @@ class Norm(Op):
             s = sgn(xp, x) * a ** (p - 1) if p < 2 else x * a ** (p - 2)
             return s * xp.where(n == 0, zero, g / n ** (p - 1))
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        x, out = ctx.to_save
+        p, axes = ctx.p, ctx.axes
+        xp = get_array_module(x)
+        g = _expand_back(g, x.shape, axes, ctx.keepdim)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if p == 0:
+                return const(g, xp.zeros(x.shape, g._data.dtype))
+            if p == 1:
+                return const(g, sgn(xp, x)) * g
+            if p == 2:
+                n = _expand_back(ctx.graph_output(out), x.shape, axes,
+                                 ctx.keepdim)
+                keep = _expand_back(out, x.shape, axes, ctx.keepdim) != 0
+                return keep_grad_t(xp.broadcast_to(keep, x.shape),
+                                   g * (ctx.graph_input(0, x) / n))
+        return NotImplemented
+
 
 class MaxDim(Op):
     """values of max/min along one dim; the gradient goes to the index
@@ -208,6 +263,14 @@ class MaxDim(Op):
         g = g.reshape(ctx.idx.shape)
         put_along_axis(xp, gx, ctx.idx, g, axis=ctx.axis)
         return gx
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        if ctx.idx is None:
+            return g
+        g = g.reshape(ctx.idx.shape)
+        return g.new_zeros(ctx.shape).scatter(
+            ctx.axis, const(g, ctx.idx), g)
 
 
 class MedianAll(Amax):
