@@ -403,6 +403,44 @@ def _avg_pool(ctx, x, k=(2, 2), stride=(2, 2), pads=((0, 0), (0, 0)),
     return y
 
 
+@conv(N.ScaledDotProductAttention)
+def _sdpa(ctx, q, k, v, mask=None, keep=None, scale=1.0, causal=False,
+          p=0.0, groups=1):
+    """MatMul, the masks, a safe Softmax (a row masked throughout gives 0)
+    and MatMul; key/value heads repeated for grouped-query attention."""
+    B, c = ctx.b, ctx.name
+    if keep is not None:
+        ctx.unsupported(f"dropout_p={p}")
+    r, dt = len(k.shape), ctx.out_dtype
+    kn, vn = c(k), c(v)
+    if groups > 1:
+        def rep(x):      # (..., Hkv, S, D) -> (..., Hkv * G, S, D)
+            y = B.node("Unsqueeze", [c(x), B.ints([r - 2])])
+            y = B.node("Expand", [y, B.ints([1] * (r - 2) +
+                                            [groups, 1, 1])])
+            return B.node("Reshape", [y, B.ints(
+                [0] * (r - 3) + [-1] + list(x.shape[-2:]))])
+        kn, vn = rep(k), rep(v)
+    kt = B.node("Transpose", [kn], perm=list(range(r - 2)) + [r - 1, r - 2])
+    s = B.node("MatMul", [B.node("Mul", [c(q), c(float(scale))]), kt])
+    if causal:
+        L, S = q.shape[-2], k.shape[-2]
+        s = B.node("Add", [s, B.const(np.triu(np.full((L, S), -np.inf),
+                                              1).astype(dt))])
+    if mask is not None:
+        if np.dtype(mask.dtype) == np.bool_:
+            s = B.node("Where", [c(mask), s, c(-np.inf)])
+        else:
+            s = B.node("Add", [s, c(mask, dt)])
+    y = B.node("Softmax", [s], axis=-1)
+    top = B.node("ReduceMax", [s] + ([B.ints([-1])] if B.opset >= 18
+                                      else []), keepdims=1,
+                 **({} if B.opset >= 18 else {"axes": [-1]}))
+    y = B.node("Where", [B.node("IsInf", [top], detect_positive=0),
+                         c(0.0), y])
+    return B.node("MatMul", [y, vn])
+
+
 # ========================================================= activations ==
 
 @conv(N.Softmax)

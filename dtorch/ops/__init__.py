@@ -18,6 +18,7 @@ per family:
     loss         nll, cross-entropy, the per-element losses
     ctc          CTC loss
     rnn          whole RNN / LSTM / GRU layers
+    attention    scaled_dot_product_attention
 
 This package is their index: ``dtorch.ops.<Op>`` names every op, which is
 how Tensor methods and ``nn.functional`` reach them. Importing it changes
@@ -50,3 +51,4 @@ from .loss import NllLoss, CrossEntropy, SoftMargin, MultiMargin, \
     BinaryCrossEntropy, BinaryCrossEntropyWithLogits, SmoothL1, Huber
 from .ctc import CTCLoss
 from .rnn import RNNLayer, LSTMLayer, GRULayer
+from .attention import ScaledDotProductAttention

@@ -6,47 +6,112 @@ import numpy as np
 from ... import _backend as B
 from ... import ops as N
 from ...tensor import Tensor
+from ...autograd.function import autocast_op
 from .linear import linear
 from .activation import softmax
 from .dropout import dropout
+from ._common import _keep_mask
 
 
 # ============================================================== attention ==
 
+# autocast: one op in PyTorch's lower-precision lists (CPU and CUDA)
+@autocast_op("lower")
 def scaled_dot_product_attention(query, key, value, attn_mask=None,
                                  dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
-    """softmax(q k^T * scale + mask) v over the last two dims; a boolean
-    mask marks the positions that may attend (True = keep)."""
-    L, S = query.shape[-2], key.shape[-2]
-    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
-        # grouped-query attention: each key/value head serves a group of
-        # consecutive query heads
-        hq, hkv = query.shape[-3], key.shape[-3]
-        if hq % hkv or value.shape[-3] != hkv:
+    """softmax(q k^T * scale + mask) v over the last two dims, as one op
+    (``dtorch.ops.ScaledDotProductAttention``). A boolean mask marks the
+    positions that may attend (True = keep); a float mask is added to the
+    scores (and gets a gradient). ``is_causal``: query i sees keys j <= i
+    (top-left aligned when L != S). ``enable_gqa``: Hq query heads share
+    Hkv key/value heads, each serving Hq / Hkv consecutive query heads.
+    Dropout is applied whenever ``dropout_p`` > 0, as in PyTorch."""
+    q, k, v = query, key, value
+    if not (q.dtype == k.dtype == v.dtype):
+        raise RuntimeError(
+            f"Expected query, key, and value to have the same dtype, but got "
+            f"query.dtype: {_ctype(q)} key.dtype: {_ctype(k)} and "
+            f"value.dtype: {_ctype(v)} instead.")
+    for t, name in ((k, "key"), (v, "value"), (attn_mask, "attn_mask")):
+        if t is not None and t.device != q.device:
             raise RuntimeError(
-                f"scaled_dot_product_attention(enable_gqa=True): the number "
-                f"of query heads ({hq}) must be a multiple of the key/value "
-                f"heads ({hkv}, {value.shape[-3]})")
-        key = key.repeat_interleave(hq // hkv, dim=-3)
-        value = value.repeat_interleave(hq // hkv, dim=-3)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    att = (query @ key.transpose(-2, -1)) * scale
-    xp = query._xp()
-    if is_causal:
-        keep = xp.tril(xp.ones((L, S), dtype=bool))
-        att = att.masked_fill(Tensor._wrap(~keep), float("-inf"))
+                f"Expected all tensors to be on the same device, but found "
+                f"at least two devices, {q.device} and {t.device}! ({name} "
+                f"in scaled_dot_product_attention)")
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: query, key and value must have "
+            f"at least 2 dimensions, got {q.ndim}, {k.ndim} and {v.ndim}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, "
+                         f"but got {dropout_p}")
     if attn_mask is not None:
-        if attn_mask.dtype == B.bool_:
-            att = att.masked_fill(attn_mask.logical_not(), float("-inf"))
-        else:
-            att = att + attn_mask
-    # a fully masked row attends to nothing: 0, not NaN (PyTorch's
-    # _safe_softmax)
-    att = N.Softmax.apply(att, dim=att.ndim - 1, safe=True)
+        if is_causal:
+            raise RuntimeError(
+                "_scaled_dot_product_attention: Explicit attn_mask should "
+                "not be set when is_causal=True")
+        if attn_mask.dtype != B.bool_ and \
+                not attn_mask.dtype.is_floating_point:
+            raise RuntimeError(
+                f"Expected attn_mask dtype to be bool or float or to match "
+                f"query dtype, but got attn_mask.dtype: {_ctype(attn_mask)} "
+                f"and  query.dtype: {_ctype(q)} instead.")
+        if attn_mask.dtype not in (B.bool_, q.dtype):
+            attn_mask = attn_mask.to(q.dtype)
+    E, L, S = q.shape[-1], q.shape[-2], k.shape[-2]
+    if k.shape[-1] != E or v.shape[-2] != S:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: expected key (..., S, {E}) and "
+            f"value (..., S, Ev) with the same S, got query "
+            f"{tuple(q.shape)}, key {tuple(k.shape)}, value "
+            f"{tuple(v.shape)}")
+    groups = 1
+    if q.ndim >= 3 and k.ndim >= 3 and v.ndim >= 3:
+        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        if enable_gqa and (hk != hq or hv != hq):
+            if hk != hv or hq % hk:
+                # PyTorch's text, cut short as PyTorch 2.13 prints it
+                raise RuntimeError(
+                    "Number of heads in key and value must divide the "
+                    "number of heads in ")
+            groups = hq // hk
+    try:
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2],
+                                    v.shape[:-2]) if groups == 1 else \
+            np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]) \
+            + (q.shape[-3],)
+    except ValueError:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: the batch dimensions of query "
+            f"{tuple(q.shape)}, key {tuple(k.shape)} and value "
+            f"{tuple(v.shape)} do not broadcast") from None
+    shape = batch + (L, S)
+    if attn_mask is not None:
+        try:
+            ok = np.broadcast_shapes(shape, attn_mask.shape) == shape
+        except ValueError:
+            ok = False
+        if not ok:
+            raise RuntimeError(
+                f"scaled_dot_product_attention: attn_mask of shape "
+                f"{tuple(attn_mask.shape)} does not broadcast to the "
+                f"attention scores' shape {shape}")
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    keep = None
     if dropout_p > 0.0:
-        att = dropout(att, dropout_p)
-    return att @ value
+        keep = _keep_mask(q, dropout_p, shape=shape)
+    return N.ScaledDotProductAttention.apply(
+        q, k, v, attn_mask, keep, scale=scale, causal=bool(is_causal),
+        p=float(dropout_p), groups=groups)
+
+
+def _ctype(t):
+    # PyTorch's C++ type names in its dtype error messages
+    return {"float32": "float", "float64": "double", "float16": "c10::Half",
+            "bfloat16": "c10::BFloat16", "int64": "long int",
+            "int32": "int", "bool": "bool"}.get(str(t.dtype).split(".")[-1],
+                                                str(t.dtype))
 
 
 def _mha_masks(attn_mask, key_padding_mask, bsz, heads, L, S, dtype):
@@ -70,6 +135,31 @@ def _mha_masks(attn_mask, key_padding_mask, bsz, heads, L, S, dtype):
                 bsz * heads, 1, S)
         mask = k if mask is None else mask + k
     return mask
+
+
+def _sdpa_mask(attn_mask, key_padding_mask, bsz, heads, L, S, dtype, xp):
+    """MultiheadAttention's masks (True = masked out, or additive floats)
+    as one mask for scaled_dot_product_attention over (N, H, L, S): a
+    boolean keep-mask when both are boolean, else an additive float mask;
+    each shaped to broadcast, never expanded to (N, H, L, S)."""
+    parts = []
+    if attn_mask is not None:
+        m = attn_mask._data
+        parts.append(m.reshape((1, 1, L, S) if m.ndim == 2
+                               else (bsz, heads, L, S)))
+    if key_padding_mask is not None:
+        parts.append(key_padding_mask._data.reshape(bsz, 1, 1, S))
+    if not parts:
+        return None
+    if all(p.dtype == np.bool_ for p in parts):
+        drop = parts[0] if len(parts) == 1 else parts[0] | parts[1]
+        return Tensor._wrap(~drop)
+    mask = None
+    for p in parts:
+        p = xp.where(p, -np.inf, 0.0).astype(dtype) if p.dtype == np.bool_ \
+            else p.astype(dtype, copy=False)
+        mask = p if mask is None else mask + p
+    return Tensor._wrap(mask)
 
 
 def multi_head_attention_forward(
@@ -111,6 +201,21 @@ def multi_head_attention_forward(
             q = linear(query, wq, bq)
             k = linear(key, wk, bk)
             v = linear(value, wv, bv)
+    if not need_weights:
+        # PyTorch's fast path: attention as one op, on (N, H, L, hd)
+        q, k, v = (t.reshape(n, bsz, num_heads, hd).permute(1, 2, 0, 3)
+                   for t, n in ((q, L), (k, S), (v, S)))
+        xp = query._xp()
+        causal = is_causal and attn_mask is None
+        if causal and key_padding_mask is not None:
+            attn_mask = Tensor._wrap(xp.triu(xp.ones((L, S), bool), 1))
+            causal = False
+        mask = _sdpa_mask(attn_mask, key_padding_mask, bsz, num_heads, L,
+                          S, query._data.dtype, xp)
+        out = scaled_dot_product_attention(
+            q, k, v, mask, dropout_p if training else 0.0, is_causal=causal)
+        out = out.permute(2, 0, 1, 3).reshape(L, bsz, E)
+        return linear(out, out_proj_weight, out_proj_bias), None
     q = q.reshape(L, bsz * num_heads, hd).transpose(0, 1)
     k = k.reshape(S, bsz * num_heads, hd).transpose(0, 1)
     v = v.reshape(S, bsz * num_heads, hd).transpose(0, 1)
