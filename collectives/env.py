@@ -163,3 +163,20 @@ def env_choice(name: str, default: str | None, choices: Sequence[str],
             return c
     raise ValueError(f"environment variable {name}={v!r}: expected one of "
                      f"{', '.join(choices)}")
+
+
+# ------------------------------------------------------------- hierarchy
+
+def hierarchical(env: Mapping[str, str] | None = None) -> bool:
+    """DTORCH_HIERARCHICAL: a group whose ranks span several hosts, some
+    with more than one rank, all-reduces in two levels (inside each host
+    through shared memory, then among one rank per host); 0 keeps the flat
+    ring. Default on (`collectives.hier`)."""
+    return env_flag('DTORCH_HIERARCHICAL', True, env)
+
+
+def host_override(env: Mapping[str, str] | None = None) -> str | None:
+    """DTORCH_HOST_ID, for tests: the host identity this rank reports at
+    group set-up instead of hostname + boot id, so that one machine can
+    play several hosts (`collectives.hier.host_key`)."""
+    return env_str('DTORCH_HOST_ID', None, env)

@@ -79,25 +79,27 @@ def supports(arrs, op):
 class ShmReducer:
     """The shared file of one group, mapped by each of its ranks."""
 
-    def __init__(self, rank, size, mm, chunk):
+    def __init__(self, rank, size, mm, chunk, slots=2):
         self.rank, self.size, self.chunk = rank, size, chunk
         self._mm = mm
-        seg = HEADER + 2 * chunk
+        seg = HEADER + slots * chunk
         raw = np.frombuffer(mm, np.uint8)
         self._segs = [raw[r * seg:(r + 1) * seg] for r in range(size)]
         self._flags = [s[:16].view(np.int64) for s in self._segs]
         self._k = int(self._flags[rank][0])   # 0 in a fresh file
 
     @classmethod
-    def setup(cls, rank, size, bcast, all_true, chunk=CHUNK, enabled=True):
+    def setup(cls, rank, size, bcast, all_true, chunk=CHUNK, enabled=True,
+              slots=2):
         """Collective: rank 0 creates the file (`anonymous_file`, a random
         cookie inside), the others map it and check the cookie, then rank
         0 closes its descriptor (the mappings stay). ``bcast(obj)`` returns
         rank 0's obj on every rank; ``all_true(flag)`` whether flag is true
         on every rank. Returns a reducer, or None on every rank when any
         rank is not ``enabled`` or could not map the file - a rank on
-        another host cannot: trying is the same-host test."""
-        nbytes = size * (HEADER + 2 * chunk)
+        another host cannot: trying is the same-host test. ``slots`` per
+        rank: two here (see Layout); `hier` pipelines over three."""
+        nbytes = size * (HEADER + slots * chunk)
         path = cookie = mine = mm = None
         try:
             if rank == 0 and enabled:
@@ -116,7 +118,7 @@ class ShmReducer:
             if mm is not None:
                 mm.close()
             return None
-        return cls(rank, size, mm, chunk)
+        return cls(rank, size, mm, chunk, slots)
 
     # ------------------------------------------------------------ waits --
     def _wait(self, which, k, deadline, alive):

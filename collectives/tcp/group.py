@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from .. import shm_reduce
+from .. import hier, shm_reduce
 from ..arrays import ReduceOp, divide_avg, row
 from ..env import env_flag
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, _Expired
@@ -45,6 +45,8 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         self._async = False
         self._shm_w = self._shm_r = None   # shm rings to right / from left
         self._red = None        # shared-memory reducer, all ranks on a host
+        self._hier = None       # two-level all-reduce (ranks on >1 host)
+        self.hierarchy = "flat: one rank"
         if size == 1:
             return
         # listen on the interface that reaches the store
@@ -62,9 +64,18 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         self._left = (rank - 1) % size
         deadline = time.monotonic() + self.timeout
         try:
+            # which ranks share a host (collectives.hier): same-host
+            # shortcuts only between them, even where a shared file could
+            # be opened across (namespaces sharing /proc)
+            hosts = hier.exchange_hosts(store, self._prefix, rank, size,
+                                        self.timeout)
             self._rsock = self._connect('r', self._right, deadline)
             self._lsock_in = self._wait_incoming('r', self._left, deadline)
             self._shm_setup(deadline)
+            if hosts[self._right][0] != hosts[rank][0]:
+                self._shm_w = None
+            if hosts[self._left][0] != hosts[rank][0]:
+                self._shm_r = None
         except BaseException as e:
             self._gate.close()
             self._close_sockets()
@@ -79,9 +90,13 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         # all ranks on this host: all_reduce_coalesced (DDP's buckets)
         # goes through one shared file (collectives.shm_reduce); the set-up
         # talks through the store, so that it is not a collective of the group
+        one_host = len({h[0] for h in hosts}) == 1
         self._red = shm_reduce.ShmReducer.setup(
             rank, size, self._store_bcast, self._store_all_true,
-            enabled=shm_reduce.usable() and env_flag('DTORCH_TCP_SHM', True))
+            enabled=shm_reduce.usable() and one_host
+            and env_flag('DTORCH_TCP_SHM', True))
+        # ranks on several hosts: all_reduce in two levels, or why not
+        self._hier, self.hierarchy = hier.setup(self, hosts)
         watchdog.register(self)
 
     def _store_bcast(self, obj):
@@ -142,10 +157,21 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
     # ---- collectives
     def _start_all_reduce(self, arr, op, deadline):
         seq = self._seq
+        if self._hier is not None and arr.dtype != object:
+            what = self._pending.get(seq, (0, 'all_reduce'))[1]
+            return self._launch(
+                lambda dl: self._hier.all_reduce([arr], op, dl, what),
+                'coll')
         return self._launch(lambda dl: self._all_reduce(arr, op, dl, seq),
                             'coll')
 
     def _start_all_reduce_coalesced(self, arrs, op, deadline):
+        if self._hier is not None and arrs[0].dtype != object:
+            # the arrays themselves, no packing copy
+            return self._launch(
+                lambda dl: self._hier.all_reduce(arrs, op, dl,
+                                                 'all_reduce_coalesced'),
+                'coll')
         if self._red is not None and shm_reduce.supports(arrs, op):
             # in the collectives' lane, so issue order is kept
             return self._launch(
@@ -295,6 +321,9 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         if self._red is not None:
             self._red.close()
             self._red = None
+        if self._hier is not None:
+            self._hier.close()
+            self._hier = None
         if self.size > 1:
             self._gate.close()
         ProcessGroup.destroy(self)
