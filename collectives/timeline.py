@@ -310,15 +310,22 @@ def load(path: str) -> dict:
                          f"JSON)") from None
 
 
+# collectives that no rank can leave before every rank entered (a rooted
+# one - broadcast, reduce, gather, scatter - may let the root go early)
+SYMMETRIC = ('all_reduce', 'all_reduce_coalesced', 'all_gather',
+             'reduce_scatter', 'all_to_all', 'barrier', 'all_gather_object')
+
+
 def split_wait(events: list[dict]) -> int:
-    """Add ``wait_us``/``transfer_us`` to every collective event (and a
-    ``wait`` child slice) by matching (group, seq) across ranks: wait lasts
-    until the last rank entered. Returns the number of collectives matched
-    on more than one rank."""
+    """Add ``wait_us``/``transfer_us`` to every symmetric collective event
+    (and a ``wait`` child slice) by matching (group, seq) across ranks:
+    wait lasts until the last rank entered. Returns the number of
+    collectives matched on more than one rank."""
     by_key = {}
     for e in events:
         a = e.get('args') or {}
-        if e.get('cat') == 'collective' and 'seq' in a and a['seq'] > 0:
+        if (e.get('cat') == 'collective' and a.get('seq', 0) > 0
+                and e.get('name') in SYMMETRIC):
             by_key.setdefault((a['group'], a['seq']), []).append(e)
     extra, matched = [], 0
     for evs in by_key.values():
