@@ -197,6 +197,9 @@ def test_dead_node_stops_the_other(two_nodes, victim):
     # the survivors' ranks name a rank of the dead node
     named = set(map(int, re.findall(r"\brank (\d+)\b", err)))
     assert named & set(lost), err
+    # ... and the host it was on: a rank number alone does not say which
+    # of many nodes to look at
+    assert f"host {n.addr[victim]}" in err, err
     print(f"{victim} killed: node{other}'s launcher exited "
           f"{procs[other][0].returncode} after {took:.1f} s")
     for node in n.names:

@@ -68,6 +68,8 @@ class SocketTransport:
     """Connections and byte loops of a TCPGroup (a mixin: the group holds
     the sockets, the store and the shm rings this code uses)."""
 
+    _peer_hosts = None   # group rank -> its address, for failure messages
+
     def _shm_setup(self, deadline):
         """Offer the right neighbour a shm ring and answer the left one's
         offer. Trying is the test: ranks on other hosts (or in another
@@ -110,6 +112,7 @@ class SocketTransport:
             s.close()
             return
         self._tune(s)
+        self._note_host(peer, s)
         with self._cond:
             old = self._incoming.get((chan, peer))
             self._incoming[(chan, peer)] = s
@@ -144,6 +147,7 @@ class SocketTransport:
         except OSError as e:
             raise self._fail(peer, f"could not be opened ({e})") from None
         self._tune(s)
+        self._note_host(peer, s)
         self._out[key] = s
         return s
 
@@ -156,10 +160,24 @@ class SocketTransport:
                 self._cond.wait(min(left, 0.5))
             return self._incoming[(chan, peer)]
 
+    def _note_host(self, peer, s):
+        """Remember the peer's address: with ranks on many hosts, a
+        failure report must say which host to look at."""
+        try:
+            host = s.getpeername()[0]
+        except OSError:
+            return
+        if self._peer_hosts is None:
+            self._peer_hosts = {}
+        self._peer_hosts[peer] = host
+
     # ---- moving bytes
     def _fail(self, peer, what):
+        host = (self._peer_hosts or {}).get(peer)
+        where = f", host {host}" if host else ""
         err = RankFailureError(
-            f"connection with rank {peer} (global {self.ranks[peer]}) of "
+            f"connection with rank {peer} (global {self.ranks[peer]}"
+            f"{where}) of "
             f"group {self.name!r} {what} on rank {self.rank}: that rank "
             f"died or gave up; closing this rank's sockets too",
             rank=peer)
