@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, keep_grad, unbroadcast, is_float
+from .base import Op, keep_grad, unbroadcast, is_float, keep_grad_t, \
+    unbroadcast_t
 from .elementwise import _erf
 
 
@@ -49,6 +50,12 @@ class Softmax(Op):
         gy = g * y
         return gy - y * gy.sum(axis=ctx.dim, keepdims=True)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        y = ctx.graph_output(ctx.to_save[0])
+        gy = g * y
+        return gy - y * gy.sum(ctx.dim, keepdim=True)
+
 
 def _log_softmax(x, dim):
     xp = get_array_module(x)
@@ -70,6 +77,11 @@ class LogSoftmax(Op):
         y, = ctx.to_save
         xp = get_array_module(g)
         return g - xp.exp(y) * g.sum(axis=ctx.dim, keepdims=True)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        y = ctx.graph_output(ctx.to_save[0])
+        return g - y.exp() * g.sum(ctx.dim, keepdim=True)
 
 
 # ======================================================= activations ==
@@ -104,6 +116,20 @@ class Gelu(Op):
             d = ctx.cdf + x * pdf
         return (g * d).astype(g.dtype, copy=False)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        x = ctx.graph_input(0, ctx.to_save[0])
+        if ctx.approx == "tanh":
+            c = 0.044715
+            t = (_SQRT_2_OVER_PI * (x + c * (x * x * x))).tanh()
+            d = 0.5 * (1 + t) + 0.5 * x * ((1 - t * t) * _SQRT_2_OVER_PI
+                                           * (1 + 3 * c * (x * x)))
+        else:
+            cdf = 0.5 * (1 + (x * (1 / math.sqrt(2))).erf())
+            pdf = (-0.5 * (x * x)).exp() * (1 / math.sqrt(2 * math.pi))
+            d = cdf + x * pdf
+        return g * d
+
 
 class LeakyRelu(Op):
     @staticmethod
@@ -116,6 +142,10 @@ class LeakyRelu(Op):
     def backward(ctx, g):
         x, = ctx.to_save
         return get_array_module(g).where(x > 0, g, g * ctx.slope)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return _where_t(ctx.to_save[0] > 0, g, g * ctx.slope)
 
 
 class Elu(Op):
@@ -142,6 +172,15 @@ class Elu(Op):
                             g * (ins * neg * xp.exp(x * ins))).astype(
                                 g.dtype, copy=False)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa = ctx.to_save[0]
+        x = ctx.graph_input(0, xa)
+        neg, pos, ins = ctx.coef
+        with np.errstate(over="ignore", invalid="ignore"):
+            return _where_t(xa > 0, g * pos if pos != 1 else g,
+                            g * (ins * neg * (x * ins).exp()))
+
 
 class Hardswish(Op):
     """x relu6(x + 3) / 6; gradient 0 up to -3 included, g from 3 on,
@@ -159,6 +198,14 @@ class Hardswish(Op):
         mid = g * (x / 3 + 0.5)
         return xp.where(x <= -3, _zero(xp, g), xp.where(x >= 3, g, mid))
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa = ctx.to_save[0]
+        x = ctx.graph_input(0, xa)
+        mid = g * (x / 3 + 0.5)
+        # NaN takes the middle branch, as backward
+        return _where_t(xa <= -3, 0.0, _where_t(xa >= 3, g, mid))
+
 
 class Hardsigmoid(Op):
     """relu6(x + 3) / 6; gradient g / 6 strictly inside (-3, 3), else 0."""
@@ -174,6 +221,12 @@ class Hardsigmoid(Op):
         # PyTorch multiplies by the float32 constant 1/6, in float64 too
         sixth = g.dtype.type(np.float32(1.0) / np.float32(6.0))
         return keep_grad(get_array_module(g), (x > -3) & (x < 3), g * sixth)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        x = ctx.to_save[0]
+        sixth = float(np.float32(1.0) / np.float32(6.0))
+        return keep_grad_t((x > -3) & (x < 3), g * sixth)
 
 
 class Shrink(Op):
@@ -199,6 +252,12 @@ class Shrink(Op):
         lam = ctx.lambd
         return keep_grad(get_array_module(g), (x < -lam) | (x > lam), g)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        x = ctx.to_save[0]
+        lam = ctx.lambd
+        return keep_grad_t((x < -lam) | (x > lam), g)
+
 
 class Threshold(Op):
     """x where x > threshold, else value; gradient g where x > threshold
@@ -213,6 +272,10 @@ class Threshold(Op):
     @staticmethod
     def backward(ctx, g):
         return keep_grad(get_array_module(g), ctx.keep, g)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return keep_grad_t(ctx.keep, g)
 
 
 class PRelu(Op):
@@ -236,6 +299,19 @@ class PRelu(Op):
         gw = None
         if n[1]:
             gw = unbroadcast(xp.where(pos, _zero(xp, g), x * g), w.shape)
+        return gx, gw
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa, wa = ctx.to_save
+        pos = xa > 0
+        n = ctx.needs_input_grad
+        gx = gw = None
+        if n[0]:
+            gx = _where_t(pos, g, ctx.graph_input(1, wa) * g)
+        if n[1]:
+            gw = unbroadcast_t(keep_grad_t(~pos, ctx.graph_input(0, xa) * g),
+                               wa.shape)
         return gx, gw
 
 
@@ -262,6 +338,12 @@ class Softplus(Op):
             e = xp.exp(z)
             return xp.where(z > ctx.threshold, g, g * e / (e + 1))
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa = ctx.to_save[0]
+        z = ctx.graph_input(0, xa) * ctx.beta
+        return _where_t(xa * ctx.beta > ctx.threshold, g, g * z.sigmoid())
+
 
 class Silu(Op):
     @staticmethod
@@ -278,6 +360,12 @@ class Silu(Op):
         with np.errstate(over="ignore", invalid="ignore"):
             s = 1 / (1 + xp.exp(-x))
             return g * s * (1 + x * (1 - s))
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        x = ctx.graph_input(0, ctx.to_save[0])
+        s = x.sigmoid()
+        return g * s * (1 + x * (1 - s))
 
 
 class Mish(Op):
@@ -297,6 +385,13 @@ class Mish(Op):
             s = 1 / (1 + xp.exp(-x))
             t = xp.tanh(xp.log1p(xp.exp(x)))
             return g * (t + x * s * (1 - t * t))
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        x = ctx.graph_input(0, ctx.to_save[0])
+        s = x.sigmoid()
+        t = Softplus.apply(x).tanh()
+        return g * (t + x * s * (1 - t * t))
 
 
 def _log_sigmoid(xp, x):
@@ -323,3 +418,15 @@ class LogSigmoid(Op):
     def backward(ctx, g):
         x, = ctx.to_save
         return g * _log_sigmoid_grad(get_array_module(g), x)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        x = ctx.graph_input(0, ctx.to_save[0])
+        return g * (-x).sigmoid()
+
+
+def _where_t(cond, a, b):
+    """where(cond, a, b) on tensors (cond an array), differentiable in a and
+    b: create_graph=True backward of the piecewise activations."""
+    from .arith import Where
+    return Where.apply(cond, a, b)

@@ -8,7 +8,7 @@ import numpy as np
 
 from .._backend import get_array_module, put_along_axis
 from .activation import _log_sigmoid, _log_softmax, _zero
-from .base import Op, unbroadcast
+from .base import Op, unbroadcast, const, keep_grad_t, unbroadcast_t
 
 
 class NllLoss(Op):
@@ -54,6 +54,10 @@ class NllLoss(Op):
                        xp.expand_dims(coef, 1), axis=1)
         return gx, None, None
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        return -_nll_pick_t(ctx, _nll_coef_t(ctx, g)), None, None
+
 
 class CrossEntropy(NllLoss):
     """log_softmax over axis 1, then NllLoss, as one node: backward is
@@ -82,6 +86,16 @@ class CrossEntropy(NllLoss):
                        axis=1)
         return gx, None, None
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        coef = _nll_coef_t(ctx, g)
+        # log_softmax(logp) = logp: the saved log-probabilities stand for
+        # the logits (softmax is invariant to a shift along axis 1, so its
+        # derivatives are the same at both points)
+        from .activation import Softmax
+        p = Softmax.apply(ctx.graph_input(0, ctx.logp), dim=1)
+        return p * coef.unsqueeze(1) - _nll_pick_t(ctx, coef), None, None
+
 
 class SoftMargin(Op):
     """log(1 + e^(-t x)), PyTorch's formula; backward -t z / (1 + z) g with
@@ -100,6 +114,15 @@ class SoftMargin(Op):
         with np.errstate(over="ignore", invalid="ignore"):
             z = xp.exp(-x * t)
             return unbroadcast(-t * z / (1 + z) * g, x.shape), None
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa, ta = ctx.to_save
+        x = ctx.graph_input(0, xa)
+        t = ctx.graph_input(1, ta) if hasattr(ta, "shape") else ta
+        with np.errstate(over="ignore", invalid="ignore"):
+            gx = -t * (-x * t).sigmoid() * g
+        return unbroadcast_t(gx, xa.shape), None
 
 
 class MultiMargin(Op):
@@ -176,6 +199,23 @@ class BinaryCrossEntropy(Op):
                 gt = unbroadcast(-xp.log(x / (1 - x)) * gw, t.shape)
         return gx, gt, None
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa, ta, wa = ctx.to_save
+        n = ctx.needs_input_grad
+        x = ctx.graph_input(0, xa)
+        t = ctx.graph_input(1, ta)
+        gw = g if wa is None else g * const(g, wa)
+        gx = gt = None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if n[0]:
+                eps = float(xa.dtype.type(_BCE_EPS))
+                gx = unbroadcast_t(gw * (x - t) / ((1 - x) * x).clamp_min(
+                    eps), xa.shape)
+            if n[1]:
+                gt = unbroadcast_t(-(x / (1 - x)).log() * gw, ta.shape)
+        return gx, gt, None
+
 
 class BinaryCrossEntropyWithLogits(Op):
     """(1 - t) x - lw log(sigmoid(x)), lw = (pos_weight - 1) t + 1, times
@@ -226,6 +266,38 @@ class BinaryCrossEntropyWithLogits(Op):
                 out[1] = unbroadcast(gt, t.shape)
         return tuple(out)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa, ta, wa, pwa = ctx.to_save
+        n = ctx.needs_input_grad
+        x = ctx.graph_input(0, xa)
+        t = ctx.graph_input(1, ta)
+        w = None if wa is None else const(g, wa)
+        pw = None if pwa is None else const(g, pwa)
+        out = [None] * 4
+        with np.errstate(over="ignore", invalid="ignore"):
+            if n[0]:
+                s = x.sigmoid()
+                if pw is None:
+                    gx = s - t
+                else:
+                    pt = pw * t
+                    gx = (pt + 1 - t) * s - pt
+                gx = gx * g
+                if w is not None:
+                    gx = gx * w
+                out[0] = unbroadcast_t(gx, xa.shape)
+            if n[1]:
+                if pw is None:
+                    gt = -x * g
+                else:
+                    from .activation import LogSigmoid
+                    gt = (LogSigmoid.apply(-x) - LogSigmoid.apply(x) * pw) * g
+                if w is not None:
+                    gt = gt * w
+                out[1] = unbroadcast_t(gt, ta.shape)
+        return tuple(out)
+
 
 class SmoothL1(Op):
     """|d| < beta: d^2 / (2 beta), else |d| - beta / 2 (d = x - t); the
@@ -248,6 +320,18 @@ class SmoothL1(Op):
         return (unbroadcast(gd, ctx.shapes[0]) if n[0] else None,
                 unbroadcast(-gd, ctx.shapes[1]) if n[1] else None)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        d, b = ctx.d, ctx.beta
+        dt = _diff_t(ctx, d)
+        if dt is None:
+            return NotImplemented
+        from .arith import Where
+        gd = Where.apply(d <= -b, -g, Where.apply(d >= b, g, dt * g / b))
+        n = ctx.needs_input_grad
+        return (unbroadcast_t(gd, ctx.shapes[0]) if n[0] else None,
+                unbroadcast_t(-gd, ctx.shapes[1]) if n[1] else None)
+
 
 class Huber(Op):
     """|d| < delta: d^2 / 2, else delta (|d| - delta / 2); the gradient is
@@ -269,3 +353,52 @@ class Huber(Op):
         n = ctx.needs_input_grad
         return (unbroadcast(gd, ctx.shapes[0]) if n[0] else None,
                 unbroadcast(-gd, ctx.shapes[1]) if n[1] else None)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        d, c = ctx.d, ctx.delta
+        dt = _diff_t(ctx, d)
+        if dt is None:
+            return NotImplemented
+        from .arith import Where
+        gd = Where.apply(d <= -c, -c * g, Where.apply(d >= c, c * g, dt * g))
+        n = ctx.needs_input_grad
+        return (unbroadcast_t(gd, ctx.shapes[0]) if n[0] else None,
+                unbroadcast_t(-gd, ctx.shapes[1]) if n[1] else None)
+
+
+def _nll_coef_t(ctx, g):
+    """NllLoss's per-element weight of the gradient, on tensors: w g (w g /
+    denom for 'mean'), 0 at ignored targets."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = const(g, ctx.w)
+        coef = w * (g / float(ctx.denom)) if ctx.reduction == "mean" \
+            else w * g
+    return keep_grad_t(ctx.keep, coef)
+
+
+def _nll_pick_t(ctx, coef):
+    """coef (N, ...) put at the targets of the (N, C, ...) class axis 1,
+    zeros elsewhere (differentiable in coef)."""
+    xp = get_array_module(ctx.t)
+    c = ctx.shape[1]
+    shape = [1] * len(ctx.shape)
+    shape[1] = c
+    onehot = xp.expand_dims(ctx.t, 1) == xp.arange(c).reshape(shape)
+    return keep_grad_t(onehot, coef.unsqueeze(1))
+
+
+def _diff_t(ctx, d):
+    """d = x - t (saved by forward) as a tensor whose gradient flows +1 to
+    x and -1 to t: input 0 carries d's value, input 1 a zero. None when a
+    broadcast input has another shape than d (not covered)."""
+    xs, ts = ctx.shapes
+    n = ctx.needs_input_grad
+    if (n[0] and tuple(xs) != d.shape) or (n[1] and tuple(ts) != d.shape):
+        return None
+    if not n[1]:
+        return ctx.graph_input(0, d)
+    if not n[0]:
+        return -ctx.graph_input(1, -d)
+    return ctx.graph_input(0, d) - ctx.graph_input(
+        1, get_array_module(d).zeros_like(d))

@@ -3,7 +3,7 @@ over the last axes, training-mode batch norm (running statistics updated
 in the same pass), and dropout with a given keep-mask.
 """
 from .._backend import get_array_module
-from .base import Op, is_float
+from .base import Op, is_float, const
 
 
 class LayerNorm(Op):
@@ -40,6 +40,10 @@ class LayerNorm(Op):
             gx = rstd * (gh - gh.mean(axis=axes, keepdims=True)
                          - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
         return gx, gw, gb
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return _norm_backward_graph(ctx, g, ctx.axes, None)
 
 
 class BatchNorm(Op):
@@ -95,6 +99,10 @@ class BatchNorm(Op):
                                + xhat * gxh.reshape(ctx.shape)) / m)
         return gx, gw, gb
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        return _norm_backward_graph(ctx, g, ctx.axes, ctx.shape)
+
 
 class Dropout(Op):
     """x * mask / (1 - p) with a given boolean keep-mask. Backward is a
@@ -110,3 +118,43 @@ class Dropout(Op):
     @staticmethod
     def backward(ctx, g):
         return g * ctx.keep * ctx.scale, None
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        keep = const(g, ctx.keep.astype(g._data.dtype))
+        return g * keep * float(ctx.scale), None
+
+
+def _norm_backward_graph(ctx, g, axes, wshape):
+    """LayerNorm's / BatchNorm's backward on tensors (create_graph=True),
+    over the normalised ``axes``; the affine weight is reshaped to
+    ``wshape`` (None: it broadcasts as it is). Forward keeps xhat and rstd,
+    not x: x - mean(x) = xhat / rstd stands for x, as both ops are
+    invariant to a shift of x along the normalised axes (their gradients
+    are the same at both points), and rstd is rebuilt as
+    (var + c)^-1/2 with c = 1 / rstd^2 - var, eps up to rounding."""
+    w, = ctx.to_save
+    need = ctx.needs_input_grad
+    xhat_a, rstd_a = ctx.xhat, ctx.rstd
+    xc_a = xhat_a / rstd_a          # rstd is finite and > 0
+    c = 1 / (rstd_a * rstd_a) - (xc_a * xc_a).mean(axis=axes, keepdims=True)
+    x = ctx.graph_input(0, xc_a)
+    xc = x - x.mean(axes, keepdim=True)
+    rstd = ((xc * xc).mean(axes, keepdim=True) + const(g, c)).rsqrt()
+    xhat = xc * rstd
+    lead = tuple(i for i in range(g.ndim) if i in axes) \
+        if wshape is not None else tuple(range(g.ndim - len(axes)))
+    gx = gw = gb = None
+    if len(need) > 1 and need[1]:
+        gw = g * xhat
+        gw = gw.sum(lead) if lead else gw
+    if len(need) > 2 and need[2]:
+        gb = g.sum(lead) if lead else g
+    if need[0]:
+        gh = g
+        if w is not None:
+            wt = ctx.graph_input(1, w)
+            gh = g * (wt if wshape is None else wt.reshape(wshape))
+        gx = rstd * (gh - gh.mean(axes, keepdim=True)
+                     - xhat * (gh * xhat).mean(axes, keepdim=True))
+    return gx, gw, gb
