@@ -136,11 +136,12 @@ class Timeline:
         return tid
 
     def complete(self, name, cat, t0, t1, args=None, tid=None):
-        """A range [t0, t1] (perf_counter_ns of this process)."""
+        """A range [t0, t1] (perf_counter_ns of this process); args: a
+        dict, or a list of shapes (an op's inputs)."""
         ev = ('X', name, cat, self.tid() if tid is None else tid, t0, t1,
               args)
         self._events.append(ev)
-        if len(self._events) >= FLUSH_EVERY and self.synced:
+        if len(self._events) >= FLUSH_EVERY:
             self.flush()
 
     def instant(self, name, cat, t, args=None, tid=None):
@@ -181,12 +182,17 @@ class Timeline:
             e['dur'] = round((t1 - t0) / 1e3, 3)
         else:
             e['s'] = 't'
-        if args:
+        if type(args) is list:          # an op's input shapes
+            e['args'] = {'shapes': [list(s) for s in args]}
+        elif args:
             e['args'] = {k: _plain(v) for k, v in args.items()}
         return json.dumps(e, separators=(',', ':'))
 
-    def flush(self) -> None:
-        """Write the events recorded so far (after the clock sync)."""
+    def flush(self, force=False) -> None:
+        """Write the events recorded so far; before the clock sync only
+        when forced (at close: the clocks then stay unaligned)."""
+        if not (self.synced or force):
+            return
         with self._wlock:
             evs, self._events = self._events, []
             if self._file is None:
@@ -204,7 +210,7 @@ class Timeline:
         information) and the closing brackets. Returns its path."""
         if self.closed:
             return self.path
-        self.flush()
+        self.flush(force=True)
         with self._wlock:
             self.closed = True
             meta = [{'ph': 'M', 'name': 'process_name', 'pid': self.rank,

@@ -120,7 +120,9 @@ def test_thread_ranks_ddp_and_merge(tmp_path, monkeypatch):
     import dtorch.distributed as dist
     from dtorch.autograd import function as F
     from dtorch.distributed import _timeline
+    from collectives import timeline as T
     monkeypatch.setenv("DTORCH_TIMELINE", str(tmp_path))
+    monkeypatch.setattr(T, "FLUSH_EVERY", 7)     # written in many pieces
     hooks = []
 
     def fn(rank, world):

@@ -31,6 +31,8 @@ _lock = threading.Lock()
 class _Local(threading.local):
     tl = None         # the timeline of the rank this thread works for
     inside = None     # the op class being recorded (re-entry guard)
+    tid_of = None     # the timeline `tid` was registered with
+    tid = None
 
 
 _tls = _Local()
@@ -62,14 +64,20 @@ class _Recorder:
         tl = st.tl or _process[0]
         if tl is None or st.inside is cls or tl.closed:
             return self._pass(cls, args, kwargs)
+        if st.tid_of is not tl:
+            st.tid, st.tid_of = tl.tid(), tl
         prev, st.inside = st.inside, cls
         t0 = _now()
         try:
             return cls.apply(*args, **kwargs)
         finally:
             st.inside = prev
-            tl.complete(cls.__name__, 'op', t0, _now(),
-                        {'shapes': _shapes(args)})
+            # the hot path: a tuple (args: the input shapes), no dict
+            ev = tl._events
+            ev.append(('X', cls.__name__, 'op', st.tid, t0, _now(),
+                       _shapes(args)))
+            if len(ev) >= _ctl.FLUSH_EVERY:
+                tl.flush()
 
     def backward_node(self, run):
         """Wrap the engine's per-node call for one backward pass."""
