@@ -96,6 +96,29 @@ class Conv2d(Op):
             gb = gl.sum(axis=0)
         return gx, gw, gb
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        # gx is a transposed convolution of g, gw the bilinear
+        # Conv2dWeightGrad of (x, g): both differentiable ops, whose own
+        # gradients are convolutions again (any order)
+        w, = ctx.to_save
+        _, pads, stride, dilation, groups, ohw = ctx.meta
+        x = ctx.x if ctx.nchw else _nhwc_unpadded(ctx.xpad, pads)
+        need = ctx.needs_input_grad
+        gx = gw = gb = None
+        conf = dict(stride=stride, pads=pads, dilation=dilation,
+                    groups=groups)
+        if need[0]:
+            gx = ConvTranspose2d.apply(
+                g, ctx.graph_input(1, w), None, output_padding=_out_pad(
+                    x.shape, ohw, w.shape, **conf), **conf)
+        if need[1]:
+            gw = Conv2dWeightGrad.apply(ctx.graph_input(0, x), g,
+                                        wshape=w.shape, **conf)
+        if len(need) > 2 and need[2]:
+            gb = g.sum((0, 2, 3))
+        return gx, gw, gb
+
 
 # bytes of columns per chunk: the chunk is copied, then read by the GEMM
 # while it is in L2 / L3 (measured 4-16 images of 14x14x288 floats, about
@@ -211,6 +234,7 @@ def _conv2d_grouped(ctx, xp, x, w, b, stride, pads, dilation, groups, ohw):
         out += b.reshape(1, o, 1, 1)
     ctx.cols, ctx.meta = cols, (xpad.shape, pads, stride, dilation,
                                 groups, (oh, ow))
+    ctx.x = x           # for the create_graph=True backward
     return out
 
 
@@ -285,3 +309,95 @@ class ConvTranspose2d(Op):
         if len(need) > 2 and need[2]:
             gb = g.sum(axis=(0, 2, 3))
         return gx, gw, gb
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        # ConvTranspose2d(x, w) is Conv2d's input gradient: its gradients
+        # are Conv2d(g, w) for x and Conv2dWeightGrad(g, x) for w
+        x, w = ctx.to_save
+        pshape, pads, stride, dilation, groups = ctx.meta
+        conf = dict(stride=stride, pads=pads, dilation=dilation,
+                    groups=groups)
+        if any(op >= s for op, s in zip(
+                _out_pad(g.shape, x.shape[2:], w.shape, **conf), stride)):
+            return NotImplemented   # output_padding >= stride
+        need = ctx.needs_input_grad
+        gx = gw = gb = None
+        if need[0]:
+            gx = Conv2d.apply(g, ctx.graph_input(1, w), None, **conf)
+        if need[1]:
+            gw = Conv2dWeightGrad.apply(g, ctx.graph_input(0, x),
+                                        wshape=w.shape, **conf)
+        if len(need) > 2 and need[2]:
+            gb = g.sum((0, 2, 3))
+        return gx, gw, gb
+
+
+@float32_compute
+class Conv2dWeightGrad(Op):
+    """The weight gradient of a convolution, gw = dConv2d(x, w)/dw . g, as
+    an op of (x, g): bilinear, so its gradients are the other two
+    convolution maps, ConvTranspose2d(g, h) for x and Conv2d(x, h) for g.
+    Conv2d's create_graph=True backward builds on it."""
+    @staticmethod
+    def forward(ctx, x, g, wshape=None, stride=(1, 1),
+                pads=((0, 0), (0, 0)), dilation=(1, 1), groups=1):
+        xp = get_array_module(x)
+        n = x.shape[0]
+        o, cg, kh, kw = wshape
+        ohw = g.shape[2:]
+        win = _windows(xp, _pad2d(xp, x, pads), (kh, kw), stride, dilation,
+                       ohw)
+        cols = win.reshape(n, groups, cg * kh * kw, ohw[0] * ohw[1])
+        g3 = g.reshape(n, groups, o // groups, ohw[0] * ohw[1])
+        ctx.save_for_backward(x, g)
+        ctx.conf = dict(stride=stride, pads=pads, dilation=dilation,
+                        groups=groups)
+        return (g3 @ xp.swapaxes(cols, -1, -2)).sum(0).reshape(wshape)
+
+    @staticmethod
+    def backward(ctx, h):
+        x, g = ctx.to_save
+        need = ctx.needs_input_grad
+        conf = ctx.conf
+        gx = _call(ConvTranspose2d, g, h, None, output_padding=_out_pad(
+            x.shape, g.shape[2:], h.shape, **conf), **conf) \
+            if need[0] else None
+        gg = _call(Conv2d, x, h, None, **conf) if need[1] else None
+        return gx, gg
+
+    @staticmethod
+    def backward_graph(ctx, h):
+        x, g = ctx.to_save
+        need = ctx.needs_input_grad
+        conf = ctx.conf
+        gx = ConvTranspose2d.apply(
+            ctx.graph_input(1, g), h, None, output_padding=_out_pad(
+                x.shape, g.shape[2:], h.shape, **conf), **conf) \
+            if need[0] else None
+        gg = Conv2d.apply(ctx.graph_input(0, x), h, None, **conf) \
+            if need[1] else None
+        return gx, gg
+
+
+def _call(op, *args, **kwargs):
+    """op's forward on arrays, outside the graph (a throwaway ctx)."""
+    return op.forward(op.__new__(op), *args, **kwargs)
+
+
+def _out_pad(xshape, ohw, wshape, stride, pads, dilation, groups=1):
+    """The output_padding that makes ConvTranspose2d of a (.., OH, OW)
+    gradient come back to the convolution input's height and width: the
+    rows and columns that the last window did not reach."""
+    return tuple(
+        size + sum(p) - ((o - 1) * s + d * (k - 1) + 1)
+        for size, o, s, d, k, p in zip(xshape[2:], ohw, stride, dilation,
+                                       wshape[2:], pads))
+
+
+def _nhwc_unpadded(xpad, pads):
+    """Conv2d's input (N, C, H, W) as a view of its padded channels-last
+    copy."""
+    (t, b), (l, r) = pads
+    hp, wp = xpad.shape[1:3]
+    return xpad[:, t:hp - b, l:wp - r].transpose(0, 3, 1, 2)

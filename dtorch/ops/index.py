@@ -6,7 +6,7 @@ reduceat), never by a slow ``add.at`` on the CPU.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, unbroadcast
+from .base import Op, unbroadcast, const, keep_grad_t, unbroadcast_t
 
 
 def _is_basic(key):
@@ -91,6 +91,18 @@ class Index(Op):
         xp.add.at(gx, key, g)    # general advanced indexing, repeats summed
         return gx
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        xp = get_array_module(g._data)
+        key = ctx.key
+        zeros = const(g, xp.zeros(ctx.shape, g._data.dtype))
+        if _is_basic(key) or _is_mask_only(key):
+            return SetIndex.apply(zeros, g, key=key)
+        # any other key: the flat positions it reads, repeats summed
+        from .selection import scatter_flat_t
+        lin = xp.arange(int(np.prod(ctx.shape))).reshape(ctx.shape)[key]
+        return scatter_flat_t(g, lin, ctx.shape)
+
 
 class IndexView(Index):
     """Basic indexing (ints, slices, None, Ellipsis): the result is a view."""
@@ -120,6 +132,18 @@ class SetIndex(Op):
             gv = unbroadcast(g[ctx.key], ctx.vs, ctx.vd)
         return gx, gv
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        n = ctx.needs_input_grad
+        gx = gv = None
+        if n[0]:
+            keep = get_array_module(g._data).ones(g.shape, bool)
+            keep[ctx.key] = False
+            gx = keep_grad_t(keep, g)
+        if n[1]:
+            gv = unbroadcast_t(Index.apply(g, key=ctx.key), ctx.vs, ctx.vd)
+        return gx, gv
+
 
 class Embedding(Op):
     """w[idx]; backward sums rows by sort + reduceat (``index_add0``); the
@@ -144,4 +168,22 @@ class Embedding(Op):
                 (-1,) + (1,) * (gw.ndim - 1))
         if ctx.pad is not None:
             gw[ctx.pad] = 0
+        return gw, None
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        from .selection import IndexAdd
+        xp = get_array_module(ctx.idx)
+        idx = ctx.idx.reshape(-1)
+        zeros = const(g, xp.zeros(ctx.shape, g._data.dtype))
+        gw = IndexAdd.apply(zeros, g.reshape((idx.size,) + ctx.shape[1:]),
+                            idx=idx, dim=0)
+        if ctx.freq:
+            cnt = xp.bincount(idx, minlength=ctx.shape[0])
+            gw = gw / const(g, xp.maximum(cnt, 1).astype(
+                g._data.dtype).reshape((-1,) + (1,) * (gw.ndim - 1)))
+        if ctx.pad is not None:
+            keep = xp.ones(ctx.shape, bool)
+            keep[ctx.pad] = False
+            gw = keep_grad_t(keep, gw)
         return gw, None

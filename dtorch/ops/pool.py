@@ -195,6 +195,21 @@ class MaxPool2d(Op):
                     dst += xp.where(e, g, zero)
         return gx if ctx.tiled else _unpad2d(gx, pads)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        # piecewise linear: g goes to each window's winner, a scatter that
+        # is differentiable in g (its gradient gathers at the winners)
+        wins = _max_winners(ctx)
+        if wins is None:
+            return NotImplemented
+        lin, pshape, pads = wins
+        from .selection import scatter_flat_t
+        gx = scatter_flat_t(g, lin, pshape)
+        (t, b), (l, r) = pads
+        if t or b or l or r:
+            gx = gx[:, :, t:pshape[2] - b, l:pshape[3] - r]
+        return gx
+
 
 def _has_nan(xp, a):
     """Whether a float array holds a NaN: one max (NaN propagates), no
@@ -244,3 +259,70 @@ class AvgPool2d(Op):
         pshape = (n, c, shape[2] + sum(pads[0]), shape[3] + sum(pads[1]))
         return _unpad2d(_col2im(xp, cols, pshape, k, stride, (1, 1), ohw),
                         pads)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return AvgPool2dGrad.apply(g, meta=ctx.meta)
+
+
+class AvgPool2dGrad(Op):
+    """AvgPool2d's input gradient as an op of g: linear, its gradient is
+    the average pool itself (AvgPool2d's create_graph=True backward)."""
+    @staticmethod
+    def forward(ctx, g, meta=None):
+        ctx.meta = meta
+        return AvgPool2d.backward(ctx, g)
+
+    @staticmethod
+    def backward(ctx, h):
+        shape, k, stride, pads, ohw, divisor = ctx.meta
+        return AvgPool2d.forward(AvgPool2d.__new__(AvgPool2d), h, k=k,
+                                 stride=stride, pads=pads, out_hw=ohw,
+                                 divisor=divisor)
+
+    @staticmethod
+    def backward_graph(ctx, h):
+        shape, k, stride, pads, ohw, divisor = ctx.meta
+        return AvgPool2d.apply(h, k=k, stride=stride, pads=pads, out_hw=ohw,
+                               divisor=divisor)
+
+
+def _max_winners(ctx):
+    """Flat positions (N, C, OH, OW) of each window's winning cell in the
+    (padded) input plane, that plane's shape and the padding; None where
+    PyTorch's rule differs from a first argmax (a NaN maximum, a window of
+    padding only)."""
+    shape, k, stride, pads, dilation, ohw = ctx.meta
+    n, c, h, w = shape
+    oh, ow = ohw
+    if ctx.pairs:
+        col, low = ctx.to_save
+        xp = get_array_module(col)
+        low = low.reshape(n * c, oh, ow)
+        rows = 2 * xp.arange(oh).reshape(1, oh, 1) + low
+        cols = 2 * xp.arange(ow).reshape(1, 1, ow)
+        plane = xp.arange(n * c).reshape(-1, 1, 1)
+        # the window-row pair (plane, row, column pair) of the winning row
+        cols = cols + col[(plane * h + rows) * ow + cols // 2]
+        return (plane * h + rows) * w + cols, shape, ((0, 0), (0, 0))
+    xin, best = ctx.to_save
+    xp = get_array_module(xin)
+    if _has_nan(xp, best):
+        return None
+    if any(pads[0] + pads[1]):
+        lo = -np.inf if is_float(best.dtype) else np.iinfo(best.dtype).min
+        if bool((best == lo).any()):
+            return None
+    if ctx.tiled:
+        win = _tiles(xin, k, ohw).transpose(0, 1, 2, 4, 3, 5)
+    else:
+        win = _windows(xp, xin, k, stride, dilation, ohw).transpose(
+            0, 1, 4, 5, 2, 3)
+    a = win.reshape(n, c, oh, ow, k[0] * k[1]).argmax(-1)   # first max
+    hp, wp = xin.shape[2:]
+    rows = xp.arange(oh).reshape(-1, 1) * stride[0] + \
+        (a // k[1]) * dilation[0]
+    cols = xp.arange(ow) * stride[1] + (a % k[1]) * dilation[1]
+    plane = xp.arange(n * c).reshape(n, c, 1, 1)
+    return ((plane * hp + rows) * wp + cols, (n, c, hp, wp),
+            ((0, 0), (0, 0)) if ctx.tiled else pads)

@@ -10,7 +10,7 @@ with ``scatter_add_flat`` (``bincount`` on the CPU), never a Python loop.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, _axes, axis_of, is_float
+from .base import Op, _axes, axis_of, is_float, const, keep_grad_t
 from .index import index_add0
 
 
@@ -64,6 +64,10 @@ class Tril(Op):
         return xp.triu(g, ctx.diagonal) if ctx.upper else \
             xp.tril(g, ctx.diagonal)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        return Tril.apply(g, diagonal=ctx.diagonal, upper=ctx.upper)
+
 
 # =========================================================== sorting ==
 
@@ -116,6 +120,14 @@ class Select(Op):
         lin = flat_along(xp, ctx.shape, idx, ctx.axis)
         size = int(np.prod(ctx.shape))
         return scatter_add_flat(xp, size, lin, g, g.dtype).reshape(ctx.shape)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        if not ctx.shape:
+            return g
+        xp = get_array_module(ctx.idx)
+        lin = flat_along(xp, ctx.shape, ctx.idx, ctx.axis)
+        return scatter_flat_t(g, lin, ctx.shape)
 
 
 def sort_indices(x, dim=-1, descending=False):
@@ -196,6 +208,14 @@ class Gather(Op):
         gx[ctx.sl] = gs.reshape(sub)
         return gx.reshape(ctx.xshape)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        # idx is no larger than x off the gather axis: its positions are
+        # those of the full shape
+        xp = get_array_module(ctx.idx)
+        lin = flat_along(xp, ctx.shape, ctx.idx, ctx.axis)
+        return scatter_flat_t(g, lin, ctx.shape).reshape(ctx.xshape)
+
 
 def _scatter_positions(xp, x, idx, dim, op):
     _check_same_rank(x, idx, op)
@@ -268,6 +288,25 @@ class Scatter(Op):
             gs[tuple(slice(0, k) for k in ctx.idx_shape)] = part
         return gx, gs
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        n = ctx.needs_input_grad
+        gx = gs = None
+        if n[0]:
+            if ctx.add:
+                gx = g
+            else:
+                xp = get_array_module(ctx.lin)
+                keep = xp.ones(g.shape, bool)
+                keep.reshape(-1)[ctx.lin] = False
+                gx = keep_grad_t(keep, g)
+        if n[1] and ctx.src_shape is not None:
+            if tuple(ctx.src_shape) != tuple(ctx.idx_shape):
+                return NotImplemented   # a src larger than the index
+            gs = IndexSelect.apply(g.reshape(-1), idx=ctx.lin,
+                                   dim=0).reshape(ctx.idx_shape)
+        return gx, gs
+
 
 class IndexSelect(Op):
     @staticmethod
@@ -297,6 +336,15 @@ class IndexSelect(Op):
             s for i, s in enumerate(ctx.shape) if i != ctx.axis)
         gx = index_add0(xp, shp, g.dtype, ctx.idx, moved)
         return xp.moveaxis(gx, 0, ctx.axis).reshape(ctx.xshape)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        shape = list(ctx.shape)
+        shape[ctx.axis] = ctx.idx.size
+        zeros = const(g, get_array_module(ctx.idx).zeros(ctx.shape,
+                                                         g._data.dtype))
+        return IndexAdd.apply(zeros, g.reshape(shape), idx=ctx.idx,
+                              dim=ctx.axis).reshape(ctx.xshape)
 
 
 class IndexAdd(Op):
@@ -349,6 +397,26 @@ class IndexAdd(Op):
             gs = xp.moveaxis(gs, 0, ctx.axis) if ctx.nd else gs.reshape(())
         return gx, gs
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        if not ctx.nd:
+            return NotImplemented
+        n = ctx.needs_input_grad
+        gx = gs = None
+        if n[0]:
+            if ctx.copy:
+                xp = get_array_module(ctx.idx)
+                keep = xp.ones(g.shape, bool)
+                xp.moveaxis(keep, ctx.axis, 0)[ctx.idx] = False
+                gx = keep_grad_t(keep, g)
+            else:
+                gx = g
+        if n[1]:
+            gs = IndexSelect.apply(g, idx=ctx.idx, dim=ctx.axis)
+            if not ctx.copy and ctx.alpha != 1:
+                gs = gs * ctx.alpha
+        return gx, gs
+
 
 # ============================================================= scans ==
 
@@ -369,6 +437,14 @@ class Cumsum(Op):
             return g
         xp = get_array_module(g)
         return xp.flip(xp.cumsum(xp.flip(g, ctx.axis), ctx.axis), ctx.axis)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        if ctx.axis is None:
+            return g
+        # the reversed cumulative sum, as total - cumsum + g
+        return g.sum(ctx.axis, keepdim=True) - Cumsum.apply(
+            g, dim=ctx.axis) + g
 
 
 class Cumprod(Op):
@@ -419,6 +495,18 @@ class Cumprod(Op):
             gi = xp.where(first, at_z1, gi).astype(g.dtype, copy=False)
         return xp.moveaxis(gi, -1, ax)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        if ctx.axis is None:
+            return g
+        xa, oa = ctx.to_save
+        if bool((xa == 0).any()):
+            return NotImplemented   # the zero-aware form
+        ax = ctx.axis
+        go = g * ctx.graph_output(oa)
+        r = go.sum(ax, keepdim=True) - Cumsum.apply(go, dim=ax) + go
+        return r / ctx.graph_input(0, xa)
+
 
 class CumExtreme(Op):
     """cummax/cummin values; the gradient goes to the index that holds the
@@ -462,6 +550,14 @@ class CumExtreme(Op):
         lin = flat_along(xp, ctx.shape, ctx.idx, ctx.axis)
         return scatter_add_flat(xp, int(np.prod(ctx.shape)), lin, g,
                                 g.dtype).reshape(ctx.shape)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        if ctx.axis is None:
+            return g
+        xp = get_array_module(ctx.idx)
+        lin = flat_along(xp, ctx.shape, ctx.idx, ctx.axis)
+        return scatter_flat_t(g, lin, ctx.shape)
 
 
 def _logcumsumexp(xp, x, axis):
@@ -510,3 +606,12 @@ class LogCumSumExp(Op):
             neg = xp.where(g < 0, lg, low)
             return (xp.exp(rev(pos - out) + x)
                     - xp.exp(rev(neg - out) + x)).astype(g.dtype, copy=False)
+
+
+def scatter_flat_t(g, lin, shape):
+    """zeros(shape) with g added at the flat positions ``lin`` (repeats
+    sum), differentiable in g (its gradient is a gather at ``lin``)."""
+    xp = get_array_module(lin)
+    zeros = const(g, xp.zeros(int(np.prod(shape)), g._data.dtype))
+    return IndexAdd.apply(zeros, g.reshape(-1), idx=lin.reshape(-1),
+                          dim=0).reshape(tuple(shape))
