@@ -9,7 +9,7 @@ that diagonal.
 import string
 
 from .._backend import get_array_module
-from .base import Op, promote, float32_compute
+from .base import Op, promote, float32_compute, unbroadcast_t
 
 _LETTERS = string.ascii_letters
 
@@ -103,6 +103,31 @@ class Einsum(Op):
                                                         copy=False))
         return tuple(grads)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        # backward's einsums, as differentiable Einsum ops
+        xs = ctx.to_save
+        grads = []
+        for i, need in enumerate(ctx.needs_input_grad[:len(xs)]):
+            if not need:
+                grads.append(None)
+                continue
+            sub = ctx.subs[i]
+            uniq = "".join(dict.fromkeys(sub))
+            if len(uniq) != len(sub):
+                return NotImplemented       # a diagonal ('ii->i')
+            others = [(s, ctx.graph_input(j, x)) for j, (s, x) in
+                      enumerate(zip(ctx.subs, xs)) if j != i]
+            avail = set(ctx.out).union(*[set(s) for s, _ in others])
+            keep = "".join(c for c in uniq if c in avail)
+            eq = ",".join([ctx.out] + [s for s, _ in others]) + "->" + keep
+            gi = Einsum.apply(g, *[x for _, x in others], equation=eq)
+            full = tuple(ctx.sizes[c] for c in uniq)
+            view = tuple(ctx.sizes[c] if c in keep else 1 for c in uniq)
+            gi = gi.reshape(view).expand(full)
+            grads.append(unbroadcast_t(gi, full, xs[i].dtype))
+        return tuple(grads)
+
 
 def _undiagonal(xp, gi, uniq, sub, sizes):
     """Place gi (indexed by the unique letters) on the diagonals of an
@@ -112,4 +137,3 @@ def _undiagonal(xp, gi, uniq, sub, sizes):
     key = tuple(grids[uniq.index(c)] for c in sub)
     out[key] = gi
     return out
-
