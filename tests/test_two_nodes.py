@@ -49,14 +49,15 @@ class _Reader:
         return "".join(self.out), "".join(self.err)
 
 
-def _launchers(nodes, k, mode, port=None):
-    """Start dtorch-launch on node0 (node rank 0) and node1; returns
-    [(proc, reader)] for each."""
-    port = port or random.randrange(20000, 40000)
+def _launchers(nodes, k, mode, first=0, **env):
+    """Start dtorch-launch on node0 (node rank 0) and node1, node `first`
+    first; returns [(proc, reader)] for node0 and node1."""
+    port = random.randrange(20000, 40000)
     env = clean_env(DTORCH_RDZV_TOKEN=secrets.token_hex(16),
-                    PYTHONUNBUFFERED=1)
-    procs = []
-    for r, node in enumerate(("node0", "node1")):
+                    PYTHONUNBUFFERED=1, **env)
+    procs = [None, None]
+    for r in (first, 1 - first):
+        node = f"node{r}"
         cmd = [sys.executable, "-m", "launch", "--nnodes", "2",
                "--node-rank", str(r), "--master-addr", "node0",
                "--master-port", str(port), "--nproc-per-node", str(k),
@@ -64,7 +65,9 @@ def _launchers(nodes, k, mode, port=None):
                script("two_nodes_job.py"), mode]
         p = nodes.popen(node, cmd, cwd=ROOT, env=env, text=True,
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        procs.append((p, _Reader(p)))
+        procs[r] = (p, _Reader(p))
+        if r == first:
+            time.sleep(1.0)   # the other node joins a job already waiting
     return procs
 
 
@@ -133,13 +136,19 @@ def test_nodes_are_separate_hosts(two_nodes):
                                              "args="]).stdout
 
 
-def test_launch_two_nodes_tcp(two_nodes):
+@pytest.mark.parametrize("hierarchical", [None, "0"], ids=["auto", "flat"])
+def test_launch_two_nodes_tcp(two_nodes, hierarchical):
     """2 nodes x 2 ranks: hostnames, all_reduce/broadcast, 3 DDP steps;
-    the cross-node bytes went over eth0."""
+    the cross-node bytes went over eth0.  node1's launcher starts first:
+    it waits for the master node's store.  Run with the all-reduce chosen
+    from the hosts (auto) and with the flat ring."""
     n, k = two_nodes, 2
+    env = {} if hierarchical is None else \
+        {"DTORCH_HIERARCHICAL": hierarchical}
     before = {node: n.counters(node) for node in n.names}
     t0 = time.monotonic()
-    (o0, e0), (o1, e1) = _wait_all(_launchers(n, k, "check"), JOB_S)
+    (o0, e0), (o1, e1) = _wait_all(
+        _launchers(n, k, "check", first=1, **env), JOB_S)
     took = time.monotonic() - t0
     out = o0 + o1
     assert sorted(map(int, re.findall(r"\bOK (\d+)", out))) == \
@@ -211,3 +220,48 @@ def test_dead_node_stops_the_other(two_nodes, victim):
                 break
             time.sleep(0.1)
         assert left == [], (node, left)
+
+
+@pytest.mark.parametrize("hierarchical", [None, "0"], ids=["auto", "flat"])
+def test_vanished_node_times_out(two_nodes, hierarchical):
+    """A node that vanishes without closing its connections (link down,
+    then its launcher killed: a power cut): node0's ranks give up after
+    DTORCH_COLLECTIVE_TIMEOUT, naming ranks of node1 as those that never
+    arrived (a live rank of node0 must never be blamed)."""
+    n, k = two_nodes, 2
+    env = {} if hierarchical is None else \
+        {"DTORCH_HIERARCHICAL": hierarchical}
+    procs = _launchers(n, k, "loop", DTORCH_COLLECTIVE_TIMEOUT=5, **env)
+    link = ["ip", "-n", n.netns["node1"], "link", "set", "eth0"]
+    try:
+        deadline = time.monotonic() + JOB_S
+        while len(re.findall(r"\bREADY \d+", "".join(
+                procs[0][1].out + procs[1][1].out))) < 2 * k:
+            assert time.monotonic() < deadline, "ranks never got ready"
+            assert all(p.poll() is None for p, _ in procs), \
+                [r.join() for _, r in procs]
+            time.sleep(0.05)
+        subprocess.run(link + ["down"], check=True)
+        os.kill(n.inner_pid(procs[1][0]), signal.SIGKILL)
+        t0 = time.monotonic()
+        procs[0][0].wait(JOB_S)
+        took = time.monotonic() - t0
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                kill_tree(p)
+        subprocess.run(link + ["up"], check=True)
+    out, err = procs[0][1].join()
+    assert procs[0][0].returncode != 0, out + err
+    assert "timed out after 5.0 s" in err, err
+    blamed = re.findall(r"ranks that did not arrive: \[([\d, ]+)\]", err)
+    assert blamed, err
+    for ranks in blamed:
+        assert set(map(int, ranks.split(","))) <= {2, 3}, err
+    print(f"node1 vanished: node0's launcher exited after {took:.1f} s")
+    procs[1][0].wait(30)
+    for node in n.names:
+        end = time.monotonic() + 20
+        while _node_processes(n, node) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert _node_processes(n, node) == []
