@@ -33,13 +33,16 @@ LAYERS = {
     'dtorch.cuda': 0, 'dtorch.accelerator': 0, 'dtorch.backends': 0,
     'dtorch.return_types': 0, 'dtorch.futures': 0, 'dtorch._ignored': 0,
     'dtorch._env': 0,
+    # the compiled CPU kernels on raw arrays (numba, optional)
+    'dtorch._kernels': 0,
     # 1 Function (ctx), the backward engine, grad modes, gradcheck
     'dtorch.autograd': 1,
     # 2 every differentiable op
     'dtorch.ops': 2,
     # 3 Tensor, its methods, creation functions, printing
     'dtorch.tensor': 3, 'dtorch._tensor_methods': 3, 'dtorch._creation': 3,
-    'dtorch.functional': 3, 'dtorch._settings': 3, 'dtorch._legacy': 3,
+    'dtorch.functional': 3, 'dtorch._settings': 3,
+    'dtorch.autograd.functional': 3, 'dtorch._legacy': 3,
     'dtorch._format': 3,
     # 4 the single-process training stack (siblings; no cycles among them),
     # and the package faces `dtorch` and `dtorch.utils` that re-export it
