@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from . import _backend as B
+from . import _kernels
 from .tensor import Tensor
 
 __all__ = [
@@ -83,7 +84,8 @@ def get_num_threads():
 
 
 def set_num_threads(n):
-    """Limit the BLAS thread pool (threadpoolctl when installed)."""
+    """Limit the BLAS thread pool (threadpoolctl when installed) and the
+    compiled kernels' threads (dtorch._kernels)."""
     if int(n) <= 0:
         raise RuntimeError("set_num_threads expects a positive integer")
     try:
@@ -92,6 +94,7 @@ def set_num_threads(n):
     except ImportError:
         pass
     _settings["threads"] = int(n)
+    _kernels.set_num_threads(int(n))     # the compiled kernels' pool too
 
 
 def get_num_interop_threads():

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from .. import _kernels
 from .._backend import get_array_module
 from .base import Op, keep_grad, unbroadcast, is_float, keep_grad_t, \
     unbroadcast_t
@@ -33,9 +34,14 @@ class Softmax(Op):
     @staticmethod
     def forward(ctx, x, dim=-1, safe=False):
         xp = get_array_module(x)
-        with np.errstate(invalid="ignore"):
-            e = xp.exp(x - x.max(axis=dim, keepdims=True))
-            e /= e.sum(axis=dim, keepdims=True)
+        k = _kernels.kernels(x) if _last(x, dim) else None
+        if k is not None:           # one fused, threaded pass per row
+            e = np.empty_like(x)
+            k.softmax_fwd(_rows(x), _rows(e))
+        else:
+            with np.errstate(invalid="ignore"):
+                e = xp.exp(x - x.max(axis=dim, keepdims=True))
+                e /= e.sum(axis=dim, keepdims=True)
         if safe and is_float(x.dtype):
             dead = (x == -np.inf).all(axis=dim, keepdims=True)
             if bool(dead.any()):
@@ -47,6 +53,11 @@ class Softmax(Op):
     @staticmethod
     def backward(ctx, g):
         y, = ctx.to_save
+        k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
+        if k is not None:
+            out = np.empty_like(y)
+            k.softmax_bwd(_rows(y), _rows(g), _rows(out))
+            return out
         gy = g * y
         return gy - y * gy.sum(axis=ctx.dim, keepdims=True)
 
@@ -57,7 +68,21 @@ class Softmax(Op):
         return gy - y * gy.sum(ctx.dim, keepdim=True)
 
 
+def _last(x, dim):
+    """``dim`` is ``x``'s last axis (the kernels' row layout)."""
+    return x.ndim > 0 and (dim == -1 or dim == x.ndim - 1)
+
+
+def _rows(a):
+    return a.reshape(-1, a.shape[-1])
+
+
 def _log_softmax(x, dim):
+    k = _kernels.kernels(x) if _last(x, dim) else None
+    if k is not None:
+        s = np.empty_like(x)
+        k.log_softmax_fwd(_rows(x), _rows(s))
+        return s
     xp = get_array_module(x)
     s = x - x.max(axis=dim, keepdims=True)
     s -= xp.log(xp.exp(s).sum(axis=dim, keepdims=True))
@@ -75,6 +100,11 @@ class LogSoftmax(Op):
     @staticmethod
     def backward(ctx, g):
         y, = ctx.to_save
+        k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
+        if k is not None:
+            out = np.empty_like(y)
+            k.log_softmax_bwd(_rows(y), _rows(g), _rows(out))
+            return out
         xp = get_array_module(g)
         return g - xp.exp(y) * g.sum(axis=ctx.dim, keepdims=True)
 
@@ -99,6 +129,14 @@ class Gelu(Op):
             t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
             ctx.t = t
             return (0.5 * x * (1 + t)).astype(x.dtype, copy=False)
+        k = _kernels.kernels(x)
+        if k is not None:           # out and cdf in one threaded pass
+            out, cdf = np.empty_like(x), np.empty_like(x)
+            f = _kernels.flat
+            k.gelu_fwd(f(x), f(out), f(cdf), *_kernels.scalars(
+                x, 1 / math.sqrt(2), 0.5, 1))
+            ctx.cdf = cdf
+            return out
         cdf = 0.5 * (1 + _erf(xp, x * (1 / math.sqrt(2))))
         ctx.cdf = cdf
         return (x * cdf).astype(x.dtype, copy=False)
@@ -112,6 +150,13 @@ class Gelu(Op):
             dt = (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
             d = 0.5 * (1 + t) + 0.5 * x * dt
         else:
+            k = _kernels.kernels(x, ctx.cdf, g)
+            if k is not None:
+                out = np.empty_like(x)
+                f = _kernels.flat
+                k.gelu_bwd(f(x), f(ctx.cdf), f(g), f(out), *_kernels.scalars(
+                    x, 0.5, 1 / math.sqrt(2 * math.pi)))
+                return out
             pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
             d = ctx.cdf + x * pdf
         return (g * d).astype(g.dtype, copy=False)
@@ -350,6 +395,12 @@ class Silu(Op):
     def forward(ctx, x):
         xp = get_array_module(x)
         ctx.save_for_backward(x)
+        k = _kernels.kernels(x)
+        if k is not None:
+            out = np.empty_like(x)
+            k.silu_fwd(_kernels.flat(x), _kernels.flat(out),
+                       _kernels.scalar(x, 1))
+            return out
         with np.errstate(over="ignore", invalid="ignore"):
             return x / (1 + xp.exp(-x))
 
@@ -357,6 +408,12 @@ class Silu(Op):
     def backward(ctx, g):
         x, = ctx.to_save
         xp = get_array_module(g)
+        k = _kernels.kernels(x, g)
+        if k is not None:
+            out = np.empty_like(x)
+            f = _kernels.flat
+            k.silu_bwd(f(x), f(g), f(out), _kernels.scalar(x, 1))
+            return out
         with np.errstate(over="ignore", invalid="ignore"):
             s = 1 / (1 + xp.exp(-x))
             return g * s * (1 + x * (1 - s))
@@ -423,6 +480,7 @@ class LogSigmoid(Op):
     def backward_graph(ctx, g):
         x = ctx.graph_input(0, ctx.to_save[0])
         return g * (-x).sigmoid()
+
 
 
 def _where_t(cond, a, b):

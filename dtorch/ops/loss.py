@@ -6,6 +6,7 @@ PyTorch. CTC is in ``ctc.py``.
 """
 import numpy as np
 
+from .. import _kernels
 from .._backend import get_array_module, put_along_axis
 from .activation import _log_sigmoid, _log_softmax, _zero
 from .base import Op, unbroadcast, const, keep_grad_t, unbroadcast_t
@@ -78,6 +79,11 @@ class CrossEntropy(NllLoss):
         with np.errstate(divide="ignore", invalid="ignore"):
             coef = w * (g / ctx.denom) if ctx.reduction == "mean" else w * g
         coef = xp.where(ctx.keep, coef, xp.zeros((), coef.dtype))
+        k = _kernels.kernels(ctx.logp, coef) if ctx.logp.ndim == 2 else None
+        if k is not None:           # exp, scale and target fix in one pass
+            gx = np.empty_like(ctx.logp)
+            k.cross_entropy_bwd(ctx.logp, coef, ctx.t, gx)
+            return gx, None, None
         coef = xp.expand_dims(coef, 1)
         gx = xp.exp(ctx.logp)
         gx *= coef

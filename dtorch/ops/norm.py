@@ -2,6 +2,9 @@
 over the last axes, training-mode batch norm (running statistics updated
 in the same pass), and dropout with a given keep-mask.
 """
+import numpy as np
+
+from .. import _kernels
 from .._backend import get_array_module
 from .base import Op, is_float, const
 
@@ -12,6 +15,10 @@ class LayerNorm(Op):
     def forward(ctx, x, w=None, b=None, nd=1, eps=1e-5):
         xp = get_array_module(x)
         axes = tuple(range(x.ndim - nd, x.ndim))
+        k = _kernels.kernels(x, *(a for a in (w, b) if a is not None))
+        if k is not None:           # statistics and affine in one pass
+            ctx.save_for_backward(w)
+            return _layer_norm_kernel(k, ctx, x, w, b, axes, eps)
         mu = x.mean(axis=axes, keepdims=True)
         xc = x - mu
         var = (xc * xc).mean(axis=axes, keepdims=True)
@@ -32,6 +39,9 @@ class LayerNorm(Op):
         xhat, rstd, axes = ctx.xhat, ctx.rstd, ctx.axes
         need = ctx.needs_input_grad
         lead = tuple(range(g.ndim - len(axes)))
+        k = _kernels.kernels(g, xhat, rstd, *(() if w is None else (w,)))
+        if k is not None:
+            return _layer_norm_grads(k, g, xhat, rstd, w, axes, need)
         gw = (g * xhat).sum(axis=lead) if len(need) > 1 and need[1] else None
         gb = g.sum(axis=lead) if len(need) > 2 and need[2] else None
         gx = None
@@ -44,6 +54,39 @@ class LayerNorm(Op):
     @staticmethod
     def backward_graph(ctx, g):
         return _norm_backward_graph(ctx, g, ctx.axes, None)
+
+
+def _layer_norm_kernel(k, ctx, x, w, b, axes, eps):
+    n = int(np.prod(x.shape[axes[0]:]))
+    x2 = x.reshape(-1, n)
+    out, xhat = np.empty_like(x), np.empty_like(x)
+    rstd = np.empty(x2.shape[:1] + (1,) * len(axes), x.dtype)
+    k.layer_norm_fwd(x2, x2[0] if w is None else w.reshape(-1),
+                     x2[0] if b is None else b.reshape(-1),
+                     _kernels.scalar(x, eps), out.reshape(-1, n),
+                     xhat.reshape(-1, n), rstd.reshape(-1),
+                     w is not None, b is not None)
+    ctx.xhat, ctx.rstd, ctx.axes = xhat, rstd.reshape(
+        x.shape[:axes[0]] + (1,) * len(axes)), axes
+    return out
+
+
+def _layer_norm_grads(k, g, xhat, rstd, w, axes, need):
+    n = xhat.size // rstd.size
+    g2, h2 = g.reshape(-1, n), xhat.reshape(-1, n)
+    gx = gw = gb = None
+    if need[0]:
+        gx = np.empty_like(g)
+        k.layer_norm_bwd_x(g2, h2, rstd.reshape(-1),
+                           g2[0] if w is None else w.reshape(-1),
+                           w is not None, gx.reshape(-1, n))
+    if (len(need) > 1 and need[1]) or (len(need) > 2 and need[2]):
+        gw, gb = np.empty(n, g.dtype), np.empty(n, g.dtype)
+        k.column_sums(g2, h2, gw, gb)
+        shape = xhat.shape[axes[0]:]
+        gw = gw.reshape(shape) if len(need) > 1 and need[1] else None
+        gb = gb.reshape(shape) if len(need) > 2 and need[2] else None
+    return gx, gw, gb
 
 
 class BatchNorm(Op):

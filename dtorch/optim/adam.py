@@ -2,6 +2,7 @@
 from __future__ import annotations
 import math
 
+from .. import _kernels
 from .optimizer import (Optimizer, ParamsT, _bump, _check_adam_args,
                         _decayed_grad, _init_state, _kernel_args, _next_step)
 
@@ -46,6 +47,16 @@ class Adam(Optimizer):
         x, g, xp = _decayed_grad(
             p, group, group.get("decoupled_weight_decay", False))
         m, v = state["exp_avg"]._data, state["exp_avg_sq"]._data
+        vmax = state["max_exp_avg_sq"]._data if group["amsgrad"] else v
+        k = _kernels.kernels(x, g, m, v, vmax)
+        if k is not None:   # one threaded pass, bit for bit the code below
+            f = _kernels.flat
+            k.adam(f(x), f(g), f(m), f(v), f(vmax), *_kernels.scalars(
+                x, 1 - beta1, beta2, 1 - beta2,
+                math.sqrt(1 - beta2 ** step), eps, lr / (1 - beta1 ** step)),
+                group["amsgrad"])
+            _bump(p)
+            return
         # one scratch array for every intermediate: each temporary costs a
         # pass over the parameter (and page faults, for large ones)
         t = g - m

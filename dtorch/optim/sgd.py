@@ -1,5 +1,8 @@
 """Stochastic gradient descent with momentum, as ``torch.optim.SGD``."""
 from __future__ import annotations
+import numpy as np
+
+from .. import _kernels
 from ..tensor import Tensor
 from .optimizer import (Optimizer, ParamsT, _bump, _check, _decayed_grad,
                         _kernel_args)
@@ -47,6 +50,9 @@ class SGD(Optimizer):
         lr = group["lr"]
         momentum = group["momentum"]
         x, g, _ = _decayed_grad(p, group)
+        if _sgd_kernel(self.state[p] if momentum != 0 else None, x, g, group):
+            _bump(p)
+            return
         if momentum != 0:
             state = self.state[p]
             buf = state.get("momentum_buffer")
@@ -63,3 +69,23 @@ class SGD(Optimizer):
                 g = buf._data
         x -= lr * g
         _bump(p)
+
+
+def _sgd_kernel(state, x, g, group):
+    """The update above in one threaded pass (bit for bit), where the
+    kernels apply; False otherwise. ``state``: None without momentum."""
+    buf = first = None
+    if state is not None:
+        buf = state.get("momentum_buffer")
+        first = buf is None
+        buf = np.empty_like(g) if first else buf._data
+    k = _kernels.kernels(x, g, *(() if buf is None else (buf,)))
+    if k is None:
+        return False
+    if first:
+        state["momentum_buffer"] = Tensor._wrap(buf)
+    f = _kernels.flat
+    k.sgd(f(x), f(g), f(x)[:0] if buf is None else f(buf), *_kernels.scalars(
+        x, group["lr"], group["momentum"], 1 - group["dampening"]),
+        bool(first), group["nesterov"])
+    return True

@@ -1,0 +1,188 @@
+"""Per-op time of the compiled CPU kernels (dtorch._kernels, numba) against
+the NumPy path they replace, forward + backward through dtorch's autograd.
+
+    python benchmarks/cpu_kernels.py [--threads 1 2] [--turns 7]
+                                     [--only adam,softmax] [--out F]
+
+Each thread count runs in a fresh child (OMP/OPENBLAS/MKL thread variables
+set before NumPy loads, then ``dtorch.set_num_threads``). In the child both
+paths run in one process (``dtorch._kernels.forced``), turns interleaved
+(numpy, kernel, kernel, numpy, ...) after a warm-up that also compiles (or
+loads from the cache) every kernel, so that load from other processes hits
+both alike. A turn times ``reps`` calls; the figure is the median over
+turns of the per-call time, with min-max of the turns. Also reported: the
+time of numba's import and of each kernel's first call in a fresh process
+(compile on a cold cache, load on a warm one: run the script twice).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+ap.add_argument("--turns", type=int, default=7)
+ap.add_argument("--only", default="")
+ap.add_argument("--out", default="benchmarks/results/cpu_kernels.json")
+ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+args = ap.parse_args()
+
+if args.child:
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads[0])
+
+
+def cases():
+    """name -> (setup() -> step callable): shapes of a GPT block (B 8, T 128,
+    d 256, 4 heads, vocab 1024) and a few smaller ones for the crossover."""
+    import numpy as np
+    import dtorch
+    import dtorch.nn.functional as F
+    rng = np.random.default_rng(0)
+
+    def fb(shape, f, *extra):
+        def setup():
+            x = dtorch.tensor(rng.standard_normal(shape).astype(np.float32),
+                              requires_grad=True)
+            g = dtorch.tensor(rng.standard_normal(shape).astype(np.float32))
+
+            def step():
+                y = f(x, *extra)
+                y.backward(g if y.ndim else None)
+                x.grad = None
+            return step
+        return setup
+
+    def ce(n, c):
+        def setup():
+            x = dtorch.tensor(rng.standard_normal((n, c)).astype(np.float32),
+                              requires_grad=True)
+            t = dtorch.tensor(rng.integers(0, c, n))
+
+            def step():
+                F.cross_entropy(x, t).backward()
+                x.grad = None
+            return step
+        return setup
+
+    def ln(n, d):
+        w = dtorch.ones(d, requires_grad=True)
+        b = dtorch.zeros(d, requires_grad=True)
+
+        def f(x):
+            return F.layer_norm(x, (d,), w, b)
+        return fb((n, d), f)
+
+    def opt(kind, shapes):
+        def setup():
+            ps = [dtorch.nn.Parameter(dtorch.tensor(
+                rng.standard_normal(s).astype(np.float32))) for s in shapes]
+            for p in ps:
+                p.grad = dtorch.tensor(rng.standard_normal(
+                    p.shape).astype(np.float32))
+            o = (dtorch.optim.AdamW(ps, lr=1e-3) if kind == "adamw" else
+                 dtorch.optim.Adam(ps, lr=1e-3) if kind == "adam" else
+                 dtorch.optim.SGD(ps, lr=1e-2, momentum=0.9))
+            o.step()
+            return o.step
+        return setup
+
+    # a GPT block's parameters (d 256) x 2 blocks + embeddings and head
+    gpt = ([(768, 256), (768,), (256, 256), (256,), (1024, 256), (1024,),
+            (256, 1024), (256,), (256,), (256,), (256,), (256,)] * 2
+           + [(1024, 256), (128, 256), (256,), (256,)])
+    mlp = [(1024, 784), (1024,), (1024, 1024), (1024,), (10, 1024), (10,)]
+    return {
+        "adamw_gpt": opt("adamw", gpt),
+        "adam_mlp": opt("adam", mlp),
+        "sgd_mlp": opt("sgd", mlp),
+        "adam_small": opt("adam", [(64, 64), (64,)] * 4),
+        "softmax_attn": fb((8, 4, 128, 128), F.softmax, -1),
+        "softmax_small": fb((32, 64), F.softmax, -1),
+        "log_softmax": fb((2048, 1024), F.log_softmax, -1),
+        "cross_entropy": ce(1024, 1024),
+        "cross_entropy_small": ce(64, 10),
+        "gelu": fb((1024, 1024), F.gelu),
+        "gelu_small": fb((64, 64), F.gelu),
+        "silu": fb((1024, 1024), F.silu),
+        "layer_norm": ln(1024, 256),
+        "layer_norm_small": ln(64, 64),
+    }
+
+
+def child():
+    t0 = time.perf_counter()
+    import numpy as np  # noqa: F401
+    import dtorch
+    from dtorch import _kernels
+    dtorch.set_num_threads(args.threads[0])
+    t_import = time.perf_counter()
+    _kernels.enabled()
+    t_numba = time.perf_counter() - t_import
+    all_cases = cases()
+    names = [n for n in all_cases if not args.only or any(
+        o in n for o in args.only.split(","))]
+    out = {"threads": args.threads[0], "numba_import_s": t_numba,
+           "kernel_threads": _kernels.num_threads(),
+           "import_dtorch_s": t_import - t0, "first_call_s": {}, "ops": {}}
+    for name in names:
+        numpy_step = all_cases[name]()
+        with _kernels.forced(True):
+            kernel_step = all_cases[name]()
+            t = time.perf_counter()
+            kernel_step()           # compiles, or loads from the cache
+            out["first_call_s"][name] = time.perf_counter() - t
+        # reps so that one turn lasts about 50 ms
+        t = time.perf_counter()
+        numpy_step()
+        one = max(time.perf_counter() - t, 1e-6)
+        reps = max(1, int(0.05 / one))
+        times = {"numpy": [], "kernel": []}
+        order = ["numpy", "kernel", "kernel", "numpy"]
+        for turn in range(args.turns * 2):
+            which = order[turn % 4]
+            with _kernels.forced(which == "kernel"):
+                f = kernel_step if which == "kernel" else numpy_step
+                f()
+                t = time.perf_counter()
+                for _ in range(reps):
+                    f()
+                times[which].append((time.perf_counter() - t) / reps * 1e6)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        out["ops"][name] = {
+            "numpy_us": med["numpy"], "kernel_us": med["kernel"],
+            "numpy_range": [min(times["numpy"]), max(times["numpy"])],
+            "kernel_range": [min(times["kernel"]), max(times["kernel"])],
+            "speedup": med["numpy"] / med["kernel"]}
+    print(json.dumps(out))
+
+
+def main():
+    res = []
+    for n in args.threads:
+        cmd = [sys.executable, __file__, "--child", "--threads", str(n),
+               "--turns", str(args.turns), "--only", args.only]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(r.stderr)
+        res.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    load = os.getloadavg()
+    for r in res:
+        print(f"threads {r['threads']} (kernels {r['kernel_threads']}); "
+              f"numba import {r['numba_import_s']:.2f} s; load avg "
+              f"{load[0]:.1f}")
+        print(f"  {'op':22s} {'numpy us':>10s} {'kernel us':>10s} "
+              f"{'speedup':>8s}  first call s")
+        for name, o in r["ops"].items():
+            print(f"  {name:22s} {o['numpy_us']:10.1f} {o['kernel_us']:10.1f}"
+                  f" {o['speedup']:8.2f}  {r['first_call_s'][name]:.2f}")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump({"runs": res, "loadavg": load}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    child() if args.child else main()

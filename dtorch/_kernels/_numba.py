@@ -1,0 +1,352 @@
+"""The compiled CPU kernels (numba), imported only by ``dtorch._kernels``
+when numba is installed and enabled; never by ``import dtorch``.
+
+Each kernel fuses what the NumPy path does in several passes over memory
+(one temporary per ufunc) into one pass, threaded with ``prange`` over
+elements or rows. ``fastmath=False``: no FMA contraction or reassociation,
+so element-wise arithmetic rounds as NumPy's does. Scalars arrive already
+cast to the arrays' dtype (``dtorch._kernels.scalars``), as NumPy 2 casts a
+Python float against a float32 array, so float32 stays float32 throughout.
+
+What is exact and what is not (tests/test_cpu_kernels.py pins both):
+- optimizer updates (+, -, *, /, sqrt, maximum: all correctly rounded, in
+  NumPy's order): bit for bit equal to the NumPy path;
+- exp / log / erf / tanh come from LLVM/libm instead of NumPy's SIMD loops
+  or scipy's cephes (a few ulp apart), and row sums run in one sequential
+  float64 accumulator instead of NumPy's pairwise float32 sums: equal to
+  float rounding (float32: ~1e-6 relative), NaN/inf where NumPy has them.
+``cache=True`` writes the machine code next to this file (__pycache__), so
+only the first process on a machine pays the compile time.
+"""
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import prange
+from numba.core import types
+from numba.extending import intrinsic, overload
+
+_jit = numba.njit(parallel=True, cache=True, fastmath=False, nogil=True)
+
+
+# ============================================================ float32 exp ==
+# numba's np.exp is a scalar libm call per element: 6x slower than NumPy's
+# SIMD exp (12 vs 2 ns per float32 here), which made every exp-heavy kernel
+# lose to NumPy on one thread. This exp is plain arithmetic that LLVM
+# vectorises: x = n ln2 + r (Cody-Waite, |r| <= ln2/2), e^r by its Taylor
+# polynomial to r^7 (truncation < 6e-9 relative), times 2^n built from the
+# exponent bits in two halves so that overflow to inf and gradual underflow
+# to 0 come out of IEEE multiplication. Within 2 ulp of the exact value
+# (tests/test_cpu_kernels.py checks it against float64 exp over the whole
+# range, inf, -inf and NaN). float64 keeps np.exp.
+
+@intrinsic
+def _bits_to_f32(typingctx, i):
+    """The float32 whose bits are the low 32 of integer ``i``."""
+    if not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if v.type.width > 32:
+            v = builder.trunc(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
+    return types.float32(i), codegen
+
+
+def vexp(x):
+    """e^x; vectorisable for float32 (see above)."""
+    return np.exp(x)
+
+
+@overload(vexp, inline="always")
+def _vexp(x):
+    if x != types.float32:
+        return lambda x: np.exp(x)
+
+    def exp32(x):
+        y = x
+        if y > np.float32(89.0):
+            y = np.float32(89.0)
+        if y < np.float32(-104.0):
+            y = np.float32(-104.0)
+        n = np.floor(y * np.float32(1.44269504) + np.float32(0.5))
+        r = y - n * np.float32(0.693359375)
+        r = r - n * np.float32(-2.12194440e-4)
+        p = np.float32(1.0 / 5040) + r * np.float32(1.0 / 40320)
+        p = np.float32(1.0 / 720) + r * p
+        p = np.float32(1.0 / 120) + r * p
+        p = np.float32(1.0 / 24) + r * p
+        p = np.float32(1.0 / 6) + r * p
+        p = np.float32(0.5) + r * p
+        p = np.float32(1.0) + r * p
+        p = np.float32(1.0) + r * p
+        k = np.int32(n) if x == x else np.int32(0)
+        k1 = k >> 1
+        k2 = k - k1
+        e = p * _bits_to_f32((k1 + 127) << 23) * _bits_to_f32((k2 + 127) << 23)
+        return e if x == x else x
+    return exp32
+
+
+# Element-wise kernels take flat (1-D) views, so one compiled version per
+# dtype serves every shape.
+
+# ================================================================ optim ==
+
+@_jit
+def adam(x, g, m, v, vmax, c1, b2, c2, bias2_sqrt, eps, step_size, ams):
+    """Adam's update of one parameter in place, the NumPy path's order:
+    m += (g - m) c1; v = v b2 + (g g) c2; (vmax = max(vmax, v));
+    x -= m / (sqrt(v) / bias2_sqrt + eps) * step_size."""
+    for i in prange(x.size):
+        gi = g[i]
+        mi = m[i] + (gi - m[i]) * c1
+        m[i] = mi
+        vi = v[i] * b2 + (gi * gi) * c2
+        v[i] = vi
+        if ams:
+            w = vmax[i]
+            # np.maximum: NaN in either gives NaN
+            if w != w or vi != vi:
+                w = w + vi
+            elif vi > w:
+                w = vi
+            vmax[i] = w
+            vi = w
+        x[i] -= mi / (np.sqrt(vi) / bias2_sqrt + eps) * step_size
+
+
+@_jit
+def sgd(x, g, buf, lr, momentum, damp, first, nesterov):
+    """SGD in place: buf = g (first) or buf momentum + damp g (damp is
+    1 - dampening, 1 means none); x -= lr (g + momentum buf | buf | g)."""
+    use_buf = buf.size == x.size
+    for i in prange(x.size):
+        gi = g[i]
+        if use_buf:
+            if first:
+                b = gi
+            elif damp == 1:
+                b = buf[i] * momentum + gi
+            else:
+                b = buf[i] * momentum + damp * gi
+            buf[i] = b
+            gi = gi + momentum * b if nesterov else b
+        x[i] -= lr * gi
+
+
+# ========================================================= activations ==
+
+@_jit
+def gelu_fwd(x, out, cdf, c, half, one):
+    """out = x * cdf, cdf = 1/2 (1 + erf(x c)); erf in float64 (as scipy's,
+    which computes float32 input in double)."""
+    for i in prange(x.size):
+        xi = x[i]
+        e = x.dtype.type(math.erf(np.float64(xi * c)))
+        p = half * (one + e)
+        cdf[i] = p
+        out[i] = xi * p
+
+
+@_jit
+def gelu_bwd(x, cdf, g, out, half, k):
+    """out = g (cdf + x exp(-x x / 2) k), k = 1/sqrt(2 pi)."""
+    for i in prange(x.size):
+        xi = x[i]
+        pdf = vexp(-half * xi * xi) * k
+        out[i] = g[i] * (cdf[i] + xi * pdf)
+
+
+@_jit
+def silu_fwd(x, out, one):
+    for i in prange(x.size):
+        xi = x[i]
+        out[i] = xi / (one + vexp(-xi))
+
+
+@_jit
+def silu_bwd(x, g, out, one):
+    for i in prange(x.size):
+        xi = x[i]
+        s = one / (one + vexp(-xi))
+        out[i] = g[i] * s * (one + xi * (one - s))
+
+
+# ====================================================== softmax family ==
+# 2-D (rows, C) C-contiguous arrays: the op's axis is the last one. Within
+# a row, the exp loop is separate from the sums so that it vectorises (a
+# float reduction in the same loop keeps LLVM from it, fastmath off).
+
+@numba.njit(inline="always")
+def _row_max(x, r, n):
+    """max of row r; NaN if the row has one (NumPy's max)."""
+    mx = x[r, 0]
+    for j in range(1, n):
+        v = x[r, j]
+        if v > mx or v != v:
+            mx = v
+            if v != v:
+                break
+    return mx
+
+
+@numba.njit(inline="always")
+def _row_sum(a, r, n):
+    """sum of row r in float64, four independent partial sums (no
+    dependency chain through one accumulator)."""
+    s0 = s1 = s2 = s3 = 0.0
+    m = n - n % 4
+    for j in range(0, m, 4):
+        s0 += a[r, j]
+        s1 += a[r, j + 1]
+        s2 += a[r, j + 2]
+        s3 += a[r, j + 3]
+    for j in range(m, n):
+        s0 += a[r, j]
+    return (s0 + s1) + (s2 + s3)
+
+
+@numba.njit(inline="always")
+def _row_dot(a, b, r, n):
+    s0 = s1 = s2 = s3 = 0.0
+    m = n - n % 4
+    for j in range(0, m, 4):
+        s0 += a[r, j] * b[r, j]
+        s1 += a[r, j + 1] * b[r, j + 1]
+        s2 += a[r, j + 2] * b[r, j + 2]
+        s3 += a[r, j + 3] * b[r, j + 3]
+    for j in range(m, n):
+        s0 += a[r, j] * b[r, j]
+    return (s0 + s1) + (s2 + s3)
+
+
+@_jit
+def softmax_fwd(x, out):
+    rows, n = x.shape
+    for r in prange(rows):
+        mx = _row_max(x, r, n)
+        for j in range(n):
+            out[r, j] = vexp(x[r, j] - mx)
+        s = out.dtype.type(_row_sum(out, r, n))
+        for j in range(n):
+            out[r, j] = out[r, j] / s
+
+
+@_jit
+def softmax_bwd(y, g, out):
+    """out = g y - y sum(g y)."""
+    rows, n = y.shape
+    for r in prange(rows):
+        s = out.dtype.type(_row_dot(g, y, r, n))
+        for j in range(n):
+            out[r, j] = g[r, j] * y[r, j] - y[r, j] * s
+
+
+@_jit
+def log_softmax_fwd(x, out):
+    """out = (x - max) - log(sum(exp(x - max)))."""
+    rows, n = x.shape
+    for r in prange(rows):
+        mx = _row_max(x, r, n)
+        for j in range(n):
+            out[r, j] = vexp(x[r, j] - mx)
+        ls = np.log(out.dtype.type(_row_sum(out, r, n)))
+        for j in range(n):
+            out[r, j] = (x[r, j] - mx) - ls
+
+
+@_jit
+def log_softmax_bwd(y, g, out):
+    """out = g - exp(y) sum(g)."""
+    rows, n = y.shape
+    for r in prange(rows):
+        s = out.dtype.type(_row_sum(g, r, n))
+        for j in range(n):
+            out[r, j] = g[r, j] - vexp(y[r, j]) * s
+
+
+@_jit
+def cross_entropy_bwd(logp, coef, t, out):
+    """CrossEntropy's gradient: exp(logp) coef[r], minus coef[r] at the
+    target column t[r]."""
+    rows, n = logp.shape
+    for r in prange(rows):
+        c = coef[r]
+        for j in range(n):
+            out[r, j] = vexp(logp[r, j]) * c
+        k = t[r]
+        out[r, k] = out[r, k] - c
+
+
+# ========================================================== layer norm ==
+
+@_jit
+def layer_norm_fwd(x, w, b, eps, out, xhat, rstd, has_w, has_b):
+    """Rows of (rows, n): mean, biased variance of (x - mean) (float64
+    sums), rstd = 1 / sqrt(var + eps), xhat = (x - mean) rstd, out =
+    xhat w + b."""
+    rows, n = x.shape
+    one = x.dtype.type(1)
+    for r in prange(rows):
+        mu = x.dtype.type(_row_sum(x, r, n) / n)
+        for j in range(n):
+            xhat[r, j] = x[r, j] - mu
+        var = x.dtype.type(_row_dot(xhat, xhat, r, n) / n)
+        rs = one / np.sqrt(var + eps)
+        rstd[r] = rs
+        for j in range(n):
+            h = xhat[r, j] * rs
+            xhat[r, j] = h
+            if has_w:
+                h = h * w[j]
+            if has_b:
+                h = h + b[j]
+            out[r, j] = h
+
+
+@_jit
+def layer_norm_bwd_x(g, xhat, rstd, w, has_w, out):
+    """gx = rstd (gh - mean(gh) - xhat mean(gh xhat)), gh = g w (held in
+    ``out`` until the last loop)."""
+    rows, n = g.shape
+    for r in prange(rows):
+        if has_w:
+            for j in range(n):
+                out[r, j] = g[r, j] * w[j]
+            gh = out
+        else:
+            gh = g
+        m1 = out.dtype.type(_row_sum(gh, r, n) / n)
+        m2 = out.dtype.type(_row_dot(gh, xhat, r, n) / n)
+        rs = rstd[r]
+        for j in range(n):
+            out[r, j] = rs * (gh[r, j] - m1 - xhat[r, j] * m2)
+
+
+@_jit
+def column_sums(g, xhat, gw, gb):
+    """gw = sum over rows of g xhat, gb = sum of g: float64 partial sums
+    over 16 fixed row chunks (one per task, no shared accumulators), then
+    added in chunk order, so the result does not depend on the thread
+    count."""
+    rows, n = g.shape
+    nch = min(rows, 16)
+    pw = np.zeros((nch, n), np.float64)
+    pb = np.zeros((nch, n), np.float64)
+    for c in prange(nch):
+        for r in range(rows * c // nch, rows * (c + 1) // nch):
+            for j in range(n):
+                gi = g[r, j]
+                pw[c, j] += gi * xhat[r, j]
+                pb[c, j] += gi
+    for j in range(n):
+        sw = 0.0
+        sb = 0.0
+        for c in range(nch):
+            sw += pw[c, j]
+            sb += pb[c, j]
+        gw[j] = sw
+        gb[j] = sb
