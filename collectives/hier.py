@@ -155,7 +155,11 @@ def setup(g, hosts):
         # one rank per host; the class is g's (no import cycle)
         cross = type(g)(g.store, node, len(nodes), f"{g.name}/hier{me}",
                         g.timeout, [g.ranks[n[me]] for n in nodes])
-    return (HierReducer(g, nodes, node, red, cross, [p for _, p in hosts]),
+    # each rank's address, for failure reports (which host to look at)
+    addrs = [g.store.get(f"{g._prefix}addr/{r}", timeout=g.timeout)
+             .decode().rsplit(':', 1)[0] for r in range(g.size)]
+    return (HierReducer(g, nodes, node, red, cross, [p for _, p in hosts],
+                        addrs),
             f"hierarchical: {len(nodes)} hosts x {shape} ranks, {o} cross-"
             f"host group{'s' if o > 1 else ''}")
 
@@ -163,8 +167,9 @@ def setup(g, hosts):
 class HierReducer:
     """The two-level all-reduce of one group on one rank."""
 
-    def __init__(self, g, nodes, node, red, cross, pids):
+    def __init__(self, g, nodes, node, red, cross, pids, addrs):
         self.g, self.nodes, self.node = g, nodes, node
+        self.addrs = addrs
         self.local = nodes[node]
         self.me = self.local.index(g.rank)
         self.owners = min(len(n) for n in nodes)
@@ -181,9 +186,11 @@ class HierReducer:
         self._jobs = None    # the cross worker's queue, started lazily
 
     # ------------------------------------------------------- liveness --
-    def _alive(self):
-        """Raise RankFailureError when a rank of this host died or flagged
-        a failure, or a ring neighbour closed its socket."""
+    def _alive(self, which, k):
+        """Raise RankFailureError when a rank of this host that has not
+        yet reached step `which` of chunk k died, or any rank flagged a
+        failure. (Not the ring sockets: a rank of another host that is
+        done may exit while this host still copies out.)"""
         g = self.g
         for i, r in enumerate(self.local):
             if i == self.me:
@@ -191,16 +198,16 @@ class HierReducer:
             bad = int(self._flags[i][_POISON])
             if bad:
                 raise self._failed(bad - 1, f"rank {r} (global "
-                                   f"{g.ranks[r]}) flagged its failure in "
+                                   f"{g.ranks[r]}) flagged a failure in "
                                    f"the host's shared memory")
-            if not _pid_alive(self.pids[r]):
+            if self._flags[i][which] < k and not _pid_alive(self.pids[r]):
                 raise self._failed(r, "its process is gone")
-        g._neighbours_alive()
 
     def _failed(self, culprit, why):
         g = self.g
         return RankFailureError(
-            f"rank {culprit} (global {g.ranks[culprit]}) of group "
+            f"rank {culprit} (global {g.ranks[culprit]}, host "
+            f"{self.addrs[culprit]}) of group "
             f"{g.name!r} died or gave up during {self._op}: {why} (seen by "
             f"rank {g.rank} in the hierarchical all-reduce)", rank=culprit)
 
@@ -208,7 +215,8 @@ class HierReducer:
         if self.red is None:
             return
         try:
-            self.red._wait(which, k, deadline, self._alive)
+            self.red._wait(which, k, deadline,
+                           lambda: self._alive(which, k))
         except _Expired as e:
             raise _Expired([self.local[i] for i in (e.missing or [])]
                            or None) from None
