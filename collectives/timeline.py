@@ -30,9 +30,7 @@ dies leaves a trace without its closing bracket, which both viewers and
 ``merge`` accept.
 """
 from __future__ import annotations
-import argparse
 import atexit
-import glob
 import json
 import os
 import socket
@@ -377,6 +375,8 @@ def merge(paths: list[str], out: str) -> dict:
 
 
 def rank_files(directory: str) -> list[str]:
+    import glob
+
     def key(p):
         stem = os.path.basename(p)[4:-5]
         return int(stem) if stem.isdigit() else 1 << 30
@@ -384,6 +384,7 @@ def rank_files(directory: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    import argparse
     ap = argparse.ArgumentParser(
         prog='python -m dtorch.utils.timeline',
         description='dtorch timelines (DTORCH_TIMELINE=DIR): merge the '
