@@ -31,6 +31,9 @@
 #       address 169.254.S.254 on interface P-h, so host daemons (e.g.
 #       slurmctld) can reach the nodes; unshaped.
 #       --shm-size: size of each node's /dev/shm tmpfs (default 1g).
+#   rate RATE|none [--prefix P]
+#       Reshape every link of running nodes to RATE (both directions), or
+#       remove the shaping (none).  Processes in the nodes keep running.
 #   stop [--prefix P]
 #       Kill the holders it started (which takes every process of the
 #       nodes with them: PID 1 of a PID namespace), delete the namespaces,
@@ -73,9 +76,9 @@ CMD="${1:-}"
 shift || true
 case "$CMD" in
     -h|--help|help) usage; exit 0;;
-    start|stop|exec|status) ;;
+    start|stop|exec|status|rate) ;;
     "") usage >&2; exit 2;;
-    *) die "unknown command '$CMD' (start, stop, exec, status, --help)";;
+    *) die "unknown command '$CMD' (start, stop, exec, status, rate, --help)";;
 esac
 
 POS=()
@@ -284,6 +287,27 @@ cmd_stop() {
     done
     rm -rf "$STATE"
     log "stopped prefix $PREFIX"
+}
+
+cmd_rate() {
+    need_root_tools
+    [ ${#POS[@]} -eq 1 ] || die "usage: rate RATE|none [--prefix P]"
+    [ -e "$STATE/nnodes" ] || die "prefix '$PREFIX' is not started"
+    local n i
+    RATE="${POS[0]}"
+    [ "$RATE" = none ] || rate_bits "$RATE" >/dev/null
+    n=$(cat "$STATE/nnodes")
+    for ((i = 0; i < n; i++)); do
+        if [ "$RATE" = none ]; then
+            tc -n "$PREFIX-node$i" qdisc del dev eth0 root 2>/dev/null || true
+            tc -n "$SW" qdisc del dev "p$i" root 2>/dev/null || true
+        else
+            shape "$PREFIX-node$i" eth0
+            shape "$SW" "p$i"
+        fi
+    done
+    echo "$RATE" > "$STATE/rate"
+    log "prefix $PREFIX: links shaped to $RATE"
 }
 
 node_index() {

@@ -89,12 +89,13 @@ class Nodes:
 
     def __init__(self, prefix, lines, rate):
         self.prefix, self.rate = prefix, rate
-        self.names, self.addr, self.netns = [], {}, {}
+        self.names, self.addr, self.netns, self.holder = [], {}, {}, {}
         for line in lines:
-            name, addr, netns, _pid = line.split("\t")
+            name, addr, netns, pid = line.split("\t")
             self.names.append(name)
             self.addr[name] = addr
             self.netns[name] = netns
+            self.holder[name] = int(pid)   # the node's PID 1, host pid
         self._stopped = False
 
     def __len__(self):
@@ -162,6 +163,11 @@ class Nodes:
             f"/sys/class/net/{dev}/statistics/{k}" for k in keys],
             check=True).stdout.split()
         return dict(zip(keys, map(int, out)))
+
+    def set_rate(self, rate):
+        """Reshape every link to `rate` ('1gbit'...) or unshape (None)."""
+        _script("rate", rate or "none", "--prefix", self.prefix)
+        self.rate = rate
 
     def stop(self):
         if not self._stopped:

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from launch_scripts.harness import ROOT, UNDER_MPI, clean_env, script
-from netns_nodes import kill_tree, two_nodes  # noqa: F401 (fixture)
+from netns_nodes import (STATE_ROOT, kill_tree, start_nodes,
+                         two_nodes)  # noqa: F401 (two_nodes: fixture)
 
 if UNDER_MPI:
     pytest.skip("starts its own jobs; runs in the single-process phase",
@@ -134,6 +135,49 @@ def test_nodes_are_separate_hosts(two_nodes):
         time.sleep(0.05)
     assert "sleep 60" not in n.run("node0", ["ps", "-e", "-o",
                                              "args="]).stdout
+
+
+def _qdisc(netns, dev):
+    return subprocess.run(["tc", "-n", netns, "qdisc", "show", "dev", dev],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_script_shapes_reaches_and_cleans_up():
+    """Three shaped nodes: every link (node side and switch side) has the
+    tbf rate, the rate can be changed live, the nodes reach each other by
+    name, and stop leaves no namespace, state or holder behind."""
+    with start_nodes(3, rate="100mbit") as n:
+        prefix, holders = n.prefix, list(n.holder.values())
+        sw = f"{prefix}-sw"
+        for i, node in enumerate(n.names):
+            assert "tbf" in _qdisc(n.netns[node], "eth0")
+            assert "rate 100Mbit" in _qdisc(n.netns[node], "eth0")
+            assert "rate 100Mbit" in _qdisc(sw, f"p{i}")
+        n.set_rate("2gbit")
+        assert "rate 2Gbit" in _qdisc(n.netns["node2"], "eth0")
+        assert "rate 2Gbit" in _qdisc(sw, "p2")
+        n.set_rate(None)
+        assert "tbf" not in _qdisc(n.netns["node2"], "eth0")
+        srv = n.popen("node0", [sys.executable, "-c", (
+            "import socket; s = socket.create_server(('node0', 7001)); "
+            "print('up', flush=True); c, a = s.accept(); "
+            "print(c.recv(64).decode().strip(), a[0], flush=True)")],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline() == "up\n"
+            n.run("node2", "echo hello >/dev/tcp/node0/7001", check=True)
+            assert srv.stdout.readline().split() == ["hello",
+                                                     n.addr["node2"]]
+            assert srv.wait(30) == 0
+        finally:
+            kill_tree(srv)
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                           text=True, check=True).stdout
+    assert prefix not in names
+    assert not os.path.exists(os.path.join(STATE_ROOT, prefix))
+    for pid in holders:
+        assert not os.path.exists(f"/proc/{pid}/cmdline") or \
+            b"dtorch-netns" not in open(f"/proc/{pid}/cmdline", "rb").read()
 
 
 @pytest.mark.parametrize("hierarchical", [None, "0"], ids=["auto", "flat"])
