@@ -17,6 +17,7 @@ SIGKILLed leaves its nodes behind: the next start stops test prefixes whose
 owner process is gone.  Tests skip with the reason when not root or when a
 tool the script needs is missing; with both, a failure to start fails."""
 import atexit
+import functools
 import os
 import re
 import secrets
@@ -198,8 +199,9 @@ class start_nodes:
             args += ["--rate", self.rate]
         if self.host_link:
             args.append("--host-link")
-        atexit.register(_script, "stop", "--prefix", self.prefix,
-                        check=False)
+        self._atexit = functools.partial(_script, "stop", "--prefix",
+                                         self.prefix, check=False)
+        atexit.register(self._atexit)
         try:
             proc = _script(*args)
             with open(os.path.join(STATE_ROOT, self.prefix, "owner"),
@@ -216,6 +218,7 @@ class start_nodes:
             self.nodes.stop()
         else:
             _script("stop", "--prefix", self.prefix, check=False)
+        atexit.unregister(self._atexit)
         return False
 
 
@@ -227,9 +230,12 @@ def two_nodes():
 
 
 def kill_tree(proc):
-    """SIGKILL a popen()ed command and nsenter (a test's cleanup)."""
-    for pid in (proc.pid,):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """SIGKILL a popen()ed command (a test's cleanup): nsenter's process
+    group, which holds the command too unless it made a session of its
+    own; such a command still dies with nsenter (its parent-death
+    signal)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
