@@ -121,7 +121,7 @@ def _run_ray(args, backend):
     from launch import ray as rray
     world = args.nnodes * (args.nproc_per_node or 1)
     try:
-        rray.run(_target(args), world, backend=backend,
+        rray.run(_target(args), world, backend=backend, nnodes=args.nnodes,
                  max_restarts=args.max_restarts, log_dir=args.log_dir,
                  only_rank0=args.only_rank0, grace=args.grace_period)
     except rray.RankFailedError as err:

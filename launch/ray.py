@@ -11,7 +11,9 @@ through Ray: rank 0's actor reports its node address and picks a free
 port there, and every actor is told them before it starts; the tcp or
 nccl backend then connects the ranks itself.  The placement group holds
 one bundle per rank ({CPU: c, GPU: g}, GPUs reserved when the cluster has
-enough), so all ranks start together or not at all.
+enough), so all ranks start together or not at all.  With nnodes > 1
+(dtorch-launch --nnodes N --runner ray) it holds one bundle per node, each
+with that node's ranks, on N distinct Ray nodes (STRICT_SPREAD).
 
 When one rank fails (an exception, a non-zero exit, a dead actor) the
 other actors are stopped and RankFailedError names the rank; with
@@ -126,16 +128,18 @@ def _gpus_per_rank(ray, world_size, requested):
 def run(fn_or_script, world_size, args=(), *, num_cpus_per_rank=1,
         num_gpus_per_rank=None, backend=None, env=None, max_restarts=0,
         strategy="PACK", log_dir=None, only_rank0=False, grace=5.0,
-        timeout=None):
+        timeout=None, nnodes=1):
     """Run `fn_or_script` as `world_size` ranks on the Ray cluster.
 
     fn_or_script: a function (called as fn(*args) in each rank's actor;
     results are returned as a list in rank order) or a script, given as
     a path or an argv list (`["train.py", "--lr", "0.1"]`, `["-m", "pkg"]`;
     the list of exit codes is returned).  Connects to RAY_ADDRESS or
-    starts a local Ray when ray is not initialised yet.  Raises
-    RankFailedError naming the rank when a rank fails on the last try,
-    TimeoutError after `timeout` seconds."""
+    starts a local Ray when ray is not initialised yet.  nnodes > 1 puts
+    world_size / nnodes ranks on each of nnodes distinct Ray nodes
+    (`strategy` then does not apply).  Raises RankFailedError naming the
+    rank when a rank fails on the last try, TimeoutError after `timeout`
+    seconds."""
     try:
         import ray
     except ImportError as err:
@@ -143,6 +147,9 @@ def run(fn_or_script, world_size, args=(), *, num_cpus_per_rank=1,
             "the ray runner needs Ray: pip install 'dtorch[ray]'") from err
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if nnodes < 1 or world_size % nnodes:
+        raise ValueError(f"world_size {world_size} cannot be split evenly "
+                         f"over nnodes={nnodes}")
     if isinstance(fn_or_script, str):
         fn_or_script = [fn_or_script]
     if not renv.is_terminal(sys.stdout):
@@ -151,6 +158,12 @@ def run(fn_or_script, world_size, args=(), *, num_cpus_per_rank=1,
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"))
+    if nnodes > 1:
+        # else the placement group would wait for nodes that never come
+        alive = sum(1 for n in ray.nodes() if n.get("Alive"))
+        if alive < nnodes:
+            raise ValueError(f"nnodes={nnodes} but the Ray cluster has "
+                             f"{alive} node(s) alive")
     gpus = _gpus_per_rank(ray, world_size, num_gpus_per_rank)
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
@@ -162,7 +175,7 @@ def run(fn_or_script, world_size, args=(), *, num_cpus_per_rank=1,
             return _attempt(ray, fn_or_script, world_size, args,
                             num_cpus_per_rank, gpus, backend, env or {},
                             attempt, token, strategy, log_dir, only_rank0,
-                            grace, timeout)
+                            grace, timeout, nnodes)
         except RankFailedError as err:
             if attempt == max_restarts:
                 raise
@@ -173,7 +186,7 @@ def run(fn_or_script, world_size, args=(), *, num_cpus_per_rank=1,
 
 def _attempt(ray, target, world_size, args, cpus, gpus, backend, extra,
              attempt, token, strategy, log_dir, only_rank0, grace,
-             timeout):
+             timeout, nnodes=1):
     from ray.util.placement_group import (placement_group,
                                           remove_placement_group)
     from ray.util.scheduling_strategies import (
@@ -182,7 +195,15 @@ def _attempt(ray, target, world_size, args, cpus, gpus, backend, extra,
     bundle = {"CPU": cpus}
     if gpus:
         bundle["GPU"] = gpus
-    pg = placement_group([dict(bundle)] * world_size, strategy=strategy)
+    if nnodes > 1:
+        # a node's ranks share its bundle; bundles on distinct nodes
+        per_node = world_size // nnodes
+        pg = placement_group(
+            [{k: v * per_node for k, v in bundle.items()}] * nnodes,
+            strategy="STRICT_SPREAD")
+    else:
+        per_node = 1     # one bundle per rank, placed by `strategy`
+        pg = placement_group([dict(bundle)] * world_size, strategy=strategy)
     actors = []
     try:
         ray.get(pg.ready(), timeout=timeout or 120)
@@ -191,7 +212,8 @@ def _attempt(ray, target, world_size, args, cpus, gpus, backend, extra,
             actors.append(cls.options(
                 num_cpus=cpus, num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=i),
+                    placement_group=pg,
+                    placement_group_bundle_index=i // per_node),
             ).remote())
         nodes = ray.get([a.node.remote() for a in actors])
         master = nodes[0]
