@@ -39,6 +39,8 @@ def _load(switch=True):
         from collectives import env_flag
         if not env_flag("DTORCH_NUMBA", True):
             return False
+    if "numba" in _state:
+        return _state["numba"]
     try:
         import numba
         from numba.np.ufunc import parallel
@@ -63,6 +65,7 @@ def _load(switch=True):
     _state["max_threads"] = numba.config.NUMBA_NUM_THREADS
     _state["set_threads"] = numba.set_num_threads
     os.register_at_fork(after_in_child=_disable)
+    _state["numba"] = _numba
     return _numba
 
 
