@@ -41,8 +41,8 @@ from .einsum import Einsum
 from .selection import Tril, Select, Gather, Scatter, IndexSelect, \
     IndexAdd, Cumsum, Cumprod, CumExtreme, LogCumSumExp
 from .window import _pad2d, _windows
-from .conv import Conv2d, ConvTranspose2d
-from .pool import MaxPool2d, AvgPool2d
+from .conv import Conv2d, ConvTranspose2d, Conv2dWeightGrad
+from .pool import MaxPool2d, AvgPool2d, AvgPool2dGrad
 from .activation import Softmax, LogSoftmax, Gelu, LeakyRelu, Elu, \
     Hardswish, Hardsigmoid, Shrink, Threshold, PRelu, Softplus, Silu, Mish, \
     LogSigmoid
