@@ -176,42 +176,24 @@ def fit_line(points):
     return float(a), max(float(b), 0.0)
 
 
-def tbf_burst(rate):
-    """The token bucket slurm/netns-nodes.sh gives a link shaped to RATE:
-    2 ms at RATE, at least 128 KiB. A message up to that size passes at the
-    veth's own speed when the bucket is full: the emulated link is a NIC of
-    RATE with a burst allowance, which the validation models as such."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-    for u, f in units.items():
-        if rate.endswith(u):
-            bits = float(rate[:-len(u)]) * f
-            return max(bits / 8 / 500, 131072.0), bits
-    raise ValueError(f"rate {rate!r}: expected e.g. 100mbit, 1gbit")
-
-
-def link_params(sweep, burst=0.0):
-    """The link from the sweeps: alpha (one-way time of small messages),
-    beta (time per byte beyond the burst: the shaped rate), beta_fast (per
-    byte within the burst: the veth and the stack), gamma (what a 2-rank
-    all-reduce spends per byte beyond 2 alpha + S beta: packing, reducing,
-    its threads)."""
+def link_params(sweep):
+    """The link from the sweeps: alpha (one-way time of messages <= 2 KiB),
+    beta (time per byte: the slope over messages >= 512 KiB, where the
+    shaped rate rules; tc's token bucket - 2 ms at the rate, >= 128 KiB -
+    did not measurably speed up smaller ones in the sweeps, so it is left
+    out), gamma (what a 2-rank all-reduce spends per byte beyond 2 alpha +
+    S beta: packing, reducing, its threads)."""
     pp = sweep["pingpong"]
     alpha = statistics.median(t for n, t in pp if n <= 2048)
-    mid = [(n, t) for n, t in pp if 2048 <= n <= max(burst / 2, 32768)]
-    beta_fast = fit_line(mid)[1] if len(mid) >= 2 else 0.0
-    big = [(n, t) for n, t in pp if n >= 2 * burst and n >= 131072]
-    if len(big) < 2:
-        big = sorted(pp)[-2:]
+    big = [(n, t) for n, t in pp if n >= 512 * 1024]
     beta = fit_line(big)[1]
-    if beta <= 0:       # two noisy points: the largest message alone
+    if beta <= 0:       # noisy points: the largest message alone
         n, t = big[-1]
         beta = (t - alpha) / n
-    ar = [(n, t) for n, t in sweep["allreduce"] if n in dict(big)]
+    ar = [(n, t) for n, t in sweep["allreduce"] if n >= 512 * 1024]
     gamma = max(0.0, statistics.median(
-        (t - 2 * alpha - n * beta) / n for n, t in ar)) if ar else 0.0
-    return {"alpha_s": alpha, "beta_s_per_B": beta,
-            "beta_fast_s_per_B": beta_fast, "gamma_s_per_B": gamma,
-            "burst_B": burst}
+        (t - 2 * alpha - n * beta) / n for n, t in ar))
+    return {"alpha_s": alpha, "beta_s_per_B": beta, "gamma_s_per_B": gamma}
 
 
 def t_allreduce(nbytes, p, alpha, beta, gamma=0.0):
@@ -255,39 +237,56 @@ def profile_from_trace(path):
                                         if not isinstance(k, tuple))])
     nb = min(len(b) for b in buckets)
     med = statistics.median
+    # the first bucket of a step finds the communication thread idle: its
+    # "queued" time is the hand-off alone
+    first = [e["dur"] for e in evs if e["name"] == "queued"
+             and e["args"]["bucket"] == 0
+             and any(s["ts"] <= e["ts"] <= s["ts"] + s["dur"]
+                     for s in steps)]
+    # how long this rank waited in its all-reduces for the other ranks
+    # (the merged timeline's split; 0 without the other ranks' files)
+    waits = _waits(path)
     return {"forward_s": med(fwd) / 1e6, "backward_s": med(bwd) / 1e6,
             "rest_s": med(rest) / 1e6, "steps": len(steps),
+            # delays add up over a step: their means, not medians
+            "handoff_s": statistics.fmean(first) / 1e6 if first else 0.0,
+            "skew_s": statistics.fmean(waits) / 1e6 if waits else 0.0,
             "buckets": [(buckets[0][i][0],
                          med(b[i][1] for b in buckets) / 1e6)
                         for i in range(nb)]}
 
 
+def _waits(path):
+    """rank 0's wait (us) in each DDP all-reduce, from all ranks' files."""
+    from collectives.timeline import load, rank_files, split_wait
+    files = rank_files(os.path.dirname(path))
+    if len(files) < 2:
+        return []
+    evs = []
+    for f in files:
+        evs += [e for e in load(f)["traceEvents"]
+                if e.get("name") == "all_reduce_coalesced"]
+    split_wait(evs)
+    return [e["args"]["wait_us"] for e in evs
+            if e["pid"] == 0 and "wait_us" in e.get("args", {})]
+
+
 def predict(prof, p, alpha, beta, gamma=0.0, compute_scale=1.0,
-            link=None):
+            skew=True):
     """Step time on p ranks (see the module docstring); compute_scale
-    shrinks every compute time (a faster device, same model). link: the
-    2-rank emulated link of link_params (its token bucket is followed
-    through the step: full at the start, refilled at the rate)."""
+    shrinks every compute time (a faster device, same model). From the
+    timeline also: the hand-off of a ready bucket to the idle communication
+    thread, and (skew) how long this rank waited in each all-reduce for
+    the last rank to arrive."""
     F = prof["forward_s"] * compute_scale
     B = prof["backward_s"] * compute_scale
     O = prof["rest_s"] * compute_scale
+    wait = prof.get("skew_s", 0.0) if skew and p > 1 else 0.0
     end = 0.0
-    if link is not None:
-        rate = 1.0 / link["beta_s_per_B"]
-        tokens, t_tok = link["burst_B"], 0.0
     for nbytes, ready in prof["buckets"]:
-        start = max(ready * compute_scale, end)
-        if link is None:
-            end = start + t_allreduce(nbytes, p, alpha, beta, gamma)
-            continue
-        # 2 ranks: each sends S bytes (two halves) through its bucket
-        tokens = min(link["burst_B"], tokens + (start - t_tok) * rate)
-        wire = max(nbytes * link["beta_fast_s_per_B"],
-                   (nbytes - tokens) / rate)
-        end = start + 2 * link["alpha_s"] + wire + \
-            nbytes * link["gamma_s_per_B"]
-        tokens, t_tok = max(0.0, tokens - nbytes + wire * rate), end
-        tokens = min(tokens, link["burst_B"])
+        # the hand-off is host software too: it scales with the compute
+        start = max((ready + prof["handoff_s"]) * compute_scale, end)
+        end = start + wait + t_allreduce(nbytes, p, alpha, beta, gamma)
     return F + max(B, end) + O
 
 
@@ -357,7 +356,7 @@ def cmd_validate(a):
         res = doc["rates"][rate] = {}
         with start_nodes(2, rate=rate) as nodes:
             res["sweep"] = _run_pair(nodes, [me, "sweep"], {})[0]
-            lp = link_params(res["sweep"], tbf_burst(rate)[0])
+            lp = link_params(res["sweep"])
             print(f"{rate}: alpha {lp['alpha_s'] * 1e6:.0f} us, "
                   f"{8 / max(lp['beta_s_per_B'], 1e-15) / 1e9:.2f} Gbit/s",
                   flush=True)
@@ -384,7 +383,7 @@ def cmd_report(a):
         doc = json.load(f)
     rows = []
     for rate, res in doc["rates"].items():
-        lp = link_params(res["sweep"], tbf_burst(rate)[0])
+        lp = link_params(res["sweep"])
         for w in a.workloads:
             if w not in res:
                 continue
@@ -395,9 +394,10 @@ def cmd_report(a):
             t1 = doc[f"alone_{w}"]["step_s"]
             meas = res[w]["step_s"]
             # the run's own compute (from its timeline) + the link model
-            pred = predict(prof2, 2, 0, 0, link=lp)
+            ab = (lp["alpha_s"], lp["beta_s_per_B"], lp["gamma_s_per_B"])
+            pred = predict(prof2, 2, *ab)
             # compute from the lone rank's timeline: a true forecast
-            pred1 = predict(prof1, 2, 0, 0, link=lp)
+            pred1 = predict(prof1, 2, *ab)
             rows.append({
                 "rate": rate, "workload": w,
                 "alpha_us": lp["alpha_s"] * 1e6,

@@ -63,11 +63,13 @@ def for_group(group) -> Timeline | None:
     d = requested()
     if d is None or group.name != 'world':
         return None
-    key = (os.path.abspath(d), group.ranks[group.rank], group.size)
+    # one per (directory, global rank): every world-named group of the
+    # rank (an NCCL group and its bootstrap) writes the same file
+    key = (os.path.abspath(d), group.ranks[group.rank])
     with _lock:
         tl = _open.get(key)
         if tl is None or tl.closed:
-            tl = _open[key] = Timeline(key[0], key[1], key[2])
+            tl = _open[key] = Timeline(key[0], key[1], group.size)
         return tl
 
 

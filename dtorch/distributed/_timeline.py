@@ -131,12 +131,9 @@ def attach(group):
     tl = getattr(group, "_timeline", None)
     if tl is None:
         return None
-    if not tl.synced:
-        if group.size != tl.size:
-            raise RuntimeError(
-                f"DTORCH_TIMELINE: the timeline of rank {tl.rank} starts on "
-                f"its world group (clock sync), not on group "
-                f"{group.name!r} of {group.size} ranks")
+    if not tl.synced and group.size == tl.size:
+        # the clock sync needs every rank: a sub-group (DDP over a DP group)
+        # leaves it to the world's first collective
         tl.start(group)
     _tls.tl = tl
     with _lock:
