@@ -163,3 +163,18 @@ def test_job_over_two_nodes_fails_when_a_rank_fails(cluster, tmp_path):
     # rank 0 would sleep 120 s: ending well before means it was ended
     secs = _secs(info["EndTime"]) - _secs(info["StartTime"])
     assert secs < 90, f"job took {secs:.0f} s to fail"
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--nodes", "0"], "--nodes must be an integer in 1..200 (got '0')"),
+    (["--nodes", "two"], "--nodes must be an integer in 1..200 (got 'two')"),
+    (["--rate", "1gbit"], "--rate shapes the links between namespace nodes: "
+                          "it needs --nodes 2 or more"),
+    (["--nodes"], "--nodes needs a value"),
+])
+def test_bad_node_options_are_refused(tmp_path, args, text):
+    # refused before anything is installed, made or started
+    out = subprocess.run(["bash", CLUSTER, "start", str(tmp_path / "c")]
+                         + args, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and text in out.stderr, out.stderr
+    assert not (tmp_path / "c").exists()
