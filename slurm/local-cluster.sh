@@ -237,7 +237,7 @@ fi
 print_env() {
     echo "export SLURM_CONF=$CONF"
     echo "export SLURM_LOCAL_DIR=$DIR"
-    echo "export SLURM_LOCAL_NODE=$NODE"
+    echo "export SLURM_LOCAL_NODE=$(node_names | head -n1)"   # where batch scripts run
     echo "export SLURM_LOCAL_MUNGE_SOCKET=$MUNGE_SOCKET"
     if [ "$NODES" -gt 1 ]; then
         echo "export SLURM_LOCAL_NODES='$(node_names | tr '\n' ' ' | sed 's/ $//')'"
