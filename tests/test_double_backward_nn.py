@@ -16,9 +16,29 @@ import pytest
 
 import dtorch
 import dtorch.nn.functional as F
-from dtorch.autograd import gradgradcheck
+from dtorch.autograd import gradgradcheck as _gradgradcheck
 
 D = dtorch.float64
+
+
+def gradgradcheck(f, inputs):
+    """autograd.gradgradcheck, and the first-order gradients that
+    create_graph=True gives equal to the plain ones (gradgradcheck alone
+    would accept a backward_graph that differentiates the wrong function
+    consistently)."""
+    assert _gradgradcheck(f, inputs)
+    ins = [t for t in inputs if t.requires_grad]
+    for create in (False, True):
+        out = f(*inputs)
+        go = dtorch.ones_like(out) + dtorch.arange(out.numel(), dtype=D
+                                                   ).reshape(out.shape) / 7
+        gs = dtorch.autograd.grad(out, ins, go, create_graph=create)
+        if not create:
+            plain = [g.numpy() for g in gs]
+    for a, b in zip(plain, gs):
+        np.testing.assert_allclose(b.detach().numpy(), a, rtol=1e-12,
+                                   atol=1e-12)
+    return True
 
 
 def R(*shape, seed=0, scale=1.0, shift=0.0):
@@ -101,6 +121,17 @@ def test_cross_entropy_label_smoothing_gradgrad():
     t = dtorch.tensor([3, 0, 1])
     assert gradgradcheck(lambda a: F.cross_entropy(a, t, label_smoothing=0.1),
                          (x,))
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_multi_margin_gradgrad(p):
+    x = R(3, 5, seed=19)
+    t = dtorch.tensor([0, 3, 1])
+    w = dtorch.tensor([0.5, 1.0, 2.0, 1.5, 0.7], dtype=D)
+    assert gradgradcheck(lambda a: F.multi_margin_loss(
+        _sq(a), t, p=p, margin=0.8), (x,))
+    assert gradgradcheck(lambda a: F.multi_margin_loss(
+        _sq(a), t, p=p, weight=w, reduction="sum"), (x,))
 
 
 def test_binary_losses_gradgrad():
@@ -276,7 +307,8 @@ def test_gather_scatter_gradgrad():
 
 def test_selection_scan_gradgrad():
     y = R(3, 4, seed=78)
-    for f in (lambda a: _sq(a).tril(1), lambda a: _sq(a).triu(),
+    for f in (lambda a: a.logcumsumexp(1), lambda a: _sq(a).logcumsumexp(0),
+              lambda a: _sq(a).tril(1), lambda a: _sq(a).triu(),
               lambda a: _sq(a).cumsum(1), lambda a: _sq(a).cumprod(0),
               lambda a: _sq(a).cummax(1)[0], lambda a: _sq(a).sort(1)[0],
               lambda a: _sq(a).topk(2)[0], lambda a: _sq(a).max(1)[0]):
@@ -295,15 +327,19 @@ def test_einsum_gradgrad():
 # ------------------------------------------ not covered: a named error --
 
 def test_uncovered_op_raises_named_error():
-    x = R(3, 4, seed=90)
-    t = dtorch.tensor([0, 3, 1])
-    g, = dtorch.autograd.grad(F.multi_margin_loss(x, t), x,
-                              create_graph=True)
+    # CTC loss has no backward_graph
+    lp = R(4, 2, 3, seed=90)
+    tg = dtorch.tensor([[1, 2], [1, 1]])
+    n4, n2 = dtorch.tensor([4, 4]), dtorch.tensor([2, 1])
+
+    def loss(a):
+        return F.ctc_loss(F.log_softmax(a, 2), tg, n4, n2)
+    g, = dtorch.autograd.grad(loss(lp), lp, create_graph=True)
     # the first order is right ...
-    g1, = dtorch.autograd.grad(F.multi_margin_loss(x, t), x)
+    g1, = dtorch.autograd.grad(loss(lp), lp)
     np.testing.assert_allclose(g.detach().numpy(), g1.numpy())
     # ... and differentiating it again names the op
-    with pytest.raises(RuntimeError, match="MultiMargin"):
+    with pytest.raises(RuntimeError, match="CTCLoss"):
         (g * g).sum().backward()
     # an argument combination an op does not cover (einsum diagonal)
     m = R(3, 3, seed=91)

@@ -166,6 +166,28 @@ class MultiMargin(Op):
             h[xp.arange(z.shape[0]), t] = -h.sum(1)
             return h * g.reshape(-1, 1), None, None
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        za, active, t = ctx.z, ctx.active, ctx.t
+        xp = get_array_module(za)
+        n, c = za.shape
+        h = 1.0 / c
+        if ctx.p != 1:
+            # z depends on x only through x - x[t] per row: x - x[t] =
+            # z - margin stands for x (the same derivatives)
+            zt = za[xp.arange(n), t].reshape(-1, 1)     # the margin
+            z = ctx.graph_input(0, za - zt)
+            z = z - z.gather(1, const(g, t.reshape(-1, 1))) + const(g, zt)
+            h = z * (2.0 / c)
+        if ctx.w is not None:
+            h = const(g, ctx.w[t].reshape(-1, 1)) * h
+        if isinstance(h, float):
+            h = const(g, xp.full(za.shape, h, g._data.dtype))
+        h = keep_grad_t(active, h)
+        onehot = xp.arange(c).reshape(1, -1) == t.reshape(-1, 1)
+        h = h - keep_grad_t(onehot, h.sum(1, keepdim=True))
+        return h * g.reshape(-1, 1), None, None
+
 
 _BCE_EPS = np.float32(1e-12)
 

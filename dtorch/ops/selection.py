@@ -607,6 +607,30 @@ class LogCumSumExp(Op):
             return (xp.exp(rev(pos - out) + x)
                     - xp.exp(rev(neg - out) + x)).astype(g.dtype, copy=False)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        if ctx.axis is None:
+            return g
+        xa, oa = ctx.to_save
+        xp = get_array_module(oa)
+        ax = ctx.axis
+        # sum_(j >= i) g_j e^(x_i - out_j), shifted by each slice's total
+        # m = out[-1] (out rises along the axis): e^(x - m) <= 1, and
+        # e^(m - out) is finite unless the slice spans most of the
+        # dtype's exponent range (then: first order only)
+        m = xp.take(oa, [oa.shape[ax] - 1], axis=ax)
+        with np.errstate(invalid="ignore", over="ignore"):
+            span = m - oa
+        limit = 0.9 * np.log(np.finfo(oa.dtype).max)
+        if not bool(xp.isfinite(span).all()) or oa.size and \
+                float(span.max()) > limit:
+            return NotImplemented
+        x, out = ctx.graph_input(0, xa), ctx.graph_output(oa)
+        mt = const(g, m)
+        w = g * (mt - out).exp()
+        r = w.sum(ax, keepdim=True) - Cumsum.apply(w, dim=ax) + w
+        return (x - mt).exp() * r
+
 
 def scatter_flat_t(g, lin, shape):
     """zeros(shape) with g added at the flat positions ``lin`` (repeats
