@@ -217,9 +217,10 @@ class HierReducer:
         try:
             self.red._wait(which, k, deadline,
                            lambda: self._alive(which, k))
-        except _Expired as e:
-            raise _Expired([self.local[i] for i in (e.missing or [])]
-                           or None) from None
+        except _Expired:
+            # a late rank of this host may only be waiting on its own
+            # cross-host peer: the statuses of all ranks say who is missing
+            raise _Expired(None) from None
 
     # ---------------------------------------------------------- cross --
     def _cross_run(self, part, op, deadline, seq):
