@@ -309,3 +309,17 @@ def test_vanished_node_times_out(two_nodes, hierarchical):
         while _node_processes(n, node) and time.monotonic() < end:
             time.sleep(0.1)
         assert _node_processes(n, node) == []
+
+
+def test_skip_reason_names_what_is_missing(monkeypatch):
+    """Where nodes cannot be made the tests skip saying why (CI is root
+    and has the tools, so there they run)."""
+    import netns_nodes
+    monkeypatch.setattr(netns_nodes.os, "geteuid", lambda: 1000)
+    assert "root" in netns_nodes.skip_reason()
+    monkeypatch.setattr(netns_nodes.os, "geteuid", lambda: 0)
+    real = netns_nodes.shutil.which
+    monkeypatch.setattr(netns_nodes.shutil, "which",
+                        lambda t: None if t in ("tc", "nsenter") else real(t))
+    assert netns_nodes.skip_reason() == \
+        "netns nodes need tc, nsenter (not installed)"
