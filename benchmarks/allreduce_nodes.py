@@ -163,7 +163,10 @@ exec bash %s exec --prefix %s "$node" /bin/sh -c "$*"
 def _mpi_env(oversubscribe):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT='1',
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1', OMP_NUM_THREADS='1',
-               OPENBLAS_NUM_THREADS='1')
+               OPENBLAS_NUM_THREADS='1',
+               # waiting ranks yield the core (dtorch's do): 4 ranks
+               # share 2 cores here, and busy-polling starves the others
+               OMPI_MCA_mpi_yield_when_idle='1')
     if oversubscribe:   # 4 ranks on 2 cores; the nodes get 2 slots each
         env.update(OMPI_MCA_rmaps_base_oversubscribe='1',
                    PRTE_MCA_rmaps_default_mapping_policy=':oversubscribe')

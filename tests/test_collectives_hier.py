@@ -143,8 +143,18 @@ def main(argv):
             out['error'] = None
         except RankFailureError as e:
             out.update(error=str(e), type='RankFailureError', rank=e.rank)
+    elif mode == 'skip':
+        g.all_reduce(np.ones(4))
+        if rank == world - 1:
+            time.sleep(float(os.environ['TEST_TIMEOUT']) + 4)
+            os._exit(0)
+        try:
+            g.all_reduce(np.ones(1024, np.float32))
+            out['error'] = None
+        except collectives.CollectiveTimeoutError as e:
+            out.update(error=str(e), missing=e.missing)
     print(json.dumps(out), flush=True)
-    if mode != 'die':
+    if mode not in ('die', 'skip'):
         g.barrier()     # the store lives in rank 0: keep it up till the end
     os._exit(0)
 
@@ -214,3 +224,14 @@ def test_hier_dead_rank_is_named():
         # every survivor names rank 3: directly (its socket closed, its
         # process is gone) or as the first failure the group reported
         assert 'rank 3 ' in res['error'], res['error']
+
+
+def test_hier_skipped_collective_times_out_naming_op_and_rank():
+    outs = run('skip', list('AABB'), env={'TEST_TIMEOUT': '6'})
+    for r in (0, 1, 2):
+        res = outs[r][0]
+        assert res and res['error'], outs[r]
+        assert res['missing'] == [3], res
+        msg = res['error']
+        assert "all_reduce #2 [1024] float32 on group 'world'" in msg, msg
+        assert "rank 3 is not in a collective (last: all_reduce #1" in msg
