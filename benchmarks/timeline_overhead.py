@@ -61,6 +61,18 @@ def best(f, n):
     return min(ts)
 res = {'chain_us_per_op': best(chain, int(sys.argv[3])) / 1000 * 1e6,
        'all_reduce_us': best(ar, int(sys.argv[3])) / 200 * 1e6}
+if on:
+    # the recorder's own cost, paired in this process: hook removed and
+    # restored between repeats (what a timeline adds to an op)
+    from dtorch.distributed import _timeline as T
+    pairs = []
+    for _ in range(int(sys.argv[3])):
+        T._install(False)
+        off_t = best(chain, 1)
+        T._install(True)
+        pairs.append((best(chain, 1), off_t))
+    res['on_minus_off_us_per_op'] = (min(p[0] for p in pairs)
+                                     - min(p[1] for p in pairs)) / 1000 * 1e6
 print(json.dumps(res))
 """
 
@@ -102,6 +114,9 @@ def main():
                 f"{res[n][-1]['all_reduce_us']:.2f} us/ar" for n in res),
                 flush=True)
     table = {}
+    d = [r["on_minus_off_us_per_op"] for r in res["on"]]
+    table["recorder_us_per_op"] = {"on-off": {
+        "median": statistics.median(d), "min": min(d), "max": max(d)}}
     for key in ("chain_us_per_op", "all_reduce_us"):
         table[key] = {}
         for n in res:

@@ -132,7 +132,8 @@ class Timeline:
         thread, e.g. DDP's buckets."""
         tid = self._tracks.get(name)
         if tid is None:
-            tid = self._tracks[name] = -1 - len(self._tracks)
+            # above any real thread id (Linux's pid_max is at most 2^22)
+            tid = self._tracks[name] = (1 << 30) + len(self._tracks)
         return tid
 
     def complete(self, name, cat, t0, t1, args=None, tid=None):
