@@ -324,6 +324,37 @@ def test_einsum_gradgrad():
     assert gradgradcheck(lambda a: dtorch.einsum("bij->j", _sq(a)), (a,))
 
 
+# ------------------------------------- piecewise ops: zeros, not None --
+
+PIECEWISE = {
+    "leaky_relu": lambda t: F.leaky_relu(t, 0.1),
+    "hardsigmoid": F.hardsigmoid,
+    "threshold": lambda t: F.threshold(t, 0.1, 2.0),
+    "hardshrink": F.hardshrink,
+    "prelu": lambda t: F.prelu(t, dtorch.tensor([0.1], dtype=D)),
+    "max_pool2d": lambda t: F.max_pool2d(t, 2),
+    "max_pool2d_pad": lambda t: F.max_pool2d(t, 3, 1, 1),
+    "avg_pool2d": lambda t: F.avg_pool2d(t, 2),
+    "nll_loss": lambda t: F.nll_loss(t.reshape(2, -1),
+                                     dtorch.tensor([1, 0])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PIECEWISE))
+def test_piecewise_second_derivative_is_zero_not_none(name):
+    # PyTorch connects a piecewise-linear op's gradient to the op's input
+    # with a zero derivative: a bias before it gets a zero .grad, not None
+    # (an optimizer then steps it, as in an R1 penalty-only step)
+    b = dtorch.tensor([0.3, -0.2], dtype=D, requires_grad=True)
+    x = R(2, 2, 4, 4, seed=95)
+    y = PIECEWISE[name](x + b.reshape(1, 2, 1, 1))
+    g, = dtorch.autograd.grad((y * y.detach()).sum(), x, create_graph=True)
+    assert g.requires_grad
+    (g * g.detach()).sum().backward()
+    assert b.grad is not None
+    np.testing.assert_array_equal(b.grad.numpy(), 0.0)
+
+
 # ------------------------------------------ not covered: a named error --
 
 def test_uncovered_op_raises_named_error():

@@ -24,7 +24,8 @@ This package is their index: ``dtorch.ops.<Op>`` names every op, which is
 how Tensor methods and ``nn.functional`` reach them. Importing it changes
 nothing process-wide (the malloc tuning is ``dtorch._malloc``).
 """
-from .base import Op, unbroadcast, promote, keep_grad, _device_error
+from .base import Op, unbroadcast, promote, keep_grad, _device_error, \
+    ZeroLink
 from .arith import Add, Sub, Mul, Div, Pow, Maximum, Minimum, Lerp, Mod, \
     Where, Clamp, Hardtanh, ClampT
 from .elementwise import Neg, Exp, Log, Sqrt, StdSqrt, Rsqrt, Abs, \

@@ -16,7 +16,7 @@ import numpy as np
 from .. import _kernels
 from .._backend import get_array_module
 from .base import Op, keep_grad, unbroadcast, is_float, keep_grad_t, \
-    unbroadcast_t
+    unbroadcast_t, zero_link_t
 from .elementwise import _erf
 
 
@@ -190,7 +190,8 @@ class LeakyRelu(Op):
 
     @staticmethod
     def backward_graph(ctx, g):
-        return _where_t(ctx.to_save[0] > 0, g, g * ctx.slope)
+        x = ctx.to_save[0]
+        return _link(_where_t(x > 0, g, g * ctx.slope), ctx, x)
 
 
 class Elu(Op):
@@ -271,7 +272,7 @@ class Hardsigmoid(Op):
     def backward_graph(ctx, g):
         x = ctx.to_save[0]
         sixth = float(np.float32(1.0) / np.float32(6.0))
-        return keep_grad_t((x > -3) & (x < 3), g * sixth)
+        return _link(keep_grad_t((x > -3) & (x < 3), g * sixth), ctx, x)
 
 
 class Shrink(Op):
@@ -301,7 +302,7 @@ class Shrink(Op):
     def backward_graph(ctx, g):
         x = ctx.to_save[0]
         lam = ctx.lambd
-        return keep_grad_t((x < -lam) | (x > lam), g)
+        return _link(keep_grad_t((x < -lam) | (x > lam), g), ctx, x)
 
 
 class Threshold(Op):
@@ -320,7 +321,8 @@ class Threshold(Op):
 
     @staticmethod
     def backward_graph(ctx, g):
-        return keep_grad_t(ctx.keep, g)
+        return zero_link_t(keep_grad_t(ctx.keep, g), ctx, 0, ctx.keep.shape,
+                           g._data.dtype)
 
 
 class PRelu(Op):
@@ -353,7 +355,7 @@ class PRelu(Op):
         n = ctx.needs_input_grad
         gx = gw = None
         if n[0]:
-            gx = _where_t(pos, g, ctx.graph_input(1, wa) * g)
+            gx = _link(_where_t(pos, g, ctx.graph_input(1, wa) * g), ctx, xa)
         if n[1]:
             gw = unbroadcast_t(keep_grad_t(~pos, ctx.graph_input(0, xa) * g),
                                wa.shape)
@@ -488,3 +490,9 @@ def _where_t(cond, a, b):
     b: create_graph=True backward of the piecewise activations."""
     from .arith import Where
     return Where.apply(cond, a, b)
+
+
+def _link(g, ctx, x):
+    # piecewise-linear: the gradient joins x with a zero derivative, as in
+    # PyTorch (parameters before the op get zeros, not None)
+    return zero_link_t(g, ctx, 0, x.shape, x.dtype)

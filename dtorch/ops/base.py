@@ -230,3 +230,41 @@ def keep_grad_t(cond, g):
     inf in g are dropped where cond is False, as ``keep_grad``."""
     from .arith import Where
     return Where.apply(cond, g, 0.0)
+
+
+class ZeroLink(Op):
+    """``g`` itself, joined to a tensor ``x`` by a zero gradient. The
+    create_graph=True gradient of a piecewise-linear op (relu, leaky_relu,
+    max_pool, nll ...) does not depend on the op's input, but PyTorch's
+    double backward connects it there all the same (``zeros_like``):
+    parameters before the op (a bias under a leaky_relu) get a zero
+    ``.grad``, not None, and optimizers step them (Adam's moments decay)
+    as in PyTorch."""
+    @staticmethod
+    def forward(ctx, g, x):
+        ctx.xs, ctx.xd = x.shape, x.dtype
+        return g
+
+    @staticmethod
+    def backward(ctx, h):
+        from .._backend import get_array_module
+        zero = get_array_module(h).zeros(ctx.xs, ctx.xd) \
+            if ctx.needs_input_grad[1] else None
+        return h, zero
+
+    @staticmethod
+    def backward_graph(ctx, h):
+        zero = ZeroLink.backward(ctx, h._data)[1]
+        return h, None if zero is None else const(h, zero)
+
+
+def zero_link_t(g, ctx, i, shape, dtype):
+    """``g`` (what a backward_graph returns for input j) joined to input i
+    of ``ctx`` by a zero gradient (``ZeroLink``): PyTorch's double backward
+    of piecewise-linear ops. Input i's value is not needed."""
+    if ctx.next_edges[i] is None:
+        return g
+    from .._backend import get_array_module
+    xp = get_array_module(g._data)
+    x = ctx.graph_input(i, xp.broadcast_to(xp.zeros((), dtype), shape))
+    return ZeroLink.apply(g, x)

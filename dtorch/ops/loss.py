@@ -9,7 +9,8 @@ import numpy as np
 from .. import _kernels
 from .._backend import get_array_module, put_along_axis
 from .activation import _log_sigmoid, _log_softmax, _zero
-from .base import Op, unbroadcast, const, keep_grad_t, unbroadcast_t
+from .base import Op, unbroadcast, const, keep_grad_t, unbroadcast_t, \
+    zero_link_t
 
 
 class NllLoss(Op):
@@ -57,7 +58,8 @@ class NllLoss(Op):
 
     @staticmethod
     def backward_graph(ctx, g):
-        return -_nll_pick_t(ctx, _nll_coef_t(ctx, g)), None, None
+        gx = -_nll_pick_t(ctx, _nll_coef_t(ctx, g))
+        return zero_link_t(gx, ctx, 0, ctx.shape, g._data.dtype), None, None
 
 
 class CrossEntropy(NllLoss):

@@ -6,7 +6,7 @@ docstring says why and what each measured.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, is_float
+from .base import Op, is_float, zero_link_t
 from .window import _col2im, _offsets, _pad2d, _unpad2d, _windows
 
 
@@ -208,7 +208,7 @@ class MaxPool2d(Op):
         (t, b), (l, r) = pads
         if t or b or l or r:
             gx = gx[:, :, t:pshape[2] - b, l:pshape[3] - r]
-        return gx
+        return zero_link_t(gx, ctx, 0, ctx.meta[0], g._data.dtype)
 
 
 def _has_nan(xp, a):
@@ -262,7 +262,8 @@ class AvgPool2d(Op):
 
     @staticmethod
     def backward_graph(ctx, g):
-        return AvgPool2dGrad.apply(g, meta=ctx.meta)
+        return zero_link_t(AvgPool2dGrad.apply(g, meta=ctx.meta), ctx, 0,
+                           ctx.meta[0], g._data.dtype)
 
 
 class AvgPool2dGrad(Op):
