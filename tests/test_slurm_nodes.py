@@ -10,7 +10,6 @@ under CI=true, as in tests/test_slurm.py).  The cluster lives in its own
 DIR, port and namespaces, beside test_slurm.py's single-node one, and is
 stopped at the end (namespaces included)."""
 import fcntl
-import os
 import re
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import time
 
 import pytest
 
-from launch_scripts.harness import ROOT, UNDER_MPI, clean_env, script
+from launch_scripts.harness import UNDER_MPI, clean_env, script
 
 if UNDER_MPI:
     pytest.skip("launcher tests start their own jobs; they run in the "
