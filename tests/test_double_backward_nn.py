@@ -256,6 +256,14 @@ def test_pool_gradgrad(name):
     assert gradgradcheck(lambda t: POOLS[name](_sq(t)), (x,))
 
 
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate",
+                                  "circular"])
+def test_pad_gradgrad(mode):
+    x = R(1, 2, 3, 4, seed=65)
+    assert gradgradcheck(lambda a: F.pad(_sq(a), (1, 2, 2, 1), mode=mode),
+                         (x,))
+
+
 # -------------------------------------------------- indexing / selection --
 
 def test_indexing_gradgrad():
@@ -295,6 +303,9 @@ def test_gather_scatter_gradgrad():
          lambda a, s: _sq(a).scatter(1, gi[:, :2], _sq(s))),
         ((y, R(3, 4, seed=75)),
          lambda a, s: _sq(a).scatter_add(1, gi, _sq(s))),
+        # src larger than the index: zeros where it was not read
+        ((y, R(3, 4, seed=79)),
+         lambda a, s: _sq(a).scatter(1, gi[:2, :2], _sq(s))),
         ((y,), lambda a: _sq(a).index_select(1, ii)),
         ((y, R(3, 4, seed=76)),
          lambda a, s: _sq(a).index_add(1, ii, _sq(s), alpha=2.0)),

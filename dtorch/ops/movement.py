@@ -184,7 +184,15 @@ class Pad(Op):
     @staticmethod
     def backward_graph(ctx, g):
         if ctx.mode != "constant":
-            return NotImplemented
+            # backward's index_add0 per padded axis, as IndexAdd ops
+            from .selection import IndexAdd
+            shape = list(g.shape)
+            for ax, idx in reversed(ctx.idxs):
+                shape[ax] = ctx.shape[ax]
+                zeros = get_array_module(g._data).zeros(shape, g._data.dtype)
+                g = IndexAdd.apply(g._make(zeros, False, None), g, idx=idx,
+                                   dim=ax)
+            return g
         key = tuple(slice(lo, g.shape[i] - hi)
                     for i, (lo, hi) in enumerate(ctx.pads))
         return g[key]

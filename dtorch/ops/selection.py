@@ -301,10 +301,15 @@ class Scatter(Op):
                 keep.reshape(-1)[ctx.lin] = False
                 gx = keep_grad_t(keep, g)
         if n[1] and ctx.src_shape is not None:
-            if tuple(ctx.src_shape) != tuple(ctx.idx_shape):
-                return NotImplemented   # a src larger than the index
             gs = IndexSelect.apply(g.reshape(-1), idx=ctx.lin,
                                    dim=0).reshape(ctx.idx_shape)
+            if tuple(ctx.src_shape) != tuple(ctx.idx_shape):
+                # src larger than the index: zeros where it was not read
+                from .index import SetIndex
+                zeros = get_array_module(ctx.lin).zeros(ctx.src_shape,
+                                                        g._data.dtype)
+                gs = SetIndex.apply(const(g, zeros), gs, key=tuple(
+                    slice(0, k) for k in ctx.idx_shape))
         return gx, gs
 
 
@@ -618,7 +623,7 @@ class LogCumSumExp(Op):
         # m = out[-1] (out rises along the axis): e^(x - m) <= 1, and
         # e^(m - out) is finite unless the slice spans most of the
         # dtype's exponent range (then: first order only)
-        m = xp.take(oa, [oa.shape[ax] - 1], axis=ax)
+        m = oa[(slice(None),) * ax + (slice(-1, None),)]
         with np.errstate(invalid="ignore", over="ignore"):
             span = m - oa
         limit = 0.9 * np.log(np.finfo(oa.dtype).max)
