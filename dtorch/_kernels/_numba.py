@@ -182,15 +182,26 @@ def silu_bwd(x, g, out, one):
 
 @numba.njit(inline="always")
 def _row_max(x, r, n):
-    """max of row r; NaN if the row has one (NumPy's max)."""
-    mx = x[r, 0]
-    for j in range(1, n):
-        v = x[r, j]
-        if v > mx or v != v:
-            mx = v
-            if v != v:
-                break
-    return mx
+    """max of row r; NaN if the row has one (NumPy's max). Four running
+    maxima: no compare waits on the previous one."""
+    m0 = m1 = m2 = m3 = x[r, 0]
+    nan = False
+    k = n - n % 4
+    for j in range(0, k, 4):
+        a, b, c, d = x[r, j], x[r, j + 1], x[r, j + 2], x[r, j + 3]
+        m0 = a if a > m0 else m0
+        m1 = b if b > m1 else m1
+        m2 = c if c > m2 else m2
+        m3 = d if d > m3 else m3
+        nan |= (a != a) | (b != b) | (c != c) | (d != d)
+    for j in range(k, n):
+        a = x[r, j]
+        m0 = a if a > m0 else m0
+        nan |= a != a
+    m0 = m1 if m1 > m0 else m0
+    m2 = m3 if m3 > m2 else m2
+    m0 = m2 if m2 > m0 else m0
+    return x.dtype.type(np.nan) if nan else m0
 
 
 @numba.njit(inline="always")
