@@ -1,14 +1,37 @@
 """Training-step time and peak memory, side by side with PyTorch CPU.
 
-(a) MLP 784-1024-1024-10, batch 256, SGD(momentum=0.9), cross-entropy;
-(b) CNN Conv2d(1,32,3,p=1)-ReLU-MaxPool2d(2)-Conv2d(32,64,3,p=1)-ReLU-
+(a) mlp: MLP 784-1024-1024-10, batch 256, SGD(momentum=0.9), cross-entropy;
+(b) cnn: Conv2d(1,32,3,p=1)-ReLU-MaxPool2d(2)-Conv2d(32,64,3,p=1)-ReLU-
     MaxPool2d(2)-Flatten-Linear(3136,128)-ReLU-Linear(128,10), batch 64 on
     1x28x28, Adam;
-(c) Embedding(256,128) + LSTM(128,256,batch_first) + Linear(256,256),
-    batch 32, seq 64, Adam, cross-entropy over every position.
+(c) lstm: Embedding(256,128) + LSTM(128,256,batch_first) + Linear(256,256),
+    batch 32, seq 64, Adam, cross-entropy over every position;
+(d) lstm_word: PyTorch's word_language_model shapes on a 10k vocabulary:
+    Embedding(10000,200) + 2-layer LSTM(200,200, dropout 0.2, seq-first) +
+    Linear(200,10000), bptt 35, batch 20, Adam;
+(e) decoder: a pre-LN causal decoder block: Embedding(1024,256) +
+    nn.TransformerEncoderLayer(256, 4 heads, ff 1024, GELU, dropout 0.1,
+    norm_first, causal mask) + Linear(256,1024), batch 16, seq 128, Adam;
+(f) gpt: a nanoGPT-style model written on F.scaled_dot_product_attention:
+    4 blocks, d 256, 4 heads, seq 128, vocab 2048, dropout 0.1, tied
+    embedding, batch 8, AdamW.
 
-    python benchmarks/step_time.py [--threads 1 2] [--repeats 30]
-                                   [--only mlp,cnn,lstm] [--out F]
+    python benchmarks/step_time.py [--threads 1 all] [--repeats 20]
+        [--only mlp,cnn,lstm,lstm_word,decoder,gpt] [--profile-steps 3]
+        [--no-rss] [--out F]
+
+``--threads`` takes numbers or ``all`` (every core this process may use).
+Besides the step times, each thread count reports the per-op autograd
+overhead (a chain of 1,000 ops on 4-element tensors, forward + backward,
+interleaved with torch's) and a profile of where a step goes, by
+dtorch.profiler and torch.profiler over ``--profile-steps`` steps: GEMM
+ops (matmul/linear/conv/bmm/mm, forward and backward nodes; dtorch's conv
+includes its im2col), attention (everything inside an attention op: for
+dtorch the whole SDPA op and its backward, for torch its SDPA forward, whose
+backward torch runs as separate bmm/softmax nodes, counted under GEMM and
+the rest), RNN layers (whole), the optimizer step (whole), and the rest
+(elementwise, norms, softmax, losses, and Python/framework time between
+ops) = profiled step time minus those. Profiling adds per-op cost to both.
 
 Each thread count runs in a fresh child process, which sets OMP/OPENBLAS/MKL
 thread variables before NumPy loads and calls ``torch.set_num_threads``.
@@ -44,20 +67,39 @@ import sys
 import time
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-ap.add_argument("--repeats", type=int, default=30)
+ap.add_argument("--threads", nargs="+", default=["1", "all"],
+                help="thread counts, or 'all' for every usable core")
+ap.add_argument("--repeats", type=int, default=20)
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--block", type=int, default=2,
                 help="timed steps per turn of one framework")
 ap.add_argument("--pause", type=float, default=None,
                 help="seconds idle before each turn with more than one "
                      "thread (default 0.25; see the docstring)")
-ap.add_argument("--only", default="mlp,cnn,lstm")
+ap.add_argument("--only", default="mlp,cnn,lstm,lstm_word,decoder,gpt")
+ap.add_argument("--profile-steps", type=int, default=3,
+                help="steps profiled per case and framework (0: no profile)")
+ap.add_argument("--chain-repeats", type=int, default=20,
+                help="runs of the 1,000-op chain (0: no per-op line)")
+ap.add_argument("--no-rss", action="store_true",
+                help="skip the peak-memory children")
 ap.add_argument("--out", default="benchmarks/results/step_time.json")
 ap.add_argument("--child", choices=["time", "rss"], help=argparse.SUPPRESS)
 ap.add_argument("--framework", choices=["dtorch", "torch"],
                 help=argparse.SUPPRESS)
 args = ap.parse_args()
+
+
+def _threads(v):
+    if v == "all":
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:
+            return os.cpu_count() or 1
+    return int(v)
+
+
+args.threads = [_threads(v) for v in args.threads]
 
 if args.child:
     # before NumPy / torch load: their thread pools read these once
@@ -71,6 +113,9 @@ CASES = {
     "mlp": "(a) MLP 784-1024-1024-10 b256 SGD-momentum",
     "cnn": "(b) CNN 2xconv3x3+pool, b64 1x28x28 Adam",
     "lstm": "(c) Emb+LSTM(128,256)+Linear b32 T64 Adam",
+    "lstm_word": "(d) word LM 10k, 2xLSTM(200) b20 T35 Adam",
+    "decoder": "(e) pre-LN causal decoder d256 b16 T128 Adam",
+    "gpt": "(f) GPT 4 blocks d256 b8 T128 AdamW",
 }
 
 
@@ -97,6 +142,18 @@ def build(lib, case, seed=0):
             nn.Linear(128, 10))
         x = rng.standard_normal((64, 1, 28, 28)).astype(np.float32)
         y = rng.integers(0, 10, 64)
+    elif case == "lstm_word":
+        model = _word_lm(lib)
+        x = rng.integers(0, 10000, (35, 20))
+        y = rng.integers(0, 10000, 35 * 20)
+    elif case == "decoder":
+        model = _decoder(lib)
+        x = rng.integers(0, 1024, (16, 128))
+        y = rng.integers(0, 1024, 16 * 128)
+    elif case == "gpt":
+        model = _gpt(lib)
+        x = rng.integers(0, 2048, (8, 128))
+        y = rng.integers(0, 2048, 8 * 128)
     else:
         class TextModel(nn.Module):
             def __init__(self):
@@ -119,6 +176,9 @@ def build(lib, case, seed=0):
             p.copy_(lib.tensor(a.astype(np.float32)))
     if case == "mlp":
         opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    elif case == "gpt":
+        opt = lib.optim.AdamW(model.parameters(), lr=3e-4,
+                              weight_decay=0.1)
     else:
         opt = lib.optim.Adam(model.parameters(), lr=1e-3)
     xt = lib.tensor(x)
@@ -127,14 +187,110 @@ def build(lib, case, seed=0):
     return model, opt, xt, yt, loss_fn
 
 
+def _word_lm(lib):
+    nn = lib.nn
+
+    class WordLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = nn.Dropout(0.2)
+            self.encoder = nn.Embedding(10000, 200)
+            self.rnn = nn.LSTM(200, 200, 2, dropout=0.2)
+            self.decoder = nn.Linear(200, 10000)
+
+        def forward(self, idx):
+            h, _ = self.rnn(self.drop(self.encoder(idx)))
+            return self.decoder(self.drop(h)).reshape(-1, 10000)
+    return WordLM()
+
+
+def _decoder(lib):
+    nn = lib.nn
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(1024, 256)
+            self.block = nn.TransformerEncoderLayer(
+                256, 4, 1024, dropout=0.1, activation="gelu",
+                batch_first=True, norm_first=True)
+            self.head = nn.Linear(256, 1024)
+            self.register_buffer(
+                "mask", nn.Transformer.generate_square_subsequent_mask(128))
+
+        def forward(self, idx):
+            h = self.block(self.emb(idx), src_mask=self.mask, is_causal=True)
+            return self.head(h).reshape(-1, 1024)
+    return Decoder()
+
+
+def _gpt(lib, n_layer=4, d=256, heads=4, T=128, vocab=2048, p=0.1):
+    """nanoGPT's model, written once for either framework."""
+    nn, F = lib.nn, lib.nn.functional
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(d, 3 * d)
+            self.c_proj = nn.Linear(d, d)
+            self.resid = nn.Dropout(p)
+
+        def forward(self, x):
+            B, T_, C = x.shape
+            q, k, v = self.c_attn(x).split(d, dim=2)
+            q, k, v = (t.reshape(B, T_, heads, C // heads).transpose(1, 2)
+                       for t in (q, k, v))
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=p if self.training else 0.0,
+                is_causal=True)
+            y = y.transpose(1, 2).reshape(B, T_, C)
+            return self.resid(self.c_proj(y))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(d)
+            self.attn = Attention()
+            self.ln_2 = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(),
+                                     nn.Linear(4 * d, d), nn.Dropout(p))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(vocab, d)
+            self.wpe = nn.Embedding(T, d)
+            self.drop = nn.Dropout(p)
+            self.h = nn.ModuleList([Block() for _ in range(n_layer)])
+            self.ln_f = nn.LayerNorm(d)
+            self.lm_head = nn.Linear(d, vocab, bias=False)
+            self.lm_head.weight = self.wte.weight      # tied
+            self.register_buffer("pos", lib.arange(T))
+
+        def forward(self, idx):
+            x = self.drop(self.wte(idx) + self.wpe(self.pos))
+            for blk in self.h:
+                x = blk(x)
+            return self.lm_head(self.ln_f(x)).reshape(-1, vocab)
+    return GPT()
+
+
 def stepper(lib, case):
     model, opt, x, y, loss_fn = build(lib, case)
 
-    def step():
+    def step(scope=None):
         opt.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
-        opt.step()
+        if scope is None:
+            opt.step()
+        else:                       # profiled: the optimizer as one range
+            with scope(_OPT):
+                opt.step()
         return loss
     return step
 
@@ -169,6 +325,8 @@ def child_time():
         for r in range(args.repeats):
             # alternate who goes first, so neither always follows the other
             for k in (order if r % 2 == 0 else order[::-1]):
+                if k == "torch":
+                    _torch_threads(torch, res)
                 if pause:
                     time.sleep(pause)
                     runs[k]()             # untimed: wakes its thread pool
@@ -177,7 +335,131 @@ def child_time():
                     runs[k]()
                     ts[k].append(time.perf_counter() - t0)
         res["cases"][case] = {k: summary(v) for k, v in ts.items()}
+        if args.profile_steps > 0:
+            if torch is not None:
+                _torch_threads(torch, res)
+            res["cases"][case]["profile"] = {
+                "dtorch": profile_dtorch(runs["dtorch"], dtorch)}
+            if torch is not None:
+                res["cases"][case]["profile"]["torch"] = profile_torch(
+                    runs["torch"], torch)
+    if args.chain_repeats > 0:
+        res["chain"] = chain_overhead(dtorch, torch, pause)
     print(json.dumps(res))
+
+
+def _torch_threads(torch, res):
+    """Put torch's intra-op thread count back to --threads. Starting numba's
+    OpenMP thread pool (dtorch's compiled kernels, at their first call) set
+    it to every core in this process: measured torch's 1-thread MLP step
+    3-4x slower on a loaded 2-core machine, two OpenMP threads spinning
+    against dtorch's turns."""
+    n = args.threads[0]
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+        res["torch_threads_reset"] = res.get("torch_threads_reset", 0) + 1
+
+
+# ---------------------------------------------------- per-op overhead --
+
+def chain(lib, n=1000):
+    """n ops on 4-element tensors (alternating * and +), then backward."""
+    x = lib.ones(4, requires_grad=True)
+
+    def run():
+        y = x
+        for _ in range(n // 2):
+            y = y * 1.0001
+            y = y + 0.5
+        y.sum().backward()
+        x.grad = None
+    return run
+
+
+def chain_overhead(dtorch, torch, pause):
+    runs = {"dtorch": chain(dtorch)}
+    if torch is not None:
+        runs["torch"] = chain(torch)
+    for fn in runs.values():
+        fn()
+    ts = {k: [] for k in runs}
+    order = list(runs)
+    for r in range(args.chain_repeats):
+        for k in (order if r % 2 == 0 else order[::-1]):
+            if k == "torch":
+                _torch_threads(torch, {})
+            if pause:
+                time.sleep(pause)
+                runs[k]()
+            t0 = time.perf_counter()
+            runs[k]()
+            ts[k].append(time.perf_counter() - t0)
+    # 1,000 ops: ms per chain = us per op
+    out = {k: summary(v) for k, v in ts.items()}
+    if "torch" in out:
+        out["ratio"] = out["dtorch"]["median_ms"] / out["torch"]["median_ms"]
+    return out
+
+
+# ------------------------------------------------------------- profiles --
+
+_GEMM = ("::mm", " mmbackward", "addmm", "bmm", "matmul", "linear", "conv",
+         "einsum")
+_ATTN = ("scaled_dot_product", "attention")
+_RNN = ("lstm", "rnn", "gru")
+_OPT = "optimizer.step"
+
+
+def _category(ev):
+    """The first of optimizer/attention/rnn found on ev or an ancestor
+    (the whole op goes there), else gemm or rest by ev's own name."""
+    node = ev
+    while node is not None:
+        n = node.name.lower()
+        if n == _OPT:
+            return "optimizer"
+        if any(a in n for a in _ATTN):
+            return "attention"
+        if any(a in n for a in _RNN):
+            return "rnn"
+        node = node.cpu_parent
+    n = ev.name.lower()
+    return "gemm" if any(g in n for g in _GEMM) else "rest"
+
+
+def _breakdown(events, wall_ms, steps):
+    cats = {"gemm": 0.0, "attention": 0.0, "rnn": 0.0, "optimizer": 0.0}
+    for ev in events:
+        c = _category(ev)
+        if c in cats:
+            cats[c] += ev.self_cpu_time_total / 1e3 / steps
+    res = {"step_ms": wall_ms / steps}
+    res.update({k + "_ms": v for k, v in cats.items()})
+    res["rest_ms"] = res["step_ms"] - sum(cats.values())
+    return res
+
+
+def _profiled_steps(step, lib):
+    def run():
+        t0 = time.perf_counter()
+        for _ in range(args.profile_steps):
+            step(scope=lib.profiler.record_function)
+        return (time.perf_counter() - t0) * 1e3
+    return run
+
+
+def profile_dtorch(step, dtorch):
+    import dtorch.profiler  # noqa: F401
+    with dtorch.profiler.profile() as prof:
+        wall = _profiled_steps(step, dtorch)()
+    return _breakdown(prof.events(), wall, args.profile_steps)
+
+
+def profile_torch(step, torch):
+    from torch.profiler import profile, ProfilerActivity
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        wall = _profiled_steps(step, torch)()
+    return _breakdown(prof.events(), wall, args.profile_steps)
 
 
 def child_rss():
@@ -227,7 +509,9 @@ def summary(ts):
 def run_child(*extra, threads):
     cmd = [sys.executable, os.path.abspath(__file__), "--threads",
            str(threads), "--repeats", str(args.repeats), "--warmup",
-           str(args.warmup), "--block", str(args.block), *extra]
+           str(args.warmup), "--block", str(args.block), "--profile-steps",
+           str(args.profile_steps), "--chain-repeats",
+           str(args.chain_repeats), *extra]
     if args.pause is not None:
         cmd += ["--pause", str(args.pause)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -250,11 +534,13 @@ def main():
         tr = run_child("--child", "time", "--only", args.only, threads=th)
         for case in cases:
             c = tr["cases"][case]
-            for fw in fws:
-                c[fw].update(run_child("--child", "rss", "--framework", fw,
-                                       "--only", case, threads=th))
+            if not args.no_rss:
+                for fw in fws:
+                    c[fw].update(run_child("--child", "rss", "--framework",
+                                           fw, "--only", case, threads=th))
             if "torch" in c:
                 c["ratio"] = c["dtorch"]["median_ms"] / c["torch"]["median_ms"]
+            if "torch" in c and not args.no_rss:
                 c["rss_ratio"] = c["dtorch"]["peak_mb"] / c["torch"]["peak_mb"]
                 c["step_rss_ratio"] = (
                     (c["dtorch"]["peak_mb"] - c["dtorch"]["setup_mb"])
@@ -281,6 +567,7 @@ def report(tr, cases):
           f"torch {tr['torch']}")
     print(f"{'case':<44}{'dtorch ms':>16}{'torch ms':>16}{'ratio':>7}"
           f"{'peak RSS MB d/t':>18}{'ratio':>7}{'step-only':>10}")
+    nan = float("nan")
     for case in cases:
         c = tr["cases"][case]
         d = c["dtorch"]
@@ -289,12 +576,33 @@ def report(tr, cases):
             return (f"{s['median_ms']:7.1f} [{s['q1_ms']:.0f}-"
                     f"{s['q3_ms']:.0f}]")
         t = c.get("torch")
+        rss = (f"{d['peak_mb']:9.0f}/{t['peak_mb'] if t else 0:<8.0f}"
+               f"{c.get('rss_ratio', nan):7.2f}"
+               f"{c.get('step_rss_ratio', nan):10.2f}") \
+            if "peak_mb" in d else ""
         print(f"{CASES[case]:<44}{fmt(d):>16}"
               f"{fmt(t) if t else 'n/a':>16}"
-              f"{c['ratio'] if t else float('nan'):7.2f}"
-              f"{d['peak_mb']:9.0f}/{t['peak_mb'] if t else 0:<8.0f}"
-              f"{c['rss_ratio'] if t else float('nan'):7.2f}"
-              f"{c['step_rss_ratio'] if t else float('nan'):10.2f}")
+              f"{c['ratio'] if t else nan:7.2f}{rss}")
+    ch = tr.get("chain")
+    if ch:
+        t = ch.get("torch")
+        print(f"per-op autograd overhead (1,000-op chain fwd+bwd): dtorch "
+              f"{ch['dtorch']['median_ms']:.2f} us/op, torch "
+              + (f"{t['median_ms']:.2f} us/op, ratio {ch['ratio']:.2f}"
+                 if t else "n/a"))
+    rows = [(case, fw, c["profile"][fw]) for case in cases
+            for c in [tr["cases"][case]] if "profile" in c
+            for fw in ("dtorch", "torch") if fw in c["profile"]]
+    if rows:
+        print("where a profiled step goes, ms (share of the profiled step):")
+        cols = ("gemm", "attention", "rnn", "optimizer", "rest")
+        print(f"{'case':<12}{'fw':<8}{'step':>8}"
+              + "".join(f"{c:>15}" for c in cols))
+        for case, fw, pr in rows:
+            tot = pr["step_ms"]
+            print(f"{case:<12}{fw:<8}{tot:8.1f}" + "".join(
+                f"{pr[c + '_ms']:8.1f} ({100 * pr[c + '_ms'] / tot:3.0f}%)"
+                for c in cols))
 
 
 if __name__ == "__main__":
