@@ -107,6 +107,7 @@ def cases():
         "cross_entropy_small": ce(64, 10),
         "gelu": fb((1024, 1024), F.gelu),
         "gelu_small": fb((64, 64), F.gelu),
+        "gelu_mid": fb((256, 256), F.gelu),
         "silu": fb((1024, 1024), F.silu),
         "layer_norm": ln(1024, 256),
         "layer_norm_small": ln(64, 64),

@@ -117,6 +117,7 @@ class LogSoftmax(Op):
 # ======================================================= activations ==
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_MIN = 1 << 16     # elements from which the GELU kernel wins
 
 
 class Gelu(Op):
@@ -129,7 +130,8 @@ class Gelu(Op):
             t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
             ctx.t = t
             return (0.5 * x * (1 + t)).astype(x.dtype, copy=False)
-        k = _kernels.kernels(x)
+        # small inputs stay on NumPy: measured 0.76-0.98x at 4K elements
+        k = _kernels.kernels(x) if x.size >= _GELU_MIN else None
         if k is not None:           # out and cdf in one threaded pass
             out, cdf = np.empty_like(x), np.empty_like(x)
             f = _kernels.flat
@@ -150,7 +152,8 @@ class Gelu(Op):
             dt = (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
             d = 0.5 * (1 + t) + 0.5 * x * dt
         else:
-            k = _kernels.kernels(x, ctx.cdf, g)
+            k = _kernels.kernels(x, ctx.cdf, g) \
+                if x.size >= _GELU_MIN else None
             if k is not None:
                 out = np.empty_like(x)
                 f = _kernels.flat
