@@ -29,10 +29,12 @@ def gradgradcheck(f, inputs):
     assert _gradgradcheck(f, inputs)
     ins = [t for t in inputs if t.requires_grad]
     for create in (False, True):
-        out = f(*inputs)
-        go = dtorch.ones_like(out) + dtorch.arange(out.numel(), dtype=D
-                                                   ).reshape(out.shape) / 7
-        gs = dtorch.autograd.grad(out, ins, go, create_graph=create)
+        outs = f(*inputs)
+        outs = list(outs) if isinstance(outs, tuple) else [outs]
+        gos = [dtorch.ones_like(o) + dtorch.arange(o.numel(), dtype=D
+                                                   ).reshape(o.shape) / 7
+               for o in outs]
+        gs = dtorch.autograd.grad(outs, ins, gos, create_graph=create)
         if not create:
             plain = [g.numpy() for g in gs]
     for a, b in zip(plain, gs):
@@ -333,6 +335,66 @@ def test_einsum_gradgrad():
     assert gradgradcheck(lambda a, b, c: dtorch.einsum("bij,bjk,k->i", a, b,
                                                        c), (a, b, c))
     assert gradgradcheck(lambda a: dtorch.einsum("bij->j", _sq(a)), (a,))
+
+
+# ---------------------------------------------------- recurrent layers --
+
+RNNS = ["RNN", "RNN_relu", "LSTM", "GRU"]
+
+
+def _rnn(M, kind, **kw):
+    if kind == "RNN_relu":
+        return M.nn.RNN(2, 2, nonlinearity="relu", **kw).double()
+    return getattr(M.nn, kind)(2, 2, **kw).double()
+
+
+@pytest.mark.parametrize("kind", RNNS)
+def test_rnn_layer_gradgrad(kind):
+    # by recomputation (ops/recompute.py): input and initial state here,
+    # the weights against PyTorch below
+    dtorch.manual_seed(0)
+    m = _rnn(dtorch, kind)
+    x, h0 = R(2, 1, 2, seed=100), R(1, 1, 2, seed=101, shift=0.5)
+    if kind == "LSTM":
+        def f(x, h0):
+            y, (h, c) = m(x, (h0, h0 * 0.5))
+            return y, c
+    else:
+        def f(x, h0):
+            return m(x, h0)[0]
+    assert gradgradcheck(f, (x, h0))
+
+
+def test_lstm_third_order():
+    dtorch.manual_seed(1)
+    m = _rnn(dtorch, "LSTM")
+    x = R(2, 1, 2, seed=102)
+
+    def f(x):
+        g, = dtorch.autograd.grad(m(x)[0].tanh().sum(), x,
+                                  create_graph=True)
+        return g
+    assert gradgradcheck(f, (x,))
+
+
+@pytest.mark.parametrize("kind", RNNS)
+def test_rnn_gradient_penalty_matches_torch(kind):
+    torch.manual_seed(2)
+    tm = _rnn(torch, kind, num_layers=2, bidirectional=True)
+    dm = _rnn(dtorch, kind, num_layers=2, bidirectional=True)
+    _same_weights(dm, tm)
+    x0 = np.random.default_rng(5).standard_normal((3, 2, 2))
+
+    def step(M, model):
+        x = M.tensor(x0).requires_grad_(True)
+        y = model(x)[0]
+        g, = M.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+        loss = y.mean() + (g.pow(2).sum() - 1) ** 2
+        loss.backward()
+        return loss.item()
+
+    assert abs(step(dtorch, dm) - step(torch, tm)) < 1e-10
+    _close_grads(dm, tm)
 
 
 # ------------------------------------- piecewise ops: zeros, not None --

@@ -19,6 +19,7 @@ per family:
     ctc          CTC loss
     rnn          whole RNN / LSTM / GRU layers
     attention    scaled_dot_product_attention
+    recompute    create_graph=True backward by recomputation (rnn layers)
 
 This package is their index: ``dtorch.ops.<Op>`` names every op, which is
 how Tensor methods and ``nn.functional`` reach them. Importing it changes
@@ -52,4 +53,5 @@ from .loss import NllLoss, CrossEntropy, SoftMargin, MultiMargin, \
     BinaryCrossEntropy, BinaryCrossEntropyWithLogits, SmoothL1, Huber
 from .ctc import CTCLoss
 from .rnn import RNNLayer, LSTMLayer, GRULayer
+from .recompute import Reconnect
 from .attention import ScaledDotProductAttention

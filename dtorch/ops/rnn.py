@@ -8,6 +8,8 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op
+from .movement import Stack
+from .recompute import backward_by_recompute
 
 
 def _sigmoid(xp, x):
@@ -206,6 +208,26 @@ class RNNLayer(Op):
                 xp.where(h <= 0, zero, dh)
             dh = da[t] @ w_hh
         return _rnn_grads(ctx, xp, da, dh, (out[:T], h0, reverse))
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        # by recomputation (ops/recompute.py); xw is not kept by forward:
+        # the pre-activations come back from the outputs, and xw + b_hh
+        # from them (the layer sees xw and b_hh only through their sum)
+        h0, w_hh = ctx.to_save
+        out, reverse, act = ctx.out, ctx.reverse, ctx.act
+        xp = get_array_module(out)
+        T = out.shape[0] - 1
+        hs = out[:T]
+        if act == "tanh":
+            a = _pre_tanh(xp, hs)
+        else:
+            a = xp.where(hs > 0, hs, xp.asarray(-1, hs.dtype))
+        xw = a - _prev_states(xp, hs, h0, reverse) @ w_hh.T
+        b = xp.zeros(w_hh.shape[:1], xw.dtype)
+        return backward_by_recompute(
+            ctx, g, _rnn_composite(reverse, act),
+            [xw, h0, w_hh, b if len(ctx.needs_input_grad) > 3 else None])
 
 
 def _prev_states(xp, hs, h0, reverse):
@@ -429,6 +451,24 @@ class LSTMLayer(Op):
             dc *= acts[prev, 1]
         return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        # by recomputation, the gate pre-activations rebuilt from the saved
+        # activations (as RNNLayer's)
+        h0, c0, w_hh = ctx.to_save
+        out, acts, reverse = ctx.out, ctx.acts, ctx.reverse
+        xp = get_array_module(out)
+        T = out.shape[0] - 1
+        pre = xp.concatenate([_pre_sigmoid(xp, acts[:, 0]),
+                              _pre_sigmoid(xp, acts[:, 1]),
+                              _pre_tanh(xp, acts[:, 2]),
+                              _pre_sigmoid(xp, acts[:, 3])], axis=-1)
+        xw = pre - _prev_states(xp, out[:T], h0, reverse) @ w_hh.T
+        b = xp.zeros(w_hh.shape[:1], xw.dtype)
+        return backward_by_recompute(
+            ctx, g, _lstm_composite(reverse),
+            [xw, h0, c0, w_hh, b if len(ctx.needs_input_grad) > 4 else None])
+
 
 def _gru_grads(ctx, xp, dx, dhh, dh, prev):
     """GRULayer's gradients from its gate grads: (xw, h0, w_hh, b_hh).
@@ -542,3 +582,100 @@ class GRULayer(Op):
             dhh[t, :, 2 * H:] = dn * r
             dh = dh * z + dhh[t] @ w_hh
         return _gru_grads(ctx, xp, dx, dhh, dh, (out[:T], h0, reverse))
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        # by recomputation: r and z pre-activations fold b_hh's r, z part
+        # into xw; b_hh's n part is multiplied by r, so it is rebuilt from
+        # the saved h @ w_hn.T + b_hn
+        h0, w_hh = ctx.to_save
+        out, acts, hns, reverse = ctx.out, ctx.acts, ctx.hns, ctx.reverse
+        xp = get_array_module(out)
+        T = out.shape[0] - 1
+        H = h0.shape[-1]
+        prev = _prev_states(xp, out[:T], h0, reverse)
+        hw = prev @ w_hh.T                                  # (T, N, 3H)
+        b = xp.zeros(w_hh.shape[:1], out.dtype)
+        if T:
+            b[2 * H:] = (hns - hw[..., 2 * H:]).reshape(-1, H).mean(0)
+        rz = acts[..., :2 * H]
+        xw = xp.concatenate([
+            _pre_sigmoid(xp, rz) - hw[..., :2 * H],
+            _pre_tanh(xp, acts[..., 2 * H:]) - rz[..., :H] * hns], axis=-1)
+        return backward_by_recompute(
+            ctx, g, _gru_composite(reverse),
+            [xw, h0, w_hh, b if len(ctx.needs_input_grad) > 3 else None])
+
+
+def _pre_sigmoid(xp, s):
+    """x with sigmoid(x) = s (a saved activation); a saturated 0 or 1
+    gives -+800, whose sigmoid (and derivatives) are exactly 0 and 1."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = xp.log(s) - xp.log1p(-s)
+    big = xp.asarray(800, s.dtype)
+    return xp.where(s >= 1, big, xp.where(s <= 0, -big, a))
+
+
+def _pre_tanh(xp, t):
+    """x with tanh(x) = t; -+1 exactly gives -+800."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = xp.arctanh(t)
+    big = xp.asarray(800, t.dtype)
+    return xp.where(t >= 1, big, xp.where(t <= -1, -big, a))
+
+
+def _time_steps(T, reverse):
+    return range(T - 1, -1, -1) if reverse else range(T)
+
+
+def _rnn_composite(reverse, act):
+    """RNNLayer as differentiable tensor ops (its create_graph=True
+    backward recomputes it)."""
+    def fn(xw, h0, w, b):
+        T = xw.shape[0]
+        h, hs, wt = h0, [None] * T, w.t()
+        for t in _time_steps(T, reverse):
+            a = xw[t] + h @ wt
+            if b is not None:
+                a = a + b
+            h = a.tanh() if act == "tanh" else a.relu()
+            hs[t] = h
+        return Stack.apply(*hs, h, dim=0)
+    return fn
+
+
+def _lstm_composite(reverse):
+    """LSTMLayer as differentiable tensor ops (gates i, f, g, o)."""
+    def fn(xw, h0, c0, w, b):
+        T, H = xw.shape[0], h0.shape[-1]
+        h, c, hs, wt = h0, c0, [None] * T, w.t()
+        for t in _time_steps(T, reverse):
+            a = xw[t] + h @ wt
+            if b is not None:
+                a = a + b
+            i, f = a[:, :H].sigmoid(), a[:, H:2 * H].sigmoid()
+            gg, o = a[:, 2 * H:3 * H].tanh(), a[:, 3 * H:].sigmoid()
+            c = f * c + i * gg
+            h = o * c.tanh()
+            hs[t] = h
+        return Stack.apply(*hs, c, dim=0)
+    return fn
+
+
+def _gru_composite(reverse):
+    """GRULayer as differentiable tensor ops (gates r, z, n)."""
+    def fn(xw, h0, w, b):
+        T, H = xw.shape[0], h0.shape[-1]
+        h, hs, wt = h0, [None] * T, w.t()
+        for t in _time_steps(T, reverse):
+            hh = h @ wt
+            if b is not None:
+                hh = hh + b
+            x = xw[t]
+            r = (x[:, :H] + hh[:, :H]).sigmoid()
+            z = (x[:, H:2 * H] + hh[:, H:2 * H]).sigmoid()
+            n = (x[:, 2 * H:] + r * hh[:, 2 * H:]).tanh()
+            h = n + z * (h - n)
+            hs[t] = h
+        return Stack.apply(*hs, h, dim=0)
+    return fn
