@@ -328,6 +328,15 @@ def test_selection_scan_gradgrad():
         assert gradgradcheck(f, (y,))
 
 
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cumprod_with_zeros_gradgrad(dim):
+    # zeros: recomputed as a running product (out / x is undefined)
+    a = np.random.default_rng(7).standard_normal((3, 4))
+    a[0, 1] = a[1, 3] = a[1, 0] = 0.0
+    y = dtorch.tensor(a, requires_grad=True)
+    assert gradgradcheck(lambda t: t.cumprod(dim), (y,))
+
+
 def test_einsum_gradgrad():
     a, b, c = R(2, 2, 3, seed=80), R(2, 3, 2, seed=81), R(2, seed=82)
     assert gradgradcheck(lambda a, b: dtorch.einsum("bij,bjk->bik", a, b),

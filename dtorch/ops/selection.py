@@ -505,9 +505,13 @@ class Cumprod(Op):
         if ctx.axis is None:
             return g
         xa, oa = ctx.to_save
-        if bool((xa == 0).any()):
-            return NotImplemented   # the zero-aware form
         ax = ctx.axis
+        if bool((xa == 0).any()):
+            # zeros: out / x is undefined; recompute the products one by
+            # one (a running Mul along the axis) and differentiate that
+            from .recompute import backward_by_recompute
+            return backward_by_recompute(ctx, g, lambda x: _cumprod_steps(
+                x, ax), [xa])
         go = g * ctx.graph_output(oa)
         r = go.sum(ax, keepdim=True) - Cumsum.apply(go, dim=ax) + go
         return r / ctx.graph_input(0, xa)
@@ -644,3 +648,13 @@ def scatter_flat_t(g, lin, shape):
     zeros = const(g, xp.zeros(int(np.prod(shape)), g._data.dtype))
     return IndexAdd.apply(zeros, g.reshape(-1), idx=lin.reshape(-1),
                           dim=0).reshape(tuple(shape))
+
+
+def _cumprod_steps(x, ax):
+    """cumprod along ax as a running product of slices (tensor ops)."""
+    from .movement import Stack
+    key = (slice(None),) * ax
+    outs = [x[key + (0,)]]
+    for k in range(1, x.shape[ax]):
+        outs.append(outs[-1] * x[key + (k,)])
+    return Stack.apply(*outs, dim=ax)
