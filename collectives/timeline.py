@@ -40,6 +40,8 @@ import time
 
 import numpy as np
 
+from .env import env_str
+
 ENV = 'DTORCH_TIMELINE'
 FLUSH_EVERY = 20000      # events kept in memory before a write
 _SYNC_TAG = 0x7D71       # p2p tag of the clock exchange (below MPI's 32767)
@@ -53,7 +55,7 @@ _atexit = [False]
 
 def requested() -> str | None:
     """The directory DTORCH_TIMELINE names, or None (timeline off)."""
-    return os.environ.get(ENV) or None
+    return env_str(ENV, None)
 
 
 def for_group(group) -> Timeline | None:
