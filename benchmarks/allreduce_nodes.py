@@ -21,6 +21,31 @@ on eth0 per 64 MiB call, the link traffic each algorithm needs.
 --loopback: no namespaces (e.g. not root): 4 ranks on this host, two
 "hosts" simulated with DTORCH_HOST_ID, links unshaped (loopback); MPI then
 uses shared memory between all four, so its figures are not cross-node.
+
+Measured (2026-12-01, 3 runs of 3 repeats; the range of the per-run medians,
+busbw GB/s; 2 cores shared with other jobs, load average 8-13 throughout):
+
+    link    size | hierarchical | flat ring   | MPI_Allreduce
+    1gbit   1 MiB | 0.144-0.163 | 0.105-0.116 | 0.013-0.044
+            4 MiB | 0.135-0.169 | 0.105-0.113 | 0.009-0.022
+           16 MiB | 0.124-0.174 | 0.100-0.109 | 0.014-0.024
+           64 MiB | 0.168-0.175 | 0.109-0.114 | 0.018-0.021
+          256 MiB | 0.160-0.176 | 0.099-0.110 | 0.037-0.049
+    10gbit  1 MiB | 0.195-0.231 | 0.130-0.203 | 0.028-0.067
+            4 MiB | 0.221-0.375 | 0.167-0.207 | 0.024-0.043
+           16 MiB | 0.258-0.341 | 0.184-0.281 | 0.024-0.059
+           64 MiB | 0.228-0.325 | 0.219-0.353 | 0.029-0.077
+          256 MiB | 0.260-0.391 | 0.193-0.368 | 0.035-0.061
+
+Bytes out of node0's eth0 per 64 MiB call: hierarchical 67.2 MB (1 x the
+buffer), MPI 67.7 MB, flat ring 100.8 MB (1.5 x). At 1 Gbit/s (0.12 GB/s
+measured by a plain stream) the ideal busbw is 0.18 (hierarchical) and
+0.12 (flat): both run near it. At 10 Gbit/s all three are CPU-bound (4
+ranks on 2 loaded cores). Open MPI's figures are not the link's: its tcp
+btl needs the rank to poll for progress, and 4 polling ranks on 2 busy
+cores starve (unshaped: the same 0.01-0.06; busy-polling without
+mpi_yield_when_idle: 0.003 at 1 MiB; on one host through shared memory it
+reaches 1.3 GB/s at 16 MiB), so they say little about MPI on real nodes.
 """
 import argparse
 import json

@@ -55,7 +55,7 @@ import numpy as np
 
 from . import shm_reduce
 from .arrays import ReduceOp, divide_avg, get_array_module, ufunc
-from .env import hierarchical, host_override
+from .env import env_flag, hierarchical, host_override
 from .errors import RankFailureError, _Expired
 
 CHUNK = 1 << 20        # bytes per slot (the whole-host reducer's size)
@@ -138,17 +138,18 @@ def setup(g, hosts):
                        for i in range(len(local)))
         red = shm_reduce.ShmReducer.setup(
             me, len(local), bcast, all_true, CHUNK,
-            enabled=shm_reduce.usable(), slots=SLOTS)
-    g.store.set(f"{key}ok/{g.rank}", b'1' if len(local) == 1 or red
-                else b'0')
+            enabled=shm_reduce.usable() and env_flag('DTORCH_TCP_SHM', True),
+            slots=SLOTS)
+    g.store.set(f"{key}ok/{g.rank}",
+                b'1' if len(local) == 1 or red is not None else b'0')
     bad = [r for r in range(g.size)
            if g.store.get(f"{key}ok/{r}", timeout=g.timeout) != b'1']
     if bad:
         if red is not None:
             red.close()
         return None, (f"flat: ranks {bad} could not share memory with "
-                      f"the ranks of their host (DTORCH_SHM=0, not "
-                      f"x86-64, or no /proc)")
+                      f"the ranks of their host (DTORCH_TCP_SHM=0, "
+                      f"DTORCH_SHM=0, not x86-64, or no /proc)")
     o = min(len(n) for n in nodes)
     cross = None
     if me < o:
