@@ -178,7 +178,9 @@ def _norm_backward_graph(ctx, g, axes, wshape):
     (var + c)^-1/2 with c = 1 / rstd^2 - var, eps up to rounding."""
     w, = ctx.to_save
     need = ctx.needs_input_grad
-    xhat_a, rstd_a = ctx.xhat, ctx.rstd
+    xhat_a, rstd_a = ctx.__dict__.get("xhat"), ctx.__dict__.get("rstd")
+    if xhat_a is None or rstd_a is None:
+        return NotImplemented      # a forward path that keeps neither
     xc_a = xhat_a / rstd_a          # rstd is finite and > 0
     c = 1 / (rstd_a * rstd_a) - (xc_a * xc_a).mean(axis=axes, keepdims=True)
     x = ctx.graph_input(0, xc_a)
