@@ -596,3 +596,33 @@ def test_hessian_vector_product_matches_torch():
 
     for a, b in zip(hvp(dtorch), hvp(torch)):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(kernel_size=2), dict(kernel_size=3),
+    dict(kernel_size=3, stride=1, padding=1),
+    dict(kernel_size=2, stride=1, dilation=2),
+    dict(kernel_size=3, stride=2, ceil_mode=True), dict(kernel_size=(1, 3)),
+    dict(kernel_size=2, stride=2, padding=1)])
+def test_max_pool_winners_match_torch(kw):
+    # ties, NaN (the last NaN of a window wins) and windows of padding and
+    # -inf (their first real cell wins), on every max_pool2d path: the
+    # create_graph gradient and its derivative in the output gradient
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 2, 6, 6))
+    a[0, 0, 0, :2] = np.nan
+    a[1, 1, 2:4, 2:4] = 3.0
+    a[0, 1, 0:3, 0:3] = -np.inf
+    up = rng.standard_normal(
+        F.max_pool2d(dtorch.tensor(a), **kw).shape)
+    v = rng.standard_normal(a.shape)
+    res = []
+    for M in (dtorch, torch):
+        x = M.tensor(a, requires_grad=True)
+        u = M.tensor(up, requires_grad=True)
+        g, = M.autograd.grad(M.nn.functional.max_pool2d(x, **kw), x, u,
+                             create_graph=True)
+        h, = M.autograd.grad((g * M.tensor(v)).nansum(), u)
+        res.append((g.detach().numpy(), h.numpy()))
+    for d, t in zip(*res):
+        np.testing.assert_allclose(d, t, rtol=1e-12, atol=1e-12)

@@ -199,10 +199,7 @@ class MaxPool2d(Op):
     def backward_graph(ctx, g):
         # piecewise linear: g goes to each window's winner, a scatter that
         # is differentiable in g (its gradient gathers at the winners)
-        wins = _max_winners(ctx)
-        if wins is None:
-            return NotImplemented
-        lin, pshape, pads = wins
+        lin, pshape, pads = _max_winners(ctx)
         from .selection import scatter_flat_t
         gx = scatter_flat_t(g, lin, pshape)
         (t, b), (l, r) = pads
@@ -290,9 +287,8 @@ class AvgPool2dGrad(Op):
 
 def _max_winners(ctx):
     """Flat positions (N, C, OH, OW) of each window's winning cell in the
-    (padded) input plane, that plane's shape and the padding; None where
-    PyTorch's rule differs from a first argmax (a NaN maximum, a window of
-    padding only)."""
+    (padded) input plane, that plane's shape and the padding: the cells
+    that backward sends g to."""
     shape, k, stride, pads, dilation, ohw = ctx.meta
     n, c, h, w = shape
     oh, ow = ohw
@@ -308,18 +304,24 @@ def _max_winners(ctx):
         return (plane * h + rows) * w + cols, shape, ((0, 0), (0, 0))
     xin, best = ctx.to_save
     xp = get_array_module(xin)
-    if _has_nan(xp, best):
-        return None
-    if any(pads[0] + pads[1]):
-        lo = -np.inf if is_float(best.dtype) else np.iinfo(best.dtype).min
-        if bool((best == lo).any()):
-            return None
+    kk = k[0] * k[1]
     if ctx.tiled:
         win = _tiles(xin, k, ohw).transpose(0, 1, 2, 4, 3, 5)
     else:
         win = _windows(xp, xin, k, stride, dilation, ohw).transpose(
             0, 1, 4, 5, 2, 3)
-    a = win.reshape(n, c, oh, ow, k[0] * k[1]).argmax(-1)   # first max
+    # PyTorch's winner: the first maximum among the real cells (a window
+    # of padding and -inf gives its first real cell), the last NaN where
+    # the maximum is NaN
+    hit = win.reshape(n, c, oh, ow, kk) == best[..., None]
+    if not ctx.tiled and any(pads[0] + pads[1]):
+        real = _windows(xp, _pad2d(xp, xp.ones((1, 1, h, w), bool), pads,
+                                   False), k, stride, dilation, ohw)
+        hit &= real.transpose(0, 1, 4, 5, 2, 3).reshape(1, 1, oh, ow, kk)
+    a = hit.argmax(-1)
+    if _has_nan(xp, best):
+        isn = xp.isnan(win.reshape(n, c, oh, ow, kk))
+        a = xp.where(xp.isnan(best), kk - 1 - isn[..., ::-1].argmax(-1), a)
     hp, wp = xin.shape[2:]
     rows = xp.arange(oh).reshape(-1, 1) * stride[0] + \
         (a // k[1]) * dilation[0]
