@@ -318,13 +318,14 @@ class ConvTranspose2d(Op):
         pshape, pads, stride, dilation, groups = ctx.meta
         conf = dict(stride=stride, pads=pads, dilation=dilation,
                     groups=groups)
-        if any(op >= s for op, s in zip(
-                _out_pad(g.shape, x.shape[2:], w.shape, **conf), stride)):
-            return NotImplemented   # output_padding >= stride
         need = ctx.needs_input_grad
         gx = gw = gb = None
         if need[0]:
             gx = Conv2d.apply(g, ctx.graph_input(1, w), None, **conf)
+            if tuple(gx.shape) != x.shape:
+                # output_padding >= stride: the convolution reaches
+                # windows past x's last row / column
+                gx = gx[:, :, :x.shape[2], :x.shape[3]]
         if need[1]:
             gw = Conv2dWeightGrad.apply(g, ctx.graph_input(0, x),
                                         wshape=w.shape, **conf)
@@ -363,7 +364,12 @@ class Conv2dWeightGrad(Op):
         gx = _call(ConvTranspose2d, g, h, None, output_padding=_out_pad(
             x.shape, g.shape[2:], h.shape, **conf), **conf) \
             if need[0] else None
-        gg = _call(Conv2d, x, h, None, **conf) if need[1] else None
+        gg = None
+        if need[1]:
+            # windows past g's extent (a transposed convolution with
+            # output_padding >= stride) are not g's: cut them off
+            gg = _call(Conv2d, x, h, None, **conf)[
+                :, :, :g.shape[2], :g.shape[3]]
         return gx, gg
 
     @staticmethod
@@ -375,8 +381,11 @@ class Conv2dWeightGrad(Op):
             ctx.graph_input(1, g), h, None, output_padding=_out_pad(
                 x.shape, g.shape[2:], h.shape, **conf), **conf) \
             if need[0] else None
-        gg = Conv2d.apply(ctx.graph_input(0, x), h, None, **conf) \
-            if need[1] else None
+        gg = None
+        if need[1]:
+            gg = Conv2d.apply(ctx.graph_input(0, x), h, None, **conf)
+            if tuple(gg.shape) != g.shape:
+                gg = gg[:, :, :g.shape[2], :g.shape[3]]
         return gx, gg
 
 

@@ -354,8 +354,6 @@ class SmoothL1(Op):
     def backward_graph(ctx, g):
         d, b = ctx.d, ctx.beta
         dt = _diff_t(ctx, d)
-        if dt is None:
-            return NotImplemented
         from .arith import Where
         gd = Where.apply(d <= -b, -g, Where.apply(d >= b, g, dt * g / b))
         n = ctx.needs_input_grad
@@ -388,8 +386,6 @@ class Huber(Op):
     def backward_graph(ctx, g):
         d, c = ctx.d, ctx.delta
         dt = _diff_t(ctx, d)
-        if dt is None:
-            return NotImplemented
         from .arith import Where
         gd = Where.apply(d <= -c, -c * g, Where.apply(d >= c, c * g, dt * g))
         n = ctx.needs_input_grad
@@ -420,15 +416,10 @@ def _nll_pick_t(ctx, coef):
 
 def _diff_t(ctx, d):
     """d = x - t (saved by forward) as a tensor whose gradient flows +1 to
-    x and -1 to t: input 0 carries d's value, input 1 a zero. None when a
-    broadcast input has another shape than d (not covered)."""
+    x and -1 to t (summed over broadcast axes): d as a constant plus the
+    difference of two zeros standing for x and t."""
     xs, ts = ctx.shapes
-    n = ctx.needs_input_grad
-    if (n[0] and tuple(xs) != d.shape) or (n[1] and tuple(ts) != d.shape):
-        return None
-    if not n[1]:
-        return ctx.graph_input(0, d)
-    if not n[0]:
-        return -ctx.graph_input(1, -d)
-    return ctx.graph_input(0, d) - ctx.graph_input(
-        1, get_array_module(d).zeros_like(d))
+    xp = get_array_module(d)
+    x0 = ctx.graph_input(0, xp.zeros(xs, d.dtype))
+    t0 = ctx.graph_input(1, xp.zeros(ts, d.dtype))
+    return const(x0, d) + (x0 - t0)
