@@ -443,13 +443,17 @@ class TCPStore:
             self.server.close()
 
 
-def connect_authenticated(host, port, token, deadline, where):
+def connect_authenticated(host, port, token, deadline, where,
+                          listening=False):
     """A socket to host:port that passed the token handshake, retrying
     until `deadline` (monotonic) while the server is not listening yet or
     drops the connection (a listener flooded by strangers evicts its
     oldest unauthenticated connections). A wrong token raises
     RendezvousAuthError at once; running out of time raises
-    CollectiveTimeoutError (op 'rendezvous') naming `where`."""
+    CollectiveTimeoutError (op 'rendezvous') naming `where`.
+    ``listening=True``: the server is known to have listened already (it
+    published its address after listen()), so a refused connection means
+    it is gone: ConnectionRefusedError is raised at once."""
     delay, last = 0.01, None
     while True:
         left = deadline - time.monotonic()
@@ -470,6 +474,12 @@ def connect_authenticated(host, port, token, deadline, where):
         except RendezvousAuthError:
             s.close()
             raise
+        except ConnectionRefusedError as e:
+            if s is not None:
+                s.close()
+            if listening:
+                raise
+            last = f"{type(e).__name__}: {e}"
         except (OSError, ConnectionError, ValueError) as e:
             # not listening yet, refused, dropped or timed out: again
             if s is not None:

@@ -248,17 +248,20 @@ def test_idle_strangers_do_not_hold_up_a_peer_connection():
         destroy(groups)
 
 
-def test_unreachable_peer_is_a_timeout_naming_the_op_and_rank():
-    groups = two_ranks(timeout=1.5)
+def test_refusing_peer_is_a_failure_naming_the_rank_and_host():
+    """A peer that published its address (after listen()) and now refuses
+    connections is gone: the first connection to it fails at once with
+    RankFailureError, not after the timeout as if it were starting up
+    (a node that died before the first send to it hung its peers)."""
+    groups = two_ranks(timeout=60)
     try:
         groups[1]._lsock.close()      # rank 1 stops listening
-        t = time.monotonic()
-        with pytest.raises(collectives.CollectiveTimeoutError) as ei:
+        with pytest.raises(collectives.RankFailureError) as ei:
             groups[0].send(np.ones(3), 1)
-        assert time.monotonic() - t < 30
         msg = str(ei.value)
-        assert ei.value.op == 'send' and ei.value.missing == [1], msg
-        assert 'ranks that did not arrive: [1]' in msg
+        assert ei.value.rank == 1, msg
+        assert 'connection with rank 1 (global 1, host 127.0.0.1)' in msg
+        assert 'could not be opened' in msg and 'refused' in msg
     finally:
         destroy(groups)
 

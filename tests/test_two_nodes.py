@@ -50,7 +50,7 @@ class _Reader:
         return "".join(self.out), "".join(self.err)
 
 
-def _launchers(nodes, k, mode, first=0, **env):
+def _launchers(nodes, k, mode, first=0, args=(), **env):
     """Start dtorch-launch on node0 (node rank 0) and node1, node `first`
     first; returns [(proc, reader)] for node0 and node1."""
     port = random.randrange(20000, 40000)
@@ -63,7 +63,7 @@ def _launchers(nodes, k, mode, first=0, **env):
                "--node-rank", str(r), "--master-addr", "node0",
                "--master-port", str(port), "--nproc-per-node", str(k),
                "--backend", "tcp", "--grace-period", "3",
-               script("two_nodes_job.py"), mode]
+               script("two_nodes_job.py"), mode] + list(args)
         p = nodes.popen(node, cmd, cwd=ROOT, env=env, text=True,
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         procs[r] = (p, _Reader(p))
@@ -323,3 +323,39 @@ def test_skip_reason_names_what_is_missing(monkeypatch):
                         lambda t: None if t in ("tc", "nsenter") else real(t))
     assert netns_nodes.skip_reason() == \
         "netns nodes need tc, nsenter (not installed)"
+
+
+def test_first_connection_to_a_dead_rank_fails_at_once(two_nodes, tmp_path):
+    """A rank whose first p2p connection (lazy: send/recv, the cross-host
+    all-reduce) goes to a rank that has died since it published its
+    address gets 'connection refused': that is a failure naming the rank,
+    not a listener still starting up to wait for until the timeout."""
+    n = two_nodes
+    go = tmp_path / "go"        # /tmp is shared by the nodes
+    procs = _launchers(n, 1, "send_to_dead", args=[str(go)],
+                       DTORCH_COLLECTIVE_TIMEOUT=60)
+    try:
+        deadline = time.monotonic() + JOB_S
+        while len(re.findall(r"\bREADY \d+", "".join(
+                procs[0][1].out + procs[1][1].out))) < 2:
+            assert time.monotonic() < deadline, "ranks never got ready"
+            assert all(p.poll() is None for p, _ in procs), \
+                [r.join() for _, r in procs]
+            time.sleep(0.05)
+        procs[1][0].kill()      # node1's launcher and, with it, rank 1
+        procs[1][0].wait(30)
+        end = time.monotonic() + 30
+        while _node_processes(n, "node1") and time.monotonic() < end:
+            time.sleep(0.05)
+        assert _node_processes(n, "node1") == []
+        go.write_text("go")
+        procs[0][0].wait(JOB_S)
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                kill_tree(p)
+    out, err = procs[0][1].join()
+    assert procs[0][0].returncode != 0 and "SENT" not in out, out + err
+    assert "RankFailureError: connection with rank 1 (global 1, host " \
+        f"{n.addr['node1']}) of group 'world' could not be opened" in err, \
+        err

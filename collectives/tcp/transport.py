@@ -112,7 +112,10 @@ class SocketTransport:
             s.close()
             return
         self._tune(s)
-        self._note_host(peer, s)
+        try:
+            self._note_host(peer, s.getpeername()[0])
+        except OSError:
+            pass
         with self._cond:
             old = self._incoming.get((chan, peer))
             self._incoming[(chan, peer)] = s
@@ -137,17 +140,19 @@ class SocketTransport:
             addr = self.store.get(f"{self._prefix}addr/{peer}",
                                   timeout=max(left, 0.01)).decode()
             host, port = addr.rsplit(':', 1)
+            self._note_host(peer, host)
+            # the peer listened before publishing addr: a refusal means
+            # it is gone, not starting (else: wait for the timeout)
             s = connect_authenticated(
                 host, port, self.store.token, deadline,
                 f"rank {peer} (global {self.ranks[peer]}) of group "
-                f"{self.name!r} at {addr}")
+                f"{self.name!r} at {addr}", listening=True)
             s.sendall(struct.pack('<ci', chan.encode(), self.rank))
         except CollectiveTimeoutError:
             raise _Expired([peer]) from None
         except OSError as e:
             raise self._fail(peer, f"could not be opened ({e})") from None
         self._tune(s)
-        self._note_host(peer, s)
         self._out[key] = s
         return s
 
@@ -160,13 +165,9 @@ class SocketTransport:
                 self._cond.wait(min(left, 0.5))
             return self._incoming[(chan, peer)]
 
-    def _note_host(self, peer, s):
+    def _note_host(self, peer, host):
         """Remember the peer's address: with ranks on many hosts, a
         failure report must say which host to look at."""
-        try:
-            host = s.getpeername()[0]
-        except OSError:
-            return
         if self._peer_hosts is None:
             self._peer_hosts = {}
         self._peer_hosts[peer] = host

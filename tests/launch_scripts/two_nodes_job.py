@@ -5,7 +5,9 @@ netns nodes (tcp backend).
                              `HOST rank hostname` and `OK rank`
     two_nodes_job.py loop    after init prints `READY rank pid`, then
                              all-reduces until a peer fails (test kills
-                             a node)"""
+                             a node)
+    two_nodes_job.py send_to_dead FILE   READY, then rank 0 waits for
+                             FILE and sends to rank 1 (killed by then)"""
 import os
 import socket
 import sys
@@ -21,6 +23,17 @@ mode = sys.argv[1]
 dist.init_process_group()
 rank, world = dist.get_rank(), dist.get_world_size()
 host = socket.gethostname()
+
+if mode == "send_to_dead":
+    # rank 0 sends to rank 1 only after the test has killed rank 1's node
+    # (its first p2p connection to rank 1 is made after rank 1 is gone)
+    print(f"READY {rank} {os.getpid()}", flush=True)
+    if rank == 0:
+        while not os.path.exists(sys.argv[2]):
+            time.sleep(0.05)
+        dist.send(dtorch.ones(8), dst=1)
+        print("SENT", flush=True)
+    time.sleep(600)
 
 if mode == "loop":
     print(f"READY {rank} {os.getpid()}", flush=True)
