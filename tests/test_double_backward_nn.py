@@ -345,6 +345,23 @@ def test_einsum_gradgrad():
     assert gradgradcheck(lambda a, b, c: dtorch.einsum("bij,bjk,k->i", a, b,
                                                        c), (a, b, c))
     assert gradgradcheck(lambda a: dtorch.einsum("bij->j", _sq(a)), (a,))
+    # repeated letters (diagonals, a trace) and a 0-d operand
+    m, v = R(3, 3, seed=83), R(3, seed=84)
+    assert gradgradcheck(lambda m: dtorch.einsum("ii->i", _sq(m)), (m,))
+    assert gradgradcheck(lambda m, v: dtorch.einsum("ii,i->", _sq(m), v),
+                         (m, v))
+    assert gradgradcheck(lambda a: dtorch.einsum("iij->ij", _sq(a)),
+                         (R(2, 2, 3, seed=85),))
+    s0 = dtorch.tensor(0.7, dtype=D, requires_grad=True)
+    assert gradgradcheck(lambda s, v: dtorch.einsum(",i->i", s, v), (s0, v))
+
+
+def test_einsum_0d_operand_gradient_shape():
+    # ascontiguousarray made a 0-d operand's gradient 1-d (first order)
+    s0 = dtorch.tensor(2.0, requires_grad=True)
+    dtorch.einsum(",i->i", s0, dtorch.ones(3)).sum().backward()
+    assert s0.grad.shape == ()
+    assert float(s0.grad) == 3.0
 
 
 # ---------------------------------------------------- recurrent layers --
@@ -455,12 +472,14 @@ def test_uncovered_op_raises_named_error():
     # ... and differentiating it again names the op
     with pytest.raises(RuntimeError, match="CTCLoss"):
         (g * g).sum().backward()
-    # an argument combination an op does not cover (einsum diagonal)
-    m = R(3, 3, seed=91)
-    g, = dtorch.autograd.grad(dtorch.einsum("ii->i", m).pow(2).sum(), m,
-                              create_graph=True)
-    with pytest.raises(RuntimeError, match="Einsum"):
-        g.sum().backward()
+    # an argument combination an op does not cover: logcumsumexp over a
+    # slice that spans more than float64's exponent range
+    m = dtorch.tensor([[-2000.0, 0.0, 1.0]], dtype=D, requires_grad=True)
+    g, = dtorch.autograd.grad(m.logcumsumexp(1).sum(), m, create_graph=True)
+    g1, = dtorch.autograd.grad(m.logcumsumexp(1).sum(), m)
+    np.testing.assert_allclose(g.detach().numpy(), g1.numpy())
+    with pytest.raises(RuntimeError, match="LogCumSumExp"):
+        (g * g).sum().backward()
 
 
 # ------------------------------------------------ programs vs PyTorch --

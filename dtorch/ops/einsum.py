@@ -99,8 +99,9 @@ class Einsum(Op):
             gi = xp.broadcast_to(gi.reshape(view), full)
             if len(uniq) != len(sub):
                 gi = _undiagonal(xp, gi, uniq, sub, ctx.sizes)
-            grads.append(xp.ascontiguousarray(gi).astype(xs[i].dtype,
-                                                        copy=False))
+            # (ascontiguousarray makes a 0-d operand's gradient 1-d)
+            grads.append(xp.ascontiguousarray(gi).reshape(gi.shape).astype(
+                xs[i].dtype, copy=False))
         return tuple(grads)
 
     @staticmethod
@@ -114,8 +115,6 @@ class Einsum(Op):
                 continue
             sub = ctx.subs[i]
             uniq = "".join(dict.fromkeys(sub))
-            if len(uniq) != len(sub):
-                return NotImplemented       # a diagonal ('ii->i')
             others = [(s, ctx.graph_input(j, x)) for j, (s, x) in
                       enumerate(zip(ctx.subs, xs)) if j != i]
             avail = set(ctx.out).union(*[set(s) for s, _ in others])
@@ -125,7 +124,17 @@ class Einsum(Op):
             full = tuple(ctx.sizes[c] for c in uniq)
             view = tuple(ctx.sizes[c] if c in keep else 1 for c in uniq)
             gi = gi.reshape(view).expand(full)
-            grads.append(unbroadcast_t(gi, full, xs[i].dtype))
+            if len(uniq) != len(sub):
+                # a repeated letter ('ii->i'): gi goes on that diagonal
+                from .index import SetIndex
+                xp = get_array_module(xs[i])
+                grids = xp.indices(full, sparse=True)
+                key = tuple(grids[uniq.index(c)] for c in sub)
+                zeros = xp.zeros(tuple(ctx.sizes[c] for c in sub),
+                                 gi._data.dtype)
+                gi = SetIndex.apply(gi._make(zeros, False, None), gi,
+                                    key=key)
+            grads.append(unbroadcast_t(gi, xs[i].shape, xs[i].dtype))
         return tuple(grads)
 
 
