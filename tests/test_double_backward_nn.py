@@ -646,3 +646,96 @@ def test_max_pool_winners_match_torch(kw):
         res.append((g.detach().numpy(), h.numpy()))
     for d, t in zip(*res):
         np.testing.assert_allclose(d, t, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------ on a device --
+
+def _program(dev):
+    """Second-order gradients through most families, on device ``dev``:
+    conv, leaky_relu, layer / batch norm, max / avg pool, embedding,
+    gather, softmax, cross_entropy, an LSTM and a GRU."""
+    dtorch.manual_seed(0)
+    nn = dtorch.nn
+    conv = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.LeakyReLU(0.1),
+                         nn.BatchNorm2d(3), nn.MaxPool2d(2),
+                         nn.Conv2d(3, 4, 2), nn.GELU(), nn.AvgPool2d(1),
+                         nn.Flatten(), nn.LayerNorm(4)).double().to(dev)
+    emb = nn.Embedding(5, 4).double().to(dev)
+    lstm = nn.LSTM(4, 3).double().to(dev)
+    gru = nn.GRU(3, 4, bidirectional=True).double().to(dev)
+    rng = np.random.default_rng(8)
+    x = dtorch.tensor(rng.standard_normal((2, 2, 4, 4)), device=dev,
+                      requires_grad=True)
+    ids = dtorch.tensor([[1, 4], [0, 1], [3, 3]], device=dev)
+    t = dtorch.tensor([1, 3], device=dev)
+    h = conv(x)                                             # (2, 4)
+    s = lstm(emb(ids) + h)[0]                               # (3, 2, 3)
+    s = gru(s)[0].softmax(-1)                               # (3, 2, 8)
+    s = s.gather(2, dtorch.tensor([[[0], [5]]] * 3, device=dev))
+    loss = F.cross_entropy(h + s.sum(0), t)
+    params = [x] + [p for m in (conv, emb, lstm, gru) for p in
+                    m.parameters()]
+    gs = dtorch.autograd.grad(loss, params, create_graph=True)
+    pen = sum((g * g).sum() for g in gs)
+    return [g.detach().cpu().numpy() for g in
+            dtorch.autograd.grad(pen, params, allow_unused=True)
+            if g is not None]
+
+
+def test_double_backward_program_on_device(device):
+    # the same numbers on the device as on the cpu (the CuPy paths of
+    # every backward_graph; tests/fakecupy checks them without a GPU)
+    ref = _program("cpu")
+    got = _program(device)
+    assert len(got) == len(ref) > 10
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
+DEVICE_OPS = {
+    "conv_transpose2d": lambda x, d: F.conv_transpose2d(
+        x, dtorch.ones(2, 3, 2, 2, dtype=D, device=d) * 0.3, stride=2),
+    "grouped_conv": lambda x, d: F.conv2d(
+        x, dtorch.ones(4, 1, 2, 2, dtype=D, device=d) * 0.2, groups=2),
+    "pad_reflect": lambda x, d: F.pad(x, (1, 1, 2, 0), mode="reflect"),
+    "max_pool_overlap": lambda x, d: F.max_pool2d(x, 3, 1, 1),
+    "avg_pool_excl": lambda x, d: F.avg_pool2d(
+        x, 3, 2, 1, count_include_pad=False),
+    "index_ops": lambda x, d: x.flatten(1).index_select(
+        1, dtorch.tensor([3, 0, 3], device=d)).index_add(
+        1, dtorch.tensor([1, 1, 0], device=d), x.flatten(1)[:, :3]),
+    "scatter": lambda x, d: x.flatten(1).scatter(
+        1, dtorch.tensor([[2, 5], [0, 1]], device=d), x.flatten(1)[:, :2]),
+    "scans": lambda x, d: x.cumsum(3) + x.cumprod(2) + x.logcumsumexp(3),
+    "tril_einsum": lambda x, d: dtorch.einsum("ncij,ncjk->nik", x.tril(),
+                                              x.triu(1)),
+    "losses": lambda x, d: F.multi_margin_loss(
+        x.flatten(1), dtorch.tensor([0, 7], device=d), p=2) + F.smooth_l1_loss(
+        x, x.detach() * 0.5) + F.binary_cross_entropy_with_logits(
+        x, x.detach().sigmoid()),
+    "activations": lambda x, d: F.prelu(F.mish(x) + F.elu(x) + F.softplus(
+        x) + F.hardswish(x), dtorch.tensor([0.2, 0.3], dtype=D, device=d)),
+    "setitem": lambda x, d: _setitem(x),
+}
+
+
+def _setitem(x):
+    y = x * 1.0
+    y[:, 0, 1:3] = x[:, 1, :2] * x[:, 1, :2]
+    return y
+
+
+@pytest.mark.parametrize("name", sorted(DEVICE_OPS))
+def test_double_backward_ops_on_device(name, device):
+    rng = np.random.default_rng(9)
+    xa = rng.standard_normal((2, 2, 4, 4))
+    va = rng.standard_normal((2, 2, 4, 4))
+    res = []
+    for d in ("cpu", device):
+        x = dtorch.tensor(xa, device=d, requires_grad=True)
+        y = DEVICE_OPS[name](x, d)
+        g, = dtorch.autograd.grad((y * y).sum(), x, create_graph=True)
+        h, = dtorch.autograd.grad((g * dtorch.tensor(va, device=d)).sum(), x)
+        res.append((g.detach().cpu().numpy(), h.cpu().numpy()))
+    for a, b in zip(*res):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
