@@ -15,8 +15,7 @@ import time
 import pytest
 
 from launch_scripts.harness import ROOT, UNDER_MPI, clean_env, script
-from netns_nodes import (STATE_ROOT, kill_tree, start_nodes,
-                         two_nodes)  # noqa: F401 (two_nodes: fixture)
+from netns_nodes import STATE_ROOT, kill_tree, start_nodes
 
 if UNDER_MPI:
     pytest.skip("starts its own jobs; runs in the single-process phase",
@@ -26,6 +25,14 @@ pytestmark = pytest.mark.timeout(300)
 
 # Deadlines catch hangs on a loaded 2-core machine, not slowness.
 JOB_S = 180
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """node0 and node1, unshaped, shared by this module's tests (each
+    test leaves no process in them)."""
+    with start_nodes(2) as nodes:
+        yield nodes
 
 
 class _Reader:
