@@ -212,9 +212,11 @@ cmd_start() {
         die "prefix '$PREFIX' is in use: run 'stop --prefix $PREFIX' first"
     fi
     mkdir -p "$STATE"
-    # on any failure from here on: undo what was made
-    trap 'log "start failed; cleaning up"; cmd_stop >/dev/null 2>&1 || true' ERR
-    set -E
+    # on any failure (or signal) from here on: undo what was made
+    trap 'if [ -z "${STARTED:-}" ]; then
+              log "start failed; cleaning up"; cmd_stop >/dev/null 2>&1 || true
+          fi' EXIT
+    trap 'exit 130' INT TERM HUP
     echo "$n" > "$STATE/nnodes"
     echo "${RATE:-none}" > "$STATE/rate"
     { cat /etc/hosts
@@ -252,7 +254,7 @@ cmd_start() {
         ip link set "$HLINK" up
     fi
     for ((i = 0; i < n; i++)); do start_holder "$i"; done
-    trap - ERR
+    STARTED=1
     log "started $n node(s), prefix $PREFIX, subnet $NET.0/24, rate ${RATE:-unshaped}"
     node_lines
 }

@@ -366,3 +366,24 @@ def test_first_connection_to_a_dead_rank_fails_at_once(two_nodes, tmp_path):
     assert "RankFailureError: connection with rank 1 (global 1, host " \
         f"{n.addr['node1']}) of group 'world' could not be opened" in err, \
         err
+
+
+def test_failed_start_leaves_nothing():
+    """A start that fails half-way (node0's /dev/shm cannot be mounted)
+    says why and undoes the namespaces and links it had made."""
+    import netns_nodes
+    if netns_nodes.skip_reason():
+        pytest.skip(netns_nodes.skip_reason())
+    prefix = netns_nodes.new_prefix()
+    try:
+        proc = netns_nodes._script("start", "2", "--prefix", prefix,
+                                   "--rate", "1gbit", "--shm-size", "bogus",
+                                   check=False)
+        assert proc.returncode == 1
+        assert "node0 did not start" in proc.stderr, proc.stderr
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                               text=True, check=True).stdout
+        assert prefix not in names
+        assert not os.path.exists(os.path.join(STATE_ROOT, prefix))
+    finally:
+        netns_nodes._script("stop", "--prefix", prefix, check=False)
