@@ -16,6 +16,18 @@ TF = torch.nn.functional
 TOL = {np.float32: 2e-5, np.float64: 1e-12}
 
 
+@pytest.fixture(params=["numpy", "compiled"])
+def path(request, monkeypatch):
+    """Run a test on the NumPy softmax passes and on the compiled kernels
+    (dtorch._kernels; numba is optional)."""
+    from dtorch import _kernels
+    if request.param == "numpy":
+        monkeypatch.setitem(_kernels._state, "mod", False)
+    elif not _kernels.enabled():
+        pytest.skip("numba is not installed: no compiled kernels")
+    return request.param
+
+
 def _mask(kind, L, S, rng):
     """(numpy mask or None, is_causal) for one mask kind."""
     if kind == "none":
@@ -79,14 +91,14 @@ MASKS = ["none", "causal", "bool", "bool_heads", "float", "float_dead_row"]
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("L,S", [(5, 5), (4, 7), (7, 4)])
-def test_values_and_grads_match_torch(mask, L, S, dtype):
+def test_values_and_grads_match_torch(mask, L, S, dtype, path):
     _compare((2, 3, L, 8), (2, 3, S, 8), (2, 3, S, 6), mask, dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("mask", ["none", "causal", "bool", "bool_heads",
                                   "float_dead_row"])
-def test_grouped_query_attention(mask, dtype):
+def test_grouped_query_attention(mask, dtype, path):
     # 6 query heads over 2 key/value heads
     _compare((2, 6, 5, 8), (2, 2, 7, 8), (2, 2, 7, 4), mask, dtype,
              enable_gqa=True)
@@ -102,7 +114,7 @@ def test_shapes_and_broadcasting(shapes):
     _compare(*shapes, scale=0.3)
 
 
-def test_fully_masked_rows_give_zero_and_zero_grad():
+def test_fully_masked_rows_give_zero_and_zero_grad(path):
     out = _compare((2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 6), "bool")
     assert not np.isnan(out.detach().numpy()).any()
     assert (out.detach().numpy()[:, :, 1] == 0).all()
@@ -114,7 +126,7 @@ def test_fully_masked_rows_give_zero_and_zero_grad():
     ((2, 3, 0, 8), (2, 3, 5, 8), (2, 3, 5, 6)),      # no queries
 ])
 @pytest.mark.parametrize("p", [0.0, 0.5])
-def test_empty(shapes, p):
+def test_empty(shapes, p, path):
     q, k, v = (dtorch.randn(*s, requires_grad=True) for s in shapes)
     out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
     want = TF.scaled_dot_product_attention(
@@ -135,7 +147,7 @@ def _keep_like_sdpa(seed, shape, p):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("gqa", [False, True])
-def test_dropout_equals_torch_with_the_same_mask(causal, gqa):
+def test_dropout_equals_torch_with_the_same_mask(causal, gqa, path):
     rng = np.random.default_rng(1)
     hk = 2 if gqa else 4
     shapes = (2, 4, 5, 8), (2, hk, 6, 8), (2, hk, 6, 3)
@@ -192,7 +204,7 @@ def test_dropout_statistics_and_seed():
     assert (z == 0).all()
 
 
-def test_gradcheck_float64():
+def test_gradcheck_float64(path):
     rng = np.random.default_rng(2)
 
     def t(*s):
@@ -417,3 +429,24 @@ def test_onnx_export(tmp_path, kw):
     got, = ref.ReferenceEvaluator(path).run(
         None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})
     np.testing.assert_allclose(got, Att()(q, k, v).numpy(), atol=1e-5)
+
+
+def test_compiled_softmax_kernels_run(monkeypatch):
+    from dtorch import _kernels
+    if not _kernels.enabled():
+        pytest.skip("numba is not installed: no compiled kernels")
+    real, calls = _kernels._state["mod"], []
+
+    class Spy:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(real, name)
+    monkeypatch.setitem(_kernels._state, "mod", Spy())
+    q = dtorch.randn(2, 2, 8, 4, requires_grad=True)
+    m = dtorch.ones(8, 8, dtype=dtorch.bool)
+    m[3] = False
+    out = F.scaled_dot_product_attention(q, q, q, attn_mask=m)
+    assert (out.detach().numpy()[:, :, 3] == 0).all()      # not NaN
+    out.sum().backward()
+    assert calls.count("softmax_bwd") == 1
+    assert np.isfinite(q.grad.numpy()).all()
