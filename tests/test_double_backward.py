@@ -316,3 +316,27 @@ def test_functional_checks():
         AF.hessian(lambda t: t * 2, x)
     with pytest.raises(TypeError, match="must be either a Tensor"):
         AF.vjp(lambda t: t, [1.0, 2.0])
+
+
+@pytest.mark.parametrize("op", ["relu", "relu6", "abs", "clamp", "maximum"])
+def test_zero_link_like_torch(op):
+    """relu, hardtanh (relu6) and abs join their create_graph gradient to
+    the input by a zero derivative, so a bias before them gets .grad == 0;
+    clamp and maximum do not (their gradient has no graph): as torch."""
+    torch = pytest.importorskip("torch")
+    fns = {"relu": lambda lib, t: lib.nn.functional.relu(t),
+           "relu6": lambda lib, t: lib.nn.functional.relu6(t),
+           "abs": lambda lib, t: t.abs(),
+           "clamp": lambda lib, t: t.clamp(-0.5, 0.5),
+           "maximum": lambda lib, t: lib.maximum(t, lib.zeros(3))}
+    res = []
+    for lib in (dtorch, torch):
+        b = lib.zeros(3, requires_grad=True)
+        x = lib.tensor([0.3, -0.2, 1.5], requires_grad=True)
+        g, = lib.autograd.grad(fns[op](lib, x + b).sum(), x,
+                               create_graph=True)
+        res.append(g.requires_grad)
+        if g.requires_grad:
+            g.sum().backward()
+            res.append(b.grad.tolist())
+    assert res[:len(res) // 2] == res[len(res) // 2:]

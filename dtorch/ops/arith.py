@@ -9,7 +9,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
-    is_float, const, keep_grad_t, unbroadcast_t
+    is_float, const, keep_grad_t, unbroadcast_t, zero_link_t
 
 
 def _shape_error(op, x, y):
@@ -463,6 +463,14 @@ class Hardtanh(Clamp):
     def keep_mask(ctx):
         x = ctx.to_save[0]
         return (x > ctx.lo) & (x < ctx.hi)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        # unlike clamp's, joined to x by a zero derivative (PyTorch's
+        # hardtanh_backward takes x as a differentiable input)
+        x = ctx.to_save[0]
+        return zero_link_t(keep_grad_t(Hardtanh.keep_mask(ctx), g), ctx, 0,
+                           x.shape, x.dtype)
 
 
 class ClampT(Op):

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _float_input, _meta, keep_grad, promote, sgn, \
-    unbroadcast, const, keep_grad_t, unbroadcast_t
+    unbroadcast, const, keep_grad_t, unbroadcast_t, zero_link_t
 
 
 class Neg(Op):
@@ -139,7 +139,10 @@ class Abs(Op):
 
     @staticmethod
     def backward_graph(ctx, g):
-        return g * const(g, sgn(get_array_module(g._data), ctx.to_save[0]))
+        # joined to x by a zero derivative, as PyTorch's (sgn's)
+        x = ctx.to_save[0]
+        return zero_link_t(g * const(g, sgn(get_array_module(g._data), x)),
+                           ctx, 0, x.shape, x.dtype)
 
 
 class Reciprocal(Op):
@@ -263,7 +266,10 @@ class Relu(Op):
 
     @staticmethod
     def backward_graph(ctx, g):
-        return keep_grad_t(ctx.to_save[0] > 0, g)
+        # joined to x by a zero derivative, as PyTorch's threshold_backward
+        out = ctx.to_save[0]
+        return zero_link_t(keep_grad_t(out > 0, g), ctx, 0, out.shape,
+                           out.dtype)
 
 
 # ================================================= special functions ==
@@ -580,6 +586,26 @@ class Xlogy(Op):
             gy = g * x / y if n[1] else None
         return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None,
                 unbroadcast(gy, ctx.ys, ctx.yd) if n[1] else None)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        xa, ya = ctx.to_save
+        n = ctx.needs_input_grad
+        xp = get_array_module(g._data)
+        gx = gy = None
+        with np.errstate(all="ignore"):
+            y = ctx.graph_input(1, ya)
+            if n[0]:
+                # xlogy_grad_x's masks: g log y, 0 where g == 0 (unless y
+                # is NaN) and where x == 0 and y <= 0
+                keep = ~((g._data == 0) & ~xp.isnan(ya))
+                keep &= ~((xa == 0) & (ya <= 0))
+                gx = unbroadcast_t(keep_grad_t(keep, g * y.log()), ctx.xs,
+                                   ctx.xd)
+            if n[1]:
+                gy = unbroadcast_t(g * _operand(ctx, 0, xa) / y, ctx.ys,
+                                   ctx.yd)
+        return gx, gy
 
 
 # ------------------------------------------------------ gamma functions --
