@@ -450,3 +450,46 @@ def test_compiled_softmax_kernels_run(monkeypatch):
     out.sum().backward()
     assert calls.count("softmax_bwd") == 1
     assert np.isfinite(q.grad.numpy()).all()
+
+
+def test_double_backward_gradgradcheck(path):
+    # create_graph=True through the op (gradient penalties, MAML): second
+    # derivatives against finite differences, float mask, GQA, causal,
+    # dropout (fixed seed), a fully masked row
+    from dtorch.autograd import gradgradcheck
+    rng = np.random.default_rng(6)
+
+    def t(*s):
+        return dtorch.tensor(rng.standard_normal(s), requires_grad=True)
+    q, k, v = t(1, 4, 3, 5), t(1, 2, 4, 5), t(1, 2, 4, 3)
+    fmask = t(4, 1, 4)
+    assert gradgradcheck(lambda q, k, v, m: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=m, enable_gqa=True), (q, k, v, fmask))
+    assert gradgradcheck(lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True, scale=0.7), (q, k, v))
+    bmask = dtorch.tensor(rng.random((3, 4)) > 0.3)
+    bmask[0] = False
+
+    def dropped(q, k, v):
+        dtorch.manual_seed(5)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bmask,
+                                              dropout_p=0.3,
+                                              enable_gqa=True)
+    assert gradgradcheck(dropped, (q, k, v))
+
+
+def test_double_backward_matches_torch():
+    # a gradient penalty through attention: d/dq of |d out/d k|^2
+    rng = np.random.default_rng(8)
+    arrays = [rng.standard_normal(s) for s in
+              ((2, 2, 4, 3), (2, 2, 5, 3), (2, 2, 5, 2))]
+    res = []
+    for lib, fn in ((dtorch, F.scaled_dot_product_attention),
+                    (torch, TF.scaled_dot_product_attention)):
+        q, k, v = (lib.tensor(a, requires_grad=True) for a in arrays)
+        out = fn(q, k, v, is_causal=True)
+        gk, = lib.autograd.grad((out ** 2).sum(), (k,), create_graph=True)
+        (gk ** 2).sum().backward()
+        res.append([t.grad.numpy() for t in (q, k, v)])
+    for a, b in zip(*res):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)

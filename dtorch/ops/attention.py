@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _kernels
 from .._backend import get_array_module
-from .base import Op, unbroadcast, float32_compute
+from .base import Op, unbroadcast, float32_compute, const, unbroadcast_t
 
 
 def _grouped(x, groups):
@@ -144,6 +144,56 @@ class ScaledDotProductAttention(Op):
             dv = unbroadcast(dv, v.shape)
         if need[3] and ctx.mask_shape is not None:
             dmask = unbroadcast(_heads(dS, G, L), ctx.mask_shape)
+        return dq, dk, dv, dmask, None
+
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        """The same gradients from differentiable tensor ops (double
+        backward). The probabilities are recomputed as softmax(s + c) with
+        s = q k^T * scale from the graph's q and k and the constant
+        c = log P - s: equal to the saved P, with the softmax's derivative
+        in s, and no need to keep the mask (a masked score has P = 0 and
+        c = -inf)."""
+        from .activation import Softmax
+        if ctx.__dict__.get("_lowp"):
+            return NotImplemented      # float16/bfloat16: first order only
+        q, k, v, Pa, _ = ctx.to_save
+        xp = get_array_module(Pa)
+        G, need, L = ctx.groups, ctx.needs_input_grad, q.shape[-2]
+        qt, kt, vt = (ctx.graph_input(i, a) for i, a in enumerate((q, k, v)))
+
+        def grouped(t):
+            return t.reshape(_grouped(t._data, G).shape)
+
+        def heads(t):
+            return t.reshape(_heads(t._data, G, L).shape)
+        s = (grouped(qt) * ctx.scale) @ kt.transpose(-1, -2)
+        with np.errstate(divide="ignore"):
+            c = xp.log(xp.abs(Pa)) - s._data
+        s = s + const(g, c)
+        if need[3] and ctx.mask_shape is not None:
+            # the float mask's own derivative: it enters s like q k^T
+            m = ctx.graph_input(3, xp.zeros(ctx.mask_shape, Pa.dtype))
+            s = grouped(heads(s) + m)
+        Pt = Softmax.apply(s, dim=s.ndim - 1, safe=True)
+        gg = grouped(g)
+        A, dP = Pt, gg @ vt.transpose(-1, -2)
+        if ctx.dropped:
+            kd = const(g, xp.where(xp.signbit(Pa), Pa.dtype.type(0),
+                                   Pa.dtype.type(ctx.sd)))
+            A, dP = Pt * kd, dP * kd
+        dS = Pt * (dP - (dP * Pt).sum(-1, keepdim=True))
+        dq = dk = dv = dmask = None
+        if need[0]:
+            dq = unbroadcast_t(heads(dS @ kt) * ctx.scale, q.shape)
+        if need[1]:
+            dk = unbroadcast_t((dS.transpose(-1, -2) @ grouped(qt))
+                               * ctx.scale, k.shape)
+        if need[2]:
+            dv = unbroadcast_t(A.transpose(-1, -2) @ gg, v.shape)
+        if need[3] and ctx.mask_shape is not None:
+            dmask = unbroadcast_t(heads(dS), ctx.mask_shape)
         return dq, dk, dv, dmask, None
 
 
