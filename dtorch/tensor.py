@@ -21,6 +21,7 @@ from .random import draw as _draw
 from .return_types import MinMax
 
 _SCALARS = (int, float, bool)
+_ndarray = np.ndarray
 
 # PyTorch's legacy typed-tensor names for t.type('torch.LongTensor')
 # (dtorch/_legacy.py builds its classes from this table)
@@ -221,7 +222,7 @@ class Tensor(_function.TensorBase):
     @classmethod
     def _make(cls, data, req, fn):
         t = object.__new__(Tensor)
-        if isinstance(data, np.generic):
+        if type(data) is not _ndarray and isinstance(data, np.generic):
             data = np.asarray(data)
         t._data = data
         t.requires_grad = req

@@ -5,6 +5,7 @@ PyTorch uses), and a leaf's gradient is accumulated, and its post-accumulate
 hooks fire, as soon as its last consumer has run. DDP's bucketed all-reduce
 relies on that early signal.
 """
+import operator
 import threading
 import weakref
 
@@ -78,6 +79,9 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
     nodes, leaves = [], []
     seen = set()
     leaf_deps = {}
+    # node -> the leaves it feeds (one entry per edge), so that the main
+    # loop below does not walk every node's edges a second time
+    feeds = {}
     stack = []
     for node, _ in root_edges:
         if node not in seen:
@@ -89,12 +93,18 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
                 nodes.append(node)
                 stack.append(node)
     while stack:
-        for e in stack.pop().next_edges:
+        node = stack.pop()
+        for e in node.next_edges:
             if e is None:
                 continue
             c = e[0]
             if type(c) is AccumulateGrad:
                 leaf_deps[c] = leaf_deps.get(c, 0) + 1
+                f = feeds.get(node)
+                if f is None:
+                    feeds[node] = [c]
+                else:
+                    f.append(c)
             elif c not in seen:
                 seen.add(c)
                 nodes.append(c)
@@ -139,18 +149,18 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
             if leaf_deps[leaf] == 0:
                 acc(leaf, buffers.pop(leaf, None), capture,
                     results, accumulate)
+        pop = buffers.pop
         for node in nodes:
-            buf = buffers.pop(node, None)
+            buf = pop(node, None)
             if buf:
                 run(node, buf, buffers, capture, results, retain_graph)
-            for e in node.next_edges:
-                if e is not None and type(e[0]) is AccumulateGrad:
-                    c = e[0]
+            fed = feeds.get(node)
+            if fed is not None:
+                for c in fed:
                     d = leaf_deps[c] - 1
                     leaf_deps[c] = d
                     if d == 0:
-                        acc(c, buffers.pop(c, None), capture,
-                            results, accumulate)
+                        acc(c, pop(c, None), capture, results, accumulate)
         # callbacks may queue more callbacks
         while _callbacks.pending:
             _callbacks.pending.pop(0)()
@@ -160,8 +170,7 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
     return results
 
 
-def _by_seq(node):
-    return node._seq
+_by_seq = operator.attrgetter("_seq")
 
 
 def _run_node(node, buf, buffers, capture, results, retain_graph):
@@ -184,26 +193,34 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
                 results[i] = g
     if node._versions:
         _check_versions(node)
-    in_grads = node._run_backward(out_grads)
+    if node._array_api:      # Function._run_backward's array case, inlined
+        in_grads = type(node).backward(node, *out_grads)
+        if type(in_grads) is not tuple:
+            in_grads = (in_grads,)
+    else:
+        in_grads = node._run_backward(out_grads)
     if _anomaly[0]:
         check_grads(node, in_grads)
     if not retain_graph:
         node.__dict__.clear()
         node._freed = True
         node._versions = None
-    sent = None
+    first = sent = None
     for e, g in zip(node.next_edges, in_grads):
         if e is None or g is None:
             continue
         # the same array sent to two places must not become two .grad
-        # tensors that alias each other
-        if sent is None:
-            sent = {id(g)}
-        elif id(g) in sent:
-            g = (_on_device_of(g, g.copy) if _B._cupy is not None
-                 else g.copy())
+        # tensors that alias each other (a set only from the second one)
+        if first is None:
+            first = g
         else:
-            sent.add(id(g))
+            if sent is None:
+                sent = {id(first)}
+            if id(g) in sent:
+                g = (_on_device_of(g, g.copy) if _B._cupy is not None
+                     else g.copy())
+            else:
+                sent.add(id(g))
         c, nr = e
         cb = buffers.get(c)
         if cb is None:

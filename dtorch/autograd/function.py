@@ -368,57 +368,77 @@ def _edge(t):
 
 
 def _apply_array(cls, args, kwargs):
-    """Fast path for dtorch's primitives: arrays in, arrays out."""
+    """Fast path for dtorch's primitives: arrays in, arrays out.
+
+    This runs for every op, so it is written for speed (measured on tiny
+    tensors, where it dominates): one pass over the arguments gathers
+    their arrays and, when a graph is recorded, each input's gradient edge
+    (_edge inlined), and forward is called without ``**kwargs`` when there
+    are none (a star-call with an empty dict costs ~50 ns)."""
     T = TensorBase
     ctx = cls.__new__(cls)
     arrays = []
-    req = False
     src = None       # a tensor argument: its _make builds the result
-    for a in args:
-        if isinstance(a, T):
-            arrays.append(a._data)
-            src = a
-            if a.requires_grad:
-                req = True
-        else:
-            arrays.append(a)
+    edges = None     # set once an argument requires grad (and mode is on)
+    if _state.enabled:
+        needs = []
+        elist = []
+        for a in args:
+            if isinstance(a, T):
+                arrays.append(a._data)
+                src = a
+                if a.requires_grad:
+                    fn = a.grad_fn
+                    if fn is None:
+                        fn = a._accum
+                        if fn is None:
+                            fn = a._accum = AccumulateGrad(a)
+                        elist.append((fn, 0))
+                    else:
+                        elist.append((fn, a._output_nr))
+                    needs.append(True)
+                    edges = elist
+                    continue
+            else:
+                arrays.append(a)
+            needs.append(False)
+            elist.append(None)
+    else:
+        for a in args:
+            if isinstance(a, T):
+                arrays.append(a._data)
+                src = a
+            else:
+                arrays.append(a)
     if src is None:
         raise TypeError(f"{cls.__name__}.apply() expects at least one "
                         f"tensor argument")
-    if req and _state.enabled:
-        # one pass for what backward needs: which inputs want a gradient,
-        # and the graph edge each gradient flows along
-        needs, edges = [], []
-        for a in args:
-            if isinstance(a, T) and a.requires_grad:
-                needs.append(True)
-                edges.append(_edge(a))
-            else:
-                needs.append(False)
-                edges.append(None)
-        ctx.needs_input_grad = needs
-        out = cls.forward(ctx, *arrays, **kwargs)
-        ctx.next_edges = edges
-        ctx._seq = next(_seq)
-        ctx._freed = False
-        ctx._hooks = None
-        res = src._make(out, True, ctx)
+    if edges is None:
+        out = (cls.forward(ctx, *arrays, **kwargs) if kwargs
+               else cls.forward(ctx, *arrays))
+        res = src._make(out, False, None)
         if cls._is_view:
             src = args[0]
             res._vc = src._vc
             res._base = src if src._base is None else src._base
-        saved = ctx.__dict__.get("to_save")
-        if saved:
-            _record_versions(ctx, saved, args, res)
-        else:
-            ctx._versions = None
         return res
-    out = cls.forward(ctx, *arrays, **kwargs)
-    res = src._make(out, False, None)
+    ctx.needs_input_grad = needs
+    out = (cls.forward(ctx, *arrays, **kwargs) if kwargs
+           else cls.forward(ctx, *arrays))
+    ctx.next_edges = edges
+    ctx._seq = next(_seq)
+    ctx._freed = False
+    ctx._hooks = None
+    res = src._make(out, True, ctx)
     if cls._is_view:
         src = args[0]
         res._vc = src._vc
         res._base = src if src._base is None else src._base
+    saved = ctx.__dict__.get("to_save")
+    if saved:
+        _record_versions(ctx, saved, args, res)
+    else:
+        ctx._versions = None
     return res
 
 
@@ -427,19 +447,22 @@ def _record_versions(ctx, saved, args, out):
     # in-place change to any of them after forward is caught at backward.
     T = TensorBase
     vers = []
+    od = out._data
     for s in saved:
         if s is None:
             continue
-        if s is out._data:
+        if s is od:
             # a weak reference: out.grad_fn is ctx, and a strong one would
             # make a cycle that keeps every saved array alive until the
             # cyclic GC runs (measured: RSS +150 MB and thousands of page
             # faults per CNN step)
-            vers.append((out._vc, out._vc[0], weakref.ref(out), "output"))
+            vc = out._vc
+            vers.append((vc, vc[0], weakref.ref(out), "output"))
             continue
         for a in args:
             if isinstance(a, T) and a._data is s:
-                vers.append((a._vc, a._vc[0], a, "input"))
+                vc = a._vc
+                vers.append((vc, vc[0], a, "input"))
                 break
     ctx._versions = vers or None
 

@@ -55,6 +55,7 @@ def unbroadcast(g, shape, dtype=None):
 
 _SCALARS = (int, float, bool)
 _BF16_NP = _bf16.np
+_ndarray = np.ndarray
 
 
 def _device_error(op, x, y):
@@ -69,9 +70,15 @@ def promote(x, y, op="binary op", true_div=False):
     Python scalars stay scalars: NumPy treats them as weak, as PyTorch does.
     """
     tx, ty = type(x), type(y)
-    if (ty is float or ty is int) and tx is not float and tx is not int \
+    if tx is ty is _ndarray:
+        # the common case first: two NumPy arrays of one dtype (the same
+        # dtype object for NumPy's builtin types; == catches the rest below)
+        dx = x.dtype
+        if dx is y.dtype and not (true_div and dx.kind in "biu"):
+            return x, y
+    elif (ty is float or ty is int) and tx is not float and tx is not int \
             and is_float(x.dtype):
-        return x, y      # the common case: a float tensor and a number
+        return x, y      # a float tensor and a number
     if ty in _SCALARS:
         if tx in _SCALARS:
             raise TypeError(f"{op}: expected at least one tensor operand")
@@ -107,10 +114,24 @@ def promote(x, y, op="binary op", true_div=False):
 
 def _meta(ctx, x, y):
     # what backward needs to shape gradients: shapes and dtypes of inputs
-    ctx.xs = x.shape if not type(x) in _SCALARS else None
-    ctx.ys = y.shape if not type(y) in _SCALARS else None
-    ctx.xd = getattr(x, "dtype", None)
-    ctx.yd = getattr(y, "dtype", None)
+    # (None for a Python number)
+    tx, ty = type(x), type(y)
+    if tx is _ndarray:
+        ctx.xs = x.shape
+        ctx.xd = x.dtype
+    elif tx in _SCALARS:
+        ctx.xs = ctx.xd = None
+    else:
+        ctx.xs = x.shape
+        ctx.xd = getattr(x, "dtype", None)
+    if ty is _ndarray:
+        ctx.ys = y.shape
+        ctx.yd = y.dtype
+    elif ty in _SCALARS:
+        ctx.ys = ctx.yd = None
+    else:
+        ctx.ys = y.shape
+        ctx.yd = getattr(y, "dtype", None)
 
 
 def keep_grad(xp, cond, g):
