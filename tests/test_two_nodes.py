@@ -57,7 +57,7 @@ class _Reader:
         return "".join(self.out), "".join(self.err)
 
 
-def _launchers(nodes, k, mode, first=0, args=(), **env):
+def _launchers(nodes, k, mode, first=0, args=(), launcher=(), **env):
     """Start dtorch-launch on node0 (node rank 0) and node1, node `first`
     first; returns [(proc, reader)] for node0 and node1."""
     port = random.randrange(20000, 40000)
@@ -69,7 +69,7 @@ def _launchers(nodes, k, mode, first=0, args=(), **env):
         cmd = [sys.executable, "-m", "launch", "--nnodes", "2",
                "--node-rank", str(r), "--master-addr", "node0",
                "--master-port", str(port), "--nproc-per-node", str(k),
-               "--backend", "tcp", "--grace-period", "3",
+               "--backend", "tcp", "--grace-period", "3", *launcher,
                script("two_nodes_job.py"), mode] + list(args)
         p = nodes.popen(node, cmd, cwd=ROOT, env=env, text=True,
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -387,3 +387,19 @@ def test_failed_start_leaves_nothing():
         assert not os.path.exists(os.path.join(STATE_ROOT, prefix))
     finally:
         netns_nodes._script("stop", "--prefix", prefix, check=False)
+
+
+def test_restart_after_a_rank_fails_on_one_node(two_nodes):
+    """Rank 3 (node1) fails in the first attempt: node1's launcher restarts
+    its ranks, node0's ranks lose their peer and node0's launcher restarts
+    too; both meet again on the derived port and token and finish."""
+    n = two_nodes
+    procs = _launchers(n, 2, "fail_once", launcher=["--max-restarts", "1"])
+    (o0, e0), (o1, e1) = _wait_all(procs, JOB_S)
+    assert [p.returncode for p, _ in procs] == [0, 0], \
+        f"node0:\n{o0}{e0}\nnode1:\n{o1}{e1}"
+    assert sorted(map(int, re.findall(r"\bOK (\d+)", o0 + o1))) == \
+        [0, 1, 2, 3]
+    assert "rank 3 (local rank 1, pid" in e1 and "exited with code 3" in e1
+    for err in (e0, e1):
+        assert "restarting the job (1 of 1 restarts)" in err, err

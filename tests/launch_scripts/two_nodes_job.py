@@ -6,6 +6,8 @@ netns nodes (tcp backend).
     two_nodes_job.py loop    after init prints `READY rank pid`, then
                              all-reduces until a peer fails (test kills
                              a node)
+    two_nodes_job.py fail_once   the last rank exits with 3 in the first
+                             attempt, then as check
     two_nodes_job.py send_to_dead FILE   READY, then rank 0 waits for
                              FILE and sends to rank 1 (killed by then)"""
 import os
@@ -23,6 +25,14 @@ mode = sys.argv[1]
 dist.init_process_group()
 rank, world = dist.get_rank(), dist.get_world_size()
 host = socket.gethostname()
+
+if mode == "fail_once":
+    # the last rank fails in the first attempt; --max-restarts brings the
+    # job back on both nodes, which then runs the checks
+    dist.barrier()
+    if os.environ["DTORCH_RESTART_COUNT"] == "0" and rank == world - 1:
+        sys.exit(3)
+    mode = "check"
 
 if mode == "send_to_dead":
     # rank 0 sends to rank 1 only after the test has killed rank 1's node
