@@ -71,10 +71,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
         hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
         if enable_gqa and (hk != hq or hv != hq):
             if hk != hv or hq % hk:
-                # PyTorch's text, cut short as PyTorch 2.13 prints it
+                # PyTorch's words (2.13 cuts them short after "in"), then
+                # the numbers
                 raise RuntimeError(
-                    "Number of heads in key and value must divide the "
-                    "number of heads in ")
+                    f"Number of heads in key and value must divide the "
+                    f"number of heads in query: enable_gqa=True needs the "
+                    f"number of query heads ({hq}) to be a multiple of the "
+                    f"key/value heads ({hk}, {hv}), and key and value to "
+                    f"have the same number of heads")
             groups = hq // hk
     try:
         batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2],
