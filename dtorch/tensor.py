@@ -22,6 +22,7 @@ from .return_types import MinMax
 
 _SCALARS = (int, float, bool)
 _ndarray = np.ndarray
+_TensorBase = _function.TensorBase
 
 # PyTorch's legacy typed-tensor names for t.type('torch.LongTensor')
 # (dtorch/_legacy.py builds its classes from this table)
@@ -579,38 +580,46 @@ class Tensor(_function.TensorBase):
         return self._retains
 
     # ------------------------------------------------------- arithmetic ---
+    # the other operand is most often a tensor: tested inline, as
+    # _operand's call costs more than the test on tiny tensors
     def __add__(self, other):
-        return P.Add.apply(self, _operand(other, self))
+        return P.Add.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
 
     def __radd__(self, other):
         return P.Add.apply(_operand(other, self), self)
 
     def __sub__(self, other):
-        return P.Sub.apply(self, _operand(other, self))
+        return P.Sub.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
 
     def __rsub__(self, other):
         return P.Sub.apply(_operand(other, self), self)
 
     def __mul__(self, other):
-        return P.Mul.apply(self, _operand(other, self))
+        return P.Mul.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
 
     def __rmul__(self, other):
         return P.Mul.apply(_operand(other, self), self)
 
     def __truediv__(self, other):
-        return P.Div.apply(self, _operand(other, self))
+        return P.Div.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
 
     def __rtruediv__(self, other):
         return P.Div.apply(_operand(other, self), self)
 
     def __pow__(self, other):
-        return P.Pow.apply(self, _operand(other, self))
+        return P.Pow.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
 
     def __rpow__(self, other):
         return P.Pow.apply(_operand(other, self), self)
 
     def __matmul__(self, other):
-        return P.MatMul.apply(self, _operand(other, self))
+        return P.MatMul.apply(self, other if isinstance(other, _TensorBase)
+                               else _operand(other, self))
 
     def __rmatmul__(self, other):
         return P.MatMul.apply(_operand(other, self), self)

@@ -9,7 +9,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
-    is_float, const, keep_grad_t, unbroadcast_t, zero_link_t
+    is_float, const, keep_grad_t, unbroadcast_t, zero_link_t, promote_meta
 
 
 def _shape_error(op, x, y):
@@ -52,8 +52,7 @@ class Add(Op):
 
     @classmethod
     def forward(cls, ctx, x, y):
-        x2, y2 = promote(x, y, cls._name)
-        _meta(ctx, x, y)
+        x2, y2 = promote_meta(ctx, x, y, cls._name)
         try:
             return cls._f(x2, y2)
         except ValueError:
@@ -107,12 +106,11 @@ def _is_bool(a):
 class Mul(Op):
     @staticmethod
     def forward(ctx, x, y):
-        x2, y2 = promote(x, y, "mul")
-        _meta(ctx, x, y)
+        x2, y2 = promote_meta(ctx, x, y, "mul")
         n = ctx.needs_input_grad
         # keep only what backward reads, so that a later in-place change to
         # an unneeded operand is legal (x * 3 saves nothing of x)
-        ctx.save_for_backward(x if n[1] else None, y if n[0] else None)
+        ctx.to_save = (x if n[1] else None, y if n[0] else None)
         try:
             return x2 * y2
         except ValueError:
@@ -138,9 +136,8 @@ class Mul(Op):
 class Div(Op):
     @staticmethod
     def forward(ctx, x, y):
-        x2, y2 = promote(x, y, "div", true_div=True)
-        _meta(ctx, x, y)
-        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, y)
+        x2, y2 = promote_meta(ctx, x, y, "div", true_div=True)
+        ctx.to_save = (x if ctx.needs_input_grad[1] else None, y)
         try:
             return x2 / y2
         except ValueError:

@@ -134,6 +134,22 @@ def _meta(ctx, x, y):
         ctx.yd = getattr(y, "dtype", None)
 
 
+def promote_meta(ctx, x, y, op, true_div=False):
+    """``_meta(ctx, x, y)`` then ``promote(x, y, op, true_div)``: one call
+    for the binary arithmetic ops, with two NumPy arrays of one dtype (the
+    common case, worth the ~150 ns on tiny tensors) handled inline."""
+    if type(x) is _ndarray and type(y) is _ndarray:
+        ctx.xs = x.shape
+        ctx.ys = y.shape
+        ctx.xd = dx = x.dtype
+        ctx.yd = dy = y.dtype
+        if dx is dy and not (true_div and dx.kind in "biu"):
+            return x, y
+    else:
+        _meta(ctx, x, y)
+    return promote(x, y, op, true_div)
+
+
 def keep_grad(xp, cond, g):
     """g where ``cond``, else 0: PyTorch's masking in backward. A bare
     ``g * cond`` is wrong where g holds inf or NaN and cond is False
@@ -184,13 +200,18 @@ def float32_compute(cls):
     Each gradient returns in its input's dtype. CuPy arrays pass through
     (cuBLAS accumulates float16 in float32 itself)."""
     fwd, bwd = cls.forward, cls.backward
-    low = _low_np_dtypes()
+    low = frozenset(_low_np_dtypes())
 
     def forward(ctx, *args, **kwargs):
+        # the common case (no 2-byte float) in one cheap loop: a set
+        # lookup of each array's dtype, no lists
+        for a in args:
+            if type(a) is _ndarray and a.dtype in low:
+                break
+        else:
+            return fwd(ctx, *args, **kwargs) if kwargs else fwd(ctx, *args)
         dts = [a.dtype if type(a) is np.ndarray else None for a in args]
-        out_dt = next((d for d in dts if d in low), None)
-        if out_dt is None:
-            return fwd(ctx, *args, **kwargs)
+        out_dt = next(d for d in dts if d in low)
         ctx._lowp = dts
         args = [a.astype(np.float32) if d in low else a
                 for a, d in zip(args, dts)]
