@@ -6,6 +6,7 @@ method is composed from the primitives in ``dtorch/ops``.
 """
 import builtins
 import copy
+import math
 import weakref
 
 import numpy as np
@@ -1072,7 +1073,7 @@ class Tensor(_function.TensorBase):
         return P.Reshape.apply(self, shape=self._infer(shape))
 
     def _infer(self, shape):
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(map(int, shape))
         if shape.count(-1) > 1:
             raise RuntimeError("only one dimension can be inferred")
         n = self._data.size
@@ -1085,7 +1086,7 @@ class Tensor(_function.TensorBase):
                 raise RuntimeError(f"shape '{list(shape)}' is invalid for "
                                    f"input of size {n}")
             shape = tuple(n // rest if s == -1 else s for s in shape)
-        elif Size(shape).numel() != n:
+        elif math.prod(shape) != n:
             raise RuntimeError(f"shape '{list(shape)}' is invalid for "
                                f"input of size {n}")
         return shape
@@ -1133,9 +1134,10 @@ class Tensor(_function.TensorBase):
         return P.Permute.apply(self, dims=dims)
 
     def transpose(self, dim0, dim1):
-        if self.ndim == 0:
+        nd = self._data.ndim
+        if nd == 0:
             return self
-        order = list(range(self.ndim))
+        order = list(range(nd))
         a, b = self._dim(dim0), self._dim(dim1)
         order[a], order[b] = order[b], order[a]
         return P.Permute.apply(self, dims=tuple(order))
@@ -1143,10 +1145,11 @@ class Tensor(_function.TensorBase):
     swapaxes = transpose
 
     def t(self):
-        if self.ndim > 2:
+        nd = self._data.ndim
+        if nd > 2:
             raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, "
-                               f"but self is {self.ndim}D")
-        return self if self.ndim < 2 else self.transpose(0, 1)
+                               f"but self is {nd}D")
+        return self if nd < 2 else self.transpose(0, 1)
 
     @property
     def T(self):

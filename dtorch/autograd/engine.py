@@ -194,7 +194,10 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
     if node._versions:
         _check_versions(node)
     if node._array_api:      # Function._run_backward's array case, inlined
-        in_grads = type(node).backward(node, *out_grads)
+        # (one gradient, the common case, without a star-call)
+        in_grads = (type(node).backward(node, out_grads[0])
+                    if len(out_grads) == 1
+                    else type(node).backward(node, *out_grads))
         if type(in_grads) is not tuple:
             in_grads = (in_grads,)
     else:

@@ -4,7 +4,7 @@ layer costs one graph node). einsum lives in ``einsum.py``.
 """
 import numpy as np
 
-from .._backend import get_array_module, from_np
+from .._backend import from_np
 from .base import Op, _device_error, promote, unbroadcast, \
     float32_compute, unbroadcast_t
 
@@ -32,24 +32,29 @@ class MatMul(Op):
     def backward(ctx, g):
         x, y = ctx.to_save
         n = ctx.needs_input_grad
-        xp = get_array_module(g)
-        x2 = x[None, :] if x.ndim == 1 else x
-        y2 = y[:, None] if y.ndim == 1 else y
-        if x.ndim == 1 and y.ndim == 1:
+        x1, y1 = x.ndim == 1, y.ndim == 1
+        x2 = x[None, :] if x1 else x
+        y2 = y[:, None] if y1 else y
+        if x1 and y1:
             g2 = g.reshape(1, 1)
-        elif x.ndim == 1:
-            g2 = xp.expand_dims(g, -2)
-        elif y.ndim == 1:
-            g2 = xp.expand_dims(g, -1)
+        elif x1:
+            g2 = g[..., None, :]
+        elif y1:
+            g2 = g[..., None]
         else:
             g2 = g
+        # the array methods, not xp.swapaxes (a Python-level function, ~1
+        # us on a small matrix); reshape only where a 1-D operand was
+        # lifted to 2-D
         gx = gy = None
         if n[0]:
-            gx = g2 @ xp.swapaxes(y2, -1, -2)
-            gx = unbroadcast(gx, x2.shape).reshape(x.shape)
+            gx = unbroadcast(g2 @ y2.swapaxes(-1, -2), x2.shape)
+            if x1:
+                gx = gx.reshape(x.shape)
         if n[1]:
-            gy = xp.swapaxes(x2, -1, -2) @ g2
-            gy = unbroadcast(gy, y2.shape).reshape(y.shape)
+            gy = unbroadcast(x2.swapaxes(-1, -2) @ g2, y2.shape)
+            if y1:
+                gy = gy.reshape(y.shape)
         return gx, gy
 
     @staticmethod
