@@ -76,7 +76,7 @@ def promote(x, y, op="binary op", true_div=False):
         dx = x.dtype
         if dx is y.dtype and not (true_div and dx.kind in "biu"):
             return x, y
-    elif (ty is float or ty is int) and tx is not float and tx is not int \
+    elif (ty is float or ty is int) and tx not in _SCALARS \
             and is_float(x.dtype):
         return x, y      # a float tensor and a number
     if ty in _SCALARS:
