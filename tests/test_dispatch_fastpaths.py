@@ -182,3 +182,27 @@ def test_float32_compute_finds_a_low_precision_operand_anywhere():
     out = Probe.apply(dtorch.ones(2), dtorch.ones(2))
     assert seen == [(np.dtype(np.float32),) * 2]
     assert out._data.dtype == np.float32
+
+
+def test_mm_is_matmul_bitwise_over_layouts():
+    from dtorch.ops.matmul import _mm
+    rng = np.random.default_rng(3)
+    for dt in (np.float32, np.float64, np.int64, np.float16):
+        for trial in range(120):
+            m, k, p = rng.integers(1, 40, 3)
+            if trial % 5 == 0:
+                p = 1
+            if trial % 7 == 0:
+                m = 1
+            a = (rng.standard_normal((m, 2 * k)) * 10).astype(dt)
+            b = (rng.standard_normal((k, p)) * 10).astype(dt)
+            for aa in (a[:, :k], np.asfortranarray(a[:, :k]), a[:, ::2]):
+                for bb in (b, np.asfortranarray(b), b.T.copy().T):
+                    got, want = _mm(aa, bb), aa @ bb
+                    assert got.dtype == want.dtype
+                    np.testing.assert_array_equal(got, want)
+    # batched and 1-D operands are matmul's
+    x, y = rng.standard_normal((2, 3, 4)), rng.standard_normal(4)
+    np.testing.assert_array_equal(_mm(x, y), x @ y)
+    with pytest.raises(ValueError):
+        _mm(np.ones((2, 3)), np.ones((2, 3)))
