@@ -199,7 +199,9 @@ def test_mm_is_matmul_bitwise_over_layouts():
             for aa in (a[:, :k], np.asfortranarray(a[:, :k]), a[:, ::2]):
                 for bb in (b, np.asfortranarray(b), b.T.copy().T):
                     got, want = _mm(aa, bb), aa @ bb
+                    # same dtype and memory layout (view() depends on it)
                     assert got.dtype == want.dtype
+                    assert got.strides == want.strides
                     np.testing.assert_array_equal(got, want)
     # batched and 1-D operands are matmul's
     x, y = rng.standard_normal((2, 3, 4)), rng.standard_normal(4)
