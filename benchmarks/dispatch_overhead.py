@@ -264,7 +264,8 @@ def main():
         if "torch" in per_round:
             r = sorted(d[0] / t[0] for d, t in
                        zip(per_round["dtorch"], per_round["torch"]))
-            line.append(f"dtorch/torch {r[0]:.2f}-{r[-1]:.2f}")
+            line.append(f"dtorch/torch {r[0]:.2f}-{r[-1]:.2f} "
+                        f"(median {statistics.median(r):.2f})")
         print(" | ".join(line), flush=True)
     print("us per op, forward+backward, ranges over rounds "
           f"(rounds={args.rounds}, reps={args.reps}, ops={args.ops}); "
