@@ -3,6 +3,11 @@ the NumPy path they replace, forward + backward through dtorch's autograd.
 
     python benchmarks/cpu_kernels.py [--threads 1 2] [--turns 7]
                                      [--only adam,softmax] [--out F]
+    python benchmarks/cpu_kernels.py --steps mlp,cnn,lstm,decoder,gpt
+
+``--steps``: whole training steps (forward, backward, optimizer) of
+benchmarks/step_time.py's workloads instead of single ops, both paths
+interleaved the same way (the model keeps training across turns).
 
 Each thread count runs in a fresh child (OMP/OPENBLAS/MKL thread variables
 set before NumPy loads, then ``dtorch.set_num_threads``). In the child both
@@ -27,6 +32,14 @@ ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
 ap.add_argument("--turns", type=int, default=7)
 ap.add_argument("--only", default="")
 ap.add_argument("--out", default="benchmarks/results/cpu_kernels.json")
+ap.add_argument("--steps", default="",
+                help="instead of ops: whole training steps of these "
+                     "benchmarks/step_time.py workloads (e.g. mlp,cnn,gpt)")
+ap.add_argument("--block", type=int, default=2,
+                help="steps per turn with --steps")
+ap.add_argument("--parallel-min", type=int, default=None,
+                help="override dtorch._kernels.PARALLEL_MIN (elements from "
+                     "which a kernel uses more than one thread)")
 ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 args = ap.parse_args()
 
@@ -114,16 +127,33 @@ def cases():
     }
 
 
+def step_cases():
+    """name -> step() of benchmarks/step_time.py's workloads (its build and
+    stepper, loaded as a module; not run)."""
+    import runpy
+    argv = sys.argv
+    sys.argv = [os.path.join(os.path.dirname(__file__), "step_time.py")]
+    try:
+        mod = runpy.run_path(sys.argv[0], run_name="step_time_module")
+    finally:
+        sys.argv = argv
+    import dtorch
+    return {c: (lambda c=c: mod["stepper"](dtorch, c))
+            for c in args.steps.split(",")}
+
+
 def child():
     t0 = time.perf_counter()
     import numpy as np  # noqa: F401
     import dtorch
     from dtorch import _kernels
     dtorch.set_num_threads(args.threads[0])
+    if args.parallel_min is not None:
+        _kernels.PARALLEL_MIN = args.parallel_min
     t_import = time.perf_counter()
     _kernels.enabled()
     t_numba = time.perf_counter() - t_import
-    all_cases = cases()
+    all_cases = step_cases() if args.steps else cases()
     names = [n for n in all_cases if not args.only or any(
         o in n for o in args.only.split(","))]
     out = {"threads": args.threads[0], "numba_import_s": t_numba,
@@ -136,11 +166,11 @@ def child():
             t = time.perf_counter()
             kernel_step()           # compiles, or loads from the cache
             out["first_call_s"][name] = time.perf_counter() - t
-        # reps so that one turn lasts about 50 ms
+        # reps so that one turn lasts about 50 ms (--steps: --block steps)
         t = time.perf_counter()
         numpy_step()
         one = max(time.perf_counter() - t, 1e-6)
-        reps = max(1, int(0.05 / one))
+        reps = args.block if args.steps else max(1, int(0.05 / one))
         times = {"numpy": [], "kernel": []}
         order = ["numpy", "kernel", "kernel", "numpy"]
         for turn in range(args.turns * 2):
@@ -165,7 +195,10 @@ def main():
     res = []
     for n in args.threads:
         cmd = [sys.executable, __file__, "--child", "--threads", str(n),
-               "--turns", str(args.turns), "--only", args.only]
+               "--turns", str(args.turns), "--only", args.only,
+               "--steps", args.steps, "--block", str(args.block)]
+        if args.parallel_min is not None:
+            cmd += ["--parallel-min", str(args.parallel_min)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             sys.exit(r.stderr)
