@@ -208,3 +208,62 @@ def test_mm_is_matmul_bitwise_over_layouts():
     np.testing.assert_array_equal(_mm(x, y), x @ y)
     with pytest.raises(ValueError):
         _mm(np.ones((2, 3)), np.ones((2, 3)))
+
+
+def _kinds():
+    return {"leaf": lambda: dtorch.ones(3, requires_grad=True),
+            "inner": lambda: dtorch.ones(3, requires_grad=True) * 1.0,
+            "const": lambda: dtorch.ones(3),
+            "number": lambda: 2.0}
+
+
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("kx,ky", list(itertools.product(_kinds(), repeat=2)))
+def test_binary_dispatch_records_what_the_general_path_does(kx, ky, grad):
+    """Two-argument ops take their own path through _apply_array: the same
+    result, graph edges, needs_input_grad, saved versions and gradients as
+    the general path (here: PyTorch's rules, written out)."""
+    x, y = _kinds()[kx](), _kinds()[ky]()
+    if kx == ky == "number":
+        with pytest.raises(TypeError, match="at least one tensor argument"):
+            P.Mul.apply(x, y)
+        return
+    with dtorch.set_grad_enabled(grad):
+        out = P.Mul.apply(x, y)
+    req = [isinstance(a, dtorch.Tensor) and a.requires_grad for a in (x, y)]
+    assert out.tolist() == [2.0 if "number" in (kx, ky) else 1.0] * 3
+    if not (grad and any(req)):
+        assert out.grad_fn is None and not out.requires_grad
+        return
+    fn = out.grad_fn
+    assert out.requires_grad and type(fn) is P.Mul
+    assert list(fn.needs_input_grad) == req
+    for a, r, e in zip((x, y), req, fn.next_edges):
+        if not r:
+            assert e is None
+        elif a.grad_fn is not None:
+            assert e == (a.grad_fn, a._output_nr)
+        else:
+            assert e == (a._accum, 0)
+    # each needed gradient's saved operand is version-checked
+    saved = [a for a, r in zip((y, x), req) if r and
+             isinstance(a, dtorch.Tensor)]
+    assert len(fn._versions or ()) == len(saved)
+    out.sum().backward()
+    for a, b, r in ((x, y, req[0]), (y, x, req[1])):
+        if r and a.grad_fn is None:
+            want = b.tolist() if isinstance(b, dtorch.Tensor) else [b] * 3
+            assert a.grad.tolist() == want
+
+
+def test_binary_dispatch_version_check_and_no_grad_leaves():
+    x = dtorch.ones(3, requires_grad=True)
+    y = dtorch.ones(3)
+    z = x * y
+    y.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace"):
+        z.sum().backward()
+    w = dtorch.ones(3, requires_grad=True)
+    with dtorch.no_grad():
+        w * w
+    assert w._accum is None       # no accumulator made without a graph

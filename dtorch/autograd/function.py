@@ -377,6 +377,8 @@ def _apply_array(cls, args, kwargs):
     are none (a star-call with an empty dict costs ~50 ns)."""
     T = TensorBase
     ctx = cls.__new__(cls)
+    if len(args) == 2 and not kwargs:
+        return _apply_array2(cls, ctx, args)
     arrays = []
     src = None       # a tensor argument: its _make builds the result
     edges = None     # set once an argument requires grad (and mode is on)
@@ -434,6 +436,75 @@ def _apply_array(cls, args, kwargs):
         src = args[0]
         res._vc = src._vc
         res._base = src if src._base is None else src._base
+    saved = ctx.__dict__.get("to_save")
+    if saved:
+        _record_versions(ctx, saved, args, res)
+    else:
+        ctx._versions = None
+    return res
+
+
+def _apply_array2(cls, ctx, args):
+    """_apply_array for the binary ops (two arguments, no keywords), the
+    most common call: no argument lists to build, no star-calls."""
+    T = TensorBase
+    x, y = args
+    if isinstance(x, T):
+        xa = x._data
+        src = x
+        rx = x.requires_grad
+    else:
+        xa = x
+        src = None
+        rx = False
+    if isinstance(y, T):
+        ya = y._data
+        src = y
+        ry = y.requires_grad
+    else:
+        ya = y
+        ry = False
+        if src is None:
+            raise TypeError(f"{cls.__name__}.apply() expects at least one "
+                            f"tensor argument")
+    if not (rx or ry) or not _state.enabled:
+        res = src._make(cls.forward(ctx, xa, ya), False, None)
+        if cls._is_view:
+            res._vc = x._vc
+            res._base = x if x._base is None else x._base
+        return res
+    if rx:
+        fn = x.grad_fn
+        if fn is None:
+            fn = x._accum
+            if fn is None:
+                fn = x._accum = AccumulateGrad(x)
+            ex = (fn, 0)
+        else:
+            ex = (fn, x._output_nr)
+    else:
+        ex = None
+    if ry:
+        fn = y.grad_fn
+        if fn is None:
+            fn = y._accum
+            if fn is None:
+                fn = y._accum = AccumulateGrad(y)
+            ey = (fn, 0)
+        else:
+            ey = (fn, y._output_nr)
+    else:
+        ey = None
+    ctx.needs_input_grad = [rx, ry]
+    out = cls.forward(ctx, xa, ya)
+    ctx.next_edges = [ex, ey]
+    ctx._seq = next(_seq)
+    ctx._freed = False
+    ctx._hooks = None
+    res = src._make(out, True, ctx)
+    if cls._is_view:
+        res._vc = x._vc
+        res._base = x if x._base is None else x._base
     saved = ctx.__dict__.get("to_save")
     if saved:
         _record_versions(ctx, saved, args, res)
