@@ -181,6 +181,8 @@ class Function:
                     finally:
                         rt.setDevice(prev)
         if cls._array_api:
+            if len(args) == 2 and not kwargs:     # a binary op
+                return _apply_array2(cls, args)
             return _apply_array(cls, args, kwargs)
         return _apply_tensor(cls, args, kwargs)
 
@@ -375,10 +377,10 @@ def _apply_array(cls, args, kwargs):
     their arrays and, when a graph is recorded, each input's gradient edge
     (_edge inlined), and forward is called without ``**kwargs`` when there
     are none (a star-call with an empty dict costs ~50 ns)."""
+    if len(args) == 2 and not kwargs:
+        return _apply_array2(cls, args)
     T = TensorBase
     ctx = cls.__new__(cls)
-    if len(args) == 2 and not kwargs:
-        return _apply_array2(cls, ctx, args)
     arrays = []
     src = None       # a tensor argument: its _make builds the result
     edges = None     # set once an argument requires grad (and mode is on)
@@ -444,10 +446,11 @@ def _apply_array(cls, args, kwargs):
     return res
 
 
-def _apply_array2(cls, ctx, args):
+def _apply_array2(cls, args):
     """_apply_array for the binary ops (two arguments, no keywords), the
     most common call: no argument lists to build, no star-calls."""
     T = TensorBase
+    ctx = cls.__new__(cls)
     x, y = args
     if isinstance(x, T):
         xa = x._data
