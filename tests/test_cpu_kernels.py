@@ -404,6 +404,21 @@ def test_missing_numba_falls_back_to_numpy():
 
 
 @need_numba
+def test_kernels_that_cannot_load_warn_and_fall_back():
+    code = """
+import warnings, numba.np.ufunc.parallel as P
+def broken():
+    raise ValueError("No threading layer could be loaded.")
+P._launch_threads = broken
+from dtorch import _kernels
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    print(_kernels.enabled(), 'No threading layer' in str(w[0].message))
+"""
+    assert _child(code) == ["False", "True"]
+
+
+@need_numba
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_forked_child_runs_the_numpy_path():
     code = """

@@ -16,6 +16,7 @@ path: GNU OpenMP's thread pool does not survive fork.
 """
 import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -58,10 +59,15 @@ def _load(switch=True):
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     try:
         parallel._launch_threads()
+        from . import _numba
+    except Exception as e:      # no threading layer, no writable cache, ...
+        warnings.warn(f"dtorch: compiled CPU kernels unavailable, using "
+                      f"NumPy ({type(e).__name__}: {e})", RuntimeWarning,
+                      stacklevel=2)
+        return False
     finally:
         if own:
             del os.environ["OMP_WAIT_POLICY"]
-    from . import _numba
     _state["max_threads"] = numba.config.NUMBA_NUM_THREADS
     _state["set_threads"] = numba.set_num_threads
     os.register_at_fork(after_in_child=_disable)
