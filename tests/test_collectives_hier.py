@@ -236,7 +236,7 @@ def test_hier_dead_rank_is_named():
 
 
 def test_hier_skipped_collective_times_out_naming_op_and_rank():
-    outs = run('skip', list('AABB'), env={'TEST_TIMEOUT': '6'})
+    outs = run('skip', list('AABB'), env={'TEST_TIMEOUT': '3'})
     for r in (0, 1, 2):
         res = outs[r][0]
         assert res and res['error'], outs[r]
