@@ -49,6 +49,8 @@ CORE = {
                      + (a / 3).atanh(), 1),
     "erf": (lambda a, c: dtorch.erf(a) * a + dtorch.erfc(a), 1),
     "lgamma": (lambda a, c: (a * a + 1).lgamma(), 1),
+    "sinc": (lambda a, c: dtorch.sinc(a) * a, 1),
+    "xlogy": (lambda a, c: dtorch.xlogy(a * a, c * c + 0.5), 2),
     "sqrt_rsqrt": (lambda a, c: (a * a + 1).sqrt() * (a * a + 2).rsqrt(), 1),
     "reciprocal": (lambda a, c: (a * a + 1).reciprocal(), 1),
     "abs_neg": (lambda a, c: -a.abs() * a, 1),

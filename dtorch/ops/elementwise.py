@@ -449,7 +449,19 @@ def _sinc_backward(ctx, g):
         return xp.where(x == 0, 0, g * d).astype(g.dtype, copy=False)
 
 
+def _sinc_backward_graph(ctx, g):
+    x, out = ctx.to_save
+    xp = get_array_module(x)
+    xt = ctx.graph_input(0, x)
+    # x, or 1 where x is 0 (masked below): no 0 / 0 in the graph
+    safe = xt + const(g, (x == 0).astype(x.dtype))
+    with np.errstate(all="ignore"):
+        d = ((math.pi * xt).cos() - ctx.graph_output(out)) / safe
+    return keep_grad_t(xp.asarray(x != 0), g * d)
+
+
 Sinc.backward = staticmethod(_sinc_backward)
+Sinc.backward_graph = staticmethod(_sinc_backward_graph)
 
 
 class Logit(Op):

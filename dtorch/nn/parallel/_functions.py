@@ -86,6 +86,12 @@ class CopyToTP(Op):
     def backward(ctx, g):
         return _all_reduce(ctx.group, g)
 
+    @staticmethod
+    def backward_graph(ctx, g):
+        # create_graph=True: the conjugate region, so the gradient is
+        # itself differentiable (double backward through TP layers)
+        return ReduceFromTP.apply(g, group=ctx.group)
+
 
 class ReduceFromTP(Op):
     """Sum of the ranks' partial results forward; the gradient of a sum
@@ -93,11 +99,16 @@ class ReduceFromTP(Op):
 
     @staticmethod
     def forward(ctx, x, group=None):
+        ctx.group = group
         return _all_reduce(group, x)
 
     @staticmethod
     def backward(ctx, g):
         return g
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return CopyToTP.apply(g, group=ctx.group)
 
 
 class ScatterToTP(Op):
@@ -111,6 +122,10 @@ class ScatterToTP(Op):
     @staticmethod
     def backward(ctx, g):
         return _gather_last(ctx.group, g)
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return GatherFromTP.apply(g, group=ctx.group)
 
 
 class GatherFromTP(Op):
@@ -126,6 +141,10 @@ class GatherFromTP(Op):
     def backward(ctx, g):
         return _split_last(ctx.group, g, "gather_from_tp_region backward")
 
+
+    @staticmethod
+    def backward_graph(ctx, g):
+        return ScatterToTP.apply(g, group=ctx.group)
 
 
 # ============================================================ SyncBatchNorm ==
