@@ -173,8 +173,11 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
 _by_seq = operator.attrgetter("_seq")
 
 
-def _run_node(node, buf, buffers, capture, results, retain_graph):
-    """Call one node's backward and send its gradients along its edges."""
+def _run_node(node, buf, buffers, capture, results, retain_graph,
+              graph=False):
+    """Call one node's backward and send its gradients along its edges.
+    With ``graph`` (create_graph=True) the gradients are tensors and the
+    node's differentiable backward runs (Function._run_backward_graph)."""
     if node._freed:
         raise RuntimeError(_FREED_MSG)
     if len(buf) == 1 and 0 in buf:
@@ -184,16 +187,19 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
         for nr, g in buf.items():
             out_grads[nr] = g
     if node._hooks:
+        call = _call_hooks_graph if graph else _call_hooks
         for nr, hooks in node._hooks.items():
             if nr < len(out_grads) and out_grads[nr] is not None:
-                out_grads[nr] = _call_hooks(hooks, out_grads[nr])
+                out_grads[nr] = call(hooks, out_grads[nr])
     if capture is not None:
         for nr, g in enumerate(out_grads):
             for i in capture.get((node, nr), ()):
                 results[i] = g
     if node._versions:
         _check_versions(node)
-    if node._array_api:      # Function._run_backward's array case, inlined
+    if graph:
+        in_grads = node._run_backward_graph(out_grads)
+    elif node._array_api:    # Function._run_backward's array case, inlined
         # (one gradient, the common case, without a star-call)
         in_grads = (type(node).backward(node, out_grads[0])
                     if len(out_grads) == 1
@@ -203,7 +209,8 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
     else:
         in_grads = node._run_backward(out_grads)
     if _anomaly[0]:
-        check_grads(node, in_grads)
+        check_grads(node, [None if g is None else g._data for g in in_grads]
+                    if graph else in_grads)
     if not retain_graph:
         node.__dict__.clear()
         node._freed = True
@@ -213,8 +220,12 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
         if e is None or g is None:
             continue
         # the same array sent to two places must not become two .grad
-        # tensors that alias each other (a set only from the second one)
-        if first is None:
+        # tensors that alias each other (a set only from the second one;
+        # tensors of a recorded backward are new objects, never updated
+        # in place)
+        if graph:
+            pass
+        elif first is None:
             first = g
         else:
             if sent is None:
@@ -232,7 +243,8 @@ def _run_node(node, buf, buffers, capture, results, retain_graph):
             # an op that moved data between devices sends its gradient to
             # another device than the one this node ran on
             cb[nr] = (_on_device_of(g, cb[nr].__add__, g)
-                      if _B._cupy is not None else cb[nr] + g)
+                      if _B._cupy is not None and not graph
+                      else cb[nr] + g)
         else:
             cb[nr] = g
 
@@ -265,9 +277,12 @@ def _accumulate_on_device(node, buf, capture, results, accumulate):
                 _accumulate(node, buf, capture, results, accumulate)
 
 
-def _accumulate(node, buf, capture, results, accumulate):
+def _leaf_gradient(node, buf, capture, results, accumulate, call_hooks):
+    """What _accumulate and _accumulate_graph share: the shape check, the
+    leaf's hooks and autograd.grad's capture. The gradient to add into
+    .grad, or None when there is none to add."""
     if not buf:
-        return
+        return None
     g = buf[0]
     t = node.variable
     if g.shape != t._data.shape:
@@ -275,12 +290,20 @@ def _accumulate(node, buf, capture, results, accumulate):
             f"Function AccumulateGrad returned an invalid gradient: got "
             f"shape {list(g.shape)} for a tensor of shape {list(t.shape)}")
     if t._hooks:
-        g = _call_hooks(t._hooks, g)
+        g = call_hooks(t._hooks, g)
     if capture is not None:
         for i in capture.get((node, 0), ()):
             results[i] = g
         if not accumulate:
-            return
+            return None
+    return g
+
+
+def _accumulate(node, buf, capture, results, accumulate):
+    g = _leaf_gradient(node, buf, capture, results, accumulate, _call_hooks)
+    if g is None:
+        return
+    t = node.variable
     if g.dtype != t._data.dtype:
         g = g.astype(t._data.dtype)
     if t._grad is None:
@@ -317,42 +340,8 @@ def _call_hooks_graph(hooks, g):
     return g
 
 
-def _run_node_graph(node, buf, buffers, capture, results, retain_graph):
-    """_run_node over tensors: the node's backward is recorded."""
-    if node._freed:
-        raise RuntimeError(_FREED_MSG)
-    out_grads = [None] * (max(buf) + 1)
-    for nr, g in buf.items():
-        out_grads[nr] = g
-    if node._hooks:
-        for nr, hooks in node._hooks.items():
-            if nr < len(out_grads) and out_grads[nr] is not None:
-                out_grads[nr] = _call_hooks_graph(hooks, out_grads[nr])
-    if capture is not None:
-        for nr, g in enumerate(out_grads):
-            for i in capture.get((node, nr), ()):
-                results[i] = g
-    if node._versions:
-        _check_versions(node)
-    in_grads = node._run_backward_graph(out_grads)
-    if _anomaly[0]:
-        check_grads(node, [None if g is None else g._data
-                           for g in in_grads])
-    if not retain_graph:
-        node.__dict__.clear()
-        node._freed = True
-        node._versions = None
-    for e, g in zip(node.next_edges, in_grads):
-        if e is None or g is None:
-            continue
-        c, nr = e
-        cb = buffers.get(c)
-        if cb is None:
-            buffers[c] = {nr: g}
-        elif nr in cb:
-            cb[nr] = cb[nr] + g
-        else:
-            cb[nr] = g
+def _run_node_graph(node, buf, *rest):
+    _run_node(node, buf, *rest, graph=True)
 
 
 def _run_node_graph_on_device(node, buf, *rest):
@@ -364,21 +353,11 @@ def _accumulate_graph(node, buf, capture, results, accumulate):
     """_accumulate over tensors: ``.grad`` becomes the (differentiable)
     gradient tensor, summed out of place with an earlier one, as PyTorch
     does under create_graph."""
-    if not buf:
+    g = _leaf_gradient(node, buf, capture, results, accumulate,
+                       _call_hooks_graph)
+    if g is None:
         return
-    g = buf[0]
     t = node.variable
-    if g.shape != t._data.shape:
-        raise RuntimeError(
-            f"Function AccumulateGrad returned an invalid gradient: got "
-            f"shape {list(g.shape)} for a tensor of shape {list(t.shape)}")
-    if t._hooks:
-        g = _call_hooks_graph(t._hooks, g)
-    if capture is not None:
-        for i in capture.get((node, 0), ()):
-            results[i] = g
-        if not accumulate:
-            return
     if g.dtype != t.dtype:
         g = g.to(t.dtype)
     # a copy, as PyTorch's AccumulateGrad under grad mode: the gradient may

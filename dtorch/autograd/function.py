@@ -191,28 +191,36 @@ class Function:
         if self._array_api:
             out = type(self).backward(self, *grads)
             return out if type(out) is tuple else (out,)
+        return self._custom_backward(grads, self._make_tensor, False)
+
+    def _custom_backward(self, grads, make, graph):
+        """A user Function's backward: gradients padded to one per output
+        and zeros where PyTorch materialises them, given as tensors (made
+        by ``make``), grad mode ``graph``; one gradient per input comes
+        back, as arrays, or as tensors under create_graph (``graph``)."""
         T = TensorBase
-        make = self._make_tensor
         tgrads = []
         grads = list(grads) + [None] * (len(self._out_meta) - len(grads))
         for g, meta in zip(grads, self._out_meta):
             if g is None and self._materialize and meta is not None:
                 xp, shape, dt = meta
                 g = xp.zeros(shape, dt)
-            tgrads.append(None if g is None else make(g, False, None))
+            if g is not None and not isinstance(g, T):
+                g = make(g, False, None)
+            tgrads.append(g)
         prev = _state.enabled
-        _state.enabled = False
+        _state.enabled = graph
         try:
             out = type(self).backward(self, *tgrads)
         finally:
             _state.enabled = prev
         if type(out) is not tuple:
             out = (out,)
-        res = []
-        for g in out:
-            if isinstance(g, T):
-                g = g._data
-            res.append(g)
+        if graph:
+            res = [g if g is None or isinstance(g, T)
+                   else make(g, False, None) for g in out]
+        else:
+            res = [g._data if isinstance(g, T) else g for g in out]
         n = len(self.next_edges)
         if len(res) < n:
             res.extend([None] * (n - len(res)))
@@ -221,7 +229,6 @@ class Function:
                 f"function {self.name()} returned an incorrect number of "
                 f"gradients (expected {n}, got {len(res)})")
         return res
-
 
     # ---------------------------------------------- create_graph=True --
     # The engine calls _run_backward_graph instead of _run_backward: the
@@ -271,25 +278,7 @@ class Function:
             if out is NotImplemented:    # not for these arguments
                 return _first_order_only(self, grads, make)
             return out if type(out) is tuple else (out,)
-        grads = list(grads) + [None] * (len(self._out_meta) - len(grads))
-        for i, (g, meta) in enumerate(zip(grads, self._out_meta)):
-            if g is None and self._materialize and meta is not None:
-                xp, shape, dt = meta
-                grads[i] = make(xp.zeros(shape, dt), False, None)
-        out = type(self).backward(self, *grads)
-        if type(out) is not tuple:
-            out = (out,)
-        T = TensorBase
-        res = [g if g is None or isinstance(g, T) else make(g, False, None)
-               for g in out]
-        n = len(self.next_edges)
-        if len(res) < n:
-            res.extend([None] * (n - len(res)))
-        elif len(res) > n and any(g is not None for g in res[n:]):
-            raise RuntimeError(
-                f"function {self.name()} returned an incorrect number of "
-                f"gradients (expected {n}, got {len(res)})")
-        return res
+        return self._custom_backward(grads, make, True)
 
 
 def _first_order_only(node, grads, make):
