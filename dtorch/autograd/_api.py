@@ -73,7 +73,8 @@ def backward(tensors, grad_tensors=None, retain_graph=None,
                                    create_graph=create_graph)
         for t, g in zip(ins, res):
             if g is not None and create_graph:
-                t._grad = g if t._grad is None else t._grad + g
+                # a copy, as the engine's AccumulateGrad under create_graph
+                t._grad = g.clone() if t._grad is None else t._grad + g
             elif g is not None:
                 with _B.device_guard(g):
                     if t._grad is None:
