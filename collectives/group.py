@@ -102,6 +102,17 @@ class Work:
         return self._exc
 
 
+def _arrived(st, seq, op) -> bool:
+    """Whether a peer with status `st` (ProcessGroup.status) has reached
+    collective #seq: it is in it, has finished it, or is already in a later
+    one (a ring's neighbour can complete an op and move on while this rank
+    still waits for data from elsewhere: it is not the one missing)."""
+    if not st:
+        return False
+    _, s, o, _ = st
+    return s > seq or (s == seq and o == op)
+
+
 # --------------------------------------------------------------- group
 
 class ProcessGroup:
@@ -177,8 +188,7 @@ class ProcessGroup:
         seq, op = rec[0], rec[1]
         if missing is None:
             missing = [r for r in range(self.size)
-                       if not (sts.get(r) and sts[r][0]
-                               and sts[r][1] == seq and sts[r][2] == op)]
+                       if not _arrived(sts.get(r), seq, op)]
         lines = [self.format_status(r, sts.get(r))
                  for r in range(self.size)]
         waited = self.timeout if waited is None else waited

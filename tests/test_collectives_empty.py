@@ -101,3 +101,24 @@ def test_timeout_report_when_every_rank_arrived():
     # a missing rank is still named
     err = g._timeout_error(rec, missing=[3])
     assert 'ranks that did not arrive: [3]' in str(err)
+
+
+def test_timeout_report_does_not_blame_a_rank_that_went_ahead():
+    """A ring neighbour that finished the op and entered the next one (or
+    finished it and is idle) has arrived: only the silent ranks are named.
+    (Seen in tests/test_two_nodes: a live rank of the surviving node was
+    blamed when the other node vanished mid all_reduce.)"""
+    g = collectives.single_group(timeout=1)
+    rec = (2, 'all_reduce', np.zeros(4, np.float32))
+    statuses = {0: (True, 2, 'all_reduce', '[4] float32'),
+                1: (True, 3, 'all_reduce', '[4] float32'),     # ahead
+                2: None,                                       # silent
+                3: (False, 2, 'all_reduce', '[4] float32')}    # done, idle
+    g.size = 4
+    g._peer_statuses = lambda grace: statuses
+    err = g._timeout_error(rec)
+    assert err.missing == [2], str(err)
+    assert 'ranks that did not arrive: [2]' in str(err)
+    # a rank still in an earlier op has not arrived
+    statuses[1] = (True, 1, 'broadcast', '[4] float32')
+    assert g._timeout_error(rec).missing == [1, 2]
