@@ -36,14 +36,22 @@ def _axes(dim, ndim):
     return tuple(axis_of(d, ndim) for d in dim)
 
 
+def broadcast_sums(gshape, shape):
+    """How a gradient of ``gshape`` sums down to ``shape`` (the backward of
+    broadcasting): (the leading axes to sum away, the axes of ``shape``
+    that were 1 and to sum keeping the dim)."""
+    extra = max(len(gshape) - len(shape), 0)
+    return (tuple(range(extra)),
+            tuple(i for i, n in enumerate(shape)
+                  if n == 1 and gshape[extra + i] != 1))
+
+
 def unbroadcast(g, shape, dtype=None):
     """Sum ``g`` down to ``shape``: the backward of NumPy broadcasting."""
     if g.shape != shape:
-        extra = g.ndim - len(shape)
-        if extra:
-            g = g.sum(axis=tuple(range(extra)))
-        axes = tuple(i for i, n in enumerate(shape)
-                     if n == 1 and g.shape[i] != 1)
+        lead, axes = broadcast_sums(g.shape, shape)
+        if lead:
+            g = g.sum(axis=lead)
         if axes:
             g = g.sum(axis=axes, keepdims=True)
         if g.shape != shape:
@@ -252,11 +260,9 @@ def const(like, a):
 def unbroadcast_t(g, shape, dtype=None):
     """``unbroadcast`` of a gradient tensor, by differentiable sums."""
     if g.shape != shape:
-        extra = g.ndim - len(shape)
-        if extra:
-            g = g.sum(dim=tuple(range(extra)))
-        axes = tuple(i for i, n in enumerate(shape)
-                     if n == 1 and g.shape[i] != 1)
+        lead, axes = broadcast_sums(tuple(g.shape), shape)
+        if lead:
+            g = g.sum(dim=lead)
         if axes:
             g = g.sum(dim=axes, keepdim=True)
         if tuple(g.shape) != tuple(shape):
