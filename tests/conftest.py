@@ -39,7 +39,21 @@ def device(request):
     return request.param
 
 
+# pytest-xdist (tests/run.sh runs the single-process phases with -n 2 and
+# --dist loadgroup): a file's tests stay in one worker (module fixtures such
+# as a namespace cluster are built once), and files that share one machine-wide
+# resource (the local SLURM cluster, a Ray head) share a worker, so they never
+# run at the same time
+_SHARED_RESOURCE = {"test_slurm.py": "slurm", "test_slurm_nodes.py": "slurm",
+                    "test_launch_ray.py": "ray", "test_ray_nodes.py": "ray"}
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            name = item.path.name
+            item.add_marker(pytest.mark.xdist_group(
+                _SHARED_RESOURCE.get(name, name)))
     # the gpu marker: every test that runs on a cuda device (the device
     # fixture's cuda half, or a test parametrised with a 'cuda...' value)
     for item in items:

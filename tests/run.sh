@@ -17,14 +17,19 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 
+# The single-process phases run in two pytest-xdist workers (a file's tests
+# stay in one worker; files sharing a machine-wide resource share one:
+# tests/conftest.py); `bash tests/run.sh -n 0` runs them in this process.
+XDIST=(-n 2 --dist loadgroup)
+
 status=0
 echo "== single-process tests"
-"$PY" -m pytest -q -m "not mpi" "$@" tests || status=1
+"$PY" -m pytest -q "${XDIST[@]}" -m "not mpi" "$@" tests || status=1
 
 # The cuda half of the device-parametrised tests (marker gpu) on the strict
 # CuPy stand-in (tests/fakecupy): checks the CUDA path's API use without a GPU.
 echo "== cuda tests on the CuPy stand-in (DTORCH_FAKE_CUDA=1)"
-DTORCH_FAKE_CUDA=1 "$PY" -m pytest -q -m "gpu and not mpi" "$@" tests || status=1
+DTORCH_FAKE_CUDA=1 "$PY" -m pytest -q "${XDIST[@]}" -m "gpu and not mpi" "$@" tests || status=1
 
 run_mpi() {  # $1 = number of ranks
     echo "== multi-rank tests: mpiexec -n $1"
