@@ -116,8 +116,8 @@ def check_cuda_available():
     if cp is None:
         raise RuntimeError(
             "CUDA is not available: dtorch needs CuPy and an NVIDIA GPU for "
-            "'cuda' tensors (pip install 'dtorch[cuda12]' or "
-            f"'dtorch[cuda13]'). Import error: {_cupy_error!r}")
+            "'cuda' tensors (in the dtorch clone: pip install -e '.[cuda12]' "
+            f"or '.[cuda13]'). Import error: {_cupy_error!r}")
     return cp
 
 
