@@ -1,6 +1,7 @@
 """What the digits examples share: the data (scikit-learn's bundled 8x8
 digits, no download), the CNN, evaluation, and when to resume from a
 checkpoint. PyTorch code with ``import dtorch as torch``."""
+import argparse
 import os
 
 import numpy as np
@@ -68,6 +69,19 @@ def distributed_accuracy(model, loader, group=None):
     model.train()
     r = m.compute()
     return r["correct"] / r["total"]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """The examples' --help: each option's default once, "(default: X)"
+    appended unless the help text says it already or there is none to
+    show (None, a flag's False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "(default" in text or action.default is None \
+                or action.default is False:
+            return text
+        return super()._get_help_string(action)
 
 
 def add_run_args(ap, name, per):

@@ -110,3 +110,30 @@ def test_main_job_needs_only_the_light_install(tmp_path):
                      "--epochs", "1", "--quiet", "--checkpoint", ck)
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(r"final test accuracy [\d.]+%", r.stdout), r.stdout
+
+
+def _help_entries(text):
+    """{option: its help text} from argparse's --help output."""
+    body = text.split("options:", 1)[1]
+    entries, cur = {}, None
+    for line in body.splitlines():
+        m = re.match(r"  (-[-\w]+)(?:[ ,][^ ].*?)?(?:  +(.*))?$", line)
+        if m:
+            cur = m.group(1)
+            entries[cur] = m.group(2) or ""
+        elif cur and line.startswith("    "):
+            entries[cur] += " " + line.strip()
+    return entries
+
+
+@pytest.mark.parametrize("example", ["digits", "ddp_digits", "tp_digits",
+                                     "gpt"])
+def test_example_options_have_help_and_one_default(example):
+    r = subprocess.run([sys.executable, f"examples/{example}.py", "--help"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    entries = _help_entries(r.stdout)
+    assert len(entries) > 5
+    for opt, text in entries.items():
+        assert text.strip(), f"{example}.py {opt} has no help"
+        assert text.count("(default") <= 1, f"{example}.py {opt}: {text}"
