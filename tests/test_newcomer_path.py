@@ -137,3 +137,19 @@ def test_example_options_have_help_and_one_default(example):
     for opt, text in entries.items():
         assert text.strip(), f"{example}.py {opt} has no help"
         assert text.count("(default") <= 1, f"{example}.py {opt}: {text}"
+
+
+def test_every_picture_has_the_command_that_writes_it():
+    sec = _read("README.md").split("## Pictures", 1)[1].split("\n## ", 1)[0]
+    cmds = re.search(r"```bash\n(.*?)```", sec, re.S).group(1).splitlines()
+    images = re.findall(r"\]\((benchmarks/plots/[\w.]+\.png)\)", sec)
+    assert len(images) == 5
+    for img in images:
+        stem = os.path.basename(img)[:-4]
+        writers = [c for c in cmds if f"--plot {img}" in c
+                   or f"--out {img[:-4]}.json" in c
+                   or (f"/{stem}.py " in c and "--out benchmarks/plots " in c)]
+        assert len(writers) == 1, (img, writers)
+        script = re.search(r"(\S+\.py) ", writers[0]).group(1)
+        assert os.path.exists(os.path.join(ROOT, script)), script
+        assert os.path.exists(os.path.join(ROOT, img)), img
