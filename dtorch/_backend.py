@@ -6,14 +6,9 @@ manner of chainer's ``backend.get_array_module``. CuPy is imported lazily: a
 machine without it runs everything on the CPU and ``cuda.is_available()`` is
 False.
 """
-import numpy as np
+import sys
 
-try:  # bfloat16 on the CPU; NumPy has no native one
-    import ml_dtypes
-    _np_bfloat16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a declared dependency
-    ml_dtypes = None
-    _np_bfloat16 = None
+import numpy as np
 
 # ---------------------------------------------------------------- CuPy ----
 
@@ -121,8 +116,8 @@ def check_cuda_available():
     if cp is None:
         raise RuntimeError(
             "CUDA is not available: dtorch needs CuPy and an NVIDIA GPU for "
-            "'cuda' tensors (pip install 'dtorch[cuda12]' or "
-            f"'dtorch[cuda13]'). Import error: {_cupy_error!r}")
+            "'cuda' tensors (in the dtorch clone: pip install -e '.[cuda12]' "
+            f"or '.[cuda13]'). Import error: {_cupy_error!r}")
     return cp
 
 
@@ -176,14 +171,68 @@ int16 = dtype("int16", np.dtype(np.int16), 1, 2)
 int32 = dtype("int32", np.dtype(np.int32), 1, 3)
 int64 = dtype("int64", np.dtype(np.int64), 1, 4)
 float16 = dtype("float16", np.dtype(np.float16), 2, 0)
-bfloat16 = dtype("bfloat16", _np_bfloat16, 2, 1)
+
+
+class _LazyBfloat16(dtype):
+    """bfloat16 until its array dtype is first asked for: NumPy has none, and
+    importing ml_dtypes' costs 0.5-1.2 s of CPU, which every rank, test
+    subprocess and ``--help`` would pay at ``import dtorch``. The first
+    ``.np`` imports it, then the object becomes a plain ``dtype`` (no cost
+    after that)."""
+    __slots__ = ()
+
+    @property
+    def np(self):
+        return _load_bfloat16()
+
+    @np.setter
+    def np(self, value):
+        _NP_SLOT.__set__(self, value)
+
+
+_NP_SLOT = dtype.__dict__["np"]
+_bfloat16_hooks = []
+
+
+def _load_bfloat16():
+    """Import ml_dtypes once; the NumPy dtype of bfloat16 (None without
+    ml_dtypes, a declared dependency)."""
+    try:
+        import ml_dtypes
+        np_dtype = np.dtype(ml_dtypes.bfloat16)
+    except ImportError:  # pragma: no cover
+        np_dtype = None
+    _NP_SLOT.__set__(bfloat16, np_dtype)
+    bfloat16.__class__ = dtype
+    if np_dtype is not None:
+        _BY_NP[np_dtype] = bfloat16
+        for hook in _bfloat16_hooks:
+            hook(np_dtype)
+    return np_dtype
+
+
+def on_bfloat16(hook):
+    """Call ``hook(numpy bfloat16 dtype)`` once ml_dtypes is loaded (now if
+    it is): for tables keyed by array dtypes."""
+    _bfloat16_hooks.append(hook)
+    if type(bfloat16) is dtype and bfloat16.np is not None:
+        hook(bfloat16.np)
+
+
+def is_bfloat16_np(np_dtype):
+    """Whether an array dtype is ml_dtypes' bfloat16 (no such array exists
+    while ml_dtypes is not imported, so this never imports it)."""
+    return "ml_dtypes" in sys.modules and np_dtype == bfloat16.np
+
+
+bfloat16 = _LazyBfloat16("bfloat16", None, 2, 1)
 float32 = dtype("float32", np.dtype(np.float32), 2, 2)
 float64 = dtype("float64", np.dtype(np.float64), 2, 3)
 
 ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64,
               float16, bfloat16, float32, float64)
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
-_BY_NP = {d.np: d for d in ALL_DTYPES if d.np is not None}
+_BY_NP = {d.np: d for d in ALL_DTYPES if d is not bfloat16}   # its own: on load
 
 
 def _dtype_by_name(name):
@@ -210,6 +259,8 @@ def from_np(np_dtype):
     try:
         return _BY_NP[np_dtype]
     except KeyError:
+        if is_bfloat16_np(np_dtype):    # a caller's ml_dtypes array
+            return bfloat16
         raise TypeError(f"dtorch has no dtype for array dtype {np_dtype}; "
                         f"supported: {', '.join(_BY_NAME)}") from None
 
@@ -379,7 +430,7 @@ class device:
                 return array.get()
             return np.asarray(array)
         cp = check_cuda_available()
-        if getattr(array, "dtype", None) == _np_bfloat16:
+        if is_bfloat16_np(getattr(array, "dtype", None)):
             check_cuda_dtype(bfloat16)
         if self.index is None:
             return cp.asarray(array)

@@ -83,18 +83,26 @@ _DTORCH_META = {"format", "dtorch", _CRC_KEY, _HEADER_CRC_KEY}
 _MAX_HEADER = 100_000_000               # the safetensors package's limit
 _CHUNK = 1 << 20    # piece hashed then written / read then hashed
 
-# safetensors dtype names <-> NumPy dtypes (bfloat16 through ml_dtypes)
+# safetensors dtype names <-> NumPy dtypes (BF16 once ml_dtypes is loaded:
+# by the first bfloat16 tensor, or by a file that holds one)
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
            "I64": np.int64, "I32": np.int32, "I16": np.int16,
            "I8": np.int8, "U8": np.uint8, "U16": np.uint16,
            "U32": np.uint32, "U64": np.uint64, "BOOL": np.bool_}
-if B._np_bfloat16 is not None:
-    _DTYPES["BF16"] = B._np_bfloat16
 _DTYPES = {k: np.dtype(v) for k, v in _DTYPES.items()}
 _CODES = {v: k for k, v in _DTYPES.items()}
 # dtypes whose in-memory bytes are the file's (little-endian)
 _LITTLE = {v for v in _DTYPES.values() if v.byteorder != ">"
            and v == v.newbyteorder("<")}
+
+
+def _add_bf16(np_dtype):
+    _DTYPES["BF16"] = np_dtype
+    _CODES[np_dtype] = "BF16"
+    _LITTLE.add(np_dtype)
+
+
+B.on_bfloat16(_add_bf16)
 
 
 class SerializationError(RuntimeError):
@@ -819,6 +827,8 @@ def _read_header(src, where):
             raise SerializationError(
                 f"{where}: tensor {name!r} has a bad header entry "
                 f"{_short(info)}")
+        if info["dtype"] == "BF16":
+            B.bfloat16.np                   # loads ml_dtypes (_add_bf16)
         if info["dtype"] not in _DTYPES:
             raise SerializationError(
                 f"{where}: tensor {name!r} has dtype {info['dtype']!r}, "
@@ -1030,7 +1040,7 @@ class _Decoder:
             except (TypeError, ValueError, RuntimeError):
                 raise self.bad(f"bad device {saved!r}") from None
             self.devices.add(saved)
-        if grad and a.dtype.kind not in "fc" and a.dtype != B._np_bfloat16:
+        if grad and a.dtype.kind not in "fc" and not B.is_bfloat16_np(a.dtype):
             raise self.bad(f"tensor {name!r} of dtype {a.dtype} cannot "
                            "require grad")
         t = _place(Tensor._wrap(a), saved, self.map_location)

@@ -150,7 +150,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False,
             a = a.astype(_infer_dtype(a), copy=False)
     if dtype is not None:
         a = a.astype(B.to_dtype(dtype).np, copy=False)
-    elif a.dtype not in B._BY_NP:
+    elif a.dtype not in B._BY_NP and not B.is_bfloat16_np(a.dtype):
         a = a.astype(_infer_dtype(a))
     if device is None and isinstance(data, Tensor):
         device = data.device

@@ -37,6 +37,7 @@ from digits_common import (DigitsCNN, add_run_args,  # noqa: E402
                            dcp_summary, discard, distributed_accuracy,
                            everyone_stops,
                            load_digits_split, plan_start, restart_count)
+from digits_common import HelpFormatter  # noqa: E402
 
 _stop = [False]
 
@@ -44,7 +45,7 @@ _stop = [False]
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     ap.add_argument("--epochs", type=int, default=15, help="epochs to train")
     ap.add_argument("--batch-size", type=int, default=16,
                     help="batch size per rank")

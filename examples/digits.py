@@ -28,12 +28,13 @@ from dtorch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from digits_common import (DigitsCNN, discard, evaluate,  # noqa: E402
                            load_digits_split, plan_start, metrics_path,
                            open_metrics, plot_metrics)
+from digits_common import HelpFormatter  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     ap.add_argument("--epochs", type=int, default=15, help="epochs to train")
     ap.add_argument("--batch-size", type=int, default=32, help="batch size")
     ap.add_argument("--lr", type=float, default=2e-3,
@@ -50,7 +51,8 @@ def main(argv=None):
                          "convolutions and linears in --amp-dtype), float32 "
                          "master weights; float16 adds a GradScaler")
     ap.add_argument("--amp-dtype", default="bfloat16",
-                    choices=["bfloat16", "float16"])
+                    choices=["bfloat16", "float16"],
+                    help="the low dtype of --amp")
     ap.add_argument("--metrics", default=None,
                     help="JSON-lines metrics, one line per epoch "
                          "(default: next to --checkpoint, .metrics.jsonl)")

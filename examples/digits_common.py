@@ -1,19 +1,22 @@
 """What the digits examples share: the data (scikit-learn's bundled 8x8
 digits, no download), the CNN, evaluation, and when to resume from a
 checkpoint. PyTorch code with ``import dtorch as torch``."""
+import argparse
 import os
 
 import numpy as np
 
 import dtorch as torch
 from dtorch import nn
+from optional_deps import require
 
 
 def load_digits_split(test_fraction=0.2, seed=0):
     """(x_train, y_train, x_test, y_test) as tensors; x is N x 1 x 8 x 8 in
     [0, 1]. The split is fixed by ``seed``."""
-    from sklearn.datasets import load_digits
-    d = load_digits()
+    datasets = require("sklearn.datasets", "scikit-learn", "examples",
+                       "the digits data (scikit-learn's load_digits)")
+    d = datasets.load_digits()
     x = (d.images / 16.0).astype(np.float32)[:, None]
     y = d.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(y))
@@ -66,6 +69,19 @@ def distributed_accuracy(model, loader, group=None):
     model.train()
     r = m.compute()
     return r["correct"] / r["total"]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """The examples' --help: each option's default once, "(default: X)"
+    appended unless the help text says it already or there is none to
+    show (None, a flag's False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "(default" in text or action.default is None \
+                or action.default is False:
+            return text
+        return super()._get_help_string(action)
 
 
 def add_run_args(ap, name, per):
@@ -219,12 +235,8 @@ def read_metrics(path):
 
 def plot_metrics(path, png):
     """Loss (train and test) and test accuracy per epoch as a PNG.
-    Needs matplotlib (the test extra installs it)."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install matplotlib "
-                         "(or the project's test extra)") from None
+    Needs matplotlib (the examples extra installs it)."""
+    matplotlib = require("matplotlib", "matplotlib", "examples", "--plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     recs = read_metrics(path)

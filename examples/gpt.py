@@ -57,7 +57,8 @@ from dtorch.nn.parallel import (ColumnParallelLinear,  # noqa: E402
                                 DistributedDataParallel, RowParallelLinear,
                                 VocabParallelEmbedding)
 from dtorch.nn.parallel import tensor_parallel as tp  # noqa: E402
-from digits_common import discard, everyone_stops, restart_count  # noqa
+from digits_common import (HelpFormatter, discard, everyone_stops,  # noqa
+                           restart_count)
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                     "tiny_tales.txt")
@@ -296,31 +297,42 @@ def plan_start(path, steps, resume):
 def parse(argv):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     ap.add_argument("--dp", type=int, default=None,
                     help="data-parallel replicas (default: world / (tp*pp))")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    ap.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    ap.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b",
+                    help="pipeline schedule (with --pp > 1)")
     ap.add_argument("--microbatches", type=int, default=4,
                     help="micro-batches per batch (divides --batch-size)")
-    ap.add_argument("--n-layer", type=int, default=4)
-    ap.add_argument("--n-head", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--n-layer", type=int, default=4,
+                    help="transformer blocks (at least --pp)")
+    ap.add_argument("--n-head", type=int, default=4,
+                    help="attention heads (a multiple of --tp)")
+    ap.add_argument("--d-model", type=int, default=64,
+                    help="embedding width (split evenly over the heads)")
     ap.add_argument("--block-size", type=int, default=64,
                     help="context length in characters")
     ap.add_argument("--batch-size", type=int, default=16,
                     help="sequences per step per DP replica")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=300,
+                    help="optimizer steps to train")
     ap.add_argument("--lr", type=float, default=3e-3,
                     help="AdamW's peak learning rate (warm-up, cosine)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the model and of the batches")
     ap.add_argument("--dtype", choices=["float32", "float64"],
-                    default="float32")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--log-every", type=int, default=25)
-    ap.add_argument("--checkpoint", default="runs/gpt.safetensors")
-    ap.add_argument("--checkpoint-every", type=int, default=100)
+                    default="float32", help="parameter dtype")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the rank's GPU (LOCAL_RANK's, made current "
+                         "by init_process_group)")
+    ap.add_argument("--log-every", type=int, default=25,
+                    help="print the loss every N steps")
+    ap.add_argument("--checkpoint", default="runs/gpt.safetensors",
+                    help="full-model checkpoint, written by global rank 0")
+    ap.add_argument("--checkpoint-every", type=int, default=100,
+                    help="steps between checkpoints (and one at the end)")
     ap.add_argument("--resume", action="store_true",
                     help="continue from --checkpoint; a restarted job "
                          "(DTORCH_RESTART_COUNT > 0) always does")

@@ -46,6 +46,7 @@ from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
 from digits_common import (add_run_args, dcp_summary, discard,  # noqa: E402
                            distributed_accuracy,
                            everyone_stops, load_digits_split, plan_start)
+from digits_common import HelpFormatter  # noqa: E402
 
 _stop = [False]
 
@@ -74,7 +75,7 @@ class DigitsMLP(nn.Module):
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     ap.add_argument("--tp-size", type=int, default=2,
                     help="ranks per tensor-parallel group")
     ap.add_argument("--epochs", type=int, default=10, help="epochs to train")

@@ -53,7 +53,10 @@ def build_parser():
     p.add_argument("--nproc-per-node", type=int, default=None,
                    help="ranks per node (default 1; slurm: what the "
                         "allocation says)")
-    p.add_argument("--runner", choices=RUNNERS, default="local")
+    p.add_argument("--runner", choices=RUNNERS, default="local",
+                   help="how the ranks start: local processes (default), "
+                        "mpiexec, srun inside a SLURM allocation, or one "
+                        "Ray actor per rank")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="passed to the ranks as DTORCH_BACKEND")
     p.add_argument("--max-restarts", type=int, default=0,
@@ -81,6 +84,18 @@ def _target(args):
         + list(args.args)
 
 
+def _check_script(args):
+    """A missing script is one line, before any rank starts (python in
+    each rank would print it once per rank, mpi4py with a traceback)."""
+    import os
+    if not args.module and not os.path.isfile(args.script):
+        what = "is a directory" if os.path.isdir(args.script) \
+            else "does not exist"
+        raise FileNotFoundError(
+            f"training script {args.script!r} {what} "
+            f"(looked in {os.getcwd()})")
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -91,6 +106,7 @@ def main(argv=None):
         if value is not None and value < low:
             parser.error(f"{flag} must be >= {low} (got {value})")
     try:
+        _check_script(args)
         code = run(args)
     except (ValueError, FileNotFoundError, ImportError) as err:
         sys.exit(f"dtorch-launch: {err}")

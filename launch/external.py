@@ -43,8 +43,8 @@ def find_mpiexec():
     found = shutil.which("mpiexec") or shutil.which("mpirun")
     if not found:
         raise FileNotFoundError(
-            "mpiexec not found: pip install 'dtorch[mpi]' or load an MPI "
-            "module")
+            "mpiexec not found: in the dtorch clone, pip install -e "
+            "'.[mpi]' (mpi4py + Open MPI), or load an MPI module")
     return found
 
 

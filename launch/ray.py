@@ -19,7 +19,8 @@ When one rank fails (an exception, a non-zero exit, a dead actor) the
 other actors are stopped and RankFailedError names the rank; with
 max_restarts the whole job is started again with a new rendezvous.
 
-Ray is imported only when run() is called: `pip install 'dtorch[ray]'`.
+Ray is imported only when run() is called: `pip install -e '.[ray]'` in
+the dtorch clone.
 """
 
 import os
@@ -144,7 +145,8 @@ def run(fn_or_script, world_size, args=(), *, num_cpus_per_rank=1,
         import ray
     except ImportError as err:
         raise ImportError(
-            "the ray runner needs Ray: pip install 'dtorch[ray]'") from err
+            "the ray runner needs Ray: in the dtorch clone, "
+            "pip install -e '.[ray]'") from err
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if nnodes < 1 or world_size % nnodes:

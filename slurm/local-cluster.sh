@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# usage: slurm/local-cluster.sh start|stop|status|--help [DIR] [--purge]
+# usage: slurm/local-cluster.sh start|stop|status|dir|--help [DIR] [--purge]
 #            [--nodes N] [--rate RATE]
 #
 # A REAL SLURM cluster (munged + slurmctld + slurmd from Debian's packages)
 # on this machine, for tests and CI: no systemd, every file (config, munge
 # key and socket, state, spool, logs, pid files) under DIR (default:
-# $SLURM_LOCAL_DIR or /tmp/dtorch-slurm).  One node (this host) by default.
+# $SLURM_LOCAL_DIR, else /tmp/dtorch-slurm-UID-HASH, one per user and clone:
+# two users, or CI jobs in two checkouts, never share or stop each other's
+# cluster; `dir` prints it).  One node (this host) by default.
 #
 #   eval "$(bash slurm/local-cluster.sh start)"   # exports SLURM_CONF
 #   sbatch --ntasks=2 slurm/train.sbatch ...
 #   bash slurm/local-cluster.sh stop [--purge]
+#
+# sbatch/srun/squeue find the cluster through SLURM_CONF only: in a shell
+# without it (no eval, a new terminal) they fail with SLURM's
+# "fetch_config: DNS SRV lookup failed ... Could not establish a
+# configuration source".  Run the eval line again there (a start of a
+# running cluster only reprints the exports, in ~0.1 s).
 #
 # --nodes N (N >= 2): N nodes node0..node{N-1}, each a set of Linux
 #   namespaces made by slurm/netns-nodes.sh (own network on a link-local
@@ -19,7 +27,7 @@
 #   --rate RATE shapes each node's link (tc tbf, e.g. 1gbit).  The
 #   namespaces' prefix is $SLURM_LOCAL_NETNS_PREFIX or derived from DIR;
 #   stop (or a start with other options) removes them.  A DIR holds one
-#   cluster: use another DIR and SLURM_LOCAL_CTLD_PORT for a second one.
+#   cluster: use another DIR for a second one (its ports follow from DIR).
 #
 # start: installs the packages with apt-get when missing (saying so first;
 #   ~25 packages with their dependencies), writes
@@ -42,7 +50,10 @@
 #   SLURM_LOCAL_WARMUP      =1: run one trivial batch job before returning
 #                           (slurmctld's first scheduling pass takes ~3 s).
 #   SLURM_LOCAL_KILL_ON_BAD_EXIT =1: KillOnBadExit=1 cluster-wide.
-#   SLURM_LOCAL_CTLD_PORT / SLURM_LOCAL_SLURMD_PORT  default 6817 / 6818
+#   SLURM_LOCAL_CTLD_PORT / SLURM_LOCAL_SLURMD_PORT  default: those of
+#                           DIR's running cluster, else a pair derived from
+#                           DIR in 20000-29999, the next free one if taken
+#                           (written into DIR/slurm.conf)
 #   SLURM_LOCAL_TIMEOUT     seconds to wait for the node (default 60)
 #   SLURM_LOCAL_NO_INSTALL  =1: never run apt-get (fail if SLURM is missing)
 #   SLURM_LOCAL_SCHED_PARAMS  SchedulerParameters (default
@@ -55,13 +66,12 @@ set -euo pipefail
 
 CMD="${1:-}"
 shift || true
-DIR="${SLURM_LOCAL_DIR:-/tmp/dtorch-slurm}"
+CLONE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="${SLURM_LOCAL_DIR:-/tmp/dtorch-slurm-$(id -u)-$(printf '%s' "$CLONE" | md5sum | cut -c1-8)}"
 PURGE=0
 NODES=1
 RATE=""
 ARGS=("$@")
-CTLD_PORT="${SLURM_LOCAL_CTLD_PORT:-6817}"
-SLURMD_PORT="${SLURM_LOCAL_SLURMD_PORT:-6818}"
 TIMEOUT="${SLURM_LOCAL_TIMEOUT:-60}"
 
 log() { echo "[local-cluster] $*" >&2; }
@@ -70,7 +80,7 @@ usage() {  # the header comment above, without its '# '
     sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
 }
 case "$CMD" in
-    start|stop|status) ;;
+    start|stop|status|dir) ;;
     -h|--help|help) usage; exit 0;;
     "") usage >&2; die "no command given";;
     *) usage >&2; die "unknown command '$CMD'";;
@@ -199,11 +209,18 @@ do_stop() {
     fi
     return 0
 }
+if [ "$CMD" = dir ]; then echo "$DIR"; exit 0; fi
 if [ "$CMD" = stop ]; then do_stop; exit 0; fi
 if [ "$CMD" = status ]; then
     command -v sinfo >/dev/null 2>&1 || die "SLURM is not installed"
     if st=$(cluster_usable); then log "$st"; exit 0; fi
     log "no usable cluster in $DIR ($st)"; exit 1
+fi
+if [ -t 1 ]; then
+    log "note: start prints export lines for your shell; without" \
+        "eval \"\$(bash slurm/local-cluster.sh start)\" sbatch/srun fail with" \
+        "SLURM's 'DNS SRV lookup failed ... Could not establish a configuration" \
+        "source' (SLURM_CONF is not set)"
 fi
 
 # ------------------------------------------------------------------ start ---
@@ -245,6 +262,25 @@ print_env() {
     fi
 }
 
+
+# ------------------------------------------------------------------ ports ---
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if [ -n "${SLURM_LOCAL_CTLD_PORT:-}" ]; then
+    CTLD_PORT="$SLURM_LOCAL_CTLD_PORT"
+    SLURMD_PORT="${SLURM_LOCAL_SLURMD_PORT:-$((CTLD_PORT + 1))}"
+elif [ -f "$CONF" ] && pid_of "$DIR/run/slurmctld.pid" slurmctld >/dev/null &&
+     CTLD_PORT=$(sed -n 's/^SlurmctldPort=//p' "$CONF") &&
+     SLURMD_PORT=$(sed -n 's/^SlurmdPort=//p' "$CONF") &&
+     [ -n "$CTLD_PORT" ] && [ -n "$SLURMD_PORT" ]; then
+    :   # DIR's own running cluster keeps its ports
+else
+    h=$(printf '%s' "$DIR" | md5sum | cut -c1-6)
+    for ((i = 0; i < 100; i++)); do
+        CTLD_PORT=$(( 20000 + ((16#$h + i) % 5000) * 2 ))
+        SLURMD_PORT="${SLURM_LOCAL_SLURMD_PORT:-$((CTLD_PORT + 1))}"
+        port_busy "$CTLD_PORT" || port_busy "$SLURMD_PORT" || break
+    done
+fi
 
 # ------------------------------------------------------------ slurm.conf ----
 CPUS="${SLURM_LOCAL_CPUS:-$(nproc)}"
@@ -404,7 +440,6 @@ stop_nodes   # namespace nodes of a previous start (their slurmds with them)
 
 # Refuse to start if the ports are taken by someone else (e.g. a system slurm).
 # Namespace nodes' slurmds listen in their own network namespaces.
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 ports=("$CTLD_PORT")
 [ "$NODES" -gt 1 ] || ports+=("$SLURMD_PORT")
 for p in "${ports[@]}"; do

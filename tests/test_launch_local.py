@@ -276,3 +276,28 @@ def test_no_arguments_prints_usage_and_an_example():
     assert "no training script given" in err
     assert "required: script, args" not in err
     assert "example: dtorch-launch --nproc-per-node 2 " in err
+
+
+@pytest.mark.parametrize("runner", ["local", "mpi", "ray", "slurm"],
+                         ids=["local", "mpiexec", "ray", "srun"])
+def test_missing_script_is_one_line_before_any_rank(tmp_path, runner):
+    missing = str(tmp_path / "no_such_train.py")
+    rc, out, err, _ = launch(["--runner", runner, "--nproc-per-node", "2",
+                              missing, "--epochs", "1"])
+    assert rc == 1 and out == ""
+    assert err.splitlines() == [
+        f"dtorch-launch: training script {missing!r} does not exist "
+        f"(looked in {os.getcwd()})"], err
+    rc, out, err, _ = launch(["--runner", runner, str(tmp_path)])
+    assert rc == 1 and err.count("\n") == 1 and "is a directory" in err
+
+
+def test_help_describes_every_option():
+    from launch.cli import build_parser
+    undocumented = [a.option_strings or a.dest
+                    for a in build_parser()._actions if not a.help]
+    assert undocumented == []
+    rc, out, err, _ = launch(["--help"])
+    assert rc == 0
+    assert re.search(r"--runner \{local,mpi,ray,slurm\}\s+how the ranks "
+                     r"start", out), out

@@ -20,7 +20,7 @@ if UNDER_MPI:
 # the mpiexec test phase collects this module too.  The job itself runs
 # in a subprocess, which reports an ImportError in its output.
 if importlib.util.find_spec("ray") is None:
-    pytest.skip("ray is not installed; pip install 'dtorch[ray]' to run "
+    pytest.skip("ray is not installed; pip install -e '.[ray]' to run "
                 "the Ray runner tests", allow_module_level=True)
 
 

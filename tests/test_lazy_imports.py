@@ -50,3 +50,41 @@ def test_from_import_and_unknown_names():
     import dtorch
     with pytest.raises(AttributeError, match="no attribute 'no_such'"):
         dtorch.no_such
+
+
+def test_import_dtorch_does_not_load_ml_dtypes():
+    """ml_dtypes costs 0.5-1.2 s of CPU at import: it loads with the first
+    bfloat16, and bfloat16 then works on every path (a caller's ml_dtypes
+    array, the float32-accumulating matmul, save/load, CPU autocast)."""
+    out = _run(
+        "import sys, io, numpy as np, dtorch, dtorch.nn, dtorch.optim\n"
+        "import dtorch.utils.data, dtorch.amp, dtorch.distributed\n"
+        "m = dtorch.nn.Linear(4, 3)\n"
+        "m(dtorch.ones(2, 4)).sum().backward()\n"
+        "f = io.BytesIO(); dtorch.save(m.state_dict(), f); f.seek(0)\n"
+        "dtorch.load(f)\n"
+        "assert dtorch.is_floating_point(dtorch.ones(1))\n"
+        "print('ml_dtypes' in sys.modules)\n"
+        "a = dtorch.full((2, 3), 1.5, dtype=dtorch.bfloat16, requires_grad=True)\n"
+        "print('ml_dtypes' in sys.modules)\n"
+        "y = a @ dtorch.ones(3, 2, dtype=dtorch.bfloat16)\n"
+        "y.sum().backward()\n"
+        "print(y.dtype, y[0, 0].item(), a.grad.dtype, a.grad[0, 0].item())\n"
+        "f = io.BytesIO(); dtorch.save({'a': a.detach()}, f); f.seek(0)\n"
+        "b = dtorch.load(f)['a']\n"
+        "print(b.dtype, bool((b == a).all()))\n"
+        "with dtorch.autocast('cpu'):\n"
+        "    print(m(dtorch.ones(2, 4)).dtype)\n")
+    assert out.split() == ["False", "True", "dtorch.bfloat16", "4.5",
+                           "dtorch.bfloat16", "2.0", "dtorch.bfloat16",
+                           "True", "dtorch.bfloat16"]
+
+
+def test_foreign_ml_dtypes_array_before_first_bfloat16():
+    out = _run(
+        "import numpy as np, ml_dtypes, dtorch\n"
+        "x = np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16)\n"
+        "for t in (dtorch.from_numpy(x), dtorch.tensor(x), dtorch.as_tensor(x)):\n"
+        "    print(t.dtype, t.tolist())\n"
+        "print(dtorch.float32.is_floating_point, dtorch.bfloat16.itemsize)\n")
+    assert out.splitlines() == ["dtorch.bfloat16 [1.5, -2.0]"] * 3 + ["True 2"]

@@ -211,7 +211,7 @@ def test_import_without_onnx():
         "    dtorch.onnx.export(dtorch.nn.Linear(2, 2), dtorch.randn(1, 2),"
         " 'x.onnx')\n"
         "except ImportError as e:\n"
-        "    assert \"dtorch[onnx]\" in str(e), e\n"
+        "    assert \"pip install -e '.[onnx]'\" in str(e), e\n"
         "else:\n"
         "    raise SystemExit('no ImportError')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True,

@@ -31,7 +31,7 @@ if UNDER_MPI:
                 "single-process phase, not inside an MPI rank",
                 allow_module_level=True)
 if importlib.util.find_spec("ray") is None:
-    pytest.skip("ray is not installed; pip install 'dtorch[ray]' to run "
+    pytest.skip("ray is not installed; pip install -e '.[ray]' to run "
                 "the Ray runner tests", allow_module_level=True)
 
 import netns_nodes  # noqa: E402

@@ -87,6 +87,14 @@ def tell_terminal(config, text):
             reporter.write_line(text, yellow=True)
 
 
+def cluster_dir_of(env):
+    """The cluster's DIR: SLURM_LOCAL_DIR, else local-cluster.sh's own per
+    user and clone (so two users or CI checkouts on a host never meet)."""
+    return env.get("SLURM_LOCAL_DIR") or subprocess.run(
+        ["bash", CLUSTER, "dir"], env=env, capture_output=True, text=True,
+        check=True, timeout=30).stdout.strip()
+
+
 @pytest.fixture(scope="session")
 def slurm_env(pytestconfig):
     """Environment (SLURM_CONF & co.) of a running local cluster."""
@@ -105,7 +113,7 @@ def slurm_env(pytestconfig):
     # 4 CPUs declared on a 2-core machine: room for the 4-task DP x TP
     # job (SlurmdParameters=config_overrides allows it)
     env.setdefault("SLURM_LOCAL_CPUS", str(max(4, os.cpu_count() or 1)))
-    cluster_dir = env.get("SLURM_LOCAL_DIR", "/tmp/dtorch-slurm")
+    cluster_dir = cluster_dir_of(env)
     notice = install_notice()
     if notice:
         tell_terminal(pytestconfig, notice)
@@ -433,3 +441,77 @@ def test_install_notice_reaches_the_terminal(tmp_path):
                          timeout=120, env=clean_env())
     assert out.returncode == 0, out.stdout + out.stderr
     assert "NOTICE installing SLURM" in out.stdout, out.stdout
+
+
+def _conf_ports(conf):
+    text = open(conf).read()
+    return tuple(re.search(rf"^{k}=(\d+)$", text, re.M).group(1)
+                 for k in ("SlurmctldPort", "SlurmdPort"))
+
+
+def test_cluster_per_user_and_clone(slurm_env, tmp_path):
+    """Another checkout on this host (a second CI job) gets its own DIR and
+    ports: its cluster runs beside the session's, and stopping it leaves
+    the session's alone; a port that something else holds is passed over."""
+    other = tmp_path / "checkout"
+    shutil.copytree(os.path.join(ROOT, "slurm"), other / "slurm")
+    script_b = str(other / "slurm" / "local-cluster.sh")
+    env = {k: v for k, v in slurm_env.items()
+           if not k.startswith(("SLURM_CONF", "SLURM_LOCAL_"))}
+    env["SLURM_LOCAL_CPUS"] = "2"
+    dir_b = subprocess.run(["bash", script_b, "dir"], env=env, text=True,
+                           capture_output=True, timeout=30).stdout.strip()
+    uid = os.geteuid()
+    assert re.fullmatch(rf"/tmp/dtorch-slurm-{uid}-[0-9a-f]{{8}}", dir_b)
+    assert dir_b != cluster_dir_of(clean_env())
+    mine = _conf_ports(slurm_env["SLURM_CONF"])
+
+    def start_b():
+        out = subprocess.run(["bash", script_b, "start"], env=env, text=True,
+                             capture_output=True, timeout=240)
+        assert out.returncode == 0, out.stderr
+        assert f"export SLURM_CONF={dir_b}/slurm.conf" in out.stdout
+        return _conf_ports(f"{dir_b}/slurm.conf")
+
+    import socket
+    try:
+        ports_b = start_b()
+        assert ports_b != mine and not set(ports_b) & set(mine)
+        b_env = dict(env, SLURM_CONF=f"{dir_b}/slurm.conf")
+        assert subprocess.run(["sinfo", "-h"], env=b_env, capture_output=True,
+                              timeout=30).returncode == 0
+        subprocess.run(["bash", script_b, "stop"], env=env, timeout=60,
+                       capture_output=True, check=True)
+        # its derived port now taken by some other program: the next pair
+        with socket.socket() as s:
+            # (the stopped slurmctld's connections may sit in TIME_WAIT)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", int(ports_b[0])))
+            s.listen()
+            again = start_b()
+        assert again != ports_b
+    finally:
+        subprocess.run(["bash", script_b, "stop", "--purge"], env=env,
+                       capture_output=True, timeout=60)
+    assert not os.path.exists(dir_b)
+    assert subprocess.run(["bash", CLUSTER, "status"], env=slurm_env,
+                          capture_output=True, timeout=30).returncode == 0
+
+
+def test_start_on_a_terminal_says_to_eval(slurm_env):
+    # a start of the running cluster (no-op) with stdout on a terminal:
+    # the exports would be lost, so it explains SLURM_CONF and the eval
+    import pty
+    master, slave = pty.openpty()
+    try:
+        out = subprocess.run(["bash", CLUSTER, "start",
+                              cluster_dir_of(slurm_env)], env=slurm_env,
+                             stdout=slave, stderr=subprocess.PIPE, text=True,
+                             timeout=120)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert out.returncode == 0, out.stderr
+    assert 'eval "$(bash slurm/local-cluster.sh start)"' in out.stderr
+    assert "Could not establish a configuration" in out.stderr
+    assert "SLURM_CONF is not set" in out.stderr

@@ -26,15 +26,13 @@ if UNDER_MPI:
 
 import netns_nodes  # noqa: E402
 from test_slurm import (CLUSTER, _can_start, _in_ci, _secs,  # noqa: E402
-                        install_notice, sbatch, tell_terminal, wait_job)
+                        cluster_dir_of, install_notice, sbatch,
+                        tell_terminal, wait_job)
 
 pytestmark = pytest.mark.timeout(400)
 # Deadlines catch a hung job, not a slow one: a job of a few seconds took
 # 30-40 s on the 2-core machine while other test sessions ran.
 SLOW = 180
-DIR = "/tmp/dtorch-slurm-nodes"
-# not test_slurm.py's 6817: both clusters may be up in one session
-CTLD_PORT = "6837"
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +45,14 @@ def cluster(pytestconfig):
             pytest.fail(f"CI=true but a two-node SLURM cannot start: {why}")
         pytest.skip(f"two-node SLURM cluster: {why} (CI=true makes this "
                     "an error)")
-    env = clean_env(PYTHON=sys.executable, SLURM_LOCAL_CTLD_PORT=CTLD_PORT,
-                    SLURM_LOCAL_CPUS="2")
+    env = clean_env(PYTHON=sys.executable, SLURM_LOCAL_CPUS="2")
     for var in ("SLURM_CONF", "SLURM_LOCAL_DIR", "SLURM_LOCAL_NETNS_PREFIX",
-                "SLURM_LOCAL_WARMUP"):
+                "SLURM_LOCAL_WARMUP", "SLURM_LOCAL_CTLD_PORT",
+                "SLURM_LOCAL_SLURMD_PORT"):
         env.pop(var, None)
+    # next to the single-node cluster's DIR (per user and clone); its
+    # ports follow from it, so both clusters may be up in one session
+    DIR = cluster_dir_of(env) + "-nodes"
     notice = install_notice()
     if notice:
         tell_terminal(pytestconfig, notice)

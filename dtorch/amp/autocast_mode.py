@@ -85,9 +85,9 @@ _BCE_BANNED = (
 
 class _State(threading.local):
     def __init__(self):
-        # device type -> (enabled, np low dtype, cache_enabled)
-        self.mode = {"cpu": (False, B.bfloat16.np, True),
-                     "cuda": (False, B.float16.np, True)}
+        # device type -> (enabled, low dtype, cache_enabled)
+        self.mode = {"cpu": (False, B.bfloat16, True),
+                     "cuda": (False, B.float16, True)}
         self.depth = 0          # open regions, enabled or not
         self.cache = {}         # id(leaf) -> (leaf, its low-dtype cast)
         self.busy = None        # the op class being dispatched
@@ -107,7 +107,7 @@ def _eligible(a, cpu):
     if (type(d) is np.ndarray) is not cpu:
         return False
     dt = d.dtype
-    return dt.itemsize in (2, 4) and (dt.kind == "f" or dt == B.bfloat16.np)
+    return dt.itemsize in (2, 4) and (dt.kind == "f" or B.is_bfloat16_np(dt))
 
 
 def _cast(a, dt, cache):
@@ -153,7 +153,7 @@ def _dispatch(cls, args, kwargs):
     keep = None
     if policy is LOWER:
         cache = st.cache if cache_on else None
-        new = [_cast(a, low, cache) if _eligible(a, cpu) else a
+        new = [_cast(a, low.np, cache) if _eligible(a, cpu) else a
                for a in args]
     elif policy is PROMOTE:
         dts = {a._data.dtype for a in args if _eligible(a, cpu)}
@@ -236,7 +236,7 @@ class autocast:
     def __enter__(self):
         st = _tls
         self._prev = st.mode[self.device]
-        st.mode[self.device] = (self._enabled, self.fast_dtype.np,
+        st.mode[self.device] = (self._enabled, self.fast_dtype,
                                 self._cache_enabled)
         st.depth += 1
         if self._enabled:
@@ -271,7 +271,7 @@ def is_autocast_enabled(device_type=None):
 
 
 def get_autocast_dtype(device_type):
-    return B.from_np(_tls.mode[device_type][1])
+    return _tls.mode[device_type][1]
 
 
 def _cache_size():

@@ -1,7 +1,8 @@
 """``dtorch.onnx``: export a model to an ONNX file, as ``torch.onnx.export``.
 
 Importing this package needs no ``onnx``; ``export`` imports it and, when it
-is missing, says which extra to install (``pip install dtorch[onnx]``).
+is missing, says which extra to install (in the dtorch clone:
+``pip install -e '.[onnx]'``).
 
 The exporter traces one forward pass: every dtorch op (``Function.apply``)
 run while tracing is recorded with its arguments and translated into ONNX

@@ -35,7 +35,8 @@ def _require_onnx():
     except ImportError:
         raise ImportError(
             "dtorch.onnx.export needs the 'onnx' package: install it with "
-            "`pip install dtorch[onnx]` (the 'onnx' extra)") from None
+            "`pip install -e '.[onnx]'` in the dtorch clone (the 'onnx' "
+            "extra)") from None
     return onnx
 
 

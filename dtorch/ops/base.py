@@ -9,7 +9,7 @@ either NumPy or CuPy; ``get_array_module`` is the only device switch.
 import numpy as np
 
 from .._backend import from_np, result_type, get_default_dtype, device_of
-from .._backend import bfloat16 as _bf16
+from .._backend import is_bfloat16_np, on_bfloat16
 from ..autograd.function import Function
 
 
@@ -62,7 +62,6 @@ def unbroadcast(g, shape, dtype=None):
 
 
 _SCALARS = (int, float, bool)
-_BF16_NP = _bf16.np
 _ndarray = np.ndarray
 
 
@@ -190,13 +189,13 @@ def _float_input(x):
 def is_float(dt):
     """A NumPy/CuPy floating dtype, ml_dtypes' bfloat16 included (its
     ``kind`` is 'V', so ``dt.kind == "f"`` misses it)."""
-    return dt.kind == "f" or dt == _BF16_NP
+    return dt.kind == "f" or is_bfloat16_np(dt)
 
 
-def _low_np_dtypes():
-    # float16 and (ml_dtypes') bfloat16: 2-byte floats without NumPy BLAS
-    from .._backend import bfloat16, float16
-    return tuple(d.np for d in (float16, bfloat16) if d.np is not None)
+# float16 and (ml_dtypes') bfloat16, once loaded: 2-byte floats without
+# NumPy BLAS
+_LOW_NP = {np.dtype(np.float16)}
+on_bfloat16(_LOW_NP.add)
 
 
 def float32_compute(cls):
@@ -208,7 +207,7 @@ def float32_compute(cls):
     Each gradient returns in its input's dtype. CuPy arrays pass through
     (cuBLAS accumulates float16 in float32 itself)."""
     fwd, bwd = cls.forward, cls.backward
-    low = frozenset(_low_np_dtypes())
+    low = _LOW_NP
 
     def forward(ctx, *args, **kwargs):
         # the common case (no 2-byte float) in one cheap loop: a set

@@ -24,7 +24,8 @@ def _tb():
     except ImportError as e:
         raise ImportError(
             "dtorch.utils.tensorboard needs the tensorboard package: "
-            "pip install tensorboard (or pip install 'dtorch[tensorboard]')"
+            "pip install tensorboard (or, in the dtorch clone, pip install "
+            "-e '.[tensorboard]')"
         ) from e
     return EventFileWriter, event_pb2, summary_pb2
 
