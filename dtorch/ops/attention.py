@@ -80,7 +80,8 @@ class ScaledDotProductAttention(Op):
         # caller that merges this block into a longer softmax (context
         # parallel attention); its backward then takes the row sums from
         # the merged output it puts in place of ``out``
-        rows_lse = _softmax_(xp, s) if s.size else None
+        rows_lse = _softmax_(xp, s) if s.size else \
+            xp.full(s.shape[:-1] + (1,), -np.inf, s.dtype)
         ctx.lse = rows_lse if lse else None
         sd = 0.0
         if keep is not None:

@@ -237,7 +237,8 @@ def _block(plan, q, k, v, mask, qp, kp, diag):
     out = _SDPA.forward(ctx, qb, k[..., kp[1], :], v[..., kp[1], :], m,
                         keep, scale=plan.scale, causal=diag, p=plan.p,
                         groups=plan.groups, lse=True)
-    lse = ctx.lse.reshape(ctx.lse.shape[:-3] + (-1, qb.shape[-2], 1))
+    g = ctx.lse.shape          # grouped: (..., Hkv, G * L, 1)
+    lse = ctx.lse.reshape(g[:-3] + (g[-3] * plan.groups, qb.shape[-2], 1))
     return out, lse, ctx
 
 
