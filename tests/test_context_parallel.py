@@ -318,6 +318,34 @@ def test_errors():
         assert t is want_t and want_msg in msg, (t, msg)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not dtorch.cuda.is_available(),
+                    reason="needs CUDA (or DTORCH_FAKE_CUDA=1)")
+@pytest.mark.parametrize("algorithm", ["ring", "ulysses"])
+def test_on_cuda(algorithm):
+    """The same code on CuPy arrays (dropout refuses: its mask comes from
+    the CPU generator's stream)."""
+    data = inputs(10, H=4, Hkv=2)
+    want = sdpa(data, is_causal=True, enable_gqa=True)
+
+    def body(mesh):
+        bufs = [dtorch.tensor(a, device="cuda") for a in data]
+        with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4,
+                              algorithm=algorithm):
+            q, k, v = (b.clone().requires_grad_() for b in bufs[:3])
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                 enable_gqa=True)
+            (out * bufs[3]).sum().backward()
+            res = context_parallel_unshard(
+                mesh, [out.detach(), q.grad, k.grad, v.grad], [2] * 4)
+            assert all(t.device.type == "cuda" for t in res)
+            with pytest.raises(NotImplementedError, match="CPU generator"):
+                F.scaled_dot_product_attention(*bufs[:3], dropout_p=0.1,
+                                               enable_gqa=True)
+            return [t.cpu().numpy() for t in res]
+    assert_same(on_ranks(2, body), want, 1e-10)
+
+
 # =============================================== two processes over tcp ==
 
 def _free_port():
