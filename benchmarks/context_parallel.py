@@ -151,6 +151,8 @@ def main():
     ap.add_argument("--mem-T", type=int, default=1024)
     ap.add_argument("--time-T", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--time-only", action="store_true",
+                    help="CPU time only (no memory figures)")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
@@ -165,25 +167,29 @@ def main():
           f"{'longest T @' + str(args.budget) + ' MiB':>20} "
           f"{'CPU s @T=' + str(args.time_T):>14}")
     for alg, n in configs:
-        r = run(alg, n, mem_T=args.mem_T, budget_mb=args.budget,
-                time_T=args.time_T, reps=reps)
+        mem = {} if args.time_only else dict(mem_T=args.mem_T,
+                                             budget_mb=args.budget)
+        r = run(alg, n, time_T=args.time_T, reps=reps, **mem)
         r.update(algorithm=alg, cp=n)
         rows.append(r)
-        print(f"{alg:>10} {n:>3} {r['peak_mb']:16.2f} {r['longest_T']:20d} "
-              f"{r['cpu_s']:14.3f}", flush=True)
+        print(f"{alg:>10} {n:>3} {r.get('peak_mb', np.nan):16.2f} "
+              f"{r.get('longest_T', 0):20d} {r['cpu_s']:14.3f}", flush=True)
     print(f"load after: {os.getloadavg()[0]:.1f}")
     ref = {a: next(r for r in rows if r["algorithm"] == a and r["cp"] == 1)
            for a in ("sdpa", "ring", "ulysses")}
     for r in rows:
         base = ref[r["algorithm"]]
-        r["peak_vs_cp1"] = r["peak_mb"] / base["peak_mb"]
-        r["longest_vs_cp1"] = r["longest_T"] / base["longest_T"]
+        if not args.time_only:
+            r["peak_vs_cp1"] = r["peak_mb"] / base["peak_mb"]
+            r["longest_vs_cp1"] = r["longest_T"] / base["longest_T"]
         r["cpu_vs_sdpa"] = r["cpu_s"] / ref["sdpa"]["cpu_s"]
         r["cpu_vs_cp1"] = r["cpu_s"] / base["cpu_s"]
-        print(f"{r['algorithm']:>10} CP {r['cp']}: peak x{r['peak_vs_cp1']:.3f}"
-              f" of CP 1, longest T x{r['longest_vs_cp1']:.2f} of CP 1, "
-              f"CPU x{r['cpu_vs_cp1']:.2f} of CP 1 (x{r['cpu_vs_sdpa']:.2f} "
-              f"of one-rank SDPA)")
+        mem = "" if args.time_only else (
+            f"peak x{r['peak_vs_cp1']:.3f} of CP 1, longest T "
+            f"x{r['longest_vs_cp1']:.2f} of CP 1, ")
+        print(f"{r['algorithm']:>10} CP {r['cp']}: {mem}CPU "
+              f"x{r['cpu_vs_cp1']:.2f} of CP 1 (x{r['cpu_vs_sdpa']:.2f} of "
+              f"one-rank SDPA)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -7,59 +7,42 @@ import pytest
 
 import dtorch
 import dtorch.distributed as dist
-from dtorch.distributed.device_mesh import init_device_mesh
 from dtorch.distributed.pipelining import Schedule1F1B
 from dtorch.distributed.tensor.experimental import set_rotate_method
-from dtorch.nn.parallel import tensor_parallel as tp
 
-from test_pipeline_gpt import TINY, TOL, _build_lock, gpt, reference
-
-
-def cp_step(layout, argv):
-    pp, dp, cp, tps = layout
-    args = gpt.parse(argv + ["--pp", str(pp), "--tp", str(tps),
-                             "--cp", str(cp)])
-    mesh = init_device_mesh("cpu", layout,
-                            mesh_dim_names=("pp", "dp", "cp", "tp"))
-    chars, train, _ = gpt.load_text()
-    with _build_lock:
-        model = gpt.build_model(args, mesh, len(chars))
-    stage, stage_mod, _ = gpt.build_stage(args, mesh, model)
-    schedule = Schedule1F1B(stage, args.microbatches, loss_fn=gpt.loss_fn)
-    x, y = gpt.get_batch(train, args.batch_size, args.block_size,
-                         args.seed, 0, mesh.get_local_rank("dp"))
-    opt = dtorch.optim.SGD(stage_mod.parameters(), lr=1.0)
-    with gpt.cp_region(args, mesh, stage_mod, x, y):
-        assert x.shape[1] == args.block_size // cp      # sharded
-        losses = gpt.train_step(stage, schedule, x, y)
-    opt.step()
-    loss = gpt.mean_loss(losses, stage, mesh.get_group("pp"), mesh)
-    full = {k: v.numpy() for k, v in tp.gather_state_dict(stage_mod).items()}
-    return loss, full
+from test_pipeline_gpt import TINY, check_one_step, gpt
 
 
 @pytest.mark.parametrize("layout,algorithm", [
-    ((1, 2, 2, 1), "ring"), ((1, 2, 2, 1), "ulysses"),
-    ((2, 1, 2, 2), "ring")], ids=lambda v: (
-        "pp%d-dp%d-cp%d-tp%d" % v if isinstance(v, tuple) else v))
+    ((1, 2, 1), "ring"), ((1, 2, 1), "ulysses"), ((2, 1, 2), "ring")],
+    ids=lambda v: "pp%d-dp%d-tp%d-cp2" % v if isinstance(v, tuple) else v)
 def test_one_step_equals_single_process(layout, algorithm):
-    argv = TINY + ["--cp-algorithm", algorithm]
-    args = gpt.parse(argv)
-    chars, train, _ = gpt.load_text()
-    want_loss, want = reference(args, chars, train, layout[1])
-    res = dist.spawn_threads(lambda r, n: cp_step(layout, argv),
-                             int(np.prod(layout)), timeout=120)
-    seen = {}
-    for loss, full in res:
-        assert abs(loss - want_loss) < TOL
-        for k, v in full.items():
-            if k in seen:
-                np.testing.assert_allclose(v, seen[k], atol=TOL, rtol=0,
-                                           err_msg=k)
-            seen[k] = v
-    assert sorted(seen) == sorted(want)
-    for k, v in want.items():
-        np.testing.assert_allclose(seen[k], v, atol=TOL, rtol=0, err_msg=k)
+    check_one_step(layout, Schedule1F1B,
+                   TINY + ["--cp-algorithm", algorithm], cp=2)
+
+
+def test_region_shards_tokens_targets_and_positions():
+    """Inside gpt.cp_region each CP rank holds its two chunks of the
+    tokens, the targets and the position ids (so the step above is not
+    each rank computing the whole sequence)."""
+    from dtorch.distributed.device_mesh import init_device_mesh
+
+    def body(r, n):
+        args = gpt.parse(TINY + ["--cp", "2"])
+        mesh = init_device_mesh("cpu", (1, 1, 2, 1),
+                                mesh_dim_names=("pp", "dp", "cp", "tp"))
+        model = gpt.GPT(10, 1, 2, 8, 8, None)
+        x = dtorch.arange(16).reshape(2, 8)
+        y = x + 100
+        with gpt.cp_region(args, mesh, model, x, y):
+            inside = (x.numpy().copy(), y.numpy().copy(),
+                      model.embed.pos_ids.numpy().copy())
+        return inside + (model.embed.pos_ids.numpy(),)
+    (x0, y0, p0, after), (x1, y1, p1, _) = dist.spawn_threads(body, 2)
+    assert p0.tolist() == [0, 1, 6, 7] and p1.tolist() == [2, 3, 4, 5]
+    assert x0.tolist() == [[0, 1, 6, 7], [8, 9, 14, 15]]
+    assert (y1 == x1 + 100).all() and x1[0].tolist() == [2, 3, 4, 5]
+    assert after.tolist() == list(range(8))       # restored
 
 
 def test_example_trains_with_cp(tmp_path):

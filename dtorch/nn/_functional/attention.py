@@ -104,16 +104,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
                   1.0 / math.sqrt(E) if scale is None else float(scale),
                   groups, batch)
     shape = batch + (L, S)
-    if attn_mask is not None:
-        try:
-            ok = np.broadcast_shapes(shape, attn_mask.shape) == shape
-        except ValueError:
-            ok = False
-        if not ok:
-            raise RuntimeError(
-                f"scaled_dot_product_attention: attn_mask of shape "
-                f"{tuple(attn_mask.shape)} does not broadcast to the "
-                f"attention scores' shape {shape}")
+    if attn_mask is not None and not broadcasts_to(attn_mask.shape, shape):
+        raise RuntimeError(
+            f"scaled_dot_product_attention: attn_mask of shape "
+            f"{tuple(attn_mask.shape)} does not broadcast to the "
+            f"attention scores' shape {shape}")
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     keep = None
     if dropout_p > 0.0:
@@ -121,6 +116,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     return N.ScaledDotProductAttention.apply(
         q, k, v, attn_mask, keep, scale=scale, causal=bool(is_causal),
         p=float(dropout_p), groups=groups)
+
+
+def broadcasts_to(shape, target):
+    """Whether an array of ``shape`` broadcasts to ``target`` (a mask to
+    the scores)."""
+    try:
+        return np.broadcast_shapes(target, shape) == tuple(target)
+    except ValueError:
+        return False
 
 
 def _ctype(t):

@@ -109,11 +109,7 @@ class _Region:
                     "context_parallel: an attn_mask that requires grad is "
                     "not supported (the mask gets no gradient)")
             full = tuple(batch) + (T, T)
-            try:
-                ok = np.broadcast_shapes(full, mask.shape) == full
-            except ValueError:
-                ok = False
-            if not ok:
+            if not _fa.broadcasts_to(mask.shape, full):
                 raise RuntimeError(
                     f"context_parallel: attn_mask of shape "
                     f"{tuple(mask.shape)} must be the mask of the whole "
