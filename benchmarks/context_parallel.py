@@ -4,8 +4,9 @@ sequence under a fixed per-rank budget, and CPU time against one rank.
     python benchmarks/context_parallel.py [--json out.json] [--quick]
 
 Every configuration runs as CP processes (tcp backend, OMP_NUM_THREADS=1);
-the work is one causal SDPA forward + backward, batch 1, 4 heads of 32,
-float32, against the gradient of a fixed random output. "sdpa" is one rank
+the work is one causal (--no-causal: unmasked) SDPA forward + backward,
+batch 1, 4 heads of 32, float32, against the gradient of a fixed random
+output. "sdpa" is one rank
 of dtorch's own SDPA op (it keeps the T x T probabilities for backward);
 "ring"/"ulysses" are context_parallel's algorithms (ring: K/V round the
 ring, set_rotate_method("alltoall")).
@@ -49,7 +50,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _step(mesh, algorithm, T, measure):
+def _step(mesh, algorithm, T, measure, causal=True):
     """One forward + backward; ``measure`` wraps it and returns a number."""
     rng = np.random.default_rng(T)
     full = [dtorch.tensor(rng.standard_normal((1, H, T, E), np.float32))
@@ -65,7 +66,7 @@ def _step(mesh, algorithm, T, measure):
     q, k, v = (t.requires_grad_() for t in full[:3])
 
     def run():
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         (out * full[3]).sum().backward()
     try:
         return measure(run)
@@ -94,17 +95,17 @@ def _rank(rank, n, port, algorithm, job, out):
                             rank=rank, world_size=n)
     mesh = init_device_mesh("cpu", (n,), mesh_dim_names=("cp",))
     set_rotate_method("alltoall")
-    res = {}
+    res, causal = {}, job["causal"]
     # warm-up: lazy imports and first-call caches are not activations
     _step(mesh, algorithm, 16 * n, lambda run: run())
     if "mem_T" in job:
         res["peak_mb"] = _agree(_step(mesh, algorithm, job["mem_T"],
-                                      _peak)) / 2**20
+                                      _peak, causal)) / 2**20
     if "budget_mb" in job:
         unit, budget = 8 * n, job["budget_mb"] * 2**20
 
         def fits(T):
-            return _agree(_step(mesh, algorithm, T, _peak)) <= budget
+            return _agree(_step(mesh, algorithm, T, _peak, causal)) <= budget
         lo, T = 0, unit
         while fits(T):
             lo, T = T, max(T + unit, int(T * 1.25) // unit * unit)
@@ -121,8 +122,8 @@ def _rank(rank, n, port, algorithm, job, out):
         best = []
         for _ in range(job["reps"]):
             dist.barrier()
-            best.append(_agree(_step(mesh, algorithm, job["time_T"], cpu),
-                               dist.ReduceOp.SUM))
+            best.append(_agree(_step(mesh, algorithm, job["time_T"], cpu,
+                                     causal), dist.ReduceOp.SUM))
         res["cpu_s"] = min(best)
     if rank == 0:
         with open(out, "w") as f:
@@ -151,6 +152,8 @@ def main():
     ap.add_argument("--mem-T", type=int, default=1024)
     ap.add_argument("--time-T", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-causal", action="store_true",
+                    help="attention without the causal mask")
     ap.add_argument("--time-only", action="store_true",
                     help="CPU time only (no memory figures)")
     args = ap.parse_args()
@@ -159,7 +162,8 @@ def main():
     cps = [1, 2] if args.quick else [1, 2, 4]
     reps = 1 if args.quick else args.reps
     print(f"load: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
-          f"causal SDPA, 1 x {H} heads x {E}, float32, tcp ranks")
+          f"{'non-causal' if args.no_causal else 'causal'} SDPA, 1 x {H} "
+          f"heads x {E}, float32, tcp ranks")
     configs = [("sdpa", 1)] + [(a, n) for a in ("ring", "ulysses")
                                for n in cps]
     rows = []
@@ -169,7 +173,8 @@ def main():
     for alg, n in configs:
         mem = {} if args.time_only else dict(mem_T=args.mem_T,
                                              budget_mb=args.budget)
-        r = run(alg, n, time_T=args.time_T, reps=reps, **mem)
+        r = run(alg, n, time_T=args.time_T, reps=reps,
+                causal=not args.no_causal, **mem)
         r.update(algorithm=alg, cp=n)
         rows.append(r)
         print(f"{alg:>10} {n:>3} {r.get('peak_mb', np.nan):16.2f} "

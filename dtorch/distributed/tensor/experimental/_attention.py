@@ -53,7 +53,6 @@ from ....autograd.grad_mode import no_grad
 from ...._creation import cat
 from ....nn import functional as F
 from ....nn._functional import attention as _fa
-from ....ops.attention import ScaledDotProductAttention as _SDPA
 from ....tensor import Tensor
 from . import _ring as R
 
@@ -186,17 +185,14 @@ class _Region:
         if m is not None and m.ndim >= 3 and m.shape[-3] > 1:
             m = Tensor._wrap(xp.take(m._data, xp.asarray(
                 np.minimum(mine, hq - 1)), axis=-3))
-        kp = None
-        if keep is not None:
-            lead = int(np.prod(batch[:-1]))
-            real = mine[mine < hq]
-            kp = np.ones((lead, len(mine), T, T), np.bool_)
-            idx = [a * hq + h for a in range(lead) for h in real]
-            kp[:, :len(real)] = keep.draw(idx, range(T), range(T)).reshape(
-                lead, len(real), T, T)
-            kp = xp.asarray(kp.reshape(tuple(batch[:-1]) + kp.shape[1:]))
-        y = _SDPA.apply(qh, kh, vh, m, kp, scale=scale, causal=causal, p=p,
-                        groups=groups)
+        # attention block by block over the 2n chunks (the ring's kernel,
+        # no communication): nothing T x T is kept
+        lead = tuple(batch[:-1])
+        index = [a * hq + h if h < hq else None
+                 for a in range(int(np.prod(lead))) for h in mine]
+        plan = R.Plan(None, T, lead + (len(mine),), causal, scale, groups,
+                      p, keep, local=n, keep_index=index)
+        y = R.RingAttention.apply(qh, kh, vh, m, plan=plan)
         zero = y.new_zeros(y.shape[:-2] + (1, y.shape[-1]))
         y = cat([y, zero], -2).index_select(-2, Tensor._wrap(
             xp.asarray(back)))

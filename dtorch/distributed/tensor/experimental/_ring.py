@@ -63,21 +63,33 @@ def positions(T, n, r):
 
 class Plan:
     """What every block of one attention call needs: the group, the
-    layout and SDPA's arguments."""
+    layout and SDPA's arguments. ``local=n``: no group, the whole sequence
+    here in sequence order, attended block by block over the 2n chunks
+    (Ulysses' attention, memory as the ring's); ``keep_index``: the flat
+    batch indices of the dropout mask's rows (None: the head is padding,
+    all kept)."""
 
     def __init__(self, group, T, batch, causal, scale, groups, p=0.0,
-                 keep=None, gather=False):
+                 keep=None, gather=False, local=None, keep_index=None):
         self.group, self.T, self.batch = group, T, tuple(batch)
-        self.n, self.r = dist.get_world_size(group), dist.get_rank(group)
+        self.local = local is not None
+        self.n, self.r = (local, 0) if self.local else (
+            dist.get_world_size(group), dist.get_rank(group))
         self.causal, self.scale, self.groups, self.p = causal, scale, \
             groups, p
         self.keep = keep                 # a KeepMask, or None
+        self.keep_index = range(int(np.prod(batch))) if keep_index is None \
+            else keep_index
         self.gather = gather             # all-gather K/V in forward
         self.lengths = [len(positions(T, self.n, s)) for s in range(self.n)]
 
     def pieces(self, s):
         """Rank s's pieces [(chunk id, local slice, global positions)]: one
-        piece (both chunks) without a causal mask, one per chunk with."""
+        piece (both chunks) without a causal mask, one per chunk with (and
+        every chunk, in order, when local)."""
+        if self.local:
+            return [(c, slice(a, z), np.arange(a, z))
+                    for c, (a, z) in enumerate(chunk_bounds(self.T, self.n))]
         ch = rank_chunks(self.T, self.n, s)
         if not self.causal:
             return [(None, slice(0, self.lengths[s]),
@@ -149,9 +161,9 @@ class KeepMask:
         cols = np.asarray(cols)
         cut = np.flatnonzero(np.diff(cols) != 1) + 1
         runs = [(int(c[0]), len(c)) for c in np.split(cols, cut) if len(c)]
-        out = np.empty((len(batch_index), len(rows), len(cols)), np.bool_)
+        out = np.ones((len(batch_index), len(rows), len(cols)), np.bool_)
         for bi, b in enumerate(batch_index):
-            for ii, i in enumerate(rows):
+            for ii, i in enumerate(rows if b is not None else ()):
                 o = 0
                 for j0, w in runs:
                     e = (int(b) * T + int(i)) * T + j0
@@ -207,6 +219,9 @@ def _kv_by_step(plan, k, v):
     """(s, k_s, v_s) for the n ranks s, starting with this one: by the
     ring (the next block in flight while the caller computes on this one)
     or from one all-gather."""
+    if plan.local:
+        yield None, k, v
+        return
     if plan.gather:
         allkv = _gathered(plan, [k, v])
         for t in range(plan.n):
@@ -229,8 +244,7 @@ def _block(plan, q, k, v, mask, qp, kp, diag):
     m = _take(_take(mask, qp[2], -2), kp[2], -1)
     keep = None
     if plan.keep is not None:
-        nb = plan.keep.nbatch
-        keep = plan.keep.draw(range(nb), qp[2], kp[2]).reshape(
+        keep = plan.keep.draw(plan.keep_index, qp[2], kp[2]).reshape(
             plan.batch + (len(qp[2]), len(kp[2])))
     ctx = _SDPA.__new__(_SDPA)
     qb = q[..., qp[1], :]
@@ -293,7 +307,7 @@ class RingAttention(Op):
         ref = xp.where(lse == _NINF, 0, lse)
         kb, vb = k, v
         dkb, dvb = xp.zeros(k.shape, k.dtype), xp.zeros(v.shape, v.dtype)
-        n = plan.n
+        n = 1 if plan.local else plan.n
         for t in range(n):
             s = (plan.r - t) % n
             src = (s - 1) % n
