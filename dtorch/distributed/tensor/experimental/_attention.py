@@ -27,7 +27,8 @@ As in PyTorch:
 Where dtorch differs, and why:
 - ``algorithm="ulysses"`` (a dtorch keyword): the all-to-all over heads
   (DeepSpeed Ulysses) instead of the ring: sequence-sharded in, each rank
-  attends over the whole sequence with 1/CP of the heads, back again. Head
+  attends over the whole sequence with 1/CP of the heads (block by block,
+  with the ring's kernel: nothing T x T is kept), back again. Head
   counts that do not divide CP are padded with zero heads (at most CP - 1
   heads of extra work); key/value heads of GQA that do not divide CP are
   repeated per query head.

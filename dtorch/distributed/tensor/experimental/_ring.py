@@ -12,14 +12,17 @@ The block kernel is ``ops.ScaledDotProductAttention`` itself: its forward
 with ``lse=True`` returns a block's output and its rows' log-sum-exp, and
 blocks merge by
 
-    lse = logaddexp(lse_a, lse_b),  out = out_a e^(lse_a-lse) + out_b e^(lse_b-lse).
+    lse = logaddexp(lse_a, lse_b)
+    out = out_a e^(lse_a - lse) + out_b e^(lse_b - lse)
 
 Backward reuses its backward: block b's probabilities are its own P times
 w = e^(lse_b - lse) per row, so the op's backward given the gradient
 g * w and the merged output (for the row sums rowsum(g * out)) returns the
 block's exact dq, dk, dv. Nothing of size T x T is kept: each block's P is
 recomputed in backward (flash attention's trade), so a rank holds
-O(T/n) activations plus one (T/2n)^2 block at a time.
+O(T/n) activations plus one (T/2n)^2 block at a time. Ulysses, once its
+all-to-all has given a rank the whole sequence of its heads, runs the same
+op over the same 2n chunks locally (``Plan(local=n)``, no communication).
 
 Dropout draws what one rank would: the keep-mask of element e (flat index
 into the (batch..., T, T) scores) is the e-th double of the generator's
