@@ -240,6 +240,57 @@ def test_gradients_match_finite_differences(algorithm):
         assert abs(fd - an) < 1e-6 * max(1.0, abs(an))
 
 
+@pytest.mark.parametrize("rotate", ["alltoall", "allgather"])
+def test_ring_messages_and_overlap(rotate, monkeypatch):
+    """What each rank sends: forward passes K and V n - 1 times
+    ("alltoall"; "allgather": one all-gather each), backward K/V n - 1
+    times and dK/dV n times (the last hop takes them home); each step's
+    sends are posted before that step's blocks compute (the overlap)."""
+    import threading
+    set_rotate_method(rotate)
+    log = {}
+
+    def wrap(name, fn):
+        def f(*a, **kw):
+            log.setdefault(threading.get_ident(), []).append(name)
+            return fn(*a, **kw)
+        return f
+    monkeypatch.setattr(_ring.dist, "isend", wrap("isend", dist.isend))
+    monkeypatch.setattr(_ring.dist, "all_gather_into_tensor",
+                        wrap("gather", dist.all_gather_into_tensor))
+    monkeypatch.setattr(_ring, "_block", wrap("block", _ring._block))
+    data = inputs(12)
+    n = 3
+    on_ranks(n, lambda mesh: cp_sdpa(mesh, data, "ring", is_causal=True))
+    assert len(log) == n
+    for events in log.values():
+        fwd = events[:events.index("block") + 1]
+        if rotate == "alltoall":
+            assert fwd == ["isend", "isend", "block"]     # posted first
+            assert events.count("isend") == 2 * (n - 1) + 2 * (2 * n - 1)
+        else:
+            assert fwd == ["gather", "gather", "block"]
+            assert events.count("isend") == 2 * (2 * n - 1)
+
+
+def test_causal_work_is_even():
+    """The load balance: under a causal mask every rank computes the same
+    number of scores (T divisible by 2 CP), where contiguous shards would
+    give the last rank 2 CP - 1 times the first's."""
+    for n in (2, 3, 4):
+        T = 16 * n
+
+        def area(mesh):
+            plan = _ring.Plan(mesh.get_group(), T, (), True, 1.0, 1)
+            return sum(len(qp[2]) * len(kp[2]) for s in range(n)
+                       for qp, kp, _ in plan.blocks(s))
+        areas = on_ranks(n, area)
+        assert len(set(areas)) == 1, areas
+        c = T // (2 * n)
+        # 2n + 1 chunk pairs each, two of them the (full) diagonals
+        assert areas[0] == (2 * n + 1) * c * c
+
+
 def test_empty_batch_and_layout():
     assert _ring.chunk_bounds(7, 2) == [(0, 2), (2, 4), (4, 6), (6, 7)]
     assert list(_ring.positions(7, 2, 0)) == [0, 1, 6]
