@@ -301,6 +301,22 @@ def test_empty_batch_and_layout():
     assert all(a.shape[0] == 0 for r in res for a in r)
 
 
+def test_region_without_buffers_learns_the_length():
+    """A region with no buffers (a pipeline stage that holds none) takes
+    the sequence length from the ranks' shards."""
+    data = inputs(11)
+    want = sdpa(data, is_causal=True)
+
+    def body(mesh):
+        n, r = mesh.size(), mesh.get_local_rank()
+        mine = [a[:, :, _ring.positions(11, n, r)] for a in data]
+        with context_parallel(mesh):
+            got = [t.detach() for t in sdpa(mine, is_causal=True)]
+        return [as_array(t) for t in
+                context_parallel_unshard(mesh, got, [2] * 4)]
+    assert_same(on_ranks(3, body), want, 1e-10)
+
+
 def test_buffers_are_sharded_and_restored():
     def body(mesh):
         x, keep = dtorch.arange(10).reshape(1, 10), dtorch.arange(10)
