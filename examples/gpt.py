@@ -1,9 +1,11 @@
-"""A small GPT trained char-level with data x tensor x pipeline parallelism.
+"""A small GPT trained char-level with data x tensor x pipeline x context
+parallelism.
 
     python examples/gpt.py                                  # 1 rank
     mpiexec -n 2 python -m mpi4py examples/gpt.py --pp 2    # 2 stages
     mpiexec -n 4 python -m mpi4py examples/gpt.py --dp 2 --tp 2
     dtorch-launch --nproc-per-node 4 examples/gpt.py --tp 2 --pp 2
+    dtorch-launch --nproc-per-node 4 examples/gpt.py --dp 2 --cp 2
     GPT_ARGS="--pp 2" sbatch slurm/train_gpt.sbatch
 
 The model: token + position embedding, --n-layer blocks of causal
@@ -12,8 +14,9 @@ LayerNorm and a head whose weight is the token embedding's (weight tying).
 The text is examples/data/tiny_tales.txt (a synthetic public-domain corpus,
 see examples/data/make_corpus.py), one token per character.
 
-The world (--dp x --tp x --pp ranks) is a device mesh ("pp", "dp", "tp"),
-tensor parallel innermost (consecutive ranks: it talks every layer):
+The world (--dp x --tp x --pp x --cp ranks) is a device mesh ("pp", "dp",
+"cp", "tp"), tensor parallel innermost (consecutive ranks: it talks every
+layer), context parallel next (it talks in every attention):
 - TP: the attention heads and the MLP's hidden units are split over the TP
   ranks (Column- then RowParallelLinear: one all-reduce each), the
   vocabulary of the embedding (VocabParallelEmbedding) and so of the tied
@@ -24,7 +27,13 @@ tensor parallel innermost (consecutive ranks: it talks every layer):
   and last stage each hold a copy of the tied embedding weight; their
   gradients are summed after backward;
 - DP: each stage is wrapped in DistributedDataParallel over its DP group,
-  and every DP replica draws its own batches.
+  and every DP replica draws its own batches;
+- CP: the sequence of each batch is split over the CP ranks (two chunks
+  each, dtorch.distributed.tensor.experimental.context_parallel: tokens,
+  targets and the position ids follow the chunks) and attention runs
+  across them (--cp-algorithm ring or ulysses). The CP ranks of a replica
+  hold the same parameters and see different tokens, so DDP averages the
+  gradients over DP x CP.
 The same seed gives the same model on any layout (each rank builds the
 full model and keeps its part), so a run's losses do not depend on how it
 is split (up to rounding).
@@ -37,6 +46,7 @@ it, otherwise a run starts fresh; SIGUSR1 makes every rank stop at the
 same step, checkpoint and exit 0.
 """
 import argparse
+import contextlib
 import math
 import os
 import signal
@@ -50,6 +60,8 @@ import dtorch as torch  # noqa: E402
 import dtorch.distributed as dist  # noqa: E402
 from dtorch import nn  # noqa: E402
 from dtorch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from dtorch.distributed.tensor.experimental import (  # noqa: E402
+    context_parallel, set_rotate_method)
 from dtorch.distributed.pipelining import (PipelineStage,  # noqa: E402
                                            Schedule1F1B, ScheduleGPipe,
                                            pipeline)
@@ -68,20 +80,24 @@ _stop = [False]
 # ================================================================= model ==
 
 class Embedding(nn.Module):
-    """Token (vocabulary split over TP) + learned position embedding."""
+    """Token (vocabulary split over TP) + learned position embedding. The
+    position ids are a buffer (not saved), so that context parallelism
+    can shard them with the tokens."""
 
     def __init__(self, vocab, d_model, block_size, tp_group):
         super().__init__()
         self.tok = VocabParallelEmbedding(vocab, d_model,
                                           process_group=tp_group)
         self.pos = nn.Embedding(block_size, d_model)
+        self.register_buffer("pos_ids", torch.arange(block_size),
+                             persistent=False)
 
     def forward(self, idx):
         t = idx.shape[1]
         if t > self.pos.num_embeddings:
             raise ValueError(f"sequence of {t} tokens is longer than the "
                              f"block size {self.pos.num_embeddings}")
-        return self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        return self.tok(idx) + self.pos(self.pos_ids[:t])
 
 
 class Attention(nn.Module):
@@ -299,9 +315,20 @@ def parse(argv):
         description=__doc__.split("\n")[0],
         formatter_class=HelpFormatter)
     ap.add_argument("--dp", type=int, default=None,
-                    help="data-parallel replicas (default: world / (tp*pp))")
+                    help="data-parallel replicas (default: world / "
+                         "(tp*pp*cp))")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    ap.add_argument("--cp", type=int, default=1,
+                    help="context-parallel size (splits each sequence)")
+    ap.add_argument("--cp-algorithm", choices=["ring", "ulysses"],
+                    default="ring",
+                    help="ring: K/V blocks passed round the CP group; "
+                         "ulysses: all-to-all over heads")
+    ap.add_argument("--cp-rotate", choices=["allgather", "alltoall"],
+                    default="allgather",
+                    help="how the ring's K/V reach the other ranks in "
+                         "forward (alltoall: round the ring, overlapped)")
     ap.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b",
                     help="pipeline schedule (with --pp > 1)")
     ap.add_argument("--microbatches", type=int, default=4,
@@ -361,7 +388,7 @@ def build_model(args, mesh, vocab):
 def build_stage(args, mesh, model):
     """This rank's pipeline stage of ``model`` (its module DDP-wrapped
     over the DP group when dp > 1), the plain stage module and the pipe."""
-    pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
+    pp_group, dp_group = mesh.get_group("pp"), data_group(mesh)
     pipe = pipeline(model, split_spec=split_points(args.n_layer, args.pp))
     s = mesh.get_local_rank("pp")
     dev = ("cuda:%d" % torch.cuda.current_device()
@@ -369,10 +396,43 @@ def build_stage(args, mesh, model):
     stage_mod = pipe.get_stage_module(s).to(dev)
     run = stage_mod
     if dist.get_world_size(dp_group) > 1:
-        run = DistributedDataParallel(stage_mod, process_group=dp_group)
+        # broadcast_buffers=False: the only buffer, the position ids,
+        # differs between CP ranks (each holds its chunks' positions)
+        run = DistributedDataParallel(stage_mod, process_group=dp_group,
+                                      broadcast_buffers=False)
     stage = PipelineStage(run, s, args.pp, dev, group=pp_group,
                           tied_parameters=pipe.tied_parameters(s))
     return stage, stage_mod, pipe
+
+
+def data_group(mesh):
+    """The ranks that hold the same parameters: the DP group, or with CP
+    one group over DP x CP (made once per mesh; a collective the first
+    time: every rank makes every such group, in the same order)."""
+    names = mesh.mesh_dim_names
+    if "cp" not in names or mesh.size("cp") == 1:
+        return mesh.get_group("dp")
+    if getattr(mesh, "_dp_cp", None) is None:
+        m = np.moveaxis(mesh.mesh, [names.index("dp"), names.index("cp")],
+                        [-2, -1])
+        for ranks in m.reshape(-1, mesh.size("dp") * mesh.size("cp")):
+            g = dist.new_group([int(r) for r in ranks])
+            if mesh.get_rank() in ranks:
+                mesh._dp_cp = g
+    return mesh._dp_cp
+
+
+def cp_region(args, mesh, stage_mod, x, y):
+    """The step's context-parallel region: the batch, the targets and this
+    stage's position ids sharded along the sequence (no-op at --cp 1)."""
+    if args.cp == 1:
+        return contextlib.nullcontext()
+    bufs = [x, y] + [b for n, b in stage_mod.named_buffers()
+                     if n.endswith("pos_ids")]
+    return context_parallel(mesh["cp"], buffers=bufs,
+                            buffer_seq_dims=[1, 1] + [0] * (len(bufs) - 2),
+                            no_restore_buffers=[x, y],
+                            algorithm=args.cp_algorithm)
 
 
 def train_step(stage, schedule, x, y):
@@ -395,16 +455,23 @@ def main(argv=None):
     if not dist.is_initialized():
         dist.init_process_group()
     world, rank = dist.get_world_size(), dist.get_rank()
-    dp = args.dp if args.dp is not None else world // (args.tp * args.pp)
-    if dp * args.tp * args.pp != world:
+    split = args.tp * args.pp * args.cp
+    dp = args.dp if args.dp is not None else world // split
+    if dp * split != world:
         raise SystemExit(f"gpt: --dp {dp} x --tp {args.tp} x --pp "
-                         f"{args.pp} = {dp * args.tp * args.pp} ranks, but "
-                         f"the world has {world}")
+                         f"{args.pp} x --cp {args.cp} = {dp * split} ranks, "
+                         f"but the world has {world}")
+    if args.block_size % (2 * args.cp):
+        # equal shares of every sequence: each CP rank's mean loss then
+        # weighs as much as the others' in DDP's average
+        raise SystemExit(f"gpt: --block-size {args.block_size} must be a "
+                         f"multiple of 2 x --cp ({2 * args.cp})")
     if args.batch_size % args.microbatches:
         raise SystemExit(f"gpt: --microbatches {args.microbatches} does not "
                          f"divide --batch-size {args.batch_size}")
-    mesh = init_device_mesh(args.device, (args.pp, dp, args.tp),
-                            mesh_dim_names=("pp", "dp", "tp"))
+    mesh = init_device_mesh(args.device, (args.pp, dp, args.cp, args.tp),
+                            mesh_dim_names=("pp", "dp", "cp", "tp"))
+    set_rotate_method(args.cp_rotate)
     pp_group = mesh.get_group("pp")
     dp_rank = mesh.get_local_rank("dp")
     try:
@@ -419,7 +486,8 @@ def main(argv=None):
                             betas=(0.9, 0.95), weight_decay=0.01)
     sched_cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
     schedule = sched_cls(stage, args.microbatches, loss_fn=loss_fn)
-    layout = f"DP {dp} x TP {args.tp} x PP {args.pp}"
+    layout = f"DP {dp} x TP {args.tp} x PP {args.pp}" + (
+        f" x CP {args.cp} ({args.cp_algorithm})" if args.cp > 1 else "")
 
     ck, message = plan_start(args.checkpoint, args.steps, args.resume)
     if message and rank == 0:
@@ -446,7 +514,8 @@ def main(argv=None):
         x, y = get_batch(train, args.batch_size, args.block_size,
                          args.seed, step, dp_rank)
         opt.zero_grad()
-        losses = train_step(stage, schedule, x, y)
+        with cp_region(args, mesh, stage_mod, x, y):
+            losses = train_step(stage, schedule, x, y)
         opt.step()
         done += 1
         stop = world > 1 and everyone_stops(_stop[0])
@@ -476,14 +545,14 @@ def main(argv=None):
 
 
 def mean_loss(losses, stage, pp_group, mesh):
-    """The step's loss averaged over micro-batches and DP replicas, on
+    """The step's loss averaged over micro-batches and DP x CP ranks, on
     every rank (the last stage has it: a sum over the pipeline group)."""
     v = sum(l.item() for l in losses) / max(1, len(losses)) \
         if stage.is_last else 0.0
     t = torch.tensor([v], dtype=torch.float64)
     if stage.num_stages > 1:
         dist.all_reduce(t, group=pp_group)
-    dp_group = mesh.get_group("dp")
+    dp_group = data_group(mesh)
     if dist.get_world_size(dp_group) > 1:
         dist.all_reduce(t, group=dp_group)
         t = t / dist.get_world_size(dp_group)

@@ -45,11 +45,12 @@ def reference(args, chars, train, dp):
                          for k, v in model.state_dict().items()}
 
 
-def parallel_step(rank, world, layout, sched, argv):
+def parallel_step(rank, world, layout, sched, argv, cp=1):
     pp, dp, tps = layout
-    args = gpt.parse(argv + ["--pp", str(pp), "--tp", str(tps)])
-    mesh = init_device_mesh("cpu", (pp, dp, tps),
-                            mesh_dim_names=("pp", "dp", "tp"))
+    args = gpt.parse(argv + ["--pp", str(pp), "--tp", str(tps),
+                             "--cp", str(cp)])
+    mesh = init_device_mesh("cpu", (pp, dp, cp, tps),
+                            mesh_dim_names=("pp", "dp", "cp", "tp"))
     chars, train, _ = gpt.load_text()
     with _build_lock:           # no collective inside: no deadlock
         model = gpt.build_model(args, mesh, len(chars))
@@ -58,7 +59,8 @@ def parallel_step(rank, world, layout, sched, argv):
     x, y = gpt.get_batch(train, args.batch_size, args.block_size,
                          args.seed, 0, mesh.get_local_rank("dp"))
     opt = dtorch.optim.SGD(stage_mod.parameters(), lr=1.0)
-    losses = gpt.train_step(stage, schedule, x, y)
+    with gpt.cp_region(args, mesh, stage_mod, x, y):   # CP: shards x, y
+        losses = gpt.train_step(stage, schedule, x, y)
     opt.step()
     loss = gpt.mean_loss(losses, stage, mesh.get_group("pp"), mesh)
     full = {k: v.numpy() for k, v in tp.gather_state_dict(stage_mod).items()}
@@ -71,12 +73,18 @@ def parallel_step(rank, world, layout, sched, argv):
     ((2, 1, 2), Schedule1F1B)], ids=lambda v: (
         "pp%d-dp%d-tp%d" % v if isinstance(v, tuple) else v.__name__))
 def test_one_step_equals_single_process(layout, sched):
-    args = gpt.parse(TINY)
+    check_one_step(layout, sched, TINY)
+
+
+def check_one_step(layout, sched, argv, cp=1):
+    """The step on ``layout`` (pp, dp, tp) x ``cp`` equals the single
+    process's."""
+    args = gpt.parse(argv)
     chars, train, _ = gpt.load_text()
-    world = int(np.prod(layout))
+    world = int(np.prod(layout)) * cp
     want_loss, want = reference(args, chars, train, layout[1])
     res = dist.spawn_threads(
-        lambda r, n: parallel_step(r, n, layout, sched, TINY), world,
+        lambda r, n: parallel_step(r, n, layout, sched, argv, cp), world,
         timeout=120)
     seen = {}
     for loss, full in res:

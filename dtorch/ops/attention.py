@@ -54,11 +54,12 @@ class ScaledDotProductAttention(Op):
     scores' shape, drawn by the caller. ``causal``: PyTorch's top-left
     causal mask (query i sees keys j <= i, also when L != S). A row that
     can attend to nothing gives 0 and a zero gradient (PyTorch's
-    _safe_softmax), not NaN.
+    _safe_softmax), not NaN. ``lse=True`` keeps the rows' log-sum-exp in
+    ``ctx.lse``: the block kernel of context-parallel attention.
     """
     @staticmethod
     def forward(ctx, q, k, v, mask=None, keep=None, scale=1.0,
-                causal=False, p=0.0, groups=1):
+                causal=False, p=0.0, groups=1, lse=False):
         xp = get_array_module(q)
         L = q.shape[-2]
         qg = _grouped(q, groups)
@@ -75,8 +76,13 @@ class ScaledDotProductAttention(Op):
             if mask.dtype == np.bool_:
                 mask = xp.where(mask, s.dtype.type(0), ninf)
             sh += mask.astype(s.dtype, copy=False)
-        if s.size:
-            _softmax_(xp, s)
+        # lse: the rows' log-sum-exp (..., Hkv, G * L, 1), kept on ctx for a
+        # caller that merges this block into a longer softmax (context
+        # parallel attention); its backward then takes the row sums from
+        # the merged output it puts in place of ``out``
+        rows_lse = _softmax_(xp, s) if s.size else \
+            xp.full(s.shape[:-1] + (1,), -np.inf, s.dtype)
+        ctx.lse = rows_lse if lse else None
         sd = 0.0
         if keep is not None:
             sd = 1.0 / (1.0 - p) if p < 1.0 else 0.0
@@ -111,7 +117,10 @@ class ScaledDotProductAttention(Op):
             if need[2]:
                 dv = xp.matmul(_mT(P), gg)
             dS = xp.matmul(gg, _mT(v))
-            kern = _kernels.kernels(P, dS) if xp is np else None
+            # (a merged block's row sums come from the merged output: the
+            # fused kernel would take them from this block's P alone)
+            kern = _kernels.kernels(P, dS) if xp is np and \
+                ctx.lse is None else None
             if kern is not None:
                 # dS = P (dP - rowsum(dP P)) in one fused pass (measured
                 # 0.25 against NumPy's 0.51 ms on 4096x128 float32)
@@ -218,5 +227,8 @@ def _softmax_(xp, s):
     s -= m
     xp.exp(s, out=s)
     tot = s.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = m + xp.log(tot)       # -inf for a row that sees nothing
     xp.copyto(tot, np.inf, where=tot == 0)
     s *= xp.reciprocal(tot)
+    return lse

@@ -1,5 +1,6 @@
 """Attention: scaled_dot_product_attention, multi_head_attention_forward."""
 import math
+import threading
 
 import numpy as np
 
@@ -14,6 +15,13 @@ from ._common import _keep_mask
 
 
 # ============================================================== attention ==
+
+# context parallelism (dtorch.distributed.tensor.experimental's
+# context_parallel) puts its attention here while its region is open: per
+# thread, so a region of one thread rank (threads backend) never reaches
+# another's
+_context_parallel = threading.local()
+
 
 # autocast: one op in PyTorch's lower-precision lists (CPU and CUDA)
 @autocast_op("lower")
@@ -90,17 +98,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
             f"scaled_dot_product_attention: the batch dimensions of query "
             f"{tuple(q.shape)}, key {tuple(k.shape)} and value "
             f"{tuple(v.shape)} do not broadcast") from None
+    cp = getattr(_context_parallel, "attention", None)
+    if cp is not None:
+        return cp(q, k, v, attn_mask, float(dropout_p), bool(is_causal),
+                  1.0 / math.sqrt(E) if scale is None else float(scale),
+                  groups, batch)
     shape = batch + (L, S)
-    if attn_mask is not None:
-        try:
-            ok = np.broadcast_shapes(shape, attn_mask.shape) == shape
-        except ValueError:
-            ok = False
-        if not ok:
-            raise RuntimeError(
-                f"scaled_dot_product_attention: attn_mask of shape "
-                f"{tuple(attn_mask.shape)} does not broadcast to the "
-                f"attention scores' shape {shape}")
+    if attn_mask is not None and not broadcasts_to(attn_mask.shape, shape):
+        raise RuntimeError(
+            f"scaled_dot_product_attention: attn_mask of shape "
+            f"{tuple(attn_mask.shape)} does not broadcast to the "
+            f"attention scores' shape {shape}")
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     keep = None
     if dropout_p > 0.0:
@@ -108,6 +116,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     return N.ScaledDotProductAttention.apply(
         q, k, v, attn_mask, keep, scale=scale, causal=bool(is_causal),
         p=float(dropout_p), groups=groups)
+
+
+def broadcasts_to(shape, target):
+    """Whether an array of ``shape`` broadcasts to ``target`` (a mask to
+    the scores)."""
+    try:
+        return np.broadcast_shapes(target, shape) == tuple(target)
+    except ValueError:
+        return False
 
 
 def _ctype(t):
