@@ -18,6 +18,7 @@ from .anomaly_mode import _state as _anomaly, check_grads
 
 class _Callbacks(threading.local):
     pending = None
+    grad_inputs = False     # the running backward was given inputs=
 
 
 _callbacks = _Callbacks()
@@ -31,6 +32,12 @@ def queue_callback(fn):
         raise RuntimeError("queue_callback can only be called while a "
                            "backward pass is running")
     _callbacks.pending.append(fn)
+
+
+def is_checkpoint_valid():
+    """False inside a backward pass that was given ``inputs`` (autograd.grad
+    or backward(inputs=)): a reentrant checkpoint cannot run there."""
+    return not _callbacks.grad_inputs
 
 
 def _describe(t):
@@ -132,6 +139,8 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
     _state.enabled = bool(create_graph)
     outer_callbacks = _callbacks.pending
     _callbacks.pending = []
+    outer_inputs = _callbacks.grad_inputs
+    _callbacks.grad_inputs = inputs is not None
     try:
         # with CuPy loaded, each node and leaf runs on its gradients'
         # device (CuPy runs kernels on the current device); CPU-only
@@ -167,6 +176,7 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
     finally:
         _state.enabled = prev_mode
         _callbacks.pending = outer_callbacks
+        _callbacks.grad_inputs = outer_inputs
     return results
 
 
@@ -215,6 +225,12 @@ def _run_node(node, buf, buffers, capture, results, retain_graph,
         node.__dict__.clear()
         node._freed = True
         node._versions = None
+    elif "_packed" in node.__dict__:
+        # what saved-tensors hooks packed stays packed for the next
+        # backward, which unpacks (a checkpoint: recomputes) it again
+        d = node.__dict__
+        for k in d["_packed"]:
+            d.pop(k, None)
     first = sent = None
     for e, g in zip(node.next_edges, in_grads):
         if e is None or g is None:
