@@ -19,6 +19,7 @@ Outside every region nothing is packed and a recorded op pays one global
 lookup (``autograd.function._saved_hooks``).
 """
 import threading
+import weakref
 
 import numpy as np
 
@@ -95,6 +96,13 @@ def _pack_saved(ctx, args, out):
         for k in packed:
             del d[k]
         d["_packed"] = packed
+        vers = ctx._versions
+        if vers:
+            # the version check names the tensor it found changed: by a
+            # weak reference now, or it would keep what pack let go
+            ctx._versions = [
+                e if type(e[2]) is weakref.ref
+                else (e[0], e[1], weakref.ref(e[2]), e[3]) for e in vers]
 
 
 # dtorch's own: what selective checkpointing needs of the hooks
