@@ -45,7 +45,14 @@ def _describe(t):
 
 
 def _check_versions(node):
-    for vc, v, t, what in node._versions:
+    check_versions(node._versions, node.name())
+
+
+def check_versions(versions, name):
+    """Raise PyTorch's error when a tensor of ``versions`` ((counter,
+    version when saved, tensor or weak reference, what it is) each) has
+    been changed in place since; ``name`` is the node that saved it."""
+    for vc, v, t, what in versions:
         if vc[0] != v:
             if isinstance(t, weakref.ref):     # a saved output
                 t = t()
@@ -53,7 +60,7 @@ def _check_versions(node):
             raise RuntimeError(
                 "one of the variables needed for gradient computation has "
                 f"been modified by an inplace operation: {desc}, "
-                f"which is {what} of {node.name()}, is at version {vc[0]}; "
+                f"which is {what} of {name}, is at version {vc[0]}; "
                 f"expected version {v} instead. Hint: replace the in-place "
                 "operation with an out-of-place one (e.g. x = x + y instead "
                 "of x += y), or clone() the tensor before modifying it.")

@@ -256,6 +256,11 @@ class _Frame:
         self.state, self.recompute_ctx = state, recompute_ctx
         self.check, self.early_stop, self.debug = check, early_stop, debug
         self.holders, self.meta, self.ops = [], [], []
+        # the inputs' versions: a recomputation from an input changed in
+        # place since would give silently wrong gradients
+        self.versions = [(a._vc, a._vc[0], weakref.ref(a), f"input {i}")
+                         for i, a in enumerate(args)
+                         if isinstance(a, TensorBase)]
 
     def pack(self, t):
         h = _Holder()
@@ -300,6 +305,7 @@ class _Frame:
                 raise _StopRecomputation
             return None
 
+        _engine.check_versions(self.versions, "a checkpointed function")
         args = detach_variable(tuple(self.args))
         try:
             with self.state.replay(), \
