@@ -17,7 +17,8 @@ A unit without nested units (a block) runs as one autograd node
   storage to resize to zero, as PyTorch does), so a recorded graph would
   hold every layer's full weights until backward.
 - backward: all-gather again, recompute the unit's forward with the graph
-  (the RNG state restored, so dropout draws the same mask; the buffers put
+  (the RNG and autocast state replayed by activation checkpointing's
+  ``ForwardState``, so dropout draws the same mask; the buffers put
   back afterwards, so BatchNorm's running statistics move once),
   back-propagate the incoming gradient through it, reduce-scatter the full
   flat gradient (averaged over ranks, as DDP) into this rank's chunk, free.
@@ -30,7 +31,7 @@ callback when backward ends.
 
 So at any time the full parameters of the running block and of the units
 around it are alive, next to the shards; the cost is one more forward per
-block. Only the CPU generator's RNG state is restored (not CUDA's).
+block.
 
 ``state_dict()`` is the unsharded model's (FULL_STATE_DICT, gathered on
 every rank) or, under ``state_dict_type(SHARDED_STATE_DICT)``, every
@@ -58,11 +59,11 @@ from ..._ignored import ignored_argument
 from ...autograd import backward as _backward
 from ...autograd.function import Function
 from ...autograd import engine as _engine
-from ...autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
+from ...autograd.grad_mode import is_grad_enabled, no_grad
 from ...nn.modules.module import Module
 from ...nn.parameter import Parameter
-from ... import random as _random
 from ...tensor import Tensor
+from ...utils.checkpoint import ForwardState
 from ..clip_grad import global_norm
 from .api import MixedPrecision, MixedPrecisionPolicy
 
@@ -98,7 +99,8 @@ class _UnitFunction(Function):
     @staticmethod
     def forward(ctx, unit, flat_shard, kwargs, *args):
         ctx.unit, ctx.kwargs, ctx.args = unit, kwargs, args
-        ctx.rng = _random.get_rng_state()
+        # what the recomputation replays: activation checkpointing's own
+        ctx.state = ForwardState(args)
         unit._gather(requires_grad=False, compute=True)
         try:
             with no_grad():          # no graph: it would keep the weights
@@ -123,17 +125,14 @@ class _UnitFunction(Function):
         try:
             inputs = [a.detach().requires_grad_(a.requires_grad)
                       if isinstance(a, Tensor) else a for a in ctx.args]
-            after = _random.get_rng_state()
-            _random.set_rng_state(ctx.rng)
             # the recomputation must not update buffers a second time
             # (BatchNorm's running statistics): put them back after it
             bufs = [b for b in unit._fsdp_wrapped_module.buffers()]
             kept = [b._data.copy() for b in bufs]
             try:
-                with enable_grad():
+                with ctx.state.replay():
                     out = unit._call_inner(inputs, ctx.kwargs)
             finally:
-                _random.set_rng_state(after)
                 for b, a in zip(bufs, kept):
                     b._data[...] = a
             outs = tuple(out) if ctx.is_tuple else (out,)
