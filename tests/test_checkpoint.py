@@ -424,3 +424,35 @@ def test_tensor_parallel_block_under_checkpoint():
         assert_bitwise(out[1], out[0])
         return True
     assert all(dist.spawn_threads(body, 2, timeout=60))
+
+
+def test_gpt_example_pipeline_and_tp_with_activation_checkpointing(
+        monkeypatch):
+    """examples/gpt.py --activation-checkpointing on 2 pipeline stages x
+    TP 2 (4 thread ranks): the same step as the single-process run
+    without checkpointing."""
+    import test_pipeline_gpt as tpg
+    from dtorch.distributed.pipelining import Schedule1F1B
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(1)
+        return checkpoint(*a, **k)
+    monkeypatch.setattr(tpg.gpt, "checkpoint", counted)
+    argv = tpg.TINY + ["--activation-checkpointing"]
+    chars, train, _ = tpg.gpt.load_text()
+    want_loss, want = tpg.reference(tpg.gpt.parse(tpg.TINY), chars, train,
+                                    1)
+    assert not calls
+    res = dist.spawn_threads(
+        lambda r, n: tpg.parallel_step(r, n, (2, 1, 2), Schedule1F1B, argv),
+        4, timeout=120)
+    assert calls
+    seen = {}
+    for loss, full in res:
+        assert abs(loss - want_loss) < 1e-10
+        seen.update(full)
+    assert sorted(seen) == sorted(want)
+    for k, v in want.items():
+        np.testing.assert_allclose(seen[k], v, atol=1e-10, rtol=0,
+                                   err_msg=k)
