@@ -22,6 +22,16 @@ _cupy_error = None
 _cupy_tried = False
 
 
+_cupy_hooks = []
+
+
+def on_cupy_load(fn):
+    """Call ``fn(cupy)`` once CuPy has loaded (now, if it has)."""
+    _cupy_hooks.append(fn)
+    if _cupy is not None:
+        fn(_cupy)
+
+
 def _load_cupy():
     global _cupy, _cupy_error, _cupy_tried
     if not _cupy_tried:
@@ -32,6 +42,9 @@ def _load_cupy():
             _cupy = cupy
         except Exception as e:  # ImportError, or CUDA driver errors
             _cupy_error = e
+        else:
+            for fn in _cupy_hooks:
+                fn(cupy)
     return _cupy
 
 

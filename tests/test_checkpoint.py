@@ -77,6 +77,17 @@ def test_dropout_replayed_gradients_bitwise_equal(kind):
     assert dtorch.equal(a, dtorch.rand(3))
 
 
+@pytest.mark.parametrize("re", [False, True])
+def test_recomputation_draws_the_forwards_mask(re):
+    # d sum(y)/dx = y for y = dropout(x) at x = 1
+    x = dtorch.ones(512, requires_grad=True)
+    y = checkpoint(lambda v: nn.functional.dropout(v * 1, 0.5), x,
+                   use_reentrant=re)
+    dtorch.rand(7)                     # the stream moves on meanwhile
+    y.sum().backward()
+    assert dtorch.equal(x.grad, y.detach())
+
+
 def test_forward_keeps_only_inputs_and_recomputes_once():
     calls = []
 
