@@ -54,22 +54,20 @@ def _is_array(v):
                                and t is _B._cupy.ndarray)
 
 
-def _as_tensor(a, args, out):
-    if out is not None and a is out._data:
-        return out
-    for x in args:
+def _arg_index(a, args):
+    for i, x in enumerate(args):
         if isinstance(x, TensorBase) and x._data is a:
-            return x
-    like = out if out is not None else next(
-        x for x in args if isinstance(x, TensorBase))
-    return like._make(a, False, None)
+            return i
+    return None
 
 
-def _pack_saved(ctx, args, out):
+def _pack_saved(ctx, args, out, inputs_only=None):
     """Installed as autograd.function._saved_hooks: replace what forward
     saved on ``ctx`` by what this thread's innermost pack hook makes of
     it (``out`` is None for a custom Function, whose saved values are
-    tensors)."""
+    tensors). With a list ``inputs_only``, only the saved arrays that are
+    an input's data are packed, and the inputs' positions appended to it,
+    in packing order."""
     hooks = _tls.hooks
     if not hooks or hooks[-1] is None:
         return          # another thread's region, or within keep_saved()
@@ -77,6 +75,20 @@ def _pack_saved(ctx, args, out):
     _tls.op = type(ctx).__name__
     d = ctx.__dict__
     packed = {}
+
+    def one(a):
+        # pack sees the op's output or input tensor itself when the array
+        # is its data, else a new tensor over the array
+        if out is not None and a is out._data and inputs_only is None:
+            return Packed(unpack, pack(out), True)
+        i = _arg_index(a, args)
+        if inputs_only is not None:
+            if i is None:
+                return a
+            inputs_only.append(i)
+        t = args[i] if i is not None else out._make(a, False, None)
+        return Packed(unpack, pack(t), True)
+
     if out is None:              # a custom Function: its saved tensors
         saved = d.get("to_save")
         if saved and any(isinstance(t, TensorBase) for t in saved):
@@ -86,12 +98,13 @@ def _pack_saved(ctx, args, out):
     else:
         for k, v in d.items():
             if _is_array(v):
-                packed[k] = Packed(unpack, pack(_as_tensor(v, args, out)),
-                                   True)
+                p = one(v)
+                if p is not v:
+                    packed[k] = p
             elif type(v) in (tuple, list) and any(_is_array(e) for e in v):
-                packed[k] = type(v)(
-                    Packed(unpack, pack(_as_tensor(e, args, out)), True)
-                    if _is_array(e) else e for e in v)
+                p = type(v)(one(e) if _is_array(e) else e for e in v)
+                if any(type(e) is Packed for e in p):
+                    packed[k] = p
     if packed:
         for k in packed:
             del d[k]
@@ -108,6 +121,13 @@ def _pack_saved(ctx, args, out):
 # dtorch's own: what selective checkpointing needs of the hooks
 
 pack_saved_now = _pack_saved
+
+
+def pack_now(tensor):
+    """``tensor`` through the innermost pack hook, as if an op saved it
+    (a selective recomputation stands in for an op it does not run)."""
+    hooks = [h for h in _tls.hooks if h is not None]
+    hooks[-1][0](tensor)
 
 
 def current_op():

@@ -539,8 +539,14 @@ class _Caching(_SacMode):
             policy = (CheckpointPolicy.MUST_SAVE if policy
                       else CheckpointPolicy.PREFER_RECOMPUTE)
         if policy in _SAVE:
+            # the saved values that are inputs are recomputed all the
+            # same (the recomputation makes them): packed, and packed
+            # again in the recomputation from its own inputs
+            taken = []
+            if out.grad_fn is not None:
+                _graph.pack_saved_now(out.grad_fn, args, out, taken)
             self.storage[cls][i] = (out._data, out._vc, out._vc[0],
-                                    out.requires_grad)
+                                    out.requires_grad, taken)
         else:
             self.storage[cls][i] = _RECOMPUTE
             if out.grad_fn is not None:
@@ -575,10 +581,12 @@ class _Cached(_SacMode):
         if entry is _RECOMPUTE:
             return cls.apply(*args, **kwargs)
         entries[i] = _CONSUMED
-        data, vc, version, req = entry
+        data, vc, version, req, taken = entry
         if vc[0] != version and not self.allow_mutation:
             raise RuntimeError("Tensor cached during selective activation "
                                "checkpoint has been mutated")
+        for j in taken:
+            _graph.pack_now(args[j])
         src = next(a for a in args if isinstance(a, TensorBase))
         # a leaf: the recomputed graph is never backpropagated, but the
         # ops after this one must record (and save) as in the forward
