@@ -28,6 +28,7 @@ def test_allocated_peak_reset_and_stats_per_device():
     assert now - base < 4 * MB + 4096
     assert c.max_memory_allocated() - base >= 8 * MB
     assert c.memory_reserved() >= c.memory_allocated()
+    assert c.max_memory_reserved() >= c.memory_reserved()
     st = c.memory_stats()
     assert st["allocated_bytes.all.current"] == now
     assert st["allocated_bytes.all.peak"] == c.max_memory_allocated("cuda")
