@@ -281,30 +281,30 @@ def test_saved_tensors_hooks_as_torch():
 
 
 def test_saved_tensors_hooks_custom_function_nesting_and_errors():
-    class Sq(dtorch.autograd.Function):
+    class Cube(dtorch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
             ctx.save_for_backward(x)
-            return x * x
+            return x.pow(3)
 
         @staticmethod
-        def backward(ctx, g):
+        def backward(ctx, grad):
             x, = ctx.saved_tensors
-            return 2 * x * g
+            return grad * 3 * x.pow(2)
     log = []
     outer = saved_tensors_hooks(lambda t: log.append("outer") or t,
                                 lambda t: t)
     inner = saved_tensors_hooks(lambda t: log.append("inner") or t,
                                 lambda t: (log.append("unpack"), t)[1])
-    x = dtorch.tensor([3.0], requires_grad=True)
+    x = dtorch.tensor([1.5], requires_grad=True)
     with outer:
         with inner:
-            y = Sq.apply(x)
+            y = Cube.apply(x)
         z = y.exp()
     assert log == ["inner", "outer"]
     z.backward()
     assert "unpack" in log
-    np.testing.assert_allclose(x.grad.numpy(), 6 * np.exp(9.0), 1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), 6.75 * np.exp(3.375), 1e-6)
     with saved_tensors_hooks(lambda t: t, lambda t: 1.0):
         y = dtorch.tensor([1.0], requires_grad=True).exp()
     with pytest.raises(TypeError, match="unpack hook"):

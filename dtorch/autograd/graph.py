@@ -18,6 +18,7 @@ the array. The hooks of the innermost region of the calling thread apply.
 Outside every region nothing is packed and a recorded op pays one global
 lookup (``autograd.function._saved_hooks``).
 """
+import contextlib
 import threading
 import weakref
 
@@ -135,18 +136,16 @@ def current_op():
     return getattr(_tls, "op", None)
 
 
-class keep_saved:
+@contextlib.contextmanager
+def keep_saved():
     """Within ``with keep_saved():`` ops keep what they save as it is,
     whatever hooks are open (``pack_saved_now(ctx, args, out)`` packs a
     node's values afterwards)."""
-
-    def __enter__(self):
-        _tls.hooks.append(None)
-        return self
-
-    def __exit__(self, *exc):
+    _tls.hooks.append(None)
+    try:
+        yield
+    finally:
         _tls.hooks.pop()
-        return False
 
 
 class saved_tensors_hooks:
