@@ -41,6 +41,15 @@ writes it, and ``dcp.load`` into the sharded state dict of a model on
 another world size fills that rank's boxes. ``load_state_dict`` takes
 either kind. ``clip_grad_norm_`` clips by the global norm.
 
+A model built on the meta device (``with dtorch.device("meta"):``) is
+materialised unit by unit as it is wrapped (on ``device_id``, else the
+CPU): each unit's meta modules get storage (``to_empty``) and
+``reset_parameters()`` with the default generator seeded by
+(``dtorch.initial_seed()``, the module's name), then only this rank's
+chunk is kept; ``reset_parameters_by_name`` gives an unsharded model the
+same values. ``fully_shard`` does not materialise meta modules (their
+names in the root are unknown when a block is sharded first).
+
 Mixed precision (``mixed_precision=MixedPrecision(...)``, or
 ``fully_shard(mp_policy=MixedPrecisionPolicy(...))``): the shards stay in
 their dtype (float32 master weights for the optimizer); a unit casts its
