@@ -89,3 +89,15 @@ def test_model_4x_the_budget_on_4_ranks():
         assert peak <= 1.1 * (shard + unit + 3 * largest), \
             (peak, shard, unit)
         assert peak < 0.45 * total            # the model never in full
+
+
+def test_fully_shard_refuses_a_meta_module():
+    from dtorch.distributed.fsdp import fully_shard
+
+    def body(rank, n):
+        with dtorch.device("meta"):
+            b = Block()
+        with pytest.raises(NotImplementedError, match="meta device"):
+            fully_shard(b)
+        return True
+    assert all(dist.spawn_threads(body, 2, timeout=60))

@@ -1068,6 +1068,14 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True,
                         f"{type(module).__name__}")
     if _unit_of(module) is not None:
         raise ValueError("fully_shard: the module is sharded already")
+    if any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+        # keyed by names relative to this block, every block would get
+        # the same values: refuse rather than initialise them wrongly
+        raise NotImplementedError(
+            "fully_shard: the module is on the meta device; materialise it "
+            "first (to_empty(device=...) and reset_parameters()) or wrap the "
+            "model in FullyShardedDataParallel(auto_wrap_policy=...), which "
+            "materialises each unit as it shards it")
     orig = type(module)
     state = _InPlaceUnit.__new__(_InPlaceUnit)
     object.__setattr__(state, "_orig_cls", orig)
