@@ -236,6 +236,29 @@ def test_recomputation_with_other_shapes_raises():
     with pytest.raises(CheckpointError, match="A different number of "
                        "tensors was saved"):
         y.sum().backward()
+    k[0] = 0
+    y = checkpoint(fewer, x, use_reentrant=False, debug=True)
+    with pytest.raises(CheckpointError, match=r"original forward: \['Exp"
+                       r"Backward'|original forward: \['Exp"):
+        y.sum().backward()
+
+
+def test_early_stop_skips_the_rest_of_the_recomputation():
+    from dtorch.utils.checkpoint import set_checkpoint_early_stop
+    tail = []
+
+    def fn(x):
+        y = x.exp()                 # the last op that saves anything
+        tail.append(1)
+        return y * 1.0
+    for stop, runs in ((True, 1), (False, 2)):
+        tail.clear()
+        x = dtorch.ones(2, requires_grad=True)
+        with set_checkpoint_early_stop(stop):
+            y = checkpoint(fn, x, use_reentrant=False)
+        y.sum().backward()
+        assert len(tail) == runs
+        assert dtorch.allclose(x.grad, x.exp())
 
 
 def test_nested_checkpoints():
