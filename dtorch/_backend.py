@@ -7,14 +7,27 @@ machine without it runs everything on the CPU and ``cuda.is_available()`` is
 False.
 """
 import sys
+import threading
 
 import numpy as np
+
+from ._meta import MetaArray
 
 # ---------------------------------------------------------------- CuPy ----
 
 _cupy = None
 _cupy_error = None
 _cupy_tried = False
+
+
+_cupy_hooks = []
+
+
+def on_cupy_load(fn):
+    """Call ``fn(cupy)`` once CuPy has loaded (now, if it has)."""
+    _cupy_hooks.append(fn)
+    if _cupy is not None:
+        fn(_cupy)
 
 
 def _load_cupy():
@@ -27,6 +40,9 @@ def _load_cupy():
             _cupy = cupy
         except Exception as e:  # ImportError, or CUDA driver errors
             _cupy_error = e
+        else:
+            for fn in _cupy_hooks:
+                fn(cupy)
     return _cupy
 
 
@@ -396,34 +412,51 @@ class device:
             if not idx.isdigit():
                 raise RuntimeError(f"Invalid device string: '{type_or_str}'")
             index = int(idx)
-        if s not in ("cpu", "cuda"):
+        if s not in ("cpu", "cuda", "meta"):
             raise RuntimeError(
-                f"Expected one of cpu, cuda device type at start of device "
-                f"string: {type_or_str}")
-        if s == "cpu":
+                f"Expected one of cpu, cuda, meta device type at start of "
+                f"device string: {type_or_str}")
+        if s != "cuda":
             index = None
         self.type, self.index = s, index
 
+    # ``with dtorch.device("meta"):`` - the device of the tensors that
+    # factories (and so modules' constructors) make inside the block
+    def __enter__(self):
+        _default_device.stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _default_device.stack.pop()
+        return False
+
     @property
     def xp(self):
-        return np if self.type == "cpu" else check_cuda_available()
+        # a meta array answers NumPy's functions itself (dtorch/_meta.py)
+        return np if self.type != "cuda" else check_cuda_available()
 
     def resolve(self):
         """This device with its index: 'cuda' means the current device."""
-        if self.type == "cpu" or self.index is not None:
+        if self.type != "cuda" or self.index is not None:
             return self
         return cuda_device(current_cuda_index())
 
     def context(self):
         """A context in which CuPy allocates and runs on this device (the
         current device for 'cuda'; nothing to do for 'cpu')."""
-        if self.type == "cpu" or self.index is None:
+        if self.type != "cuda" or self.index is None:
             return _NULL_CONTEXT
         return check_cuda_available().cuda.Device(self.index)
 
     def send(self, array):
         """Move an array to this device (no copy when already there);
-        'cuda' is the current device, 'cuda:i' device i."""
+        'cuda' is the current device, 'cuda:i' device i; to 'meta' only
+        the shape and dtype go."""
+        if self.type == "meta":
+            return MetaArray(array.shape, array.dtype)
+        if type(array) is MetaArray:
+            raise NotImplementedError("Cannot copy out of meta tensor; no "
+                                      "data!")
         if self.type == "cpu":
             if is_cupy_array(array):
                 flush_checks()      # the host waits for the device here
@@ -462,7 +495,16 @@ class device:
 
 
 CPU = device("cpu")
+META = device("meta")
 _cuda_devices = {}
+
+
+class _DefaultDevice(threading.local):
+    def __init__(self):
+        self.stack = []
+
+
+_default_device = _DefaultDevice()
 
 
 def cuda_device(i):
@@ -526,7 +568,11 @@ def on_own_device(method):
 
 def device_of(array):
     """The dtorch device that holds an array."""
-    if type(array) is np.ndarray or not is_cupy_array(array):
+    if type(array) is np.ndarray:
+        return CPU
+    if type(array) is MetaArray:
+        return META
+    if not is_cupy_array(array):
         return CPU
     return cuda_device(array.device.id)
 
@@ -535,3 +581,13 @@ def to_device(d):
     if d is None or isinstance(d, device):
         return d
     return device(d)
+
+
+def factory_device(d):
+    """The device a factory makes its tensor on: ``d``, or when None the
+    device of the innermost ``with dtorch.device(...)`` block (None
+    outside one: the CPU)."""
+    if d is None:
+        st = _default_device.stack
+        return st[-1] if st else None
+    return to_device(d)

@@ -23,6 +23,15 @@ def _float_formatter(a):
 
 def format_tensor(t):
     a = t._data
+    if type(a) is B.MetaArray:        # PyTorch's form: no values to show
+        extras = [f"size={tuple(a.shape)}"]
+        if t.dtype is not B.get_default_dtype():
+            extras.append(f"dtype={t.dtype!r}")
+        if t.grad_fn is not None:
+            extras.append(f"grad_fn=<{t.grad_fn.name()}>")
+        elif t.requires_grad:
+            extras.append("requires_grad=True")
+        return f"tensor(..., device='meta', {', '.join(extras)})"
     if B.is_cupy_array(a):
         a = a.get()
     dt = t.dtype

@@ -219,7 +219,10 @@ def draw(method, *args, size=None, device=None, generator=None,
         a = draw("normal", 0.0, 1.0, size=(3,), device="cuda:1",
                  dtype=np.float32)
     """
-    dev = _backend.to_device(device)
+    dev = _backend.factory_device(device)
+    if dev is not None and dev.type == "meta":
+        return _backend.MetaArray(size if size is not None else (),
+                                  dtype or np.float64)
     if dev is None or dev.type == "cpu":
         if generator is not None and generator._cuda is not None:
             raise RuntimeError(

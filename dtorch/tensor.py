@@ -52,6 +52,7 @@ def _arr(x):
 
 
 def _finish(data, dtype, device, requires_grad):
+    device = B.factory_device(device)
     if device is not None:
         # to any device, cpu included: tensor(cuda_t, device='cpu') copies
         # to the host; 'cuda:i' allocates on device i
@@ -159,9 +160,11 @@ def tensor(data, dtype=None, device=None, requires_grad=False,
 
 def _fill(fill, size, dtype, device, requires_grad):
     shape = _dims(size)
-    dev = B.to_device(device)
+    dev = B.factory_device(device)
     if dev is None or dev.type == "cpu":
         a = np.full(shape, fill, dtype=_np_dtype(dtype))
+    elif dev.type == "meta":
+        a = B.MetaArray(shape, _np_dtype(dtype))
     else:
         B.check_cuda_dtype(B.to_dtype(dtype))
         with dev.context():     # cuda:i allocates on device i
@@ -1721,7 +1724,11 @@ class Tensor(_function.TensorBase):
     arctan2, arcsin, arccos, arctan = atan2, asin, acos, atan
     moveaxis = movedim
     # dtorch has strided dense CPU/GPU tensors only
-    is_sparse = is_quantized = is_meta = is_mkldnn = False
+    is_sparse = is_quantized = is_mkldnn = False
+
+    @property
+    def is_meta(self):
+        return type(self._data) is B.MetaArray
 
     # --------------------------------------------------------- printing ---
     def __repr__(self):

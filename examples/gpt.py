@@ -69,6 +69,7 @@ from dtorch.nn.parallel import (ColumnParallelLinear,  # noqa: E402
                                 DistributedDataParallel, RowParallelLinear,
                                 VocabParallelEmbedding)
 from dtorch.nn.parallel import tensor_parallel as tp  # noqa: E402
+from dtorch.utils.checkpoint import checkpoint  # noqa: E402
 from digits_common import (HelpFormatter, discard, everyone_stops,  # noqa
                            restart_count)
 
@@ -147,7 +148,17 @@ class Block(nn.Module):
                                      input_is_parallel=True,
                                      process_group=tp_group)
 
+    # --activation-checkpointing: keep only the block's input for
+    # backward, which recomputes the rest (dropout-free here, but the RNG
+    # is replayed all the same)
+    checkpointing = False
+
     def forward(self, x):
+        if self.checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.out(self.act(self.fc(self.ln2(x))))
 
@@ -349,6 +360,9 @@ def parse(argv):
                     help="AdamW's peak learning rate (warm-up, cosine)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the model and of the batches")
+    ap.add_argument("--activation-checkpointing", action="store_true",
+                    help="recompute each block's activations in backward "
+                         "(utils.checkpoint, non-reentrant)")
     ap.add_argument("--dtype", choices=["float32", "float64"],
                     default="float32", help="parameter dtype")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -380,9 +394,12 @@ def build_model(args, mesh, vocab):
     """The full model, the same on every rank (TP layers keep their
     shards of it)."""
     torch.manual_seed(args.seed)
-    return GPT(vocab, args.n_layer, args.n_head, args.d_model,
-               args.block_size, mesh.get_group("tp")).to(
-                   getattr(torch, args.dtype))
+    model = GPT(vocab, args.n_layer, args.n_head, args.d_model,
+                args.block_size, mesh.get_group("tp")).to(
+                    getattr(torch, args.dtype))
+    for b in model.blocks:
+        b.checkpointing = args.activation_checkpointing
+    return model
 
 
 def build_stage(args, mesh, model):

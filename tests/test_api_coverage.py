@@ -82,6 +82,11 @@ multiprocessing.spawn multiprocessing.Process multiprocessing.Queue
 multiprocessing.set_start_method multiprocessing.get_context
 multiprocessing.cpu_count utils.tensorboard.SummaryWriter
 utils.checkpoint.checkpoint serialization.safe_globals
+utils.checkpoint.checkpoint_sequential utils.checkpoint.CheckpointPolicy
+utils.checkpoint.create_selective_checkpoint_contexts
+autograd.graph.saved_tensors_hooks autograd.graph.save_on_cpu
+cuda.reset_peak_memory_stats cuda.memory_stats cuda.memory_reserved
+cuda.max_memory_reserved
 LongTensor FloatTensor distributions.Categorical distributions.Normal
 distributions.Bernoulli distributions.kl_divergence
 """.split()

@@ -59,8 +59,12 @@ def test_import_dtorch_does_not_load_ml_dtypes():
     out = _run(
         "import sys, io, numpy as np, dtorch, dtorch.nn, dtorch.optim\n"
         "import dtorch.utils.data, dtorch.amp, dtorch.distributed\n"
+        "from dtorch.utils.checkpoint import checkpoint\n"
         "m = dtorch.nn.Linear(4, 3)\n"
         "m(dtorch.ones(2, 4)).sum().backward()\n"
+        # a recomputation replays the (disabled) autocast state
+        "x = dtorch.ones(2, 4, requires_grad=True)\n"
+        "checkpoint(m, x, use_reentrant=False).sum().backward()\n"
         "f = io.BytesIO(); dtorch.save(m.state_dict(), f); f.seek(0)\n"
         "dtorch.load(f)\n"
         "assert dtorch.is_floating_point(dtorch.ones(1))\n"

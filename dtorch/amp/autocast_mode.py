@@ -229,7 +229,10 @@ class autocast:
                 f"only supports dtypes of torch.bfloat16, torch.float16 "
                 f"currently.")
             self._enabled = False
-        if self.fast_dtype.np is None:
+        # only an enabled region needs the low dtype's arrays (a disabled
+        # one, as checkpoint's recomputation enters, must not import
+        # ml_dtypes for bfloat16)
+        if self._enabled and self.fast_dtype.np is None:
             raise RuntimeError(f"{self.fast_dtype} is not available "
                                f"(install ml_dtypes)")
 

@@ -7,6 +7,7 @@ from ._api import backward, grad
 from .gradcheck import gradcheck, gradgradcheck
 from .anomaly_mode import detect_anomaly, set_detect_anomaly  # noqa
 from .variable import Variable  # noqa: F401
+from . import graph  # noqa: F401
 
 __all__ = ["Function", "backward", "grad", "gradcheck", "gradgradcheck",
            "no_grad",

@@ -18,6 +18,7 @@ from .anomaly_mode import _state as _anomaly, check_grads
 
 class _Callbacks(threading.local):
     pending = None
+    grad_inputs = False     # the running backward was given inputs=
 
 
 _callbacks = _Callbacks()
@@ -33,12 +34,25 @@ def queue_callback(fn):
     _callbacks.pending.append(fn)
 
 
+def is_checkpoint_valid():
+    """False inside a backward pass that was given ``inputs`` (autograd.grad
+    or backward(inputs=)): a reentrant checkpoint cannot run there."""
+    return not _callbacks.grad_inputs
+
+
 def _describe(t):
     return f"[dtorch.{t.dtype.name} {list(t.shape)}]"
 
 
 def _check_versions(node):
-    for vc, v, t, what in node._versions:
+    check_versions(node._versions, node.name())
+
+
+def check_versions(versions, name):
+    """Raise PyTorch's error when a tensor of ``versions`` ((counter,
+    version when saved, tensor or weak reference, what it is) each) has
+    been changed in place since; ``name`` is the node that saved it."""
+    for vc, v, t, what in versions:
         if vc[0] != v:
             if isinstance(t, weakref.ref):     # a saved output
                 t = t()
@@ -46,7 +60,7 @@ def _check_versions(node):
             raise RuntimeError(
                 "one of the variables needed for gradient computation has "
                 f"been modified by an inplace operation: {desc}, "
-                f"which is {what} of {node.name()}, is at version {vc[0]}; "
+                f"which is {what} of {name}, is at version {vc[0]}; "
                 f"expected version {v} instead. Hint: replace the in-place "
                 "operation with an out-of-place one (e.g. x = x + y instead "
                 "of x += y), or clone() the tensor before modifying it.")
@@ -132,6 +146,8 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
     _state.enabled = bool(create_graph)
     outer_callbacks = _callbacks.pending
     _callbacks.pending = []
+    outer_inputs = _callbacks.grad_inputs
+    _callbacks.grad_inputs = inputs is not None
     try:
         # with CuPy loaded, each node and leaf runs on its gradients'
         # device (CuPy runs kernels on the current device); CPU-only
@@ -167,6 +183,7 @@ def run_backward(roots, grads, retain_graph=False, inputs=None,
     finally:
         _state.enabled = prev_mode
         _callbacks.pending = outer_callbacks
+        _callbacks.grad_inputs = outer_inputs
     return results
 
 
@@ -215,6 +232,12 @@ def _run_node(node, buf, buffers, capture, results, retain_graph,
         node.__dict__.clear()
         node._freed = True
         node._versions = None
+    elif "_packed" in node.__dict__:
+        # what saved-tensors hooks packed stays packed for the next
+        # backward, which unpacks (a checkpoint: recomputes) it again
+        d = node.__dict__
+        for k in d["_packed"]:
+            d.pop(k, None)
     first = sent = None
     for e, g in zip(node.next_edges, in_grads):
         if e is None or g is None:

@@ -52,9 +52,30 @@ _profile = None
 _hook = None
 
 
+# While a saved_tensors_hooks region is open (in any thread), the function
+# that packs what an op saved for backward (autograd/graph.py _pack_saved):
+# called as _saved_hooks(ctx, args, out) after forward recorded a node.
+# None otherwise: recording a node costs one global lookup more.
+_saved_hooks = None
+
+
+# While a selective checkpoint runs (in any thread), its op dispatcher
+# (utils/checkpoint.py), called like _autocast after the profiler and
+# autocast have passed an op on.
+_sac = None
+
+
 def _update_hook():
     global _hook
-    _hook = _profile if _profile is not None else _autocast
+    first = _profile if _profile is not None else _autocast
+    if _sac is None or first is None:
+        _hook = first if first is not None else _sac
+        return
+
+    def chained(cls, args, kwargs):
+        out = first(cls, args, kwargs)
+        return _sac(cls, args, kwargs) if out is NotImplemented else out
+    _hook = chained
 
 
 def autocast_op(policy):
@@ -122,7 +143,22 @@ class Function:
     def saved_tensors(self):
         if self._freed:
             raise RuntimeError(_FREED_MSG)
-        return self.__dict__.get("to_save", ())
+        d = self.__dict__
+        if "to_save" not in d and "to_save" in d.get("_packed", ()):
+            return self.to_save     # packed by a hook: __getattr__ below
+        return d.get("to_save", ())
+
+    def __getattr__(self, name):
+        # Only reached for a name that is not set: what a saved-tensors
+        # hook packed (autograd/graph.py) is unpacked at its first use in
+        # backward, and kept there until the node is freed.
+        packed = self.__dict__.get("_packed")
+        if packed is not None and name in packed:
+            value = _unpack_saved(packed[name])
+            self.__dict__[name] = value
+            return value
+        raise AttributeError(f"{type(self).__name__!r} object has no "
+                             f"attribute {name!r}")
 
     def mark_dirty(self, *tensors):
         self._dirty = tensors
@@ -432,6 +468,8 @@ def _apply_array(cls, args, kwargs):
         _record_versions(ctx, saved, args, res)
     else:
         ctx._versions = None
+    if _saved_hooks is not None:
+        _saved_hooks(ctx, args, res)
     return res
 
 
@@ -502,6 +540,8 @@ def _apply_array2(cls, args):
         _record_versions(ctx, saved, args, res)
     else:
         ctx._versions = None
+    if _saved_hooks is not None:
+        _saved_hooks(ctx, args, res)
     return res
 
 
@@ -583,7 +623,31 @@ def _apply_tensor(cls, args, kwargs):
         if isinstance(s, T):
             vers.append((s._vc, s._vc[0], s, "saved tensor"))
     ctx._versions = vers or None
+    if _saved_hooks is not None:
+        _saved_hooks(ctx, args, None)
     return wrapped[0] if single else tuple(wrapped)
+
+
+class Packed:
+    """A saved value that a saved-tensors hook packed: ``unpack(obj)``
+    gives it back as a tensor; ``array`` says the op saved the tensor's
+    array (a primitive), not the tensor (a custom Function)."""
+    __slots__ = ("unpack", "obj", "array")
+
+    def __init__(self, unpack, obj, array):
+        self.unpack, self.obj, self.array = unpack, obj, array
+
+
+def _unpack_saved(v):
+    """A packed ctx attribute back as what forward stored: a Packed, or a
+    tuple/list holding some."""
+    if type(v) is Packed:
+        t = v.unpack(v.obj)
+        if not isinstance(t, TensorBase):
+            raise TypeError(f"the unpack hook of saved_tensors_hooks must "
+                            f"return a tensor, got {type(t).__name__}")
+        return t._data if v.array else t
+    return type(v)(_unpack_saved(e) if type(e) is Packed else e for e in v)
 
 
 def getattr_slot(obj, name):

@@ -3,6 +3,10 @@
 Importing this never imports CuPy; every function asks ``_backend`` lazily.
 """
 from .. import _backend as B
+from .memory import (memory_allocated, max_memory_allocated,  # noqa: F401
+                     memory_reserved, max_memory_reserved,
+                     reset_peak_memory_stats, reset_max_memory_allocated,
+                     memory_stats)
 
 
 def is_available():
@@ -33,18 +37,6 @@ def synchronize(device=None):
 def empty_cache():
     if B._load_cupy() is not None:
         B._cupy.get_default_memory_pool().free_all_blocks()
-
-
-def memory_allocated(device=None):
-    if B._load_cupy() is None:
-        return 0
-    return B._cupy.get_default_memory_pool().used_bytes()
-
-
-def max_memory_allocated(device=None):
-    if B._load_cupy() is None:
-        return 0
-    return B._cupy.get_default_memory_pool().total_bytes()
 
 
 def manual_seed(seed):

@@ -17,7 +17,8 @@ A unit without nested units (a block) runs as one autograd node
   storage to resize to zero, as PyTorch does), so a recorded graph would
   hold every layer's full weights until backward.
 - backward: all-gather again, recompute the unit's forward with the graph
-  (the RNG state restored, so dropout draws the same mask; the buffers put
+  (the RNG and autocast state replayed by activation checkpointing's
+  ``ForwardState``, so dropout draws the same mask; the buffers put
   back afterwards, so BatchNorm's running statistics move once),
   back-propagate the incoming gradient through it, reduce-scatter the full
   flat gradient (averaged over ranks, as DDP) into this rank's chunk, free.
@@ -30,7 +31,7 @@ callback when backward ends.
 
 So at any time the full parameters of the running block and of the units
 around it are alive, next to the shards; the cost is one more forward per
-block. Only the CPU generator's RNG state is restored (not CUDA's).
+block.
 
 ``state_dict()`` is the unsharded model's (FULL_STATE_DICT, gathered on
 every rank) or, under ``state_dict_type(SHARDED_STATE_DICT)``, every
@@ -39,6 +40,15 @@ parameter's local piece of its flattened elements, marked with
 writes it, and ``dcp.load`` into the sharded state dict of a model on
 another world size fills that rank's boxes. ``load_state_dict`` takes
 either kind. ``clip_grad_norm_`` clips by the global norm.
+
+A model built on the meta device (``with dtorch.device("meta"):``) is
+materialised unit by unit as it is wrapped (on ``device_id``, else the
+CPU): each unit's meta modules get storage (``to_empty``) and
+``reset_parameters()`` with the default generator seeded by
+(``dtorch.initial_seed()``, the module's name), then only this rank's
+chunk is kept; ``reset_parameters_by_name`` gives an unsharded model the
+same values. ``fully_shard`` does not materialise meta modules (their
+names in the root are unknown when a block is sharded first).
 
 Mixed precision (``mixed_precision=MixedPrecision(...)``, or
 ``fully_shard(mp_policy=MixedPrecisionPolicy(...))``): the shards stay in
@@ -51,6 +61,8 @@ cast back to the shard's dtype unless ``keep_low_precision_grads``.
 Auto-wrapped units inherit the configuration.
 """
 import contextlib
+import hashlib
+import threading
 import weakref
 
 from ... import distributed as dist
@@ -58,11 +70,12 @@ from ..._ignored import ignored_argument
 from ...autograd import backward as _backward
 from ...autograd.function import Function
 from ...autograd import engine as _engine
-from ...autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
+from ...autograd.grad_mode import is_grad_enabled, no_grad
 from ...nn.modules.module import Module
 from ...nn.parameter import Parameter
 from ... import random as _random
 from ...tensor import Tensor
+from ...utils.checkpoint import ForwardState
 from ..clip_grad import global_norm
 from .api import MixedPrecision, MixedPrecisionPolicy
 
@@ -98,7 +111,8 @@ class _UnitFunction(Function):
     @staticmethod
     def forward(ctx, unit, flat_shard, kwargs, *args):
         ctx.unit, ctx.kwargs, ctx.args = unit, kwargs, args
-        ctx.rng = _random.get_rng_state()
+        # what the recomputation replays: activation checkpointing's own
+        ctx.state = ForwardState(args)
         unit._gather(requires_grad=False, compute=True)
         try:
             with no_grad():          # no graph: it would keep the weights
@@ -123,17 +137,14 @@ class _UnitFunction(Function):
         try:
             inputs = [a.detach().requires_grad_(a.requires_grad)
                       if isinstance(a, Tensor) else a for a in ctx.args]
-            after = _random.get_rng_state()
-            _random.set_rng_state(ctx.rng)
             # the recomputation must not update buffers a second time
             # (BatchNorm's running statistics): put them back after it
             bufs = [b for b in unit._fsdp_wrapped_module.buffers()]
             kept = [b._data.copy() for b in bufs]
             try:
-                with enable_grad():
+                with ctx.state.replay():
                     out = unit._call_inner(inputs, ctx.kwargs)
             finally:
-                _random.set_rng_state(after)
                 for b, a in zip(bufs, kept):
                     b._data[...] = a
             outs = tuple(out) if ctx.is_tuple else (out,)
@@ -209,9 +220,16 @@ class FullyShardedDataParallel(Module):
         object.__setattr__(self, "_is_root", True)
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        # a model built on the meta device is materialised unit by unit
+        # (each unit's modules in full, then only this rank's chunk kept),
+        # initialised by streams keyed by the modules' names
+        target = "cpu" if device_id is None else device_id
+        with _init_lock:     # not a seed another rank thread has set
+            seed = _random.initial_seed()
         if auto_wrap_policy is not None:
             _auto_wrap(module, auto_wrap_policy, group, sync_module_states,
-                       mixed_precision)
+                       mixed_precision, "", target, seed)
+        _materialize(module, "", target, seed)
         self._fsdp_wrapped_module = module
         object.__setattr__(self, "_state_dict_type",
                            StateDictType.FULL_STATE_DICT)
@@ -279,21 +297,26 @@ class FullyShardedDataParallel(Module):
         n = sum(sizes)
         chunk = -(-n // self.world_size)
         xp = p0._xp()
-        flat = xp.zeros(chunk * self.world_size, p0._data.dtype)
-        o = 0
-        for (p, _), k in zip(own, sizes):
-            flat[o:o + k] = p._data.reshape(-1)
-            o += k
+        r = self.rank
         if sync and self.world_size > 1:
+            flat = xp.zeros(chunk * self.world_size, p0._data.dtype)
+            o = 0
+            for (p, _), k in zip(own, sizes):
+                flat[o:o + k] = p._data.reshape(-1)
+                o += k
             src = dist.get_global_rank(self.process_group, 0)
             dist.broadcast(Tensor._wrap(flat), src, group=self.process_group)
-        r = self.rank
+            flat = flat[r * chunk:(r + 1) * chunk]
+        else:
+            # only this rank's chunk: a unit never exists twice in full
+            flat = _chunk_of([p for p, _ in own], sizes, r * chunk, chunk,
+                             xp.zeros(chunk, p0._data.dtype))
         object.__setattr__(self, "_numel", n)
         object.__setattr__(self, "_chunk", chunk)
         object.__setattr__(self, "_shapes", shapes)
         object.__setattr__(self, "_sizes", sizes)
         self._flat_param = Parameter(
-            Tensor._wrap(flat[r * chunk:(r + 1) * chunk].copy()),
+            Tensor._wrap(flat.copy() if flat.base is not None else flat),
             requires_grad=p0.requires_grad)
         # the original parameters give up their arrays: only the shard
         # stays (a caller holding them sees empty tensors, as in PyTorch)
@@ -909,16 +932,78 @@ def _map_float(obj, dtype):
     return obj
 
 
-def _auto_wrap(module, policy, group, sync, mp=None):
-    """Wrap the submodules ``policy`` picks (children first)."""
+def _chunk_of(params, sizes, lo, n, out):
+    """Elements [lo, lo + n) of the parameters laid end to end, into
+    ``out`` (zeros: the padding)."""
+    o = 0
+    for p, k in zip(params, sizes):
+        a, b = max(o, lo), min(o + k, lo + n)
+        if a < b:
+            out[a - lo:b - lo] = p._data.reshape(-1)[a - o:b - o]
+        o += k
+    return out
+
+
+def _name_seed(seed, name):
+    h = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(h[:8], "little") >> 1
+
+
+# thread ranks share the default generator: one materialises at a time
+_init_lock = threading.RLock()
+
+
+def reset_parameters_by_name(module, seed, prefix=""):
+    """Call ``reset_parameters()`` of ``module`` and its submodules (not
+    inside FSDP units), each with the default generator seeded from
+    (``seed``, its qualified name under ``prefix``), then put the
+    generator back. A model so initialised has the same values however
+    it is built or sharded: FSDP initialises a meta-device model this
+    way (seed: ``dtorch.initial_seed()`` when it is wrapped), and a
+    one-rank reference gets them with ``reset_parameters_by_name(model,
+    seed)``."""
+    _reset_by_name(_walk(module, prefix), seed)
+
+
+def _reset_by_name(named, seed):
+    with _init_lock:
+        state = _random.get_rng_state()
+        try:
+            for name, m in sorted(named, key=lambda e: e[0]):
+                reset = getattr(m, "reset_parameters", None)
+                if callable(reset):
+                    _random.default_generator.manual_seed(
+                        _name_seed(seed, name))
+                    reset()
+        finally:
+            _random.set_rng_state(state)
+
+
+def _materialize(module, prefix, device, seed):
+    """Modules of this unit still on the meta device: storage on
+    ``device`` (``to_empty``), values from ``reset_parameters_by_name``."""
+    metas = [(n, m) for n, m in _walk(module, prefix)
+             if any(t is not None and t.is_meta
+                    for t in (*m._parameters.values(),
+                              *m._buffers.values()))]
+    for _, m in metas:
+        m.to_empty(device=device, recurse=False)
+    _reset_by_name(metas, seed)
+
+
+def _auto_wrap(module, policy, group, sync, mp, prefix, target, seed):
+    """Wrap the submodules ``policy`` picks (children first), each
+    materialised first if it is on the meta device."""
     for name, child in list(module._modules.items()):
         if child is None or _unit_of(child) is not None:
             continue
+        path = _join(prefix, name)
         if policy(module=child, recurse=True,
                   nonwrapped_numel=_numel_unwrapped(child)):
-            _auto_wrap(child, policy, group, sync, mp)
+            _auto_wrap(child, policy, group, sync, mp, path, target, seed)
         if policy(module=child, recurse=False,
                   nonwrapped_numel=_numel_unwrapped(child)):
+            _materialize(child, path, target, seed)
             module._modules[name] = FullyShardedDataParallel(
                 child, process_group=group, sync_module_states=sync,
                 mixed_precision=mp)
@@ -983,6 +1068,14 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=True,
                         f"{type(module).__name__}")
     if _unit_of(module) is not None:
         raise ValueError("fully_shard: the module is sharded already")
+    if any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+        # keyed by names relative to this block, every block would get
+        # the same values: refuse rather than initialise them wrongly
+        raise NotImplementedError(
+            "fully_shard: the module is on the meta device; materialise it "
+            "first (to_empty(device=...) and reset_parameters()) or wrap the "
+            "model in FullyShardedDataParallel(auto_wrap_policy=...), which "
+            "materialises each unit as it shards it")
     orig = type(module)
     state = _InPlaceUnit.__new__(_InPlaceUnit)
     object.__setattr__(state, "_orig_cls", orig)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from ... import _backend as B
 from ...tensor import Tensor
+from ..._creation import empty_like
 from ...autograd.grad_mode import no_grad
 from ..parameter import Parameter, Buffer
 
@@ -425,6 +426,14 @@ class Module:
             return t.to(device=dev,
                         dtype=dt if t.is_floating_point() else None)
         return self._apply(convert)
+
+    def to_empty(self: _M, *, device: Any, recurse: bool = True) -> _M:
+        """Parameters and buffers as new uninitialised tensors of the same
+        shapes and dtypes on ``device`` (PyTorch's: a model built on the
+        meta device gets storage; ``reset_parameters()`` then initialises
+        it)."""
+        return self._apply(lambda t: empty_like(t, device=device),
+                           recurse=recurse)
 
     def cuda(self: _M, device: int | B.device | None = None) -> _M:
         if isinstance(device, int):

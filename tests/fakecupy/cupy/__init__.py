@@ -38,6 +38,7 @@ It checks API use, not GPU results. What it enforces, each as CuPy 13.0 does
 import builtins as _bi
 import os as _os
 import types as _types
+import weakref as _weakref
 
 import numpy as _np
 
@@ -208,6 +209,28 @@ def _unwrap_args(args, kw, dev):
     return args, {k: _unwrap(v, dev, True) for k, v in kw.items()}
 
 
+# Device memory, as CuPy's pool sees it: the NumPy buffer behind each
+# array (its base owner, shared by views) is one allocation from
+# cuda.get_allocator() on the array's device, held until the buffer dies.
+_held = {}
+
+
+def _account(a, dev):
+    while isinstance(a.base, _np.ndarray):
+        a = a.base
+    if id(a) in _held or not a.nbytes:
+        return
+    prev = cuda._current_device()
+    cuda._tls.device = dev
+    try:
+        mem = cuda.get_allocator()(a.nbytes)
+    finally:
+        cuda._tls.device = prev
+    key = id(a)
+    _held[key] = mem
+    _weakref.finalize(a, _held.pop, key, None)
+
+
 class _MemoryPointer:
     __slots__ = ("ptr", "device_id")
 
@@ -243,12 +266,14 @@ class ndarray:
             raise NotImplementedError("stand-in: memptr/strides")
         self._a = _np.empty(shape, _check_dtype(dtype), order=order)
         self._dev = _cur()
+        _account(self._a, self._dev)
 
     @classmethod
     def _new(cls, a, dev):
         self = object.__new__(cls)
         self._a = a
         self._dev = dev
+        _account(a, dev)
         return self
 
     # ---- refusals: this is not a NumPy array

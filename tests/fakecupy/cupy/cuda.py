@@ -245,25 +245,94 @@ class Event:
         pass
 
 
-class _Pool:
+class _PooledMemory:
+    """A block lent by a pool: back to the pool when the last reference
+    to it goes (CuPy's PooledMemory)."""
+    __slots__ = ("pool", "size", "device_id", "ptr")
+
+    def __init__(self, pool, size, device_id):
+        self.pool, self.size, self.device_id = pool, size, device_id
+        self.ptr = _new_ptr()
+
+    def __del__(self):
+        self.pool._release(self.device_id, self.size)
+
+
+class MemoryPointer:
+    """cupy.cuda.MemoryPointer: ``mem`` (the block), ``device_id``,
+    ``ptr``."""
+    __slots__ = ("mem", "device_id", "ptr")
+
+    def __init__(self, mem, offset):
+        self.mem, self.device_id = mem, mem.device_id
+        self.ptr = mem.ptr + offset
+
+    def __int__(self):
+        return self.ptr
+
+
+class MemoryPool:
+    """cupy.cuda.MemoryPool's accounting, per device: ``malloc(size)``
+    lends a block of the size rounded up to 512 bytes, taken from the
+    pool's free bytes when it holds enough; ``used_bytes`` / ``free_bytes``
+    / ``total_bytes`` of the current device; ``free_all_blocks`` gives
+    the free bytes back."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._used, self._free, self._nfree = {}, {}, {}
+
+    def malloc(self, size):
+        size = -(-int(size) // 512) * 512
+        dev = _current_device()
+        with self._lock:
+            self._used[dev] = self._used.get(dev, 0) + size
+            if self._free.get(dev, 0) >= size:
+                self._free[dev] -= size
+                self._nfree[dev] = max(self._nfree.get(dev, 0) - 1, 0)
+        return MemoryPointer(_PooledMemory(self, size, dev), 0)
+
+    def _release(self, dev, size):
+        with self._lock:
+            self._used[dev] -= size
+            self._free[dev] = self._free.get(dev, 0) + size
+            self._nfree[dev] = self._nfree.get(dev, 0) + 1
+
     def used_bytes(self):
-        return 0
+        return self._used.get(_current_device(), 0)
+
+    def free_bytes(self):
+        return self._free.get(_current_device(), 0)
 
     def total_bytes(self):
-        return 0
+        return self.used_bytes() + self.free_bytes()
 
     def free_all_blocks(self, stream=None):
-        pass
+        dev = _current_device()
+        with self._lock:
+            self._free[dev] = self._nfree[dev] = 0
 
     def n_free_blocks(self):
-        return 0
+        return self._nfree.get(_current_device(), 0)
 
 
-_POOL = _Pool()
+_POOL = MemoryPool()
+_allocator = [_POOL.malloc]
+
+
+def set_allocator(allocator=None):
+    """The function every new array's memory comes from (size -> a
+    MemoryPointer); None: the default pool's malloc."""
+    _allocator[0] = _POOL.malloc if allocator is None else allocator
+
+
+def get_allocator():
+    return _allocator[0]
 
 
 class _Memory:
-    MemoryPool = _Pool
+    MemoryPool = MemoryPool
+    MemoryPointer = MemoryPointer
 
 
 memory = _Memory()
