@@ -85,6 +85,10 @@ from ._tensor_methods import (  # noqa: E402
     bitwise_or, bitwise_xor, bitwise_not, signbit, heaviside, copysign,
     nansum, nanmean, mv, addmm, baddbmm, addbmm, addmv, tile, unique,
     unique_consecutive, multinomial, bernoulli, lgamma, digamma, mode)
+from ._tensor_methods import (  # noqa: E402
+    inverse, det, logdet, slogdet, cholesky, cholesky_solve,
+    cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp)
+from . import linalg  # noqa: E402
 from .functional import *  # noqa: F401,F403,E402
 from ._settings import *  # noqa: F401,F403,E402
 from ._legacy import *  # noqa: F401,F403,E402

@@ -1717,6 +1717,9 @@ class Tensor(_function.TensorBase):
         log_normal_, cauchy_, squeeze_, unsqueeze_, t_, transpose_,
         is_complex, is_pinned, storage_offset, H, lgamma, digamma, nonzero,
         mode, put_, resize_)
+    from ._tensor_methods import (  # noqa: E402  (torch.linalg's older names)
+        inverse, det, logdet, slogdet, cholesky, cholesky_solve,
+        cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp)
     H = property(H)
     arctan2, arcsin, arccos, arctan = atan2, asin, acos, atan
     moveaxis = movedim

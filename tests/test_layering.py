@@ -44,6 +44,9 @@ LAYERS = {
     'dtorch.functional': 3, 'dtorch._settings': 3,
     'dtorch.autograd.functional': 3, 'dtorch._legacy': 3,
     'dtorch._format': 3,
+    # torch.linalg (LAPACK primitives + compositions; Tensor.inverse etc.
+    # bind its functions, so it knows Tensor only as TensorBase)
+    'dtorch.linalg': 3,
     # 4 the single-process training stack (siblings; no cycles among them),
     # and the package faces `dtorch` and `dtorch.utils` that re-export it
     # (dtorch.distributed loads lazily, through dtorch.__getattr__)

@@ -60,3 +60,68 @@ def _scaled(t, c):
     if c == 0:
         return t.detach() * 0 if not t.requires_grad else t * 0
     return t if c == 1 else t * c
+
+
+# ------------------------------------------------- torch.linalg as methods --
+# Tensor.inverse / det / ... and torch.inverse / det / ...: the linalg
+# functions under their older names (torch.svd returns V, not Vh)
+from .. import linalg as _la  # noqa: E402
+from .. import return_types as _rt  # noqa: E402
+
+
+def inverse(self):
+    return _la.inv(self)
+
+
+def det(self):
+    return _la.det(self)
+
+
+def logdet(self):
+    return _la.logdet(self)
+
+
+def slogdet(self):
+    return _rt.slogdet(*_la.slogdet(self))
+
+
+def cholesky(self, upper=False):
+    return _la.cholesky(self, upper=upper)
+
+
+def cholesky_solve(self, input2, upper=False):
+    """X with A X = self, A = L L^T given its factor ``input2``: solve()
+    of the product, whose gradient in the factor is PyTorch's (the whole
+    matrix, not only its triangle)."""
+    L = input2.mT if upper else input2
+    return _la.solve(L @ L.mT, self)
+
+
+def cholesky_inverse(self, upper=False):
+    L = self.mT if upper else self
+    eye = _la.eye_like(L, L.shape[-1])
+    return cholesky_solve(eye, L)
+
+
+def qr(self, some=True):
+    return _rt.qr(*_la.qr(self, "reduced" if some else "complete"))
+
+
+def svd(self, some=True, compute_uv=True):
+    U, S, Vh = _la.svd(self, full_matrices=not some)
+    if not compute_uv:
+        # PyTorch returns zero-filled U and V then
+        return _rt.svd(U.detach() * 0, S, Vh.mT.detach() * 0)
+    return _rt.svd(U, S, Vh.mT)
+
+
+def pinverse(self, rcond=1e-15):
+    return _la.pinv(self, rtol=rcond)
+
+
+def matrix_power(self, n):
+    return _la.matrix_power(self, n)
+
+
+def matrix_exp(self):
+    return _la.matrix_exp(self)
