@@ -104,6 +104,8 @@ from . import nn  # noqa: E402
 from . import amp, cpu  # noqa: E402
 from .amp import autocast  # noqa: E402
 from .cuda import amp as _cuda_amp  # noqa: E402,F401  (dtorch.cuda.amp)
+from ._einops_hook import install as _einops_install  # noqa: E402
+_einops_install()   # einops finds dtorch tensors (dtorch/_einops_hook.py)
 
 
 def __getattr__(name):
