@@ -89,6 +89,8 @@ from ._tensor_methods import (  # noqa: E402
     inverse, det, logdet, slogdet, cholesky, cholesky_solve,
     cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp)
 from . import linalg  # noqa: E402
+from . import sparse  # noqa: E402
+from .sparse import sparse_coo_tensor, spmm  # noqa: E402
 from .functional import *  # noqa: F401,F403,E402
 from ._settings import *  # noqa: F401,F403,E402
 from ._legacy import *  # noqa: F401,F403,E402

@@ -20,6 +20,7 @@ from .autograd import function as _function
 from .autograd.grad_mode import _state
 from .random import draw as _draw
 from .return_types import MinMax
+from ._tensor_methods.sparse import SparseCOO, strided, sparse_coo
 
 _SCALARS = (int, float, bool)
 _ndarray = np.ndarray
@@ -1723,8 +1724,24 @@ class Tensor(_function.TensorBase):
     H = property(H)
     arctan2, arcsin, arccos, arctan = atan2, asin, acos, atan
     moveaxis = movedim
-    # dtorch has strided dense CPU/GPU tensors only
-    is_sparse = is_quantized = is_meta = is_mkldnn = False
+    # dense tensors are strided; SparseTensor (below) is the COO layout
+    is_sparse = is_quantized = is_meta = is_mkldnn = is_xpu = False
+    layout = strided
+
+    def to_sparse(self, sparse_dim=None, *, layout=None):
+        """The COO form: the non-zero entries (along the first
+        ``sparse_dim`` dims; all when None)."""
+        if layout not in (None, sparse_coo):
+            raise NotImplementedError(f"to_sparse: layout {layout} is not "
+                                      f"supported in dtorch (only "
+                                      f"dtorch.sparse_coo)")
+        return SparseTensor._from_dense(self, sparse_dim)
+
+    def to_sparse_coo(self):
+        return self.to_sparse()
+
+    def to_dense(self, dtype=None, *, masked_grad=None):
+        return self if dtype is None else self.to(dtype)
 
     # --------------------------------------------------------- printing ---
     def __repr__(self):
@@ -1736,6 +1753,13 @@ class Tensor(_function.TensorBase):
         if self.ndim == 0:
             return format(self.item(), spec)
         return format(repr(self), spec)
+
+
+class SparseTensor(SparseCOO, Tensor):
+    """A sparse COO tensor (``layout == dtorch.sparse_coo``): made by
+    ``dtorch.sparse_coo_tensor`` or ``Tensor.to_sparse``; its methods are
+    ``SparseCOO``'s, and dense ops on it raise (it has no dense array)."""
+    __slots__ = ()
 
 
 class _GradHook:

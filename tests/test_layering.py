@@ -47,6 +47,8 @@ LAYERS = {
     # torch.linalg (LAPACK primitives + compositions; Tensor.inverse etc.
     # bind its functions, so it knows Tensor only as TensorBase)
     'dtorch.linalg': 3,
+    # torch.sparse (its tensor class is dtorch.tensor.SparseTensor)
+    'dtorch.sparse': 3,
     # 4 the single-process training stack (siblings; no cycles among them),
     # and the package faces `dtorch` and `dtorch.utils` that re-export it
     # (dtorch.distributed loads lazily, through dtorch.__getattr__)

@@ -78,12 +78,12 @@ def compare(name, arrays, loss=None, kw=None, rtol=1e-7, atol=1e-9,
         if b is None:        # torch's "no gradient": zeros or None here
             assert a is None or not a.detach().numpy().any()
         elif a is not None:
-            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol,
-                                       atol)
+            np.testing.assert_allclose(a.detach().numpy(),
+                                       b.detach().numpy(), rtol, atol)
     for a, b in zip(sd or (), st or ()):
         if a is not None and b is not None:
-            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol,
-                                       atol)
+            np.testing.assert_allclose(a.detach().numpy(),
+                                       b.detach().numpy(), rtol, atol)
     return od, ot
 
 

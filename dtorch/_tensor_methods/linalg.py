@@ -1,4 +1,5 @@
-"""Tensor methods of linear algebra: trace, outer, mv, addmm/baddbmm/addbmm/addmv.
+"""Tensor methods of linear algebra: trace, outer, mv, addmm/baddbmm/addbmm/addmv,
+and torch.linalg's functions under their Tensor names (inverse, det, svd...).
 
 Each function takes the tensor first: it is a Tensor method (the class body
 of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
