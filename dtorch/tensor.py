@@ -6,6 +6,7 @@ method is composed from the primitives in ``dtorch/ops``.
 """
 import builtins
 import copy
+import functools
 import math
 import weakref
 
@@ -1718,6 +1719,7 @@ class Tensor(_function.TensorBase):
         log_normal_, cauchy_, squeeze_, unsqueeze_, t_, transpose_,
         is_complex, is_pinned, storage_offset, H, lgamma, digamma, nonzero,
         mode, put_, resize_)
+    from ._tensor_methods import fmax, fmin, sgn  # noqa: E402
     from ._tensor_methods import (  # noqa: E402  (torch.linalg's older names)
         inverse, det, logdet, slogdet, cholesky, cholesky_solve,
         cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp)
@@ -1753,6 +1755,37 @@ class Tensor(_function.TensorBase):
         if self.ndim == 0:
             return format(self.item(), spec)
         return format(repr(self), spec)
+
+
+def numpy_aliases(fn):
+    """``fn`` also taking NumPy's ``axis=`` for ``dim=`` and ``keepdims=``
+    for ``keepdim=``, as PyTorch's argument parser does wherever a
+    function has a dim (keepdim) argument. A call without keywords costs
+    one extra Python frame (~0.1 us)."""
+    @functools.wraps(fn)
+    def aliased(*args, **kwargs):
+        if kwargs:
+            if "axis" in kwargs:
+                if "dim" in kwargs:
+                    raise TypeError(f"{fn.__name__}() got both dim and "
+                                    f"axis (an alias of dim)")
+                kwargs["dim"] = kwargs.pop("axis")
+            if "keepdims" in kwargs:
+                if "keepdim" in kwargs:
+                    raise TypeError(f"{fn.__name__}() got both keepdim and "
+                                    f"keepdims (an alias of keepdim)")
+                kwargs["keepdim"] = kwargs.pop("keepdims")
+        return fn(*args, **kwargs)
+    return aliased
+
+
+# the reductions, scans and dim-taking methods NumPy users reach for
+for _name in ("sum mean std var prod amax amin argmax argmin max min all "
+              "any cumsum cumprod logsumexp nansum nanmean median mode "
+              "count_nonzero softmax log_softmax sort argsort squeeze "
+              "unsqueeze").split():
+    setattr(Tensor, _name, numpy_aliases(getattr(Tensor, _name)))
+del _name
 
 
 class SparseTensor(SparseCOO, Tensor):

@@ -24,6 +24,6 @@ from .maths import (  # noqa: F401
     exp2, frac, sinc, logit, atan2, arctan2, hypot, xlogy, remainder, fmod,
     floor_divide, float_power, logical_xor, bitwise_and, bitwise_or,
     bitwise_xor, bitwise_not, signbit, heaviside, copysign, nansum,
-    nanmean, lgamma, digamma)
+    nanmean, lgamma, digamma, fmax, fmin, sgn)
 from .sampling import (  # noqa: F401
     multinomial, bernoulli, exponential_, geometric_, log_normal_, cauchy_)
