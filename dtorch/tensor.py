@@ -1742,6 +1742,10 @@ class Tensor(_function.TensorBase):
     def to_sparse_coo(self):
         return self.to_sparse()
 
+    from ._tensor_methods.sparse import (  # noqa: E402  (they raise)
+        coalesce, indices, values, is_coalesced, _nnz, _indices, _values,
+        sparse_dim, dense_dim)
+
     def to_dense(self, dtype=None, *, masked_grad=None):
         return self if dtype is None else self.to(dtype)
 

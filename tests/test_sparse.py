@@ -73,6 +73,22 @@ def test_bad_indices_raise(indices, values, size, msg):
                                     check_invariants=True)
 
 
+def test_sparse_names_on_dense_tensors_raise_as_torch():
+    for name in ("coalesce", "indices", "values", "is_coalesced"):
+        msgs = []
+        for lib in (dtorch, torch):
+            with pytest.raises(RuntimeError) as e:
+                getattr(lib.ones(2, 3), name)()
+            msgs.append(str(e.value))
+        assert msgs[0] == msgs[1]
+    for name in ("_nnz", "_indices", "_values"):
+        with pytest.raises(NotImplementedError):
+            getattr(dtorch.ones(2, 3), name)()
+    x = dtorch.ones(2, 3)
+    assert (x.sparse_dim(), x.dense_dim()) == (0, 2)
+    assert x.to_dense() is x
+
+
 def test_coalesce_indices_values_to_dense():
     (d, dv), (t, tv) = both(lambda lib: make(lib, grad=True))
     with pytest.raises(RuntimeError, match="uncoalesced"):

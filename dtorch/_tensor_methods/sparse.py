@@ -485,3 +485,40 @@ def coo_size(idx, vals, size):
                 f"size is inconsistent with indices: for dim {d}, size is "
                 f"{size[d]} but found index {int(ia[d].max())}")
     return size
+
+
+# ---------------------------------------- the same names on dense tensors --
+# (Tensor binds these; SparseCOO's own come first for a sparse tensor)
+
+def _needs_sparse(name, what="sparse coordinate tensor"):
+    def method(self):
+        raise RuntimeError(f"{name} expected {what} layout but got Strided")
+    method.__name__ = name
+    return method
+
+
+coalesce = _needs_sparse("coalesce")
+indices = _needs_sparse("indices")
+values = _needs_sparse("values", "sparse tensor")
+is_coalesced = _needs_sparse("is_coalesced")
+
+
+def _sparse_only(name):
+    def method(self):
+        raise NotImplementedError(f"{name}() is only available for sparse "
+                                  f"tensors (layout=torch.sparse_coo)")
+    method.__name__ = name
+    return method
+
+
+_nnz = _sparse_only("_nnz")
+_indices = _sparse_only("_indices")
+_values = _sparse_only("_values")
+
+
+def sparse_dim(self):
+    return 0
+
+
+def dense_dim(self):
+    return self.ndim
