@@ -1,13 +1,9 @@
 """einops on dtorch tensors: rearrange / reduce / repeat / einsum / pack /
 unpack values and gradients against torch + einops, the layers
 (Rearrange, Reduce, EinMix) inside a dtorch module with torch's weights,
-and how the backend is found (dtorch/_einops_hook.py): ``import dtorch``
+and (in test_lazy_imports.py) how the backend is found: ``import dtorch``
 never imports einops, and einops finds dtorch whichever is imported
 first."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -16,7 +12,6 @@ import dtorch
 einops = pytest.importorskip("einops")
 torch = pytest.importorskip("torch")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 X = np.random.default_rng(0).standard_normal((2, 6, 4, 3))
 
 
@@ -131,39 +126,3 @@ def test_layers_in_a_module_equal_torch():
                   h=2, c=3, e=4)
     assert tuple(m(dtorch.randn(2, 5, 6)).shape) == (2, 5, 8)
     assert repr(net.patch) == "Rearrange('b c (h p) w -> b h (p w c)', p=2)"
-
-
-def _run(code):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
-
-
-def test_backend_found_in_either_import_order():
-    after = _run(
-        "import sys, dtorch\n"
-        "print('einops' in sys.modules)\n"
-        "import einops\n"
-        "x = einops.rearrange(dtorch.ones(2, 3), 'a b -> b a')\n"
-        "print(tuple(x.shape), type(x).__module__)\n"
-        "print(any(type(f).__name__ == '_AfterEinops' "
-        "for f in sys.meta_path))")
-    assert after.splitlines() == ["False", "(3, 2) dtorch.tensor", "False"]
-    before = _run(
-        "import einops, dtorch\n"
-        "print(tuple(einops.reduce(dtorch.ones(2, 3), 'a b -> a', 'sum')"
-        ".tolist()))")
-    assert before == "(3.0, 3.0)"
-
-
-def test_no_einops_installed_means_no_hook():
-    # einops unimportable (None in sys.modules): import dtorch adds no
-    # finder and rearrange is not reachable
-    out = _run(
-        "import sys; sys.modules['einops'] = None\n"
-        "import dtorch\n"
-        "print(any(type(f).__name__ == '_AfterEinops' "
-        "for f in sys.meta_path))")
-    assert out == "False"

@@ -147,15 +147,20 @@ def eye_like(A, n):
 
 # ------------------------------------------------------------ primitives --
 
+def _with_info(A, name, per_matrix):
+    """xp.linalg.<name>(A) and LAPACK's info, both as tensors."""
+    xp = A._xp()
+    out, info = _try(getattr(xp.linalg, name), A._data, per_matrix)
+    return _wrap(A, out), _wrap(A, xp.asarray(info))
+
+
 class Inv(Function):
     """A^-1 and getrf's info; gA = -A^-T g A^-T."""
     @staticmethod
     def forward(ctx, A):
-        xp = A._xp()
-        out, info = _try(xp.linalg.inv, A._data, _lu_info)
-        inv = _wrap(A, out)
+        inv, info = _with_info(A, "inv", _lu_info)
         ctx.save_for_backward(inv)
-        return inv, _wrap(A, xp.asarray(info))
+        return inv, info
 
     @staticmethod
     def backward(ctx, g, _info):
@@ -248,11 +253,9 @@ class Cholesky(Function):
     keeps the lower triangle and halves the diagonal."""
     @staticmethod
     def forward(ctx, A):
-        xp = A._xp()
-        out, info = _try(xp.linalg.cholesky, A._data, _chol_info)
-        L = _wrap(A, out)
+        L, info = _with_info(A, "cholesky", _chol_info)
         ctx.save_for_backward(L)
-        return L, _wrap(A, xp.asarray(info))
+        return L, info
 
     @staticmethod
     def backward(ctx, gL, _info):
