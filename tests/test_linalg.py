@@ -470,3 +470,35 @@ def test_cuda_path(device):
                                    r.detach().numpy(), 1e-10, 1e-12)
     with pytest.raises(dtorch.linalg.LinAlgError, match="singular"):
         dtorch.linalg.inv(dtorch.zeros(2, 2, device=device))
+
+
+def test_low_precision_and_cpu_autocast_dtypes_match_torch():
+    # bfloat16: refused, or accepted (norms, matrix_exp, multi_dot), as
+    # torch; under CPU autocast PyTorch's fp32 list (inv, solve,
+    # cholesky, qr, svd, eigh, lstsq, cond, ...) casts instead of refusing
+    def probe(lib):
+        a = lib.tensor(rand(3, 3) + 3 * np.eye(3), dtype=lib.bfloat16)
+        s = lib.tensor(spd(), dtype=lib.bfloat16)
+        b = lib.ones(3, 2, dtype=lib.bfloat16)
+        la = lib.linalg
+        fns = [lambda: la.inv(a), lambda: la.solve(a, b),
+               lambda: la.det(a), lambda: la.cholesky(s),
+               lambda: la.qr(a).Q, lambda: la.svdvals(a),
+               lambda: la.eigh(s).eigenvectors, lambda: la.lstsq(a, b)[0],
+               lambda: la.pinv(a), lambda: la.matrix_exp(a),
+               lambda: la.solve_triangular(a, b, upper=True),
+               lambda: la.matrix_rank(a), lambda: la.cond(a),
+               lambda: la.matrix_norm(a), lambda: la.matrix_norm(a, "nuc"),
+               lambda: la.vector_norm(a), lambda: lib.inverse(a),
+               lambda: lib.pinverse(a), lambda: la.multi_dot([a, a]),
+               lambda: lib.cholesky_inverse(s)]
+        out = []
+        for auto in (False, True):
+            for f in fns:
+                try:
+                    with lib.autocast("cpu", enabled=auto):
+                        out.append(str(f().dtype).split(".")[-1])
+                except RuntimeError:
+                    out.append("refused")
+        return out
+    assert probe(dtorch) == probe(torch)

@@ -90,6 +90,7 @@ def cholesky(self, upper=False):
     return _la.cholesky(self, upper=upper)
 
 
+@_la._fp32_on_cpu
 def cholesky_solve(self, input2, upper=False):
     """X with A X = self, A = L L^T given its factor ``input2``: solve()
     of the product, whose gradient in the factor is PyTorch's (the whole
@@ -98,6 +99,7 @@ def cholesky_solve(self, input2, upper=False):
     return _la.solve(L @ L.mT, self)
 
 
+@_la._fp32_on_cpu
 def cholesky_inverse(self, upper=False):
     L = self.mT if upper else self
     eye = _la.eye_like(L, L.shape[-1])
@@ -116,6 +118,7 @@ def svd(self, some=True, compute_uv=True):
     return _rt.svd(U, S, Vh.mT)
 
 
+@_la._fp32_on_cpu
 def pinverse(self, rcond=1e-15):
     return _la.pinv(self, rtol=rcond)
 

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from .. import return_types as R
+from ..autograd.function import autocast_op
 from ..ops import Cat
 from ._lapack import (
     LinAlgError, Inv, Solve, SolveTriangular, Cholesky, QR, Eigh, SVD, Pinv,
@@ -33,6 +34,11 @@ __all__ = [
     "matrix_rank", "cond", "cross", "vecdot", "multi_dot", "matmul",
     "diagonal", "vander",
 ]
+
+
+# PyTorch's CPU autocast runs these in float32 (its fp32 list: a bfloat16
+# input is cast, not refused); elsewhere they run on what they are given
+_fp32_on_cpu = autocast_op({"cpu": "fp32"})
 
 
 # =============================================================== norms ==
@@ -113,6 +119,7 @@ def norm(A, ord=None, dim=None, keepdim=False, *, dtype=None):
 
 # ====================================================== inverse, solve ==
 
+@_fp32_on_cpu
 def inv_ex(A, *, check_errors=False):
     """(inverse, info): info is getrf's (0, or the 1-based index of the
     first zero pivot), the inverse NaN where info != 0."""
@@ -123,6 +130,7 @@ def inv_ex(A, *, check_errors=False):
     return R.linalg_inv_ex(out, info)
 
 
+@_fp32_on_cpu
 def inv(A):
     check_matrix(A, "linalg.inv")
     out, info = Inv.apply(A)
@@ -137,6 +145,7 @@ def _as_matrix_rhs(A, B):
                            and tuple(B.shape) == tuple(A.shape[:-1]))
 
 
+@_fp32_on_cpu
 def solve(A, B, *, left=True):
     """X with A X = B (``left=False``: X A = B)."""
     check_matrix(A, "linalg.solve")
@@ -201,6 +210,7 @@ def logdet(A):
 
 # ====================================================== factorisations ==
 
+@_fp32_on_cpu
 def cholesky_ex(A, *, upper=False, check_errors=False):
     """(L, info): info is potrf's (0, or the order of the first leading
     minor that is not positive definite), L NaN where info != 0."""
@@ -211,6 +221,7 @@ def cholesky_ex(A, *, upper=False, check_errors=False):
     return R.linalg_cholesky_ex(L.mT if upper else L, info)
 
 
+@_fp32_on_cpu
 def cholesky(A, *, upper=False):
     """L with A = L L^T (``upper``: U with A = U^T U)."""
     check_matrix(A, "linalg.cholesky")
@@ -219,6 +230,7 @@ def cholesky(A, *, upper=False):
     return L.mT if upper else L
 
 
+@_fp32_on_cpu
 def qr(A, mode="reduced"):
     """(Q, R) with A = Q R; mode 'reduced', 'complete' or 'r' (Q empty)."""
     if mode not in ("reduced", "complete", "r"):
@@ -236,6 +248,7 @@ def _check_driver(A, driver):
             "on CUDA inputs with cuSOLVER backend.")
 
 
+@_fp32_on_cpu
 def svd(A, full_matrices=True, *, driver=None):
     """(U, S, Vh) with A = U diag(S) Vh, S descending."""
     check_matrix(A, "linalg.svd", square=False)
@@ -243,6 +256,7 @@ def svd(A, full_matrices=True, *, driver=None):
     return R.linalg_svd(*SVD.apply(A, bool(full_matrices)))
 
 
+@_fp32_on_cpu
 def svdvals(A, *, driver=None):
     check_matrix(A, "linalg.svdvals", square=False)
     _check_driver(A, driver)
@@ -255,6 +269,7 @@ def _check_uplo(UPLO):
                            f"got {UPLO}")
 
 
+@_fp32_on_cpu
 def eigh(A, UPLO="L"):
     """(eigenvalues ascending, eigenvectors) of symmetric A, read from its
     ``UPLO`` triangle."""
@@ -263,6 +278,7 @@ def eigh(A, UPLO="L"):
     return R.linalg_eigh(*Eigh.apply(A, UPLO))
 
 
+@_fp32_on_cpu
 def eigvalsh(A, UPLO="L"):
     _check_uplo(UPLO)
     check_matrix(A, "linalg.eigvalsh")
@@ -303,6 +319,7 @@ def pinv(A, *, atol=None, rtol=None, hermitian=False):
     return Pinv.apply(A, atol, rtol, bool(hermitian))
 
 
+@_fp32_on_cpu
 def matrix_rank(A, tol=None, hermitian=False, *, atol=None, rtol=None):
     """How many singular values exceed max(atol, rtol * largest)
     (int64)."""
@@ -322,6 +339,7 @@ def matrix_rank(A, tol=None, hermitian=False, *, atol=None, rtol=None):
     return (S > tol_t).sum(-1)
 
 
+@_fp32_on_cpu
 def lstsq(A, B, rcond=None, *, driver=None):
     """(solution, residuals, rank, singular_values) of min ||A X - B||,
     as PyTorch's drivers report them: 'gelsy' (the CPU default) gives the
@@ -359,6 +377,7 @@ def lstsq(A, B, rcond=None, *, driver=None):
     return R.linalg_lstsq(X.squeeze(-1) if vec else X, res, rank, sv)
 
 
+@_fp32_on_cpu
 def cond(A, p=None):
     """The condition number in norm p (None or 2: by singular values)."""
     check_matrix(A, "linalg.cond", square=p not in (None, 2, -2))
@@ -398,7 +417,7 @@ def matrix_exp(A):
     where the Taylor series of degree 12 (Horner's form) is exact to
     ~2e-18 relative; then s squarings. All matmuls, so the gradient (and
     the second one) is that of the same composition."""
-    check_matrix(A, "linalg.matrix_exp")
+    check_matrix(A, "linalg.matrix_exp", low=True)   # as torch
     n = A.shape[-1]
     if A.numel() == 0:
         return A.clone()

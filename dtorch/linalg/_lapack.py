@@ -39,8 +39,8 @@ def check_float(A, name, low=False):
                        f"tensor as input. Got {got}")
 
 
-def check_matrix(A, name, square=True, arg="A"):
-    check_float(A, name)
+def check_matrix(A, name, square=True, arg="A", low=False):
+    check_float(A, name, low)
     if A.ndim < 2:
         raise RuntimeError(f"{name}: The input tensor {arg} must have at "
                            f"least 2 dimensions.")
