@@ -1722,7 +1722,8 @@ class Tensor(_function.TensorBase):
     from ._tensor_methods import fmax, fmin, sgn  # noqa: E402
     from ._tensor_methods import (  # noqa: E402  (torch.linalg's older names)
         inverse, det, logdet, slogdet, cholesky, cholesky_solve,
-        cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp)
+        cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp,
+        cross)
     H = property(H)
     arctan2, arcsin, arccos, arctan = atan2, asin, acos, atan
     moveaxis = movedim

@@ -18,7 +18,7 @@ from .linalg import (  # noqa: F401
     trace, outer, mv, addmm, baddbmm, addbmm, addmv)
 from .linalg import (  # noqa: F401
     inverse, det, logdet, slogdet, cholesky, cholesky_solve,
-    cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp)
+    cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp, cross)
 from .maths import (  # noqa: F401
     erf, erfc, erfinv, asin, acos, atan, sinh, cosh, asinh, acosh, atanh,
     exp2, frac, sinc, logit, atan2, arctan2, hypot, xlogy, remainder, fmod,

@@ -123,6 +123,14 @@ def pinverse(self, rcond=1e-15):
     return _la.pinv(self, rtol=rcond)
 
 
+def cross(self, other, dim=None):
+    """linalg.cross along ``dim``; None is torch.cross's old default, the
+    first dim of length 3."""
+    if dim is None:
+        dim = next((i for i, n in enumerate(self.shape) if n == 3), -1)
+    return _la.cross(self, other, dim=dim)
+
+
 def matrix_power(self, n):
     return _la.matrix_power(self, n)
 
