@@ -11,13 +11,18 @@ that defines it right after einops is first imported, then removes itself
 tuning). Without einops installed it does nothing. Cost measured: one
 ``find_spec`` (~0.1 ms) at ``import dtorch``, no einops import.
 """
-import importlib.machinery
 import importlib.util
 import sys
 
 
 def _register():
-    import dtorch._einops  # noqa: F401  (defines the backend class)
+    try:
+        import dtorch._einops  # noqa: F401  (defines the backend class)
+    except Exception as e:     # an einops whose internals moved
+        import warnings
+        warnings.warn(f"dtorch could not register itself as an einops "
+                      f"backend ({type(e).__name__}: {e}); einops will not "
+                      f"recognise dtorch tensors")
 
 
 class _AfterEinops:
@@ -28,8 +33,9 @@ class _AfterEinops:
         if name != "einops":
             return None
         _uninstall()
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
+        # the other finders (this one is gone) locate einops as usual
+        spec = importlib.util.find_spec(name)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
         exec_module = loader.exec_module

@@ -291,3 +291,9 @@ def test_cuda_path(device):
     np.testing.assert_allclose(s.to_dense().detach().cpu().numpy(),
                                s.cpu().coalesce().to_dense().detach()
                                .numpy())
+    c = s.coalesce()
+    assert c.indices().device.type == device
+    back = c.to_dense().to_sparse()
+    assert back.indices().tolist() == c.indices().tolist()
+    assert (dtorch.ones(2, 4, dtype=dtorch.float64, device=device)
+            @ s).device.type == device
