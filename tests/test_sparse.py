@@ -120,9 +120,21 @@ def test_to_sparse_roundtrip():
     assert z._nnz() == 0
 
 
+@pytest.fixture(params=["scipy", "numpy"])
+def product_path(request, monkeypatch):
+    # the product through scipy.sparse when installed, and NumPy's
+    # reduceat without it
+    from dtorch._tensor_methods import sparse as S
+    if request.param == "numpy":
+        monkeypatch.setattr(S, "_scipy_sparse", lambda: None)
+    elif S._scipy_sparse() is None:
+        pytest.skip("scipy is not installed")
+    return request.param
+
+
 @pytest.mark.parametrize("call", ["mm", "spmm", "sparse.mm", "matmul",
                                   "at", "vector"])
-def test_sparse_times_dense_gradients(call):
+def test_sparse_times_dense_gradients(call, product_path):
     dense = np.random.default_rng(0).standard_normal((3, 2))
 
     def run(lib):
@@ -139,7 +151,7 @@ def test_sparse_times_dense_gradients(call):
         close(a, b)
 
 
-def test_dense_times_sparse_and_additions():
+def test_dense_times_sparse_and_additions(product_path):
     rng = np.random.default_rng(1)
     m = rng.standard_normal((2, 4))
 
@@ -179,7 +191,7 @@ def test_sums_and_transpose():
                              beta=0.5, alpha=2.0))
 
 
-def test_finite_differences_and_double_backward():
+def test_finite_differences_and_double_backward(product_path):
     idx = dtorch.tensor(IDX)
 
     def f(v, x):
@@ -201,6 +213,11 @@ def test_to_dtype_detach_clone_grad():
     assert c._values() is not s._values()
     (s @ dtorch.ones(3, dtype=dtorch.float64)).sum().backward()
     assert s.grad.is_sparse and s.grad._values().tolist() == [1.0] * 5
+    h = s.detach().half() @ dtorch.ones(3, 2, dtype=dtorch.float16)
+    assert h.dtype == dtorch.float16     # no CSR for 2-byte floats
+    np.testing.assert_allclose(h.float().numpy(), (s.detach().to_dense()
+                               @ dtorch.ones(3, 2, dtype=dtorch.float64))
+                               .numpy(), rtol=1e-3)
     leaf = dtorch.ones(3, 3).to_sparse().requires_grad_()
     assert leaf.requires_grad and leaf.is_leaf
 
@@ -233,7 +250,7 @@ def test_dense_ops_on_sparse_raise(op):
         op(s)
 
 
-def test_gcn_trains_like_torch():
+def test_gcn_trains_like_torch(product_path):
     """pytorch/examples gcn on a 6-node graph: sparse adjacency with
     self-loops and D^-1/2 A D^-1/2 normalisation built with to_sparse,
     sparse features, torch.mm / torch.spmm in the layers, Adam; the same
