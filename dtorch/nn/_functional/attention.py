@@ -186,9 +186,9 @@ def multi_head_attention_forward(
         raise NotImplementedError(
             "multi_head_attention_forward: static_k/static_v are not "
             "supported")
-    if (bias_k is None) != (bias_v is None):
-        raise AssertionError("bias_k and bias_v must both be given or "
-                             "both be None")
+    if (bias_k is None) != (bias_v is None):     # PyTorch's texts
+        raise AssertionError("bias_v is set but bias_k is None" if bias_k
+                             is None else "bias_k is set but bias_v is None")
     L, bsz, E = query.shape
     S = key.shape[0]
     if E != embed_dim_to_check:
