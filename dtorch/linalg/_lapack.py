@@ -147,20 +147,22 @@ def eye_like(A, n):
 
 # ------------------------------------------------------------ primitives --
 
-def _with_info(A, name, per_matrix):
-    """xp.linalg.<name>(A) and LAPACK's info, both as tensors."""
-    xp = A._xp()
-    out, info = _try(getattr(xp.linalg, name), A._data, per_matrix)
-    return _wrap(A, out), _wrap(A, xp.asarray(info))
+class _WithInfo(Function):
+    """xp.linalg.<_lapack>(A) and LAPACK's info (``_info`` per matrix),
+    both as tensors; the result is saved for backward."""
+    @classmethod
+    def forward(cls, ctx, A):
+        xp = A._xp()
+        out, info = _try(getattr(xp.linalg, cls._lapack), A._data,
+                         cls._info)
+        out = _wrap(A, out)
+        ctx.save_for_backward(out)
+        return out, _wrap(A, xp.asarray(info))
 
 
-class Inv(Function):
+class Inv(_WithInfo):
     """A^-1 and getrf's info; gA = -A^-T g A^-T."""
-    @staticmethod
-    def forward(ctx, A):
-        inv, info = _with_info(A, "inv", _lu_info)
-        ctx.save_for_backward(inv)
-        return inv, info
+    _lapack, _info = "inv", staticmethod(_lu_info)
 
     @staticmethod
     def backward(ctx, g, _info):
@@ -247,15 +249,11 @@ class SolveTriangular(Function):
         return gA, gB.sum_to_size(*sb), None, None
 
 
-class Cholesky(Function):
+class Cholesky(_WithInfo):
     """The lower factor L of A = L L^T and potrf's info. PyTorch's
     cholesky_backward: gA = L^-T phi(L^T gL) L^-1, symmetrised, where phi
     keeps the lower triangle and halves the diagonal."""
-    @staticmethod
-    def forward(ctx, A):
-        L, info = _with_info(A, "cholesky", _chol_info)
-        ctx.save_for_backward(L)
-        return L, info
+    _lapack, _info = "cholesky", staticmethod(_chol_info)
 
     @staticmethod
     def backward(ctx, gL, _info):
