@@ -123,7 +123,7 @@ LINALG = """
 norm vector_norm matrix_norm inv inv_ex solve solve_ex solve_triangular det
 slogdet cholesky cholesky_ex qr svd svdvals eigh eigvalsh lstsq pinv
 matrix_exp matrix_power matrix_rank cond cross vecdot multi_dot matmul
-diagonal vander LinAlgError
+diagonal vander LinAlgError tensorinv tensorsolve
 """.split()
 
 NN = """

@@ -343,6 +343,19 @@ def test_products():
     fd(lambda x: dtorch.linalg.vander(x, N=4), np.array([0.0, 0.5, -1.0]))
 
 
+def test_tensorinv_tensorsolve():
+    a = rand(2, 3, 6) + 3 * np.eye(6).reshape(2, 3, 6)
+    compare("linalg.tensorinv", [a], kw={"ind": 2})
+    compare("linalg.tensorinv", [rand(4, 2, 2) + 3 * np.eye(4).reshape(
+        4, 2, 2)], kw={"ind": 1})
+    compare("linalg.tensorsolve", [a, rand(2, 3)])
+    compare("linalg.tensorsolve", [np.moveaxis(a, 2, 0), rand(2, 3)],
+            kw={"dims": (0,)})
+    _both_raise("linalg.tensorinv", [np.ones((2, 3, 4))], kw={"ind": 1})
+    _both_raise("linalg.tensorinv", [np.ones((4, 2, 2))], kw={"ind": 0})
+    _both_raise("linalg.tensorsolve", [np.ones((6, 2, 3)), np.ones((2, 4))])
+
+
 def test_empty_matrices():
     for name in ("linalg.inv", "linalg.det", "linalg.pinv", "linalg.svdvals",
                  "linalg.matrix_norm"):

@@ -32,7 +32,7 @@ __all__ = [
     "cholesky_ex", "qr", "svd", "svdvals", "eigh", "eigvalsh", "eig",
     "eigvals", "lstsq", "pinv", "matrix_exp", "matrix_power",
     "matrix_rank", "cond", "cross", "vecdot", "multi_dot", "matmul",
-    "diagonal", "vander",
+    "diagonal", "vander", "tensorinv", "tensorsolve",
 ]
 
 
@@ -386,6 +386,44 @@ def cond(A, p=None):
         big, small = S.amax(-1), S.amin(-1)
         return big / small if p != -2 else small / big
     return matrix_norm(A, p) * matrix_norm(inv(A), p)
+
+
+# ================================================ tensor inverse, solve ==
+
+def _prod(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def tensorinv(A, ind=2):
+    """The inverse of A seen as a matrix of its first ``ind`` dims by the
+    rest, shaped A.shape[ind:] + A.shape[:ind]."""
+    if ind <= 0:
+        raise RuntimeError(f"Expected a strictly positive integer for "
+                           f"'ind', but got {ind}")
+    rows, cols = tuple(A.shape[:ind]), tuple(A.shape[ind:])
+    if _prod(rows) != _prod(cols):
+        raise RuntimeError(
+            f"Expected self to satisfy the requirement prod(self.shape[ind:])"
+            f" == prod(self.shape[:ind]), but got {_prod(cols)} != "
+            f"{_prod(rows)}")
+    return inv(A.reshape(_prod(rows), _prod(cols))).reshape(cols + rows)
+
+
+def tensorsolve(A, B, dims=None):
+    """X with tensordot(A, X, X.ndim) = B (``dims``: A's dims to move to
+    the end first)."""
+    if dims is not None:
+        dims = [d % A.ndim for d in dims]
+        A = A.movedim(dims, list(range(A.ndim - len(dims), A.ndim)))
+    rest = tuple(A.shape[B.ndim:])
+    n = B.numel()
+    if _prod(rest) != n:        # PyTorch's text (it compares with B)
+        raise RuntimeError(
+            f"Expected self to satisfy the requirement "
+            f"prod(self.shape[other.ndim:]) == prod(self.shape[:other.ndim])"
+            f", but got {_prod(rest)} != {n}")
+    X = solve(A.reshape(n, _prod(rest)), B.reshape(-1))
+    return X.reshape(rest)
 
 
 # =========================================== powers and the exponential ==
