@@ -53,12 +53,12 @@ for _n in _METHODS:
     globals()[_n] = _make_function(_n)
 
 
-def max(input, dim=None, keepdim=False):
-    return input.max(dim, keepdim)
+def max(input, *args, **kwargs):
+    return input.max(*args, **kwargs)
 
 
-def min(input, dim=None, keepdim=False):
-    return input.min(dim, keepdim)
+def min(input, *args, **kwargs):
+    return input.min(*args, **kwargs)
 
 
 def is_tensor(obj):
@@ -85,6 +85,19 @@ from ._tensor_methods import (  # noqa: E402
     bitwise_or, bitwise_xor, bitwise_not, signbit, heaviside, copysign,
     nansum, nanmean, mv, addmm, baddbmm, addbmm, addmv, tile, unique,
     unique_consecutive, multinomial, bernoulli, lgamma, digamma, mode)
+from ._tensor_methods import (  # noqa: E402
+    inverse, det, logdet, slogdet, cholesky, cholesky_solve,
+    cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp)
+from . import linalg  # noqa: E402
+from . import sparse  # noqa: E402
+from .sparse import sparse_coo_tensor, spmm  # noqa: E402
+from ._tensor_methods import fmax, fmin, sgn  # noqa: E402
+from .tensor import numpy_aliases as _numpy_aliases  # noqa: E402
+cat = concat = concatenate = _numpy_aliases(cat)     # axis= for dim=
+stack = _numpy_aliases(stack)
+for _n in ("cumprod nansum nanmean median mode sort argsort logcumsumexp "
+           "cummax cummin").split():
+    globals()[_n] = _numpy_aliases(globals()[_n])
 from .functional import *  # noqa: F401,F403,E402
 from ._settings import *  # noqa: F401,F403,E402
 from ._legacy import *  # noqa: F401,F403,E402
@@ -98,8 +111,10 @@ from . import accelerator, backends, multiprocessing, distributions  # noqa
 from .utils import checkpoint as _ckpt  # noqa: E402,F401
 from . import nn  # noqa: E402
 from . import amp, cpu  # noqa: E402
-from .amp import autocast  # noqa: E402
+from .amp import autocast, is_autocast_enabled, get_autocast_dtype  # noqa
 from .cuda import amp as _cuda_amp  # noqa: E402,F401  (dtorch.cuda.amp)
+from ._einops_hook import install as _einops_install  # noqa: E402
+_einops_install()   # einops finds dtorch tensors (dtorch/_einops_hook.py)
 
 
 def __getattr__(name):

@@ -16,7 +16,7 @@ __all__ = [
     "use_deterministic_algorithms", "are_deterministic_algorithms_enabled",
     "set_printoptions", "compile", "is_complex", "is_nonzero",
     "memory_format", "contiguous_format", "channels_last",
-    "channels_last_3d", "preserve_format", "layout", "strided",
+    "channels_last_3d", "preserve_format", "layout", "strided", "sparse_coo",
     "set_float32_matmul_precision", "get_float32_matmul_precision",
     "is_storage", "result_type", "can_cast",
 ]
@@ -201,12 +201,6 @@ channels_last_3d = memory_format("channels_last_3d")
 preserve_format = memory_format("preserve_format")
 
 
-class layout:
-    def __init__(self, name):
-        self._name = name
-
-    def __repr__(self):
-        return f"torch.{self._name}"
-
-
-strided = layout("strided")
+# torch.layout: dense tensors' strided and the sparse COO layout live
+# with the sparse tensor methods (dtorch.tensor uses them)
+from ._tensor_methods.sparse import layout, strided, sparse_coo  # noqa

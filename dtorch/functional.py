@@ -85,17 +85,7 @@ def tensordot(a, b, dims=2):
 
 
 def cross(input, other, dim=None):
-    if dim is None:
-        dim = next((i for i, n in enumerate(np.broadcast_shapes(
-            input.shape, other.shape)) if n == 3), -1)
-    if input.shape[dim] != 3 or other.shape[dim] != 3:
-        raise RuntimeError(f"linalg.cross: inputs dimension {dim} must have "
-                           f"length 3. Got {input.shape[dim]} and "
-                           f"{other.shape[dim]}")
-    a = [input.narrow(dim, i, 1).squeeze(dim) for i in range(3)]
-    b = [other.narrow(dim, i, 1).squeeze(dim) for i in range(3)]
-    return stack([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2],
-                  a[0] * b[1] - a[1] * b[0]], dim)
+    return input.cross(other, dim)
 
 
 def cdist(x1, x2, p=2.0, compute_mode=None):

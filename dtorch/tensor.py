@@ -6,6 +6,7 @@ method is composed from the primitives in ``dtorch/ops``.
 """
 import builtins
 import copy
+import functools
 import math
 import weakref
 
@@ -20,6 +21,7 @@ from .autograd import function as _function
 from .autograd.grad_mode import _state
 from .random import draw as _draw
 from .return_types import MinMax
+from ._tensor_methods.sparse import SparseCOO, strided, sparse_coo
 
 _SCALARS = (int, float, bool)
 _ndarray = np.ndarray
@@ -1720,15 +1722,40 @@ class Tensor(_function.TensorBase):
         log_normal_, cauchy_, squeeze_, unsqueeze_, t_, transpose_,
         is_complex, is_pinned, storage_offset, H, lgamma, digamma, nonzero,
         mode, put_, resize_)
+    from ._tensor_methods import fmax, fmin, sgn  # noqa: E402
+    from ._tensor_methods import (  # noqa: E402  (torch.linalg's older names)
+        inverse, det, logdet, slogdet, cholesky, cholesky_solve,
+        cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp,
+        cross)
     H = property(H)
     arctan2, arcsin, arccos, arctan = atan2, asin, acos, atan
     moveaxis = movedim
-    # dtorch has strided dense CPU/GPU tensors only
-    is_sparse = is_quantized = is_mkldnn = False
+    # dense tensors are strided; SparseTensor (below) is the COO layout
+    is_sparse = is_quantized = is_mkldnn = is_xpu = False
+    layout = strided
 
     @property
     def is_meta(self):
         return type(self._data) is B.MetaArray
+
+    def to_sparse(self, sparse_dim=None, *, layout=None):
+        """The COO form: the non-zero entries (along the first
+        ``sparse_dim`` dims; all when None)."""
+        if layout not in (None, sparse_coo):
+            raise NotImplementedError(f"to_sparse: layout {layout} is not "
+                                      f"supported in dtorch (only "
+                                      f"dtorch.sparse_coo)")
+        return SparseTensor._from_dense(self, sparse_dim)
+
+    def to_sparse_coo(self):
+        return self.to_sparse()
+
+    from ._tensor_methods.sparse import (  # noqa: E402  (they raise)
+        coalesce, indices, values, is_coalesced, _nnz, _indices, _values,
+        sparse_dim, dense_dim)
+
+    def to_dense(self, dtype=None, *, masked_grad=None):
+        return self if dtype is None else self.to(dtype)
 
     # --------------------------------------------------------- printing ---
     def __repr__(self):
@@ -1740,6 +1767,44 @@ class Tensor(_function.TensorBase):
         if self.ndim == 0:
             return format(self.item(), spec)
         return format(repr(self), spec)
+
+
+def numpy_aliases(fn):
+    """``fn`` also taking NumPy's ``axis=`` for ``dim=`` and ``keepdims=``
+    for ``keepdim=``, as PyTorch's argument parser does wherever a
+    function has a dim (keepdim) argument. A call without keywords costs
+    one extra Python frame (~0.1 us)."""
+    @functools.wraps(fn)
+    def aliased(*args, **kwargs):
+        if kwargs:
+            if "axis" in kwargs:
+                if "dim" in kwargs:
+                    raise TypeError(f"{fn.__name__}() got both dim and "
+                                    f"axis (an alias of dim)")
+                kwargs["dim"] = kwargs.pop("axis")
+            if "keepdims" in kwargs:
+                if "keepdim" in kwargs:
+                    raise TypeError(f"{fn.__name__}() got both keepdim and "
+                                    f"keepdims (an alias of keepdim)")
+                kwargs["keepdim"] = kwargs.pop("keepdims")
+        return fn(*args, **kwargs)
+    return aliased
+
+
+# the reductions, scans and dim-taking methods NumPy users reach for
+for _name in ("sum mean std var prod amax amin argmax argmin max min all "
+              "any cumsum cumprod logsumexp nansum nanmean median mode "
+              "count_nonzero softmax log_softmax sort argsort squeeze "
+              "unsqueeze").split():
+    setattr(Tensor, _name, numpy_aliases(getattr(Tensor, _name)))
+del _name
+
+
+class SparseTensor(SparseCOO, Tensor):
+    """A sparse COO tensor (``layout == dtorch.sparse_coo``): made by
+    ``dtorch.sparse_coo_tensor`` or ``Tensor.to_sparse``; its methods are
+    ``SparseCOO``'s, and dense ops on it raise (it has no dense array)."""
+    __slots__ = ()
 
 
 class _GradHook:

@@ -89,6 +89,10 @@ cuda.reset_peak_memory_stats cuda.memory_stats cuda.memory_reserved
 cuda.max_memory_reserved
 LongTensor FloatTensor distributions.Categorical distributions.Normal
 distributions.Bernoulli distributions.kl_divergence
+inverse det logdet slogdet cholesky cholesky_solve cholesky_inverse qr svd
+pinverse matrix_power matrix_exp fmax fmin sgn is_autocast_enabled
+get_autocast_dtype sparse_coo_tensor spmm sparse.mm sparse.sum sparse.addmm
+sparse_coo strided layout
 """.split()
 
 TENSOR = """
@@ -114,6 +118,17 @@ kthvalue median cummax cumprod diff fmod remainder frac trunc nan_to_num
 clip clip_ squeeze_ unsqueeze_ t_ transpose_ resize_ detach_ get_device
 float_power erf erfinv atan2 where allclose isclose equal sum_to_size
 movedim swapaxes mT H
+inverse det logdet slogdet cholesky cholesky_solve cholesky_inverse qr svd
+pinverse matrix_power matrix_exp fmax fmin sgn is_xpu to_sparse to_dense
+coalesce indices values is_coalesced layout _nnz sparse_dim dense_dim
+""".split()
+
+# torch.linalg (issue 25 item 11)
+LINALG = """
+norm vector_norm matrix_norm inv inv_ex solve solve_ex solve_triangular det
+slogdet cholesky cholesky_ex qr svd svdvals eigh eigvalsh lstsq pinv
+matrix_exp matrix_power matrix_rank cond cross vecdot multi_dot matmul
+diagonal vander LinAlgError tensorinv tensorsolve
 """.split()
 
 NN = """
@@ -196,7 +211,8 @@ get_default_backend_for_device
 EXCLUDED = {
     "pinned/shared memory": ["Tensor.pin_memory", "Tensor.is_pinned",
                              "Tensor.share_memory_", "Tensor.is_shared"],
-    "sparse tensors": ["Tensor.to_dense", "optim.SparseAdam"],
+    "sparse tensors beyond COO matrices": ["optim.SparseAdam",
+                                           "Tensor.to_sparse_csr"],
     "TorchScript and storages": ["jit.script", "from_file"],
     "per-element Python callbacks": ["Tensor.apply_", "Tensor.map_"],
 }
@@ -214,6 +230,7 @@ NAMESPACES = [
     ("torch.utils.data", "dtorch.utils.data", "torch.utils.data", DATA),
     ("torch.distributed", "dtorch.distributed", "torch.distributed",
      DISTRIBUTED),
+    ("torch.linalg", "dtorch.linalg", "torch.linalg", LINALG),
 ]
 
 

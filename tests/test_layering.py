@@ -44,6 +44,11 @@ LAYERS = {
     'dtorch.functional': 3, 'dtorch._settings': 3,
     'dtorch.autograd.functional': 3, 'dtorch._legacy': 3,
     'dtorch._format': 3,
+    # torch.linalg (LAPACK primitives + compositions; Tensor.inverse etc.
+    # bind its functions, so it knows Tensor only as TensorBase)
+    'dtorch.linalg': 3,
+    # torch.sparse (its tensor class is dtorch.tensor.SparseTensor)
+    'dtorch.sparse': 3,
     # 4 the single-process training stack (siblings; no cycles among them),
     # and the package faces `dtorch` and `dtorch.utils` that re-export it
     # (dtorch.distributed loads lazily, through dtorch.__getattr__)
@@ -52,6 +57,8 @@ LAYERS = {
     'dtorch.serialization': 4, 'dtorch.amp': 4, 'dtorch.distributions': 4,
     'dtorch.utils.checkpoint': 4, 'dtorch.multiprocessing': 4,
     'dtorch.cpu': 4, 'dtorch.cuda.amp': 4,
+    # the einops backend (imported after einops) and the hook that loads it
+    'dtorch._einops': 4, 'dtorch._einops_hook': 4,
     # 5 torch.distributed-style facade over collectives/, its comm hooks
     'dtorch.distributed': 5,
     # 6 DDP, tensor parallel, SyncBatchNorm: over distributed's public API

@@ -1,7 +1,8 @@
 """`import dtorch` / `import dtorch.nn` load no distribution code: the
 single-process path (a laptop, a unit test) imports neither collectives nor
 dtorch.distributed, nn.parallel or the distributed checkpoint; they load
-on first use, under their usual names."""
+on first use, under their usual names. Nor does it import einops, which
+still finds dtorch tensors whichever of the two comes first."""
 import subprocess
 import sys
 
@@ -92,3 +93,34 @@ def test_foreign_ml_dtypes_array_before_first_bfloat16():
         "    print(t.dtype, t.tolist())\n"
         "print(dtorch.float32.is_floating_point, dtorch.bfloat16.itemsize)\n")
     assert out.splitlines() == ["dtorch.bfloat16 [1.5, -2.0]"] * 3 + ["True 2"]
+
+
+def test_einops_finds_dtorch_in_either_import_order():
+    """dtorch/_einops_hook.py: import dtorch does not import einops; the
+    backend is defined when einops comes, after or before dtorch."""
+    pytest.importorskip("einops")
+    after = _run(
+        "import sys, dtorch\n"
+        "print('einops' in sys.modules)\n"
+        "import einops\n"
+        "x = einops.rearrange(dtorch.ones(2, 3), 'a b -> b a')\n"
+        "print(tuple(x.shape), type(x).__module__)\n"
+        "print(any(type(f).__name__ == '_AfterEinops' "
+        "for f in sys.meta_path))")
+    assert after.strip().splitlines() == ["False", "(3, 2) dtorch.tensor", "False"]
+    before = _run(
+        "import einops, dtorch\n"
+        "print(tuple(einops.reduce(dtorch.ones(2, 3), 'a b -> a', 'sum')"
+        ".tolist()))")
+    assert before.strip() == "(3.0, 3.0)"
+
+
+def test_no_einops_installed_means_no_einops_hook():
+    # einops unimportable (None in sys.modules): import dtorch adds no
+    # import finder
+    out = _run(
+        "import sys; sys.modules['einops'] = None\n"
+        "import dtorch\n"
+        "print(any(type(f).__name__ == '_AfterEinops' "
+        "for f in sys.meta_path))")
+    assert out.strip() == "False"

@@ -236,17 +236,20 @@ def test_sdpa_enable_gqa_as_torch():
 
 
 def test_mha_forward_refuses_bias_v_and_static_v_alone():
-    # only bias_k/static_k were checked; bias_v/static_v alone were dropped
+    # only bias_k/static_k were checked; bias_v/static_v alone were dropped.
+    # bias_k/bias_v are supported now (tests/test_mha_bias_kv.py): one
+    # without the other is torch's AssertionError; static_v is not there
     E, H = 4, 2
     x = dtorch.randn(3, 1, E)
     w, b = dtorch.randn(3 * E, E), dtorch.zeros(3 * E)
     ow, ob = dtorch.randn(E, E), dtorch.zeros(E)
-    for kw in (dict(bias_v=dtorch.zeros(1, 1, E)),
-               dict(static_v=dtorch.zeros(H, 3, E // H))):
+    for kw, err in ((dict(bias_v=dtorch.zeros(1, 1, E)), AssertionError),
+                    (dict(static_v=dtorch.zeros(H, 3, E // H)),
+                     NotImplementedError)):
         args = dict(bias_k=None, bias_v=None, add_zero_attn=False,
                     dropout_p=0.0, out_proj_weight=ow, out_proj_bias=ob)
         args.update(kw)
-        with pytest.raises(NotImplementedError, match="bias_v"):
+        with pytest.raises(err, match="bias_v is set|static_v"):
             F.multi_head_attention_forward(x, x, x, E, H, w, b, **args)
 
 

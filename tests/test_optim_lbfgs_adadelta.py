@@ -71,6 +71,19 @@ def test_lbfgs_iterates_match_torch(kw, steps):
     assert sd["func_evals"] == st["func_evals"]
     assert sd["n_iter"] == st["n_iter"]
     assert len(sd["old_dirs"]) == len(st["old_dirs"])
+    # torch's state layout: the same keys, 'al' one slot per history entry
+    # (None until used), al/ro/H_diag as 0-d tensors
+    assert sorted(sd) == sorted(st)
+    for k in ("al", "ro"):
+        assert len(sd[k]) == len(st[k])
+        for a, b in zip(sd[k], st[k]):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.dtype == dtorch.float64 and a.ndim == 0
+                np.testing.assert_allclose(float(a), float(b), rtol=1e-6,
+                                           atol=1e-10)
+    np.testing.assert_allclose(float(sd["H_diag"]), float(st["H_diag"]),
+                               rtol=1e-6)
 
 
 def test_lbfgs_converges_and_checks_args():

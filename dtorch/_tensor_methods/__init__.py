@@ -16,11 +16,14 @@ from .shape import (  # noqa: F401
     is_pinned, storage_offset, resize_)
 from .linalg import (  # noqa: F401
     trace, outer, mv, addmm, baddbmm, addbmm, addmv)
+from .linalg import (  # noqa: F401
+    inverse, det, logdet, slogdet, cholesky, cholesky_solve,
+    cholesky_inverse, qr, svd, pinverse, matrix_power, matrix_exp, cross)
 from .maths import (  # noqa: F401
     erf, erfc, erfinv, asin, acos, atan, sinh, cosh, asinh, acosh, atanh,
     exp2, frac, sinc, logit, atan2, arctan2, hypot, xlogy, remainder, fmod,
     floor_divide, float_power, logical_xor, bitwise_and, bitwise_or,
     bitwise_xor, bitwise_not, signbit, heaviside, copysign, nansum,
-    nanmean, lgamma, digamma)
+    nanmean, lgamma, digamma, fmax, fmin, sgn)
 from .sampling import (  # noqa: F401
     multinomial, bernoulli, exponential_, geometric_, log_normal_, cauchy_)

@@ -1,4 +1,5 @@
-"""Tensor methods of linear algebra: trace, outer, mv, addmm/baddbmm/addbmm/addmv.
+"""Tensor methods of linear algebra: trace, outer, mv, addmm/baddbmm/addbmm/addmv,
+and torch.linalg's functions under their Tensor names (inverse, det, svd...).
 
 Each function takes the tensor first: it is a Tensor method (the class body
 of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
@@ -60,3 +61,79 @@ def _scaled(t, c):
     if c == 0:
         return t.detach() * 0 if not t.requires_grad else t * 0
     return t if c == 1 else t * c
+
+
+# ------------------------------------------------- torch.linalg as methods --
+# Tensor.inverse / det / ... and torch.inverse / det / ...: the linalg
+# functions under their older names (torch.svd returns V, not Vh)
+from .. import linalg as _la  # noqa: E402
+from .. import return_types as _rt  # noqa: E402
+
+
+def inverse(self):
+    return _la.inv(self)
+
+
+def det(self):
+    return _la.det(self)
+
+
+def logdet(self):
+    return _la.logdet(self)
+
+
+def slogdet(self):
+    return _rt.slogdet(*_la.slogdet(self))
+
+
+def cholesky(self, upper=False):
+    return _la.cholesky(self, upper=upper)
+
+
+@_la._fp32_on_cpu
+def cholesky_solve(self, input2, upper=False):
+    """X with A X = self, A = L L^T given its factor ``input2``: solve()
+    of the product, whose gradient in the factor is PyTorch's (the whole
+    matrix, not only its triangle)."""
+    L = input2.mT if upper else input2
+    return _la.solve(L @ L.mT, self)
+
+
+@_la._fp32_on_cpu
+def cholesky_inverse(self, upper=False):
+    L = self.mT if upper else self
+    eye = _la.eye_like(L, L.shape[-1])
+    return cholesky_solve(eye, L)
+
+
+def qr(self, some=True):
+    return _rt.qr(*_la.qr(self, "reduced" if some else "complete"))
+
+
+def svd(self, some=True, compute_uv=True):
+    U, S, Vh = _la.svd(self, full_matrices=not some)
+    if not compute_uv:
+        # PyTorch returns zero-filled U and V then
+        return _rt.svd(U.detach() * 0, S, Vh.mT.detach() * 0)
+    return _rt.svd(U, S, Vh.mT)
+
+
+@_la._fp32_on_cpu
+def pinverse(self, rcond=1e-15):
+    return _la.pinv(self, rtol=rcond)
+
+
+def cross(self, other, dim=None):
+    """linalg.cross along ``dim``; None is torch.cross's old default, the
+    first dim of length 3."""
+    if dim is None:
+        dim = next((i for i, n in enumerate(self.shape) if n == 3), -1)
+    return _la.cross(self, other, dim=dim)
+
+
+def matrix_power(self, n):
+    return _la.matrix_power(self, n)
+
+
+def matrix_exp(self):
+    return _la.matrix_exp(self)

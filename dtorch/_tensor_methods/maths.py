@@ -4,8 +4,11 @@ functions, remainder/fmod, bitwise and logical ops, nansum/nanmean.
 Each function takes the tensor first: it is a Tensor method (the class body
 of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
 """
+import numpy as np
+
 from .. import _backend as B
 from .. import ops as P
+from ..ops.base import is_float
 from ..ops import elementwise as E
 from ._common import _TensorBase, _arr, _operand
 
@@ -179,3 +182,38 @@ def lgamma(self):
 
 def digamma(self):
     return E.Digamma.apply(self)
+
+
+# ============================================== NaN-ignoring extremes, sgn ==
+
+def _nan_ignoring(self, other, is_max):
+    # PyTorch's fmax/fmin: the other operand where one is NaN; the
+    # gradient goes to self where self wins (ties too) or other is NaN
+    if not isinstance(other, _TensorBase):
+        raise TypeError(f"{'fmax' if is_max else 'fmin'}(): argument "
+                        f"'other' must be Tensor, not "
+                        f"{type(other).__name__}")
+    a, b = self._data, other._data
+    xp = B.get_array_module(a)
+    with np.errstate(invalid="ignore"):
+        pick = (a >= b) if is_max else (a <= b)
+    if is_float(b.dtype):
+        pick = pick | xp.isnan(b)
+    return P.Where.apply(xp.asarray(pick), self, other)
+
+
+def fmax(self, other):
+    """max(self, other) elementwise, NaN only where both are NaN."""
+    return _nan_ignoring(self, other, True)
+
+
+def fmin(self, other):
+    """min(self, other) elementwise, NaN only where both are NaN."""
+    return _nan_ignoring(self, other, False)
+
+
+def sgn(self):
+    """sign(x), 0 at NaN (PyTorch's sgn, which is x / |x| for complex
+    x)."""
+    s = self.sign()
+    return s.masked_fill(s != s, 0) if self.dtype.is_floating_point else s

@@ -269,12 +269,40 @@ def is_autocast_available(device_type):
     return device_type in _POLICY
 
 
+# the device types PyTorch's device strings know (its error lists them)
+_TORCH_DEVICE_TYPES = (
+    "cpu, cuda, ipu, xpu, mkldnn, opengl, opencl, ideep, hip, ve, fpga, "
+    "maia, xla, lazy, vulkan, mps, meta, hpu, mtia, privateuseone")
+
+
+def _autocast_type(device_type, fn):
+    """The device type of ``device_type`` ('cuda:0' -> 'cuda'), with
+    PyTorch's errors for a non-string or an unknown type."""
+    if not isinstance(device_type, str):
+        raise TypeError(f"{fn}(): argument 'device_type' (position 1) must "
+                        f"be str, not {type(device_type).__name__}")
+    t = device_type.split(":", 1)[0]
+    if t not in _TORCH_DEVICE_TYPES.split(", "):
+        raise RuntimeError(f"Expected one of {_TORCH_DEVICE_TYPES} device "
+                           f"type at start of device string: {device_type}")
+    return t
+
+
 def is_autocast_enabled(device_type=None):
-    return _tls.mode["cuda" if device_type is None else device_type][0]
+    """Whether autocast is on for ``device_type`` in this thread (no
+    argument: CUDA, PyTorch's old meaning)."""
+    t = "cuda" if device_type is None else _autocast_type(
+        device_type, "is_autocast_enabled")
+    return t in _tls.mode and _tls.mode[t][0]
 
 
 def get_autocast_dtype(device_type):
-    return _tls.mode[device_type][1]
+    """The dtype autocast lowers to on ``device_type`` in this thread."""
+    t = _autocast_type(device_type, "get_autocast_dtype")
+    if t not in _tls.mode:
+        raise RuntimeError(f"get_autocast_dtype: dtorch has autocast for "
+                           f"'cpu' and 'cuda' only, not '{t}'")
+    return _tls.mode[t][1]
 
 
 def _cache_size():

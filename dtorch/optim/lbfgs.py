@@ -233,8 +233,12 @@ class LBFGS(Optimizer):
         t = state.get("t")
         old_dirs = [arr(v) for v in state.get("old_dirs", [])]
         old_stps = [arr(v) for v in state.get("old_stps", [])]
-        ro = list(state.get("ro", []))
+        ro = [float(v) for v in state.get("ro", [])]
         H_diag = state.get("H_diag")
+        H_diag = None if H_diag is None else float(H_diag)
+        # the two-loop coefficients persist, one slot per history entry
+        al = [None if v is None else float(v)
+              for v in state.get("al", [None] * history_size)]
         prev_flat_grad = arr(state.get("prev_flat_grad"))
         prev_loss = state.get("prev_loss")
 
@@ -261,7 +265,6 @@ class LBFGS(Optimizer):
                     ro.append(1.0 / ys)
                     H_diag = ys / float(y @ y)
                 num_old = len(old_dirs)
-                al = [None] * num_old
                 q = -flat_grad
                 for i in range(num_old - 1, -1, -1):
                     al[i] = float(old_stps[i] @ q) * ro[i]
@@ -320,8 +323,13 @@ class LBFGS(Optimizer):
         state["t"] = t
         state["old_dirs"] = [W(v) for v in old_dirs]
         state["old_stps"] = [W(v) for v in old_stps]
-        state["ro"] = ro
-        state["H_diag"] = H_diag
+        # scalars as 0-d tensors of the parameters' dtype, as PyTorch's
+        # state holds them
+        def W0(v):
+            return None if v is None else W(xp.asarray(v, flat_grad.dtype))
+        state["ro"] = [W0(v) for v in ro]
+        state["H_diag"] = W0(H_diag)
+        state["al"] = [W0(v) for v in al]
         state["prev_flat_grad"] = W(prev_flat_grad)
         state["prev_loss"] = prev_loss
         return orig_loss

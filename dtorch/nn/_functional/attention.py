@@ -183,6 +183,13 @@ def _sdpa_mask(attn_mask, key_padding_mask, bsz, heads, L, S, dtype, xp):
     return Tensor._wrap(mask)
 
 
+def _pad_mask(m):
+    """A mask with one more key column that masks nothing (False / 0)."""
+    if m is None:
+        return None
+    return N.Cat.apply(m, m.new_zeros(tuple(m.shape[:-1]) + (1,)), dim=-1)
+
+
 def multi_head_attention_forward(
         query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
         in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p,
@@ -192,11 +199,13 @@ def multi_head_attention_forward(
         static_k=None, static_v=None, average_attn_weights=True,
         is_causal=False):
     """PyTorch's multi-head attention on (L, N, E) inputs."""
-    if bias_k is not None or bias_v is not None or add_zero_attn or \
-            static_k is not None or static_v is not None:
+    if static_k is not None or static_v is not None:
         raise NotImplementedError(
-            "multi_head_attention_forward: bias_k/bias_v, add_zero_attn and "
-            "static_k/static_v are not supported")
+            "multi_head_attention_forward: static_k/static_v are not "
+            "supported")
+    if (bias_k is None) != (bias_v is None):     # PyTorch's texts
+        raise AssertionError("bias_v is set but bias_k is None" if bias_k
+                             is None else "bias_k is set but bias_v is None")
     L, bsz, E = query.shape
     S = key.shape[0]
     if E != embed_dim_to_check:
@@ -222,6 +231,18 @@ def multi_head_attention_forward(
             q = linear(query, wq, bq)
             k = linear(key, wk, bk)
             v = linear(value, wv, bv)
+    # extra key/value positions, as PyTorch: the learnt bias_k/bias_v,
+    # then a zero one (add_zero_attn: zero per head = a zero row here);
+    # the masks grow by a column that masks nothing
+    extra = ([(bias_k, bias_v)] if bias_k is not None else []) + \
+        ([None] if add_zero_attn else [])
+    for kv in extra:
+        bk, bv = (k.new_zeros((1, 1, E)),) * 2 if kv is None else kv
+        k = N.Cat.apply(k, bk.reshape(1, 1, E).expand(1, bsz, E), dim=0)
+        v = N.Cat.apply(v, bv.reshape(1, 1, E).expand(1, bsz, E), dim=0)
+        attn_mask = _pad_mask(attn_mask)
+        key_padding_mask = _pad_mask(key_padding_mask)
+    S = k.shape[0]
     if not need_weights:
         # PyTorch's fast path: attention as one op, on (N, H, L, hd)
         q, k, v = (t.reshape(n, bsz, num_heads, hd).permute(1, 2, 0, 3)
