@@ -175,7 +175,13 @@ def _encode_object(key, v):
 
 
 def _decode_object(text, where):
-    return S._Decoder({}, where, None)(json.loads(text))
+    try:
+        return S._Decoder({}, where, None)(json.loads(text))
+    except (ValueError, RecursionError) as e:
+        # crafted metadata: JSON nested past Python's recursion limit
+        raise CheckpointException(
+            f"{where}: the saved value is corrupt ({type(e).__name__}: "
+            f"{str(e)[:80]})") from None
 
 
 # -------------------------------------------------------------- groups --
@@ -805,8 +811,8 @@ def latest_checkpoint(root):
     try:
         with open(os.path.join(root, "latest")) as fh:
             name = fh.read().strip()
-        found = _found(os.path.join(root, name))
-        if name and os.sep not in name and found is not None:
+        found = M.plain_name(name) and _found(os.path.join(root, name))
+        if found:
             return found
     except OSError:
         pass
@@ -874,6 +880,16 @@ class _Reader:
             raise CheckpointException(
                 f"{self.path}: the metadata lists no file {fname!r} (needed "
                 f"for tensor {key!r})")
+        # metadata.loads admits plain names only; a link may still point
+        # out of the directory: read nothing outside it
+        real = os.path.realpath(where)
+        if not M.plain_name(fname) or os.path.commonpath(
+                [real, os.path.realpath(self.path)]) != \
+                os.path.realpath(self.path):
+            raise CheckpointException(
+                f"{where}: the shard file {fname!r} resolves to {real}, "
+                f"outside the checkpoint directory {self.path}; refusing to "
+                f"read it (needed for tensor {key!r})")
         try:
             size = os.path.getsize(where)
         except FileNotFoundError:
