@@ -18,7 +18,7 @@ from ..arrays import ReduceOp, divide_avg, row
 from ..env import env_flag
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, _Expired
 from ..group import ProcessGroup, Timeout
-from ..store import HandshakeGate, TCPStore
+from ..store import HandshakeGate, TCPStore, release_at_exit
 from ..watchdog import watchdog
 from .rings import RingAlgorithms
 from .transport import _HDR, SocketTransport, _mv
@@ -98,6 +98,11 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         # ranks on several hosts: all_reduce in two levels, or why not
         self._hier, self.hierarchy = hier.setup(self, hosts)
         watchdog.register(self)
+        release_at_exit(self)
+
+    def _release_for_exit(self):
+        self._closed = True
+        self._close_sockets()
 
     def _store_bcast(self, obj):
         key = f"{self._prefix}shm/offer"
@@ -317,6 +322,12 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         self._closed = True
         watchdog.unregister(self)
         self._close_sockets()
+        if self._wd_store is not None:
+            self._wd_store.close()
+        if self.name == 'world':
+            # done with the store: rank 0, which serves it, may now exit
+            # (collectives.store waits at exit for open connections)
+            self.store._close_client()
         self._shm_w = self._shm_r = None   # the mappings go with them
         if self._red is not None:
             self._red.close()
