@@ -405,3 +405,41 @@ def test_tcp_shm_ring_unlinked_and_attach_refusals():
 
 if __name__ == '__main__':
     _shm_main(sys.argv[1:])
+
+
+@pytest.mark.parametrize("n,ops", [
+    (16, ('sum', 'sum')),               # small: all-gather path
+    (100_000, ('sum', 'sum')),          # ring reduce-scatter, shm rings
+    (16, ('sum', 'max')),
+    (100_000, ('sum', 'max'))])
+def test_all_reduce_with_other_dtype_or_op_same_bytes_raises(n, ops):
+    """float32 on rank 0, int32 on rank 1 (or SUM against MAX): the same
+    byte count, so only the frames' dtype/op tells them apart. Without
+    DTORCH_DISTRIBUTED_DEBUG this returned garbage; now every rank raises
+    naming both dtypes (ops) and the rank."""
+    import threading
+    from collectives.errors import CollectiveMismatchError
+    from collectives.tcp import tcp_group
+    port, out = free_port(), {}
+    dtypes = (np.float32, np.int32) if ops[0] == ops[1] else (np.float32,) * 2
+
+    def rank(r):
+        g = tcp_group(r, 2, '127.0.0.1', port, 'tok', timeout=10)
+        try:
+            g.all_reduce(np.ones(n, dtypes[r]), op=ops[r])
+            out[r] = None
+        except CollectiveMismatchError as e:
+            out[r] = str(e)
+        finally:
+            g.destroy()
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    [t.start() for t in ts]
+    [t.join(30) for t in ts]
+    for r in range(2):
+        msg = out.get(r)
+        assert msg is not None, f"rank {r} did not raise"
+        assert f"rank {r} has" in msg and f"rank {1 - r} sent" in msg, msg
+        if ops[0] == ops[1]:
+            assert "float32" in msg and "int32" in msg, msg
+        else:
+            assert "op sum" in msg and "op max" in msg, msg

@@ -21,7 +21,7 @@ from ..group import ProcessGroup, Timeout
 from ..store import HandshakeGate, TCPStore, release_at_exit
 from ..watchdog import watchdog
 from .rings import RingAlgorithms
-from .transport import _HDR, SocketTransport, _mv
+from .transport import _HDR, SocketTransport, _mv, kind
 
 _PIECE = 1 << 20           # a stashed message is read this much at a time
 
@@ -222,7 +222,8 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
     def _start_send(self, arr, dst, tag, deadline):
         def job(dl):
             s = self._connect('p', dst, dl)
-            self._pump(s, [_HDR.pack(tag, arr.nbytes), _mv(arr)], dst,
+            self._pump(s, [_HDR.pack(tag, arr.nbytes, kind(arr.dtype)),
+                           _mv(arr)], dst,
                        None, [], None, dl)
         return self._launch(job, 'send')
 
@@ -236,9 +237,11 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
                 return
             s = self._wait_incoming('p', src, dl)
             while True:
-                hb = bytearray(16)
+                hb = bytearray(_HDR.size)
                 self._pump(None, [], None, s, [memoryview(hb)], src, dl)
-                t, nbytes = _HDR.unpack(bytes(hb))
+                # the kind is not checked: a recv may view the bytes as
+                # another dtype, as the mpi backend allows
+                t, nbytes, _ = _HDR.unpack(bytes(hb))
                 if nbytes < 0:
                     raise self._fail(src, f"sent a malformed header "
                                      f"({nbytes} bytes)")
