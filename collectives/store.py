@@ -453,12 +453,22 @@ class TCPStore:
         return connect_authenticated(self.host, self.port, self.token,
                                      time.monotonic() + self.timeout, where)
 
-    def clone(self) -> TCPStore:
-        """Another connection to the same server (for another thread)."""
+    def clone(self, timeout: float | None = None) -> TCPStore:
+        """Another connection to the same server (for another thread).
+        ``timeout``: a short-lived one for a failure path, whose connect
+        and every request give up after that many seconds (the server
+        may be what failed)."""
         c = object.__new__(TCPStore)
         c.host, c.token, c.timeout = self.host, self.token, self.timeout
         c.server, c.port, c.lock = None, self.port, threading.Lock()
-        c.sock = c._connect()
+        if timeout is None:
+            c.sock = c._connect()
+        else:
+            c.timeout = timeout
+            c.sock = connect_authenticated(
+                c.host, c.port, c.token, time.monotonic() + timeout,
+                "rendezvous store", listening=True)
+            c.sock.settimeout(timeout)
         _clients.add(c)
         return c
 

@@ -413,7 +413,8 @@ def main(argv):
             print(json.dumps({'error': None}), flush=True)
         except RankFailureError as e:
             print(json.dumps({'error': str(e), 'type': 'RankFailureError',
-                              't': time.monotonic() - t}), flush=True)
+                              'rank': e.rank, 't': time.monotonic() - t}),
+                  flush=True)
     elif mode == 'skip':
         g.all_reduce(np.ones(4))
         if rank == world - 1:

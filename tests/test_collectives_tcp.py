@@ -107,6 +107,10 @@ def test_tcp_dead_rank_makes_survivors_raise():
         res = outs[rank][0]
         assert res and res['type'] == 'RankFailureError', outs[rank]
         assert 'closed' in res['error'] or 'broke' in res['error']
+        # no launcher says who exited first: rank 0 sees rank 2 give up
+        # (close its sockets) and must still blame rank 1, not rank 2
+        assert res['rank'] == 1, res['error']
+        assert "rank 1 (global 1" in res['error'], res['error']
 
 
 def test_tcp_skipped_collective_times_out_with_report():
@@ -443,3 +447,46 @@ def test_all_reduce_with_other_dtype_or_op_same_bytes_raises(n, ops):
             assert "float32" in msg and "int32" in msg, msg
         else:
             assert "op sum" in msg and "op max" in msg, msg
+
+
+def test_closed_peer_that_gave_up_is_not_blamed():
+    """The blame of a closed connection follows the store's records of
+    who gave up on whom to the rank that left none (deterministic form of
+    the dead-rank test above; on main rank 0 blamed rank 2, the rank that
+    gave up after rank 1 died, in 3 of 4 runs)."""
+    from collectives.store import TCPStore
+    from collectives.tcp.transport import SocketTransport
+
+    class Ring(SocketTransport):
+        name, ranks, _prefix, _broken = 'world', [0, 1, 2, 3], 'g/world/', None
+
+        def __init__(self, rank, store):
+            self.rank, self.store = rank, store
+
+        def _close_sockets(self):
+            pass
+
+    store = TCPStore('127.0.0.1', free_port(), 'tok', is_server=True,
+                     timeout=5)
+    try:
+        a, b, c = Ring(0, store), Ring(3, store), Ring(2, store)
+        # rank 1 died: rank 2 saw it close and gave up, then rank 3 did
+        e2 = c._fail(1, "was closed")
+        assert e2.rank == 1 and "that rank died or gave up;" in str(e2)
+        e3 = b._fail(2, "was closed")
+        assert e3.rank == 1 and "rank 2 gave up after rank 1" in str(e3)
+        e0 = a._fail(3, "broke (reset)")
+        assert e0.rank == 1 and "rank 3 gave up after rank 1 (global 1)" \
+            in str(e0), str(e0)
+        # records a hop at a time (rank 3 blamed rank 2) are followed too
+        store.set('g/world/gave-up/3', '2')
+        e0 = Ring(0, store)._fail(3, "was closed")
+        assert e0.rank == 1 and "rank 3 then rank 2 gave up after rank 1" \
+            in str(e0), str(e0)
+        # a store that is gone: the peer is blamed, at once
+        store.close()
+        t = time.monotonic()
+        assert Ring(0, store)._fail(3, "was closed").rank == 3
+        assert time.monotonic() - t < 3
+    finally:
+        store.close()

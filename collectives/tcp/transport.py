@@ -194,15 +194,60 @@ class SocketTransport:
     def _fail(self, peer, what):
         host = (self._peer_hosts or {}).get(peer)
         where = f", host {host}" if host else ""
+        culprit, chain = self._culprit(peer)
+        if chain:
+            why = (f"rank {' then rank '.join(map(str, chain))} gave up "
+                   f"after rank {culprit} (global {self.ranks[culprit]}) "
+                   f"failed: that rank died or gave up first")
+        else:
+            why = "that rank died or gave up"
         err = RankFailureError(
             f"connection with rank {peer} (global {self.ranks[peer]}"
             f"{where}) of "
-            f"group {self.name!r} {what} on rank {self.rank}: that rank "
-            f"died or gave up; closing this rank's sockets too",
-            rank=peer)
+            f"group {self.name!r} {what} on rank {self.rank}: {why}; "
+            f"closing this rank's sockets too", rank=culprit)
         self._broken = err
+        self._report_failure(culprit)
         self._close_sockets()
         return err
+
+    # A rank that gives up closes its sockets, so its other neighbour sees
+    # it close too and, with no launcher to say who exited first, would
+    # blame it. So before closing, a rank records in the store whom it
+    # blames, and a rank that sees a peer close follows those records to
+    # the rank that left none: the one that failed first. Short timeouts:
+    # the store's host may be the rank that died.
+    _REPORT_TIMEOUT = 1.0
+
+    def _report_failure(self, culprit):
+        try:
+            st = self.store.clone(timeout=self._REPORT_TIMEOUT)
+            try:
+                st.set(f"{self._prefix}gave-up/{self.rank}", str(culprit))
+            finally:
+                st.close()
+        except Exception:      # the store is gone: nobody can ask anyway
+            pass
+
+    def _culprit(self, peer):
+        """(the rank to blame, the ranks that gave up on the way)."""
+        chain, r = [], peer
+        try:
+            st = self.store.clone(timeout=self._REPORT_TIMEOUT)
+        except Exception:
+            return peer, chain
+        try:
+            while True:
+                v = st.try_get(f"{self._prefix}gave-up/{r}")
+                nxt = None if v is None else int(v)
+                if nxt is None or nxt == self.rank or nxt in chain + [r]:
+                    return r, chain
+                chain.append(r)
+                r = nxt
+        except Exception:
+            return r, chain
+        finally:
+            st.close()
 
     def _xfer(self, out_bufs, in_bufs, deadline, expect=None):
         """Send out_bufs on the right socket while receiving in_bufs from
