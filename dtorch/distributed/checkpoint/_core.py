@@ -803,7 +803,8 @@ def latest_checkpoint(root):
     """The newest complete checkpoint under ``root``: the one its
     ``latest`` file names, else the highest-numbered ``*_<step>``
     directory with a ``.metadata``; ``root`` itself if it is one; None
-    if there is none."""
+    if there is none. A name whose save was killed between its two
+    renames stands for its ``.NAME.old``, the previous checkpoint."""
     root = os.fspath(root)
     found = _found(root)
     if found is not None:
