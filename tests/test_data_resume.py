@@ -307,6 +307,11 @@ _EPOCH_END = {
     "shuffle_gen_workers": lambda: DataLoader(
         _Augmented(11), batch_size=4, shuffle=True, num_workers=1,
         generator=dtorch.Generator().manual_seed(5)),
+    # persistent workers keep their base seed and RNG streams across passes
+    "shuffle_gen_persistent_workers": lambda: DataLoader(
+        _Augmented(11), batch_size=4, shuffle=True, num_workers=1,
+        persistent_workers=True,
+        generator=dtorch.Generator().manual_seed(5)),
     "random_nogen": lambda: DataLoader(
         _Augmented(11), batch_size=4, sampler=RandomSampler(range(11))),
     "subset_own_gen": lambda: DataLoader(

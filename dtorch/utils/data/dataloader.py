@@ -380,10 +380,11 @@ def _consumed_sampler(s):
     return s if getattr(s, "_resume_by_consumed", False) else None
 
 
-def _next_pass(stateful, consumed_sampler, generator):
+def _next_pass(stateful, consumed_sampler, generator, workers_kept):
     """Where the pass after a finished one starts: the sampler's state (a
-    DistributedSampler: its epoch from the start; set_epoch moves on) and
-    the loader's generator (which draws the workers' base seed)."""
+    DistributedSampler: its epoch from the start; set_epoch moves on),
+    the loader's generator (which draws the workers' base seed), and
+    whether persistent workers go on with their RNG streams."""
     if consumed_sampler is not None:
         st = dict(consumed_sampler.state_dict(consumed=0), consumed=0)
     else:
@@ -391,7 +392,8 @@ def _next_pass(stateful, consumed_sampler, generator):
         st = get() if get is not None else None
     return {"sampler": _plain(st),
             "generator": None if generator is None
-            else _plain(generator.get_state())}
+            else _plain(generator.get_state()),
+            "workers_kept": workers_kept}
 
 
 def _plain(obj):
@@ -426,7 +428,9 @@ class _BaseIter:
         self._next = None         # a finished pass: where the next starts
         self._last_worker = -1
         self._finished = False
-        if resume is not None and not resume.get("_iterator_finished"):
+        self._keep = _keeps_workers(loader, resume)
+        if resume is not None and (not resume.get("_iterator_finished")
+                                   or self._keep):
             # drawn, not loaded, would consume the generator once more
             self._base_seed = int(resume["_base_seed"])
         else:
@@ -516,8 +520,9 @@ class _BaseIter:
             # taken now, whether or not anyone asks for a state: a seed a
             # sampler draws for the next pass is then drawn at the same
             # point of the run either way
-            self._next = _next_pass(self._stateful, self._consumed_sampler(),
-                                    self._generator)
+            self._next = _next_pass(
+                self._stateful, self._consumed_sampler(), self._generator,
+                bool(getattr(self, "_persistent", False)))
         self._leave_state()
 
     def _leave_state(self):
@@ -530,10 +535,25 @@ def _loads_all(dataset):
     return getattr(dataset, "_loads_all_worker_states", False)
 
 
-def _worker_resumes(dataset, resume, num_workers):
+def _keeps_workers(loader, resume):
+    """A finished pass of persistent workers, loaded into a loader like
+    it: the next pass keeps the workers' base seed and RNG streams, as the
+    uninterrupted run's persistent workers do (not their positions)."""
+    return (resume is not None and resume.get("_iterator_finished")
+            and (resume.get("_next_pass") or {}).get("workers_kept", False)
+            and loader.persistent_workers
+            and int(resume.get("_num_workers", 0)) == loader.num_workers)
+
+
+def _worker_resumes(dataset, resume, num_workers, keep=False):
     """What each of ``num_workers`` workers (1 for the main process)
-    restores from a loaded state: its RNG and its fetcher's state."""
+    restores from a loaded state: its RNG and its fetcher's state
+    (``keep``: its RNG only, see _keeps_workers)."""
     n = max(num_workers, 1)
+    if keep:
+        return [{"fetcher": None, "rng": _worker.rng_from_plain(s["rng"])}
+                if s is not None and s.get("rng") is not None else None
+                for s in (resume.get("_worker_snapshots") or [None] * n)]
     if resume is None or resume.get("_iterator_finished"):
         return [None] * n
     snaps = resume.get("_worker_snapshots") or []
@@ -625,7 +645,7 @@ class _MultiProcessIter(_BaseIter):
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
         n = self._num_workers
-        resumes = _worker_resumes(loader.dataset, resume, n)
+        resumes = _worker_resumes(loader.dataset, resume, n, self._keep)
         self._workers = []
         self._shutdown = False
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -658,7 +678,8 @@ class _MultiProcessIter(_BaseIter):
             self._finished = False
             self._start_pass(resume)
             resumes = _worker_resumes(loader.dataset, resume,
-                                      self._num_workers)
+                                      self._num_workers,
+                                      _keeps_workers(loader, resume))
         n = self._num_workers
         self._send_idx = 0
         self._rcvd_idx = 0
