@@ -409,23 +409,24 @@ def _doubling(c, buf, op, deadline, seq):
     p: rank 2i folds into 2i + 1 and gets the result back). Partners
     combine as op(lower ranks' data, higher ranks' data), so both get the
     same bits."""
-    from .tcp.transport import _HDR, _mv
+    from .tcp.transport import _HDR, _mv, kind
     n, r = c.size, c.rank
     f = ufunc(op)
     p = 1 << (n.bit_length() - 1)
     rem = n - p
     tmp = np.empty_like(buf)
     base = seq * 4096 + 3584
+    what = kind(buf.dtype, op)
 
     def xchg(peer, step, send, recv):
         so = c._connect('p', peer, deadline) if send is not None else None
         si = c._wait_incoming('p', peer, deadline) \
             if recv is not None else None
-        out = [] if send is None else [_HDR.pack(base + step, send.nbytes),
-                                       _mv(send)]
-        hb = bytearray(16)
+        out = [] if send is None else [
+            _HDR.pack(base + step, send.nbytes, what), _mv(send)]
+        hb = bytearray(_HDR.size)
         inn = [] if recv is None else [memoryview(hb), _mv(recv)]
-        exp = None if recv is None else (base + step, recv.nbytes)
+        exp = None if recv is None else (base + step, recv.nbytes, what)
         c._pump(so, out, peer, si, inn, peer, deadline, exp)
 
     if r < 2 * rem:

@@ -20,6 +20,7 @@ exhaust the rank's threads or descriptors, and an accept() that fails
 of ending it. The tcp backend's data-plane listeners use the same gate.
 """
 from __future__ import annotations
+import atexit
 import errno
 import hashlib
 import hmac
@@ -30,6 +31,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 
 from .env import env_number
 from .errors import CollectiveError, CollectiveTimeoutError
@@ -288,10 +290,50 @@ class HandshakeGate:
             pass
 
 
+# The store lives in rank 0's process, and the other ranks still talk to
+# it after rank 0 is done with a group: the tail of a group's set-up, a
+# watchdog tick. So rank 0 does not take it away at exit while another
+# rank is connected: an atexit handler closes this process's own client
+# connections, then waits (up to each store's timeout, at most
+# _EXIT_WAIT_MAX s) until every other rank has closed its connection:
+# by exiting, or by destroy_process_group. A rank that died closed its
+# connections with it, so only live ranks are waited for. Groups close
+# their data sockets first (release_at_exit), as the exit would: a rank
+# blocked in a collective with this one fails at once (rank 0 crashed)
+# instead of holding the wait.
+_EXIT_WAIT_MAX = 60.0
+_servers = weakref.WeakSet()
+_clients = weakref.WeakSet()
+_releasers = weakref.WeakSet()
+_atexit_registered = []
+
+
+def release_at_exit(obj):
+    """Call ``obj._release_for_exit()`` at exit, before rank 0 waits for
+    the other ranks' store connections."""
+    _releasers.add(obj)
+
+
+def _close_clients(port=None):
+    for c in list(_clients):
+        if port is None or c.port == port:
+            c._close_client()
+
+
+def _drain_at_exit():
+    for obj in list(_releasers):
+        obj._release_for_exit()
+    _close_clients()
+    for srv in list(_servers):
+        srv.drain(min(srv.timeout, _EXIT_WAIT_MAX))
+
+
 class _Server:
-    def __init__(self, host, port, token):
+    def __init__(self, host, port, token, timeout=300.0):
         self.token = token
+        self.timeout = timeout
         self.data = {}
+        self.live = 0               # authenticated connections open
         self.cond = threading.Condition()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -307,9 +349,14 @@ class _Server:
         self.closed = False
         self.gate = HandshakeGate(self.sock, token, self._ready,
                                   'dtorch-store-server')
+        _servers.add(self)
+        if not _atexit_registered:
+            _atexit_registered.append(atexit.register(_drain_at_exit))
 
     def _ready(self, conn, _):
         # authenticated: a member of the job gets its own thread
+        with self.cond:
+            self.live += 1
         threading.Thread(target=self._serve, args=(conn,),
                          daemon=True).start()
 
@@ -324,6 +371,26 @@ class _Server:
             pass   # (UnicodeError is a ValueError: a bad key)
         finally:
             conn.close()
+            with self.cond:
+                self.live -= 1
+                self.cond.notify_all()
+
+    def drain(self, timeout):
+        """Wait up to ``timeout`` s until no client is connected; say so
+        on stderr if some still are."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while self.live > 0 and not self.closed:
+                left = end - time.monotonic()
+                if left <= 0:
+                    print(f"dtorch: rank 0 exits while {self.live} "
+                          f"connection(s) to its rendezvous store are still "
+                          f"open after {timeout:.0f} s: those ranks did not "
+                          f"finish (or call destroy_process_group)",
+                          file=sys.stderr, flush=True)
+                    return False
+                self.cond.wait(left)
+        return True
 
     def _do(self, cmd, key, val):
         with self.cond:
@@ -373,10 +440,12 @@ class TCPStore:
                 "(dtorch-launch does this for you)")
         self.host, self.token = host, _as_bytes(token)
         self.timeout = timeout
-        self.server = _Server(host, port, self.token) if is_server else None
+        self.server = _Server(host, port, self.token, timeout) \
+            if is_server else None
         self.port = self.server.port if self.server else int(port)
         self.lock = threading.Lock()
         self.sock = self._connect()
+        _clients.add(self)
 
     def _connect(self):
         where = (f"rendezvous store at {self.host}:{self.port} (served by "
@@ -384,12 +453,23 @@ class TCPStore:
         return connect_authenticated(self.host, self.port, self.token,
                                      time.monotonic() + self.timeout, where)
 
-    def clone(self) -> TCPStore:
-        """Another connection to the same server (for another thread)."""
+    def clone(self, timeout: float | None = None) -> TCPStore:
+        """Another connection to the same server (for another thread).
+        ``timeout``: a short-lived one for a failure path, whose connect
+        and every request give up after that many seconds (the server
+        may be what failed)."""
         c = object.__new__(TCPStore)
         c.host, c.token, c.timeout = self.host, self.token, self.timeout
         c.server, c.port, c.lock = None, self.port, threading.Lock()
-        c.sock = c._connect()
+        if timeout is None:
+            c.sock = c._connect()
+        else:
+            c.timeout = timeout
+            c.sock = connect_authenticated(
+                c.host, c.port, c.token, time.monotonic() + timeout,
+                "rendezvous store", listening=True)
+            c.sock.settimeout(timeout)
+        _clients.add(c)
         return c
 
     def _request(self, cmd, key, val=b''):
@@ -434,12 +514,19 @@ class TCPStore:
     def delete(self, key: str) -> bool:
         return self._request(b'delete', key)[1] == b'1'
 
-    def close(self) -> None:
+    def _close_client(self):
         try:
             self.sock.close()
         except OSError:
             pass
+
+    def close(self) -> None:
+        """Close this connection; the server (rank 0) first waits, as at
+        exit, for the other ranks to close theirs."""
+        self._close_client()
         if self.server is not None:
+            _close_clients(self.port)      # this process's other ones
+            self.server.drain(min(self.timeout, _EXIT_WAIT_MAX))
             self.server.close()
 
 

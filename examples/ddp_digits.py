@@ -80,8 +80,11 @@ def main(argv=None):
     opt = torch.optim.Adam(model.parameters(), lr=args.lr * world ** 0.5)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
 
-    ck, finished, message = plan_start(args.checkpoint, args.epochs,
-                                       args.resume, read=dcp_summary)
+    # the checkpoint, or the copy dcp.save keeps under its .old name while
+    # it replaces it (found there after a kill between its two renames)
+    found = dcp.latest_checkpoint(args.checkpoint) or args.checkpoint
+    ck, finished, message = plan_start(found, args.epochs, args.resume,
+                                       read=dcp_summary)
     if message and rank == 0:
         print(message, flush=True)
     if finished:
@@ -96,7 +99,7 @@ def main(argv=None):
         # in place into the live objects, on any number of ranks
         state = train_state(model, opt, sched, sampler, loader_g, 0, 0.0,
                             world)
-        dcp.load(state, checkpoint_id=args.checkpoint)
+        dcp.load(state, checkpoint_id=found)
         set_state_dict(model, opt, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
         start, acc = state["epoch"], state["test_acc"]
@@ -106,6 +109,7 @@ def main(argv=None):
                   flush=True)
     dist.barrier()           # every rank has read the checkpoint
     if ck is None and rank == 0:
+        discard(found)
         discard(args.checkpoint)
 
     t0 = time.time()

@@ -380,9 +380,23 @@ def run_cases(g):
     return res
 
 
+def _lagging_store_calls(seconds):
+    """Every store request of this rank waits first, as on a loaded
+    machine: the end of its group set-up then comes after rank 0's."""
+    from collectives import store
+    real = store.TCPStore._request
+
+    def slow(self, *a, **k):
+        time.sleep(seconds)
+        return real(self, *a, **k)
+    store.TCPStore._request = slow
+
+
 def main(argv):
     mode, rank, world, port, token = argv[:5]
     rank, world = int(rank), int(world)
+    if mode == 'empty_bcast' and rank > 0:
+        _lagging_store_calls(0.05)
     g = collectives.init('tcp', rank, world, timeout=float(
         os.environ.get('TEST_TIMEOUT', '20')), master_addr='127.0.0.1',
         master_port=int(port), token=token)
@@ -399,7 +413,8 @@ def main(argv):
             print(json.dumps({'error': None}), flush=True)
         except RankFailureError as e:
             print(json.dumps({'error': str(e), 'type': 'RankFailureError',
-                              't': time.monotonic() - t}), flush=True)
+                              'rank': e.rank, 't': time.monotonic() - t}),
+                  flush=True)
     elif mode == 'skip':
         g.all_reduce(np.ones(4))
         if rank == world - 1:
@@ -412,6 +427,11 @@ def main(argv):
         except CollectiveTimeoutError as e:
             print(json.dumps({'error': str(e), 'missing': e.missing}),
                   flush=True)
+    elif mode == 'empty_bcast':
+        # the job's only collective moves nothing: rank 0 is done at once
+        g.broadcast(np.zeros(0, np.float32), 0)
+        print(json.dumps({'ok': True}), flush=True)
+        return      # a normal exit (atexit runs): the case under test
     # the store lives in rank 0: keep it up until the others are done
     if mode == 'cases':
         g.barrier()

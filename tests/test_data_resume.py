@@ -297,3 +297,87 @@ def test_persistent_workers_resume_after_an_abandoned_epoch():
     tail = _collect(again)
     assert all(np.array_equal(a, b) for a, b in zip(head + tail, full))
     assert len(head + tail) == len(full) == 20
+
+
+# a state taken after an epoch ended restores the next epoch (issue 25)
+_EPOCH_END = {
+    "shuffle_gen": lambda: DataLoader(
+        _Augmented(11), batch_size=4, shuffle=True, num_workers=0,
+        generator=dtorch.Generator().manual_seed(5)),
+    "shuffle_gen_workers": lambda: DataLoader(
+        _Augmented(11), batch_size=4, shuffle=True, num_workers=1,
+        generator=dtorch.Generator().manual_seed(5)),
+    # persistent workers keep their base seed and RNG streams across passes
+    "shuffle_gen_persistent_workers": lambda: DataLoader(
+        _Augmented(11), batch_size=4, shuffle=True, num_workers=1,
+        persistent_workers=True,
+        generator=dtorch.Generator().manual_seed(5)),
+    "random_nogen": lambda: DataLoader(
+        _Augmented(11), batch_size=4, sampler=RandomSampler(range(11))),
+    "subset_own_gen": lambda: DataLoader(
+        _Augmented(11), batch_size=4, sampler=SubsetRandomSampler(
+            list(range(0, 11, 2)), generator=dtorch.Generator().manual_seed(
+                2))),
+    # 12 samples: a mid-epoch resume re-partitions, so padding may differ
+    "distributed": lambda: DataLoader(
+        _Augmented(12), batch_size=2, sampler=DistributedSampler(
+            range(12), num_replicas=2, rank=1, seed=4)),
+}
+
+
+def _ids(batches):
+    return [np.floor(b / 100).tolist() for b in batches]
+
+
+@pytest.mark.parametrize("case", sorted(_EPOCH_END))
+@pytest.mark.parametrize("set_epoch", [False, True])
+def test_state_after_an_epoch_restores_the_next_epoch(case, set_epoch):
+    """Three epochs uninterrupted; the state saved after epoch 1 (and
+    also mid-epoch 2: unchanged) loaded into a fresh loader in a fresh
+    program gives epochs 2 and 3 again: the sampler's generator (or its
+    seed), DistributedSampler's epoch, the workers' base seed."""
+    make = _EPOCH_END[case]
+
+    def epoch(loader, e, limit=None, it=None):
+        if set_epoch and hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(e)
+        return _collect(loader, it, limit)
+
+    _restart()
+    loader = make()
+    first = epoch(loader, 0)
+    state = loader.state_dict()                   # after epoch 1 ended
+    assert state["_iterator_finished"] is True
+    full = [first, epoch(loader, 1), epoch(loader, 2)]
+    assert _ids(full[1]) != _ids(full[0]) or not set_epoch and \
+        case == "distributed"             # no set_epoch: the same order
+    _restart()
+    np.random.seed(99)
+    dtorch.manual_seed(99)                    # the program drew since
+    again = make()
+    again.load_state_dict(state)
+    got = [epoch(again, 1), epoch(again, 2)]
+    # values where workers seed the transforms, else the sample ids (the
+    # main process's RNG is the script's to restore)
+    same = (lambda a, b: len(a) == len(b) and all(
+        np.array_equal(x, y) for x, y in zip(a, b))) if "workers" in case \
+        else (lambda a, b: _ids(a) == _ids(b))
+    assert same(got[0], full[1])
+    if case != "random_nogen":      # else epoch 3 draws from the script's
+        assert same(got[1], full[2])     # default stream, reseeded here
+    # mid-epoch states stay right: one batch into epoch 2
+    _restart()
+    loader = make()
+    epoch(loader, 0)
+    it = iter(loader) if not set_epoch or not hasattr(
+        loader.sampler, "set_epoch") else None
+    if it is None:
+        loader.sampler.set_epoch(1)
+        it = iter(loader)
+    head = _collect(loader, it, limit=1)
+    mid = loader.state_dict()
+    del it
+    _restart()
+    again = make()
+    again.load_state_dict(mid)
+    assert same(head + _collect(again), full[1])

@@ -18,10 +18,10 @@ from ..arrays import ReduceOp, divide_avg, row
 from ..env import env_flag
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, _Expired
 from ..group import ProcessGroup, Timeout
-from ..store import HandshakeGate, TCPStore
+from ..store import HandshakeGate, TCPStore, release_at_exit
 from ..watchdog import watchdog
 from .rings import RingAlgorithms
-from .transport import _HDR, SocketTransport, _mv
+from .transport import _HDR, SocketTransport, _mv, kind
 
 _PIECE = 1 << 20           # a stashed message is read this much at a time
 
@@ -98,6 +98,11 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         # ranks on several hosts: all_reduce in two levels, or why not
         self._hier, self.hierarchy = hier.setup(self, hosts)
         watchdog.register(self)
+        release_at_exit(self)
+
+    def _release_for_exit(self):
+        self._closed = True
+        self._close_sockets()
 
     def _store_bcast(self, obj):
         key = f"{self._prefix}shm/offer"
@@ -217,7 +222,8 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
     def _start_send(self, arr, dst, tag, deadline):
         def job(dl):
             s = self._connect('p', dst, dl)
-            self._pump(s, [_HDR.pack(tag, arr.nbytes), _mv(arr)], dst,
+            self._pump(s, [_HDR.pack(tag, arr.nbytes, kind(arr.dtype)),
+                           _mv(arr)], dst,
                        None, [], None, dl)
         return self._launch(job, 'send')
 
@@ -231,9 +237,11 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
                 return
             s = self._wait_incoming('p', src, dl)
             while True:
-                hb = bytearray(16)
+                hb = bytearray(_HDR.size)
                 self._pump(None, [], None, s, [memoryview(hb)], src, dl)
-                t, nbytes = _HDR.unpack(bytes(hb))
+                # the kind is not checked: a recv may view the bytes as
+                # another dtype, as the mpi backend allows
+                t, nbytes, _ = _HDR.unpack(bytes(hb))
                 if nbytes < 0:
                     raise self._fail(src, f"sent a malformed header "
                                      f"({nbytes} bytes)")
@@ -317,6 +325,12 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         self._closed = True
         watchdog.unregister(self)
         self._close_sockets()
+        if self._wd_store is not None:
+            self._wd_store.close()
+        if self.name == 'world':
+            # done with the store: rank 0, which serves it, may now exit
+            # (collectives.store waits at exit for open connections)
+            self.store._close_client()
         self._shm_w = self._shm_r = None   # the mappings go with them
         if self._red is not None:
             self._red.close()

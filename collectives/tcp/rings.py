@@ -9,6 +9,7 @@ import numpy as np
 
 from ..arrays import (ReduceOp, divide_avg, get_array_module, reduce_into,
                       ufunc)
+from .transport import kind
 
 SMALL = 64 * 1024
 
@@ -41,7 +42,7 @@ class RingAlgorithms:
                 get_array_module(arr) is not np or flat.dtype.kind == 'b':
             full = np.empty((n,) + flat.shape, flat.dtype)
             self._ring_gather([full[r] for r in range(n)], flat, deadline,
-                              seq)
+                              seq, op)
             reduce_into(flat, list(full), op, n)
             return
         bounds = np.linspace(0, flat.size, n + 1).astype(np.int64)
@@ -55,28 +56,31 @@ class RingAlgorithms:
         """Afterwards this rank's chunk (rank + 1 + shift) % n holds the
         reduction over all ranks."""
         n, r = self.size, self.rank
-        f = ufunc(op)
+        f, what = ufunc(op), kind(chunks[0].dtype, op)
         for s in range(n - 1):
             out = chunks[(r - s + shift) % n]
             dst = chunks[(r - s - 1 + shift) % n]
-            self._step(out, dst, deadline, seq * 4096 + s, op=f)
+            self._step(out, dst, deadline, seq * 4096 + s, op=f, what=what)
 
     def _ring_all_gather(self, chunks, deadline, seq, shift):
         """Chunk (rank + 1 + shift) % n is complete here; fill the rest."""
         n, r = self.size, self.rank
+        what = kind(chunks[0].dtype)
         for s in range(n - 1):
             out = chunks[(r + 1 - s + shift) % n]
             dst = chunks[(r - s + shift) % n]
-            self._step(out, dst, deadline, seq * 4096 + 2048 + s)
+            self._step(out, dst, deadline, seq * 4096 + 2048 + s, what=what)
 
-    def _ring_gather(self, blocks, mine, deadline, seq):
-        """blocks[r] <- rank r's `mine` (blocks may alias mine)."""
+    def _ring_gather(self, blocks, mine, deadline, seq, op=None):
+        """blocks[r] <- rank r's `mine` (blocks may alias mine); ``op``:
+        the reduction the caller applies next (checked in the headers)."""
         n, r = self.size, self.rank
         if blocks[r] is not mine:
             blocks[r][...] = mine
+        what = kind(mine.dtype, op)
         for s in range(n - 1):
             self._step(blocks[(r - s) % n], blocks[(r - s - 1) % n],
-                       deadline, seq * 4096 + 1024 + s)
+                       deadline, seq * 4096 + 1024 + s, what=what)
 
     def _broadcast(self, arr, src, deadline, seq):
         """A pipelined chain round the ring, starting at src."""
@@ -85,6 +89,7 @@ class RingAlgorithms:
             return
         if self._on_host(self._broadcast, arr, src, deadline, seq):
             return
+        what = kind(arr.dtype)
         flat = arr.reshape(-1).view(np.uint8)
         piece = 1 << 20
         parts = [flat[i:i + piece] for i in range(0, max(flat.size, 1),
@@ -99,4 +104,4 @@ class RingAlgorithms:
             if out is not None or inn is not None:
                 base = seq * 4096 + 3072
                 self._step(out, inn, deadline,
-                           base + k - (r != src), base + k)
+                           base + k - (r != src), base + k, what=what)

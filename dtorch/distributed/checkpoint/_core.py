@@ -16,8 +16,10 @@ Save, on every rank of the group, in order:
    with its per-tensor checksums) into a temporary directory;
 4. all_gather_object of every rank's result: a barrier that also carries
    errors. Rank 0 writes ``.metadata`` and renames the directory into
-   place (atomic); a crash before that leaves the previous checkpoint as
-   it was. A last exchange tells every rank whether the commit happened.
+   place (_swap_in: a checkpoint it replaces waits under ``.NAME.old``
+   between the two renames, where load, latest_checkpoint and the next
+   save find it after a crash). A last exchange tells every rank whether
+   the commit happened.
 
 Load: read ``.metadata``, find for each tensor of the given state_dict the
 saved chunks that overlap this rank's box (any world size or sharding),
@@ -173,7 +175,13 @@ def _encode_object(key, v):
 
 
 def _decode_object(text, where):
-    return S._Decoder({}, where, None)(json.loads(text))
+    try:
+        return S._Decoder({}, where, None)(json.loads(text))
+    except (ValueError, RecursionError) as e:
+        # crafted metadata: JSON nested past Python's recursion limit
+        raise CheckpointException(
+            f"{where}: the saved value is corrupt ({type(e).__name__}: "
+            f"{str(e)[:80]})") from None
 
 
 # -------------------------------------------------------------- groups --
@@ -272,7 +280,10 @@ def _raise_failures(results, what):
 # ---------------------------------------------------------------- save --
 
 _NAME_OK = re.compile(r'^[^"\\\x00-\x1f]+$').match
-_TMP_RE = re.compile(r"^\..*\.dcp-([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}\.tmp$")
+# a save's temporary directory; ".old": where saves before the fixed
+# _old_path name moved the checkpoint they replaced
+_TMP_RE = re.compile(
+    r"^\.(.*)\.dcp-([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}\.(tmp|old)$")
 # the header's own CRC-32 entry, as dtorch.serialization writes it
 _HCRC = re.compile(re.escape(json.dumps(S._HEADER_CRC_KEY).encode())
                    + rb':"([0-9a-f]{8})"')
@@ -504,18 +515,27 @@ def _host_tag():
 
 def _remove_stale_tmps(parent):
     """Temporary checkpoint directories of saves that died (this host,
-    pid gone); other hosts' are left alone (they may be live)."""
+    pid gone); other hosts' are left alone (they may be live). An
+    earlier version's ``.old`` becomes the checkpoint's ``.old`` when it
+    may be the only copy (its name is missing), else it goes too."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
     for name in names:
         m = _TMP_RE.match(name)
-        if m is None or m.group(1) != _host_tag():
+        if m is None or m.group(2) != _host_tag():
             continue
-        pid = int(m.group(2))
-        if pid != os.getpid() and not S._pid_alive(pid):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        pid = int(m.group(3))
+        if pid == os.getpid() or S._pid_alive(pid):
+            continue
+        where = os.path.join(parent, name)
+        target = os.path.join(parent, m.group(1))
+        if m.group(4) == "old" and not os.path.lexists(target) and \
+                not os.path.lexists(_old_path(target)) and _complete(where):
+            os.rename(where, _old_path(target))
+        else:
+            _remove_checkpoint(where)
 
 
 def _save_snapshot(snap, path, ck, after_commit=None):
@@ -622,21 +642,90 @@ def _commit(path, tmp, entries, results, plans, per_rank_keys, sync=True):
             os.fsync(fh.fileno())
     if sync:
         _fsync_dir(tmp)
-    old = None
-    if os.path.lexists(path):
-        # replace a checkpoint of the same name: move it aside first (a
-        # crash between the two renames leaves it under the .old name)
-        old = f"{tmp[:-4]}.old"
+    _step("written")
+    _swap_in(path, tmp, sync)
+
+
+# The commit's steps, in order; ``_commit_hook(step)`` (None outside tests)
+# runs after each, so a test can kill the process there.
+COMMIT_STEPS = ("written", "stale-old-removed", "moved-aside", "renamed",
+                "synced", "old-unmarked", "old-removed")
+_commit_hook = None
+
+
+def _step(name):
+    if _commit_hook is not None:
+        _commit_hook(name)
+
+
+def _old_path(path):
+    """Where a save moves the checkpoint it replaces, for the instant
+    between its two renames: one fixed name per checkpoint, so load,
+    latest_checkpoint and the next save find it after a crash there."""
+    parent, base = os.path.split(path)
+    if len(base) > 200:        # keep the name within NAME_MAX
+        base = f"{base[:180]}.{zlib.crc32(base.encode()):08x}"
+    return os.path.join(parent, f".{base}.old")
+
+
+def _complete(path):
+    return os.path.isfile(os.path.join(path, M.METADATA_NAME))
+
+
+def _found(path):
+    """The complete checkpoint that the name ``path`` stands for: ``path``
+    itself, or (a save was killed between its renames) its ``.old``."""
+    if _complete(path):
+        return path
+    old = _old_path(path)
+    if not os.path.lexists(path) and _complete(old):
+        return old
+    return None
+
+
+def _remove_checkpoint(path, step=None):
+    """Remove a checkpoint directory (or a file or link of that name).
+    Its .metadata goes first: a removal cut short leaves no directory
+    that looks complete."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(path, M.METADATA_NAME))
+        if step:
+            _step(step)
+        shutil.rmtree(path, ignore_errors=True)
+    else:        # a file (a dtorch.save checkpoint) or a link
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def _swap_in(path, tmp, sync):
+    """Put the complete directory ``tmp`` in place as ``path``: at every
+    instant a complete checkpoint is under the name or, between the two
+    renames, under its ``.old`` (see _found)."""
+    old = _old_path(path)
+    if os.path.lexists(old):
+        if os.path.lexists(path):
+            _remove_checkpoint(old)  # stale: a kill after the renames
+        # else a kill between the renames: the .old is the current
+        # checkpoint until the new one is in place
+    _step("stale-old-removed")
+    moved = os.path.lexists(path)
+    if moved:
         os.rename(path, old)
-    os.rename(tmp, path)
+    _step("moved-aside")
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if moved:              # put the previous checkpoint back
+            os.rename(old, path)
+        raise
+    _step("renamed")
     if sync:
         _fsync_dir(os.path.dirname(path))
-    if old is not None:
-        if os.path.isdir(old) and not os.path.islink(old):
-            shutil.rmtree(old, ignore_errors=True)
-        else:        # a file (a dtorch.save checkpoint) or a link
-            with contextlib.suppress(OSError):
-                os.remove(old)
+    _step("synced")
+    if os.path.lexists(old):
+        _remove_checkpoint(old, "old-unmarked")
+    _step("old-removed")
 
 
 def _prepare(state_dict, process_group, no_dist, copy, writer):
@@ -714,17 +803,18 @@ def latest_checkpoint(root):
     """The newest complete checkpoint under ``root``: the one its
     ``latest`` file names, else the highest-numbered ``*_<step>``
     directory with a ``.metadata``; ``root`` itself if it is one; None
-    if there is none."""
+    if there is none. A name whose save was killed between its two
+    renames stands for its ``.NAME.old``, the previous checkpoint."""
     root = os.fspath(root)
-    if os.path.isfile(os.path.join(root, M.METADATA_NAME)):
-        return root
+    found = _found(root)
+    if found is not None:
+        return found
     try:
         with open(os.path.join(root, "latest")) as fh:
             name = fh.read().strip()
-        cand = os.path.join(root, name)
-        if name and os.sep not in name and os.path.isfile(
-                os.path.join(cand, M.METADATA_NAME)):
-            return cand
+        found = M.plain_name(name) and _found(os.path.join(root, name))
+        if found:
+            return found
     except OSError:
         pass
     best = None
@@ -732,12 +822,15 @@ def latest_checkpoint(root):
         names = os.listdir(root)
     except OSError:
         return None
+    # a NAME whose save was killed between its renames is there as .NAME.old
+    names = {m.group(1) if m else n for n in names
+             for m in [re.match(r"^\.(.+)\.old$", n)]}
     for name in names:
         m = re.match(r"^[^.].*?(\d+)$", name)
-        if m and os.path.isfile(os.path.join(root, name, M.METADATA_NAME)):
-            if best is None or int(m.group(1)) > best[0]:
-                best = (int(m.group(1)), name)
-    return None if best is None else os.path.join(root, best[1])
+        found = m and _found(os.path.join(root, name))
+        if found and (best is None or int(m.group(1)) > best[0]):
+            best = (int(m.group(1)), found)
+    return None if best is None else best[1]
 
 
 def _read_metadata(path):
@@ -788,6 +881,16 @@ class _Reader:
             raise CheckpointException(
                 f"{self.path}: the metadata lists no file {fname!r} (needed "
                 f"for tensor {key!r})")
+        # metadata.loads admits plain names only; a link may still point
+        # out of the directory: read nothing outside it
+        real = os.path.realpath(where)
+        if not M.plain_name(fname) or os.path.commonpath(
+                [real, os.path.realpath(self.path)]) != \
+                os.path.realpath(self.path):
+            raise CheckpointException(
+                f"{where}: the shard file {fname!r} resolves to {real}, "
+                f"outside the checkpoint directory {self.path}; refusing to "
+                f"read it (needed for tensor {key!r})")
         try:
             size = os.path.getsize(where)
         except FileNotFoundError:

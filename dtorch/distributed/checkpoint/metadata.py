@@ -87,9 +87,7 @@ def loads(raw, where):
         raise SerializationError(
             f"{where} is corrupt: its checksum does not match (stored "
             f"{want!r}, computed {_crc(doc)!r})")
-    for key in ("state_dict_metadata", "files", "world_size"):
-        if key not in doc:
-            raise SerializationError(f"{where} is corrupt: no {key!r}")
+    _check(doc, where, SerializationError)
     sdm = {}
     for k, e in doc["state_dict_metadata"].items():
         if e.get("type") == "tensor":
@@ -99,3 +97,102 @@ def loads(raw, where):
         else:
             sdm[k] = BytesStorageMetadata()
     return Metadata(sdm, doc["world_size"], doc.get("step"), doc)
+
+
+def plain_name(name):
+    """True for a file name that stays in its directory: no separator, not
+    '.' or '..', no NUL (metadata and ``latest`` name files this way)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not \
+        any(c in name for c in ("/", "\\", "\0"))
+
+
+def _check(doc, where, error):
+    """The structure loading relies on, field by field: a crafted or
+    damaged file raises ``error`` naming ``where`` and the field instead
+    of a KeyError deep in the loader."""
+    from ...serialization import _DTYPES
+
+    def bad(field, want, got):
+        text = repr(got)
+        raise error(f"{where} is corrupt: {field} must be {want}, got "
+                    f"{text[:200] + '...' if len(text) > 200 else text}")
+
+    def typed(v, t, field, want):
+        if not isinstance(v, t) or isinstance(v, bool):
+            bad(field, want, v)
+        return v
+
+    def ints(v, field, n=None):
+        typed(v, list, field, "a list of integers >= 0")
+        if any(not isinstance(i, int) or isinstance(i, bool) or i < 0
+               for i in v):
+            bad(field, "a list of integers >= 0", v)
+        if n is not None and len(v) != n:
+            bad(field, f"{n} integers (the tensor's dimensions)", v)
+        return v
+
+    def rank(v, field):
+        if typed(v, int, field, "a rank (an integer >= 0)") < 0:
+            bad(field, "a rank (an integer >= 0)", v)
+
+    def per_rank(e, field):
+        pr = typed(e.get("per_rank"), dict, field + ".per_rank",
+                   "a dict rank -> entry (the entry has no value/chunks)")
+        if not pr:
+            bad(field + ".per_rank", "a dict with a rank", pr)
+        for r in pr:
+            if not r.isdigit():
+                bad(f"{field}.per_rank key", "a rank", r)
+        return pr
+
+    def chunks(cs, size, field):
+        for i, c in enumerate(typed(cs, list, field, "a list of chunks")):
+            f = f"{field}[{i}]"
+            typed(c, dict, f, "a dict")
+            off = ints(c.get("offsets"), f + ".offsets", len(size))
+            sz = ints(c.get("sizes"), f + ".sizes", len(size))
+            if any(o + n > g for o, n, g in zip(off, sz, size)):
+                bad(f, f"a box inside the tensor's size {size}",
+                    {"offsets": off, "sizes": sz})
+            rank(c.get("rank"), f + ".rank")
+            if "file" in c and c["file"] not in files:
+                bad(f + ".file", "a file listed under 'files'", c["file"])
+            if "name" in c:
+                typed(c["name"], str, f + ".name", "a tensor name")
+
+    typed(doc.get("world_size"), int, "world_size", "an integer >= 1")
+    if doc["world_size"] < 1:
+        bad("world_size", "an integer >= 1", doc["world_size"])
+    files = typed(doc.get("files"), dict, "files", "a dict")
+    for name, info in files.items():
+        if not plain_name(name):
+            bad("a name in files", "a plain file name inside the "
+                "checkpoint directory (no path)", name)
+        f = f"files[{name!r}]"
+        typed(info, dict, f, "a dict")
+        typed(info.get("size"), int, f + ".size", "an integer >= 0")
+        rank(info.get("rank"), f + ".rank")
+    sdm = typed(doc.get("state_dict_metadata"), dict, "state_dict_metadata",
+                "a dict")
+    for k, e in sdm.items():
+        f = f"state_dict_metadata[{k!r}]"
+        typed(e, dict, f, "a dict")
+        if e.get("type") == "tensor":
+            if e.get("dtype") not in _DTYPES:
+                bad(f + ".dtype", f"one of {sorted(_DTYPES)}", e.get("dtype"))
+            size = ints(e.get("size"), f + ".size")
+            if "flat_of" in e:
+                ints(e["flat_of"], f + ".flat_of")
+            if "chunks" in e:
+                chunks(e["chunks"], size, f + ".chunks")
+            else:
+                for r, cs in per_rank(e, f).items():
+                    chunks(cs, size, f"{f}.per_rank[{r!r}]")
+        elif e.get("type") == "object":
+            if "value" in e:
+                typed(e["value"], str, f + ".value", "a JSON text")
+            else:
+                for r, v in per_rank(e, f).items():
+                    typed(v, str, f"{f}.per_rank[{r!r}]", "a JSON text")
+        else:
+            bad(f + ".type", "'tensor' or 'object'", e.get("type"))

@@ -330,11 +330,21 @@ class DataLoader:
 
     def load_state_dict(self, state_dict):
         """Make the next ``iter(self)`` continue where ``state_dict``
-        left off (a finished epoch's state starts the next epoch)."""
+        left off (a finished epoch's state starts the next epoch of the
+        uninterrupted run)."""
         if not isinstance(state_dict, dict) or \
                 "_iterator_finished" not in state_dict:
             raise ValueError("not a DataLoader state_dict (no "
                              "'_iterator_finished' key)")
+        nxt = state_dict.get("_next_pass")
+        if state_dict["_iterator_finished"] and nxt is not None:
+            # now, not at iter(): a set_epoch called after this still wins
+            s = _consumed_sampler(self._stateful_sampler) or \
+                self._stateful_sampler
+            if nxt["sampler"] is not None:
+                s.load_state_dict(nxt["sampler"])
+            if nxt["generator"] is not None and self.generator is not None:
+                self.generator.set_state(nxt["generator"])
         self._pending_state = state_dict
 
     def __del__(self):
@@ -359,6 +369,31 @@ class _LastIterator:
         if it is not None:
             return it.state_dict()
         return self.final
+
+
+def _consumed_sampler(s):
+    """The sampler that resumes by samples consumed (DistributedSampler,
+    maybe inside a BatchSampler), or None."""
+    if isinstance(s, BatchSampler) and not getattr(
+            s, "_resume_by_consumed", False):
+        s = s.sampler
+    return s if getattr(s, "_resume_by_consumed", False) else None
+
+
+def _next_pass(stateful, consumed_sampler, generator, workers_kept):
+    """Where the pass after a finished one starts: the sampler's state (a
+    DistributedSampler: its epoch from the start; set_epoch moves on),
+    the loader's generator (which draws the workers' base seed), and
+    whether persistent workers go on with their RNG streams."""
+    if consumed_sampler is not None:
+        st = dict(consumed_sampler.state_dict(consumed=0), consumed=0)
+    else:
+        get = getattr(stateful, "state_dict", None)
+        st = get() if get is not None else None
+    return {"sampler": _plain(st),
+            "generator": None if generator is None
+            else _plain(generator.get_state()),
+            "workers_kept": workers_kept}
 
 
 def _plain(obj):
@@ -389,9 +424,13 @@ class _BaseIter:
         self._pin = loader.pin_memory
         self._pin_device = loader.pin_memory_device
         self._last_box = None
+        self._generator = loader.generator
+        self._next = None         # a finished pass: where the next starts
         self._last_worker = -1
         self._finished = False
-        if resume is not None and not resume.get("_iterator_finished"):
+        self._keep = _keeps_workers(loader, resume)
+        if resume is not None and (not resume.get("_iterator_finished")
+                                   or self._keep):
             # drawn, not loaded, would consume the generator once more
             self._base_seed = int(resume["_base_seed"])
         else:
@@ -402,14 +441,10 @@ class _BaseIter:
         self._start_pass(resume)
 
     def _by_consumed(self):
-        s = self._stateful
-        return getattr(s, "_resume_by_consumed", False) or (
-            isinstance(s, BatchSampler)
-            and getattr(s.sampler, "_resume_by_consumed", False))
+        return _consumed_sampler(self._stateful) is not None
 
     def _consumed_sampler(self):
-        s = self._stateful
-        return s.sampler if isinstance(s, BatchSampler) else s
+        return _consumed_sampler(self._stateful)
 
     def _start_pass(self, resume):
         """A new pass over the sampler: from its start, or from where a
@@ -466,7 +501,7 @@ class _BaseIter:
 
     def state_dict(self):
         sampler_state, skip = self._sampler_state()
-        return {"_num_yielded": self._num_yielded,
+        state = {"_num_yielded": self._num_yielded,
                 "_sampler_state": sampler_state,
                 "_sampler_skip": skip,
                 "_base_seed": self._base_seed,
@@ -475,9 +510,19 @@ class _BaseIter:
                 "_last_yielded_worker_id": self._last_worker,
                 "_worker_snapshots": self._snapshots(),
                 "_workers_done": self._done_flags()}
+        if self._finished and self._next is not None:
+            state["_next_pass"] = self._next
+        return state
 
     def _finish(self):
         self._finished = True
+        if not self._iterable:
+            # taken now, whether or not anyone asks for a state: a seed a
+            # sampler draws for the next pass is then drawn at the same
+            # point of the run either way
+            self._next = _next_pass(
+                self._stateful, self._consumed_sampler(), self._generator,
+                bool(getattr(self, "_persistent", False)))
         self._leave_state()
 
     def _leave_state(self):
@@ -490,10 +535,25 @@ def _loads_all(dataset):
     return getattr(dataset, "_loads_all_worker_states", False)
 
 
-def _worker_resumes(dataset, resume, num_workers):
+def _keeps_workers(loader, resume):
+    """A finished pass of persistent workers, loaded into a loader like
+    it: the next pass keeps the workers' base seed and RNG streams, as the
+    uninterrupted run's persistent workers do (not their positions)."""
+    return (resume is not None and resume.get("_iterator_finished")
+            and (resume.get("_next_pass") or {}).get("workers_kept", False)
+            and loader.persistent_workers
+            and int(resume.get("_num_workers", 0)) == loader.num_workers)
+
+
+def _worker_resumes(dataset, resume, num_workers, keep=False):
     """What each of ``num_workers`` workers (1 for the main process)
-    restores from a loaded state: its RNG and its fetcher's state."""
+    restores from a loaded state: its RNG and its fetcher's state
+    (``keep``: its RNG only, see _keeps_workers)."""
     n = max(num_workers, 1)
+    if keep:
+        return [{"fetcher": None, "rng": _worker.rng_from_plain(s["rng"])}
+                if s is not None and s.get("rng") is not None else None
+                for s in (resume.get("_worker_snapshots") or [None] * n)]
     if resume is None or resume.get("_iterator_finished"):
         return [None] * n
     snaps = resume.get("_worker_snapshots") or []
@@ -585,7 +645,7 @@ class _MultiProcessIter(_BaseIter):
         if ctx is None or isinstance(ctx, str):
             ctx = multiprocessing.get_context(ctx)
         n = self._num_workers
-        resumes = _worker_resumes(loader.dataset, resume, n)
+        resumes = _worker_resumes(loader.dataset, resume, n, self._keep)
         self._workers = []
         self._shutdown = False
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -618,7 +678,8 @@ class _MultiProcessIter(_BaseIter):
             self._finished = False
             self._start_pass(resume)
             resumes = _worker_resumes(loader.dataset, resume,
-                                      self._num_workers)
+                                      self._num_workers,
+                                      _keeps_workers(loader, resume))
         n = self._num_workers
         self._send_idx = 0
         self._rcvd_idx = 0
