@@ -2,9 +2,26 @@
 ``torch.autograd.backward`` / ``torch.autograd.grad``. Their own module so
 that ``functional`` and ``gradcheck`` import ``grad`` at module level (the
 package ``__init__`` imports those two)."""
+import threading
+
 from .. import _backend as _B
 from . import engine as _engine
 from . import function as _fn
+
+
+class _Seed(threading.local):
+    scale = None
+
+
+_seed = _Seed()
+
+
+def scale_next_implicit_seed(scale):
+    """Multiply the implicit gradient (ones) of this thread's next
+    ``backward()`` by ``scale``. Deterministic DDP (nn/parallel/
+    _deterministic.py) folds its 1/world into the loss this way: a mean
+    loss then scales by 1/n_local * 1/world, rounded as the global 1/n."""
+    _seed.scale = scale
 
 
 def _as_list(x):
@@ -34,6 +51,8 @@ def _root_grads(outputs, grad_outputs, what, create_graph=False):
                         f"outputs ({what} of a tensor of shape "
                         f"{list(t.shape)}: pass gradient=)")
                 g = t._xp().ones(t._data.shape, t._data.dtype)
+                if _seed.scale is not None and what == "backward":
+                    g *= _seed.scale
                 if create_graph:
                     g = t._make(g, False, None)
             else:
@@ -66,6 +85,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None,
         raise RuntimeError(f"got {len(gs)} gradients for {len(outs)} "
                            f"tensors")
     grads = _root_grads(outs, gs, "backward", create_graph)
+    _seed.scale = None
     if inputs is not None:
         ins = _as_list(inputs)
         res = _engine.run_backward(outs, grads, bool(retain_graph), ins,
