@@ -187,3 +187,13 @@ def test_warn_only_goes_on_with_a_warning():
     # the warnings module is process-wide: catch the ranks' from here
     with pytest.warns(UserWarning, match="world size 3 .*warn_only"):
         assert dist.spawn_threads(body, 3) == [True] * 3
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mpi_world_gives_the_thread_ranks_bits(mpi_world):
+    one = dist.spawn_threads(train_mlp, 1)[0]
+    try:
+        mine = train_mlp(dist.get_rank(), dist.get_world_size())
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert mine == one
