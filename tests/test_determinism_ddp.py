@@ -8,8 +8,11 @@ import pytest
 
 import dtorch as torch
 import dtorch.distributed as dist
+import dtorch.distributed.checkpoint as dcp
 import dtorch.nn.functional as F
 from dtorch import nn
+from dtorch.distributed.checkpoint.state_dict import (get_state_dict,
+                                                      set_state_dict)
 from dtorch.nn.parallel import DistributedDataParallel as DDP
 from dtorch.nn.parallel._deterministic import fixed_point_sum
 from dtorch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -38,9 +41,11 @@ def _data():
 
 
 def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
-              batch=24):
+              batch=24, save=None, resume=None):
     """The owners' check: MLP + dropout + AdamW + clip_grad_norm_ under DDP
-    with a DistributedSampler, global batch 24 (per optimizer step)."""
+    with a DistributedSampler, global batch 24 (per optimizer step).
+    ``save=(path, step)``: checkpoint there (dcp) and stop; ``resume``: a
+    checkpoint to continue from."""
     torch.use_deterministic_algorithms(det)
     torch.manual_seed(0)
     ds = _data()
@@ -49,11 +54,18 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
     ddp = DDP(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     sampler = DistributedSampler(ds, shuffle=True, seed=3)
+    # the loader's own generator: each iterator draws a base seed from it,
+    # which would otherwise advance the default one once more on a resume
     loader = DataLoader(ds, batch_size=batch // world // accum,
-                        sampler=sampler)
+                        sampler=sampler,
+                        generator=torch.Generator().manual_seed(9))
     step, micro = 0, 0
-    for epoch in range(10):
-        sampler.set_epoch(epoch)
+    if resume is not None:
+        step = _checkpoint(dcp.load, resume, ddp, opt, sampler, step)
+    for epoch in range(sampler.epoch, 10):
+        if resume is None or epoch > sampler.epoch:
+            sampler.set_epoch(epoch)
+        resume = None
         for x, y in loader:
             micro += 1
             last = micro % accum == 0
@@ -66,9 +78,23 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
             nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
             opt.step()
             step += 1
+            if save is not None and step == save[1]:
+                return _checkpoint(dcp.save, save[0], ddp, opt, sampler,
+                                   step)
             if step == steps:
                 return state_digest(model, opt)
             opt.zero_grad()
+
+
+def _checkpoint(fn, path, ddp, opt, sampler, step):
+    """dcp.save or dcp.load of the whole training state; the step."""
+    msd, osd = get_state_dict(ddp, opt)
+    st = {"model": msd, "optim": osd, "sampler": sampler,
+          "rng": dcp.RNGState(), "step": step}
+    fn(st, checkpoint_id=path)
+    if fn is dcp.load:
+        set_state_dict(ddp, opt, model_state_dict=msd, optim_state_dict=osd)
+    return st["step"]
 
 
 class _null:
@@ -94,6 +120,32 @@ def test_no_sync_accumulation_is_world_size_independent():
         return set(dist.spawn_threads(
             lambda r, n: train_mlp(r, n, steps=4, accum=2), world))
     assert run(1) == run(2) == run(4)
+
+
+def test_save_on_2_ranks_resume_on_3_mid_epoch(tmp_path):
+    """Step 5 of an epoch of 10, saved by 2 ranks, resumed by 3 and 4:
+    the bits of the uninterrupted run on 1 rank after 12 steps."""
+    path = str(tmp_path / "ck")
+    full = dist.spawn_threads(train_mlp, 1)[0]
+    dist.spawn_threads(lambda r, n: train_mlp(r, n, save=(path, 5)), 2)
+    for world in (3, 4):
+        res = dist.spawn_threads(
+            lambda r, n: train_mlp(r, n, resume=path), world)
+        assert set(res) == {full}
+
+
+def test_sampler_refuses_world_size_dependent_padding():
+    ds = TensorDataset(torch.arange(10))
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert len(list(DistributedSampler(ds, 2, 1))) == 5
+        with pytest.raises(ValueError, match="10 samples left in epoch 0 "
+                           "do not split evenly into 3 replicas"):
+            list(DistributedSampler(ds, 3, 0))
+        assert len(list(DistributedSampler(ds, 3, 0, pad=False))) == 4
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert len(list(DistributedSampler(ds, 3, 0))) == 4   # padded
 
 
 def _grads(rank, world, det, virtual_shards=None):
