@@ -16,16 +16,16 @@ is removed here:
    (``virtual_shards``), not by the membership, so a resized job (issue 27)
    reuses it.
 2. **Sums.** Shard gradients are combined by an exact, order-free sum: each
-   is rounded once onto a fixed-point grid (int64, quantum 2^(e - P), e the
-   global maximum exponent of that parameter's gradients, P = 62 - log2 V),
-   and integers add associatively, so the local sum and the all-reduce (any
+   is rounded once onto a fixed-point grid (integers below 2^53 held in
+   float64, quantum 2^(e - P), e the global maximum exponent of that
+   parameter's gradients, P = 52 - log2 V), and such integers add exactly, so the local sum and the all-reduce (any
    algorithm, any backend) give the same integers whatever the grouping.
    Chosen over a fixed reduction tree of the V shards: a tree needs every
    shard's gradient gathered (V / W times the bytes) or a fixed schedule
    per layout, while the fixed-point sum moves 8 bytes per float32 gradient
    (2x normal DDP) plus one small all-reduce of exponents. The grid's step
-   is 2^-(62 - log2 V) of the parameter's largest shard gradient (2^-58 at
-   V = 12): every element within 2^-34 of the largest keeps float32's full
+   is 2^-(52 - log2 V) of the parameter's largest shard gradient (2^-48 at
+   V = 12): every element within 2^-24 of the largest keeps float32's full
    precision, smaller ones an absolute error below that step.
 3. **Normalisation and randomness.** DDP averages over W ranks; here that
    1/W goes into the implicit ``backward()`` seed of the loss instead, so
@@ -202,41 +202,55 @@ def fixed_point_sum(grads, shards, group):
     the additions. ``grads[i]``: this rank's shard gradients of parameter
     i; ``shards``: the global number of shards (bounds the sum).
 
-    Two all-reduces: the per-parameter maximum exponent (and whether any
-    shard is not finite), then one int64 buffer of all parameters."""
+    The grid points are integers held in float64: below 2^53 every sum of
+    them is exact in any order, here, in the all-reduce of any backend, so
+    no int64 conversion is needed (measured: 3 passes over a gradient per
+    shard instead of 7). Two all-reduces: the per-parameter maximum
+    exponent (and whether any shard is not finite), then one float64
+    buffer of all parameters."""
     world = dist.get_world_size(group)
-    prec = 62 - max(1, math.ceil(math.log2(shards)))
-    top = np.empty(2 * len(grads), np.int64)
+    prec = 52 - max(1, math.ceil(math.log2(shards)))
+    top = np.empty(2 * len(grads), np.float64)
     for i, gs in enumerate(grads):
-        m, bad = 0.0, False
+        m = 0.0
         for g in gs:
-            fin = np.isfinite(g)
-            if not fin.all():
-                bad = True
-                g = np.where(fin, g, 0)
             if g.size:
-                m = max(m, float(np.abs(g).max()))
+                m = max(m, float(g.max()), -float(g.min()))
+        bad = not math.isfinite(m)       # nan propagates through max/min
+        if bad:
+            m = max([float(np.abs(g[np.isfinite(g)]).max(initial=0.0))
+                     for g in gs])
         top[2 * i] = math.frexp(m)[1] if m > 0 else -1100
         top[2 * i + 1] = bad
     if world > 1:
         dist.all_reduce(Tensor._wrap(top), op=dist.ReduceOp.MAX, group=group)
-    exps = top[0::2]
+    # the exponent of the grid's unit (all-zero parameters: any will do;
+    # float64 gradients below 2^-971 would need a scale beyond 2^1023)
+    exps = [max(int(e) - prec, -1023) if e > -1100 else 0
+            for e in top[0::2]]
     sizes = [gs[0].size for gs in grads]
-    flat = np.zeros(sum(sizes), np.int64)
+    flat = np.zeros(sum(sizes), np.float64)
+    tmp = np.empty(max(sizes, default=0), np.float64)
     off = 0
     for gs, e, n in zip(grads, exps, sizes):
-        acc = flat[off:off + n]
+        acc, t = flat[off:off + n], tmp[:n]
+        scale = math.ldexp(1.0, -e)
         for g in gs:
-            x = np.ldexp(g.astype(np.float64).ravel(), int(prec - e))
-            acc += np.rint(np.nan_to_num(x, nan=0.0, posinf=0.0,
-                                         neginf=0.0)).astype(np.int64)
+            # exact: a power-of-two scaling of a float32/64 value (inf and
+            # nan are put right by _nonfinite)
+            np.multiply(g.reshape(-1), scale, out=t, dtype=np.float64)
+            np.rint(t, out=t)
+            with np.errstate(invalid="ignore"):
+                acc += t
         off += n
+    if top[1::2].any():
+        flat[~np.isfinite(flat)] = 0.0
     if world > 1:
         dist.all_reduce(Tensor._wrap(flat), group=group)
     out, off = [], 0
     for gs, e, n in zip(grads, exps, sizes):
-        out.append(np.ldexp(flat[off:off + n].astype(np.float64),
-                            int(e - prec)).reshape(gs[0].shape))
+        out.append((flat[off:off + n] * math.ldexp(1.0, e))
+                   .reshape(gs[0].shape))
         off += n
     if top[1::2].any():
         _nonfinite(grads, out, top[1::2], group, world)
