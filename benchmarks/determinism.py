@@ -6,22 +6,22 @@ ranks, and what it costs.
     3 and 4 thread ranks, in deterministic and in normal mode: the sha256
     of each run's final state (parameters, gradients, AdamW state, RNG
     state), side by side.
-(b) cost: step time (CPU seconds of each rank's thread, median over the
-    steps, ranges over --repeats runs) of deterministic vs normal mode at 1
-    and 2 thread ranks for an MLP, a CNN and a small GPT, and the bytes the
-    collectives move per step per rank (counted at the process group).
+(b) cost: step time (the process's CPU seconds per step and rank: every
+    thread, so DDP's communication thread too; ranges over --repeats runs,
+    interleaved) of deterministic vs normal mode at 1 and 2 thread ranks
+    for an MLP, a CNN and a small GPT, and the bytes the collectives are
+    given per step per rank (counted at the process group).
 
     python benchmarks/determinism.py [--steps 50] [--repeats 3]
-        [--only hashes,mlp,cnn,gpt]
+        [--only hashes,mlp,cnn,gpt] [--virtual-shards 12]
 
 CPU time, not wall time: the machine this runs on is shared and loaded
-(uptime is printed); the thread ranks of one process share its cores, so
-wall time would mostly measure the other ranks and the neighbours.
+(the load average is printed); the thread ranks of one process share its
+cores, so wall time would mostly measure the other ranks and neighbours.
 """
 import argparse
 import hashlib
 import os
-import statistics
 import sys
 import time
 
@@ -120,14 +120,14 @@ def count_bytes(group):
     return moved
 
 
-def train(rank, world, kind, det, steps, batch, timed=False):
+def train(rank, world, kind, det, steps, batch, shards=None):
     torch.use_deterministic_algorithms(det)
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     ds = TensorDataset(*data(kind, batch * 10, g))
     model = MODELS[kind]()
     moved = count_bytes(dist.group.WORLD)
-    ddp = DDP(model)
+    ddp = DDP(model, virtual_shards=shards)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     sampler = DistributedSampler(ds, shuffle=True, seed=3)
     loader = DataLoader(ds, batch_size=batch // world, sampler=sampler,
@@ -136,7 +136,6 @@ def train(rank, world, kind, det, steps, batch, timed=False):
     for epoch in range(10 ** 6):
         sampler.set_epoch(epoch)
         for x, y in loader:
-            t0 = time.thread_time()
             out = ddp(x)
             loss = F.cross_entropy(out.reshape(-1, out.shape[-1]),
                                    y.reshape(-1))
@@ -144,14 +143,14 @@ def train(rank, world, kind, det, steps, batch, timed=False):
             loss.backward()
             nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
             opt.step()
-            times.append(time.thread_time() - t0)
+            times.append(time.process_time())
             step += 1
             if step == 1:
                 start_bytes = moved[0]      # after DDP's set-up broadcast
             if step == steps:
                 per_step = (moved[0] - start_bytes) / max(steps - 1, 1)
-                return (state_sha(model, opt), statistics.median(times[1:]),
-                        per_step)
+                cpu = (times[-1] - times[0]) / (steps - 1) / world
+                return state_sha(model, opt), cpu, per_step
 
 
 def hashes(steps):
@@ -170,11 +169,11 @@ def hashes(steps):
                                          zip((1, 2, 3, 4), row)))
 
 
-def cost(kinds, steps, repeats):
+def cost(kinds, steps, repeats, shards):
     batch = {"mlp": 96, "cnn": 24, "gpt": 24}
-    print(f"\n(b) ms of CPU per step (median of {steps - 1} steps; range "
-          f"over {repeats} runs, interleaved) and bytes moved per step per "
-          f"rank")
+    print(f"\n(b) ms of CPU per step and rank (over {steps - 1} steps; "
+          f"range over {repeats} runs, interleaved), bytes per step per "
+          f"rank; virtual shards {shards or 12}")
     print(f"  {'model':5} {'ranks':>5} {'normal ms':>15} "
           f"{'deterministic ms':>17} {'ratio':>11} {'bytes n/det':>19}")
     for kind in kinds:
@@ -184,8 +183,8 @@ def cost(kinds, steps, repeats):
             for _ in range(repeats):
                 for det in (False, True):
                     res = dist.spawn_threads(lambda r, n: train(
-                        r, n, kind, det, steps, batch[kind]), w)
-                    runs[det].append(max(x[1] for x in res) * 1e3)
+                        r, n, kind, det, steps, batch[kind], shards), w)
+                    runs[det].append(res[0][1] * 1e3)
                     moved[det] = res[0][2]
             n, d = runs[False], runs[True]
             ratio = [b / a for a, b in zip(n, d)]
@@ -200,6 +199,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="hashes,mlp,cnn,gpt")
+    ap.add_argument("--virtual-shards", type=int, default=None)
     a = ap.parse_args(argv)
     only = a.only.split(",")
     print("load:", os.getloadavg(), "cores:", os.cpu_count())
@@ -207,7 +207,7 @@ def main(argv=None):
         hashes(a.steps)
     kinds = [k for k in only if k in MODELS]
     if kinds:
-        cost(kinds, min(a.steps, 12), a.repeats)
+        cost(kinds, min(a.steps, 12), a.repeats, a.virtual_shards)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 ``use_deterministic_algorithms(True)`` a plain DDP script gives the same
 bits on 1, 2, 3 and 4 ranks (nn/parallel/_deterministic.py)."""
 import hashlib
+import math
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ import dtorch.distributed as dist
 import dtorch.distributed.checkpoint as dcp
 import dtorch.nn.functional as F
 from dtorch import nn
+from dtorch.distributed.clip_grad import exact_norm
+from dtorch.distributed.optim import ZeroRedundancyOptimizer
 from dtorch.distributed.checkpoint.state_dict import (get_state_dict,
                                                       set_state_dict)
 from dtorch.nn.parallel import DistributedDataParallel as DDP
@@ -24,7 +27,7 @@ def state_digest(model, opt):
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
         h.update(p.grad.numpy().tobytes())
-    for st in opt.state.values():
+    for st in (opt.state.values() if opt is not None else ()):
         for k in sorted(st):
             v = st[k]
             h.update(np.asarray(v.numpy() if hasattr(v, "numpy") else v)
@@ -41,18 +44,28 @@ def _data():
 
 
 def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
-              batch=24, save=None, resume=None):
+              batch=24, save=None, resume=None, zero=False, scaler=None,
+              opt_state=True):
     """The owners' check: MLP + dropout + AdamW + clip_grad_norm_ under DDP
     with a DistributedSampler, global batch 24 (per optimizer step).
     ``save=(path, step)``: checkpoint there (dcp) and stop; ``resume``: a
-    checkpoint to continue from."""
+    checkpoint to continue from; ``zero``: ZeroRedundancyOptimizer (ZeRO-1)
+    and its clip_grad_norm_; ``scaler``: a GradScaler's init_scale, with
+    an infinite loss at step 3 (a skipped step); ``opt_state``: hash the
+    optimizer's state too (ZeRO's is sharded: never)."""
     torch.use_deterministic_algorithms(det)
     torch.manual_seed(0)
     ds = _data()
     model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(dropout),
                           nn.Linear(32, 3))
     ddp = DDP(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    if zero:
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW,
+                                      lr=1e-2)
+    else:
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    gs = None if scaler is None else torch.amp.GradScaler(
+        "cpu", init_scale=scaler, growth_interval=2)
     sampler = DistributedSampler(ds, shuffle=True, seed=3)
     # the loader's own generator: each iterator draws a base seed from it,
     # which would otherwise advance the default one once more on a resume
@@ -72,17 +85,31 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
             ctx = ddp.no_sync() if not last else _null()
             with ctx:
                 loss = F.cross_entropy(ddp(x), y) / accum
+                if gs is not None:
+                    loss = gs.scale(loss * (math.inf if step == 2 else 1))
                 loss.backward()
             if not last:
                 continue
-            nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
-            opt.step()
+            if gs is not None:
+                gs.unscale_(opt)
+            if zero:
+                opt.clip_grad_norm_(0.5)
+            else:
+                nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+            if gs is not None:
+                gs.step(opt)
+                gs.update()
+            else:
+                opt.step()
             step += 1
             if save is not None and step == save[1]:
                 return _checkpoint(dcp.save, save[0], ddp, opt, sampler,
                                    step)
             if step == steps:
-                return state_digest(model, opt)
+                if gs is not None:
+                    return state_digest(model, opt) + repr(gs.get_scale())
+                keep = opt_state and not zero
+                return state_digest(model, opt if keep else None)
             opt.zero_grad()
 
 
@@ -146,6 +173,87 @@ def test_sampler_refuses_world_size_dependent_padding():
     finally:
         torch.use_deterministic_algorithms(False)
     assert len(list(DistributedSampler(ds, 3, 0))) == 4   # padded
+
+
+def test_zero1_gives_the_same_parameters_on_any_world_size():
+    hashes = {h for w in (1, 2, 3, 4) for h in dist.spawn_threads(
+        lambda r, n: train_mlp(r, n, steps=6, zero=True), w)}
+    # the element-wise AdamW on shards is AdamW on the whole parameters:
+    # ZeRO-1's parameters and gradients are plain DDP's
+    plain = dist.spawn_threads(lambda r, n: train_mlp(
+        r, n, steps=6, opt_state=False), 1)[0]
+    assert hashes == {plain}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_grad_scaler_skip_decision_is_world_size_independent():
+    hashes = {h for w in (1, 2, 3) for h in dist.spawn_threads(
+        lambda r, n: train_mlp(r, n, steps=5, scaler=2.0 ** 8), w)}
+    assert len(hashes) == 1
+    # the infinite loss of step 3 was skipped, the scale backed off
+    assert hashes.pop().endswith(repr(2.0 ** 8 * 2 * 0.5 * 2))
+
+
+def test_exact_norm_does_not_depend_on_the_split():
+    rng = np.random.default_rng(1)
+    flat = (rng.standard_normal(1001) * 10.0 ** rng.integers(
+        -5, 5, 1001)).astype(np.float32)
+
+    def norm(world, p):
+        def body(rank, n):
+            # ZeRO/FSDP-like contiguous chunks of a different size per world
+            bounds = np.linspace(0, flat.size, n + 1).astype(int)
+            mine = [flat[bounds[rank]:bounds[rank + 1]]]
+            return exact_norm(mine, p, (dist.group.WORLD,))
+        return set(dist.spawn_threads(body, world))
+    for p in (1.0, 2.0, 3.0):
+        one = norm(1, p)
+        assert norm(2, p) == norm(3, p) == norm(4, p) == one
+        ref = float(np.sum(np.abs(flat.astype(np.float64)) ** p) ** (1 / p))
+        assert abs(one.pop() - ref) <= 1e-12 * ref
+    bad = flat.copy()
+    bad[7] = np.inf
+    assert exact_norm([bad], 2.0, ()) == math.inf
+    bad[8] = np.nan
+    assert math.isnan(exact_norm([bad], 2.0, ()))
+    assert exact_norm([np.zeros(3, np.float32)], 2.0, ()) == 0.0
+
+
+def train_lm(rank, world, steps=4):
+    """A padded token LM with variable lengths: the loss is the sum over
+    valid tokens divided by their global count (all ranks), times the
+    world size (DDP averages over ranks), not a per-rank mean of means."""
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(2)
+    n, seq, vocab = 32, 8, 16
+    tok = torch.randint(0, vocab, (n, seq + 1), generator=g)
+    lengths = torch.randint(2, seq + 1, (n,), generator=g)
+    tgt = tok[:, 1:].clone()
+    tgt[torch.arange(seq)[None, :] >= lengths[:, None]] = -100   # padding
+    ds = TensorDataset(tok[:, :-1], tgt)
+    model = nn.Sequential(nn.Embedding(vocab, 12), nn.Dropout(0.1),
+                          nn.Linear(12, vocab))
+    ddp = DDP(model, virtual_shards=4)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    sampler = DistributedSampler(ds, shuffle=True, seed=4)
+    loader = DataLoader(ds, batch_size=8 // world, sampler=sampler,
+                        generator=torch.Generator().manual_seed(9))
+    for step, (x, y) in zip(range(steps), loader):
+        count = (y != -100).sum()
+        dist.all_reduce(count)          # integers: exact in any order
+        logits = ddp(x)
+        loss = F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1),
+                               ignore_index=-100, reduction="sum")
+        opt.zero_grad()
+        (loss * world / count).backward()
+        opt.step()
+    return state_digest(model, opt)
+
+
+def test_padded_token_lm_normalised_by_the_global_token_count():
+    hashes = {w: set(dist.spawn_threads(train_lm, w)) for w in (1, 2, 4)}
+    assert len(set.union(*hashes.values())) == 1, hashes
 
 
 def _grads(rank, world, det, virtual_shards=None):
@@ -213,17 +321,40 @@ def test_layouts_that_cannot_be_identical_fail_before_the_step(
         dist.spawn_threads(body, world)
 
 
-def test_batchnorm_and_comm_hooks_are_refused():
+@pytest.mark.parametrize("sync", [False, True])
+def test_batch_norm_in_training_is_refused_eval_is_not(sync):
     def bn(rank, n):
         torch.use_deterministic_algorithms(True)
-        DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))(
-            torch.randn(12, 4))
-    with pytest.raises(RuntimeError, match="BatchNorm1d '1'.*SyncBatchNorm"):
+        m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+        if sync:
+            m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
+        ddp = DDP(m)
+        ddp.eval()
+        with torch.no_grad():
+            out = ddp(torch.randn(12, 4))
+        ddp.train()
+        ddp(torch.randn(12, 4))
+        return out
+    name = "SyncBatchNorm" if sync else "BatchNorm1d"
+    with pytest.raises(RuntimeError, match=f"{name} '1' in training mode"):
         dist.spawn_threads(bn, 2)
 
+
+def test_fsdp_training_is_refused():
+    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    def body(rank, n):
+        torch.use_deterministic_algorithms(True)
+        FSDP(nn.Linear(4, 4))(torch.randn(2, 4))
+    with pytest.raises(RuntimeError, match="FullyShardedDataParallel does "
+                       "not have a deterministic implementation"):
+        dist.spawn_threads(body, 2)
+
+
+def test_comm_hooks_are_refused():
     def hook(rank, n):
         torch.use_deterministic_algorithms(True)
-        ddp = DDP(nn.Linear(4, 4))
+        ddp = DDP(nn.Linear(4, 4))   # also ZeRO-2's reduce_scatter_hook
         ddp.register_comm_hook(None, lambda s, b: None)
         ddp(torch.randn(12, 4))
     with pytest.raises(RuntimeError, match="communication hook"):

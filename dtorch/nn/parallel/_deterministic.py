@@ -52,6 +52,7 @@ from ...autograd import engine as _engine
 from ...autograd.grad_mode import is_grad_enabled
 from ...tensor import Tensor
 from ..modules.normalization import _BatchNorm
+from .sync_batchnorm import SyncBatchNorm
 
 DEFAULT_SHARDS = 12     # divisible by every world size from 1 to 4
 
@@ -85,13 +86,10 @@ class DeterministicStep:
                     f"global batch; pass DistributedDataParallel("
                     f"virtual_shards=) a multiple of {self.world} (the "
                     f"same on every world size to compare)")
-        for name, m in ddp.module.named_modules():
-            if isinstance(m, _BatchNorm) and \
-                    type(m).__name__ != "SyncBatchNorm":
-                _refuse(f"deterministic DDP: {type(m).__name__} "
-                        f"'{name}' normalises over the samples a rank "
-                        f"holds, which depend on the world size; use "
-                        f"nn.SyncBatchNorm.convert_sync_batchnorm")
+        # batch statistics in training: each shard's own would depend on
+        # V, and SyncBatchNorm's all-reduce on the world size
+        self.norms = [(name, m) for name, m in ddp.module.named_modules()
+                      if isinstance(m, (_BatchNorm, SyncBatchNorm))]
         self.pending = None       # the step whose gradients are reduced
         self.held = []            # shard gradients of no_sync micro-steps
 
@@ -115,6 +113,13 @@ class DeterministicStep:
                     f"virtual shards (global batch {n * self.world}, "
                     f"{self.shards} shards, world size {self.world})")
         training = is_grad_enabled()
+        for name, m in self.norms:
+            if m.training:
+                _refuse(f"deterministic DDP: {type(m).__name__} '{name}' "
+                        f"in training mode normalises over a batch whose "
+                        f"split depends on the world size; it has no "
+                        f"deterministic implementation yet (eval mode, "
+                        f"LayerNorm or GroupNorm do)")
         if training and not (_is_pow2(self.world) or _is_pow2(n)):
             _refuse(f"deterministic DDP: neither the world size "
                     f"{self.world} nor the local batch {n} is a power of "
