@@ -25,13 +25,13 @@ def state_digest(model, opt):
     """sha256 of parameters, gradients, optimizer state and RNG state."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-        h.update(p.grad.numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
+        h.update(p.grad.cpu().numpy().tobytes())
     for st in (opt.state.values() if opt is not None else ()):
         for k in sorted(st):
             v = st[k]
-            h.update(np.asarray(v.numpy() if hasattr(v, "numpy") else v)
-                     .tobytes())
+            h.update(np.asarray(v.cpu().numpy() if hasattr(v, "numpy")
+                                else v).tobytes())
     h.update(repr(torch.get_rng_state()).encode())
     return h.hexdigest()
 
@@ -45,7 +45,7 @@ def _data():
 
 def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
               batch=24, save=None, resume=None, zero=False, scaler=None,
-              opt_state=True):
+              opt_state=True, device="cpu"):
     """The owners' check: MLP + dropout + AdamW + clip_grad_norm_ under DDP
     with a DistributedSampler, global batch 24 (per optimizer step).
     ``save=(path, step)``: checkpoint there (dcp) and stop; ``resume``: a
@@ -57,7 +57,7 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
     torch.manual_seed(0)
     ds = _data()
     model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(dropout),
-                          nn.Linear(32, 3))
+                          nn.Linear(32, 3)).to(device)
     ddp = DDP(model)
     if zero:
         opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW,
@@ -84,6 +84,7 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
             last = micro % accum == 0
             ctx = ddp.no_sync() if not last else _null()
             with ctx:
+                x, y = x.to(device), y.to(device)
                 loss = F.cross_entropy(ddp(x), y) / accum
                 if gs is not None:
                     loss = gs.scale(loss * (math.inf if step == 2 else 1))
@@ -140,6 +141,12 @@ def test_owners_check_one_hash_on_1_2_3_4_thread_ranks():
     normal = {dist.spawn_threads(lambda r, n: train_mlp(r, n, det=False),
                                  w)[0] for w in (1, 3)}
     assert len(normal) == 2
+
+
+def test_one_hash_on_the_device(device):
+    hashes = {h for w in (1, 2, 3) for h in dist.spawn_threads(
+        lambda r, n: train_mlp(r, n, steps=4, device=device), w)}
+    assert len(hashes) == 1
 
 
 def test_no_sync_accumulation_is_world_size_independent():

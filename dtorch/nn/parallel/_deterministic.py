@@ -45,6 +45,7 @@ import numpy as np
 
 from ... import distributed as dist
 from ... import random as _random
+from ..._backend import get_array_module
 from ..._creation import stack
 from ..._settings import is_deterministic_algorithms_warn_only_enabled
 from ...autograd import _api
@@ -195,7 +196,8 @@ class DeterministicStep:
 
 def _grad_of(alias, p):
     if alias.grad is None:
-        return np.zeros(p._data.shape, p._data.dtype)
+        return get_array_module(p._data).zeros(p._data.shape,
+                                               p._data.dtype)
     return alias.grad._data
 
 
@@ -223,8 +225,9 @@ def fixed_point_sum(grads, shards, group):
                 m = max(m, float(g.max()), -float(g.min()))
         bad = not math.isfinite(m)       # nan propagates through max/min
         if bad:
-            m = max([float(np.abs(g[np.isfinite(g)]).max(initial=0.0))
-                     for g in gs])
+            m = max([float(get_array_module(g).where(
+                get_array_module(g).isfinite(g), abs(g), 0).max())
+                for g in gs if g.size])
         top[2 * i] = math.frexp(m)[1] if m > 0 else -1100
         top[2 * i + 1] = bad
     if world > 1:
@@ -234,8 +237,9 @@ def fixed_point_sum(grads, shards, group):
     exps = [max(int(e) - prec, -1023) if e > -1100 else 0
             for e in top[0::2]]
     sizes = [gs[0].size for gs in grads]
-    flat = np.zeros(sum(sizes), np.float64)
-    tmp = np.empty(max(sizes, default=0), np.float64)
+    xp = get_array_module(grads[0][0]) if grads else np
+    flat = xp.zeros(sum(sizes), np.float64)
+    tmp = xp.empty(max(sizes, default=0), np.float64)
     off = 0
     for gs, e, n in zip(grads, exps, sizes):
         acc, t = flat[off:off + n], tmp[:n]
@@ -243,13 +247,13 @@ def fixed_point_sum(grads, shards, group):
         for g in gs:
             # exact: a power-of-two scaling of a float32/64 value (inf and
             # nan are put right by _nonfinite)
-            np.multiply(g.reshape(-1), scale, out=t, dtype=np.float64)
-            np.rint(t, out=t)
+            xp.multiply(g.reshape(-1), scale, out=t, dtype=np.float64)
+            xp.rint(t, out=t)
             with np.errstate(invalid="ignore"):
                 acc += t
         off += n
     if top[1::2].any():
-        flat[~np.isfinite(flat)] = 0.0
+        flat[~xp.isfinite(flat)] = 0.0
     if world > 1:
         dist.all_reduce(Tensor._wrap(flat), group=group)
     out, off = [], 0
@@ -266,11 +270,12 @@ def _nonfinite(grads, out, bad, group, world):
     """Elements where some shard is nan or inf take IEEE's order-free
     answer: nan if any nan or both infinities, else the infinity."""
     idx = [i for i in range(len(grads)) if bad[i]]
-    counts = np.concatenate([np.stack([
-        sum((np.isnan(g) for g in grads[i])),
-        sum((np.isposinf(g) for g in grads[i])),
-        sum((np.isneginf(g) for g in grads[i]))]).astype(np.int64).ravel()
-        for i in idx])
+    xp = get_array_module(grads[0][0])
+    counts = xp.concatenate([xp.stack([
+        sum((xp.isnan(g) for g in grads[i])),
+        sum((xp.isinf(g) & (g > 0) for g in grads[i])),
+        sum((xp.isinf(g) & (g < 0) for g in grads[i]))]).astype(
+            np.int64).ravel() for i in idx])
     if world > 1:
         dist.all_reduce(Tensor._wrap(counts), group=group)
     off = 0
@@ -279,9 +284,9 @@ def _nonfinite(grads, out, bad, group, world):
         c = counts[off:off + 3 * n].reshape(3, *out[i].shape)
         off += 3 * n
         o = out[i]
-        o[c[1] > 0] = np.inf
-        o[c[2] > 0] = -np.inf
-        o[(c[0] > 0) | ((c[1] > 0) & (c[2] > 0))] = np.nan
+        o[c[1] > 0] = math.inf
+        o[c[2] > 0] = -math.inf
+        o[(c[0] > 0) | ((c[1] > 0) & (c[2] > 0))] = math.nan
 
 
 # ------------------------------------------------------ batch plumbing --
