@@ -21,9 +21,21 @@ from dtorch.nn.parallel._deterministic import fixed_point_sum
 from dtorch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
-def state_digest(model, opt):
-    """sha256 of parameters, gradients, optimizer state and RNG state."""
+def sample_losses(out, y, world):
+    """Every sample's loss, from all ranks, in global batch order
+    (DistributedSampler gives rank r the positions r, r + world, ...)."""
+    mine = F.cross_entropy(out.detach(), y, reduction="none")
+    parts = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return torch.stack(parts, 1).reshape(-1)
+
+
+def state_digest(model, opt, losses=()):
+    """sha256 of parameters, gradients, optimizer state and RNG state (and
+    of the per-sample losses of every step)."""
     h = hashlib.sha256()
+    for t in losses:
+        h.update(t.cpu().numpy().tobytes())
     for p in model.parameters():
         h.update(p.detach().cpu().numpy().tobytes())
         h.update(p.grad.cpu().numpy().tobytes())
@@ -72,7 +84,7 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
     loader = DataLoader(ds, batch_size=batch // world // accum,
                         sampler=sampler,
                         generator=torch.Generator().manual_seed(9))
-    step, micro = 0, 0
+    step, micro, losses = 0, 0, []
     if resume is not None:
         step = _checkpoint(dcp.load, resume, ddp, opt, sampler, step)
     for epoch in range(sampler.epoch, 10):
@@ -85,7 +97,10 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
             ctx = ddp.no_sync() if not last else _null()
             with ctx:
                 x, y = x.to(device), y.to(device)
-                loss = F.cross_entropy(ddp(x), y) / accum
+                out = ddp(x)
+                if step >= 8:       # (the resumed runs see steps 6-12)
+                    losses.append(sample_losses(out, y, world))
+                loss = F.cross_entropy(out, y) / accum
                 if gs is not None:
                     loss = gs.scale(loss * (math.inf if step == 2 else 1))
                 loss.backward()
@@ -110,7 +125,7 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
                 if gs is not None:
                     return state_digest(model, opt) + repr(gs.get_scale())
                 keep = opt_state and not zero
-                return state_digest(model, opt if keep else None)
+                return state_digest(model, opt if keep else None, losses)
             opt.zero_grad()
 
 
