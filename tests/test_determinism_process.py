@@ -1,11 +1,9 @@
 """Deterministic DDP in real processes (issue 26): the owners' training run
 on 2 and 3 tcp processes (127.0.0.1) gives the bits of 1 thread rank.
 
-This file is also the ranks' script (``python test_determinism_process.py
-OUT``). Only pids started here are killed."""
+This file is also the ranks' script (``dtorch-launch --nproc-per-node N
+test_determinism_process.py OUT``: rank r writes OUT.r)."""
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
@@ -15,38 +13,20 @@ if __name__ != "__main__" and ("OMPI_COMM_WORLD_SIZE" in os.environ
     pytest.skip("single-process tests; not run under mpiexec",
                 allow_module_level=True)
 
+from launch_scripts.harness import launch  # noqa: E402
+
 pytestmark = pytest.mark.timeout(180)
 HERE = os.path.abspath(__file__)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_tcp(world, tmp_path):
-    port, token = _free_port(), os.urandom(8).hex()
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world),
-                   LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   DTORCH_RDZV_TOKEN=token, DTORCH_COLLECTIVE_TIMEOUT="60")
-        procs.append(subprocess.Popen(
-            [sys.executable, HERE, str(tmp_path / f"h{world}.{r}")],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True))
-    try:
-        for r, p in enumerate(procs):
-            out, err = p.communicate(timeout=150)
-            assert p.returncode == 0, f"rank {r}:\n{err[-3000:]}"
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return {open(tmp_path / f"h{world}.{r}").read() for r in range(world)}
+    """The ranks' digests of one dtorch-launch job of ``world`` tcp
+    processes."""
+    out = str(tmp_path / f"h{world}")
+    rc, _, err, _ = launch(["--nproc-per-node", str(world), "--backend",
+                            "tcp", HERE, out], timeout=150)
+    assert rc == 0, err[-3000:]
+    return {open(f"{out}.{r}").read() for r in range(world)}
 
 
 def test_tcp_processes_give_the_thread_ranks_bits(tmp_path):
@@ -63,5 +43,5 @@ if __name__ == "__main__":
     from test_determinism_ddp import train_mlp
     dist.init_process_group("tcp")
     h = train_mlp(dist.get_rank(), dist.get_world_size())
-    with open(sys.argv[1], "w") as f:
+    with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
         f.write(h)
