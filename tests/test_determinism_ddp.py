@@ -38,7 +38,8 @@ def state_digest(model, opt, losses=()):
         h.update(t.cpu().numpy().tobytes())
     for p in model.parameters():
         h.update(p.detach().cpu().numpy().tobytes())
-        h.update(p.grad.cpu().numpy().tobytes())
+        if p.grad is not None:
+            h.update(p.grad.cpu().numpy().tobytes())
     for st in (opt.state.values() if opt is not None else ()):
         for k in sorted(st):
             v = st[k]
@@ -57,7 +58,7 @@ def _data():
 
 def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
               batch=24, save=None, resume=None, zero=False, scaler=None,
-              opt_state=True, device="cpu"):
+              opt_state=True, device="cpu", shards=None):
     """The owners' check: MLP + dropout + AdamW + clip_grad_norm_ under DDP
     with a DistributedSampler, global batch 24 (per optimizer step).
     ``save=(path, step)``: checkpoint there (dcp) and stop; ``resume``: a
@@ -70,7 +71,7 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
     ds = _data()
     model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(dropout),
                           nn.Linear(32, 3)).to(device)
-    ddp = DDP(model)
+    ddp = DDP(model, virtual_shards=shards)
     if zero:
         opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW,
                                       lr=1e-2)
@@ -276,6 +277,53 @@ def train_lm(rank, world, steps=4):
 def test_padded_token_lm_normalised_by_the_global_token_count():
     hashes = {w: set(dist.spawn_threads(train_lm, w)) for w in (1, 2, 4)}
     assert len(set.union(*hashes.values())) == 1, hashes
+
+
+def test_any_split_into_ranks_and_accumulation_with_one_sample_shards():
+    """One sample per virtual shard: (ranks, micro-batches per step) of
+    (4, 1), (2, 1), (3, 2), (1, 2), (2, 3) give the same bits."""
+    def run(world, accum):
+        return set(dist.spawn_threads(lambda r, n: train_mlp(
+            r, n, steps=3, accum=accum, shards=24 // accum), world))
+    ref = run(4, 1)
+    assert len(ref) == 1
+    for world, accum in ((2, 1), (3, 2), (1, 2), (2, 3)):
+        assert run(world, accum) == ref, (world, accum)
+
+
+def test_evaluation_outputs_and_metrics_are_world_size_independent():
+    from dtorch.distributed.metrics import MetricSum
+
+    def evaluate(rank, world):
+        torch.use_deterministic_algorithms(True)
+        torch.manual_seed(0)
+        ds = _data()
+        ddp = DDP(nn.Sequential(nn.Linear(10, 32), nn.Tanh(),
+                                nn.Linear(32, 3)))
+        ddp.eval()
+        sampler = DistributedSampler(ds, shuffle=False, pad=False)
+        m = MetricSum()
+        outs = []
+        with torch.no_grad():
+            for x, y in DataLoader(ds, batch_size=48 // world,
+                                   sampler=sampler):
+                out = ddp(x)
+                outs.append(sample_losses(out, y, world))
+                m.update(loss=F.cross_entropy(out, y, reduction="none"),
+                         correct=(out.argmax(1) == y).sum(), n=len(y))
+        r = m.compute()
+        r["all"] = torch.cat(outs).numpy().astype(np.float64)
+        return state_digest(ddp.module, None, outs), r
+    res = [dist.spawn_threads(evaluate, w) for w in (1, 2, 3, 4)]
+    assert len({h for rr in res for h, _ in rr}) == 1
+    metrics = [r for rr in res for _, r in rr]
+    every = metrics[0].pop("all")
+    for r in metrics[1:]:
+        r.pop("all")
+        assert r == metrics[0]
+    assert metrics[0]["n"] == 240
+    # exact: the sum of the float32 per-sample losses, rounded once
+    assert metrics[0]["loss"] == math.fsum(every)
 
 
 def _grads(rank, world, det, virtual_shards=None):

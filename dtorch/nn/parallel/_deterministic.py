@@ -93,6 +93,7 @@ class DeterministicStep:
                       if isinstance(m, (_BatchNorm, SyncBatchNorm))]
         self.pending = None       # the step whose gradients are reduced
         self.held = []            # shard gradients of no_sync micro-steps
+        self.micro, self.key = 0, None   # micro-batches since the sync
 
     # ------------------------------------------------------------ forward
     def _step_key(self):
@@ -127,13 +128,23 @@ class DeterministicStep:
                     f"two, so a mean loss's 1/{n} times DDP's 1/"
                     f"{self.world} does not round like the global "
                     f"1/{n * self.world}")
-        key = self._step_key()
+        # one key per optimizer step, drawn at its first micro-batch; a
+        # shard's index counts through the micro-batches of the step, so
+        # that with one sample per shard (virtual_shards = the global
+        # micro-batch) a sample's index and stream are the same for any
+        # split of the step into ranks x accumulation micro-batches
+        if not training or self.micro == 0:
+            self.key = self._step_key()
+        key, first = self.key, self.micro * self.shards if training else 0
+        if training:
+            sync = self.ddp.require_backward_grad_sync
+            self.micro = 0 if sync else self.micro + 1
         params = [(m, name, p) for m in self.ddp.module.modules()
                   for name, p in m._parameters.items()
                   if p is not None and p.requires_grad]
         outs, taps = [], []
         for u in range(k):
-            v = u * self.world + self.rank          # global shard index
+            v = first + u * self.world + self.rank  # global shard index
             sl = slice(u, None, k)
             args = [_rows(a, n, sl) for a in inputs]
             kw = {name: _rows(a, n, sl) for name, a in kwargs.items()}
