@@ -326,15 +326,24 @@ def test_evaluation_outputs_and_metrics_are_world_size_independent():
     assert metrics[0]["loss"] == math.fsum(every)
 
 
-def _grads(rank, world, det, virtual_shards=None):
+def _grads(rank, world, det, virtual_shards=None, explicit=False):
     torch.use_deterministic_algorithms(det)
     torch.manual_seed(0)
     ds = _data()
     model = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 3))
     ddp = DDP(model, virtual_shards=virtual_shards)
     x, y = ds[rank * 24 // world:(rank + 1) * 24 // world]
-    F.cross_entropy(ddp(x), y).backward()
+    loss = F.cross_entropy(ddp(x), y)
+    loss.backward(torch.ones_like(loss) if explicit else None)
     return [p.grad.numpy().astype(np.float64) for p in model.parameters()]
+
+
+def test_a_given_backward_gradient_is_averaged_too():
+    def grads(explicit):
+        return dist.spawn_threads(lambda r, n: _grads(
+            r, n, True, explicit=explicit), 3)[0]
+    for a, b in zip(grads(False), grads(True)):
+        assert a.tobytes() == b.tobytes()
 
 
 def test_gradients_equal_normal_ddp_up_to_rounding():

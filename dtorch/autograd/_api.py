@@ -16,12 +16,18 @@ class _Seed(threading.local):
 _seed = _Seed()
 
 
-def scale_next_implicit_seed(scale):
-    """Multiply the implicit gradient (ones) of this thread's next
-    ``backward()`` by ``scale``. Deterministic DDP (nn/parallel/
-    _deterministic.py) folds its 1/world into the loss this way: a mean
-    loss then scales by 1/n_local * 1/world, rounded as the global 1/n."""
+def scale_next_seed(scale):
+    """Multiply the root gradients (the implicit ones, or the given ones)
+    of this thread's next ``backward()`` by ``scale``. Deterministic DDP
+    (nn/parallel/_deterministic.py) folds its 1/world into the loss this
+    way: a mean loss then scales by 1/n_local * 1/world, rounded as the
+    global 1/n."""
     _seed.scale = scale
+
+
+def _scaled(g, s):
+    g *= g.dtype.type(s)
+    return g
 
 
 def _as_list(x):
@@ -51,8 +57,6 @@ def _root_grads(outputs, grad_outputs, what, create_graph=False):
                         f"outputs ({what} of a tensor of shape "
                         f"{list(t.shape)}: pass gradient=)")
                 g = t._xp().ones(t._data.shape, t._data.dtype)
-                if _seed.scale is not None and what == "backward":
-                    g *= _seed.scale
                 if create_graph:
                     g = t._make(g, False, None)
             else:
@@ -85,7 +89,10 @@ def backward(tensors, grad_tensors=None, retain_graph=None,
         raise RuntimeError(f"got {len(gs)} gradients for {len(outs)} "
                            f"tensors")
     grads = _root_grads(outs, gs, "backward", create_graph)
-    _seed.scale = None
+    if _seed.scale is not None:
+        # arrays made or copied by _root_grads: scaling in place is safe
+        s, _seed.scale = _seed.scale, None
+        grads = [g * s if create_graph else _scaled(g, s) for g in grads]
     if inputs is not None:
         ins = _as_list(inputs)
         res = _engine.run_backward(outs, grads, bool(retain_graph), ins,

@@ -169,7 +169,7 @@ class DeterministicStep:
             self._queued = False
             for a in taps[0]:
                 a.register_post_accumulate_grad_hook(self._queue)
-            _api.scale_next_implicit_seed(1.0 / self.world)
+            _api.scale_next_seed(1.0 / self.world)
         return _interleave(outs, k)
 
     # ------------------------------------------------------------ backward
