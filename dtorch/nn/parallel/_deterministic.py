@@ -250,15 +250,20 @@ def fixed_point_sum(grads, shards, group):
     sizes = [gs[0].size for gs in grads]
     xp = get_array_module(grads[0][0]) if grads else np
     flat = xp.zeros(sum(sizes), np.float64)
-    tmp = xp.empty(max(sizes, default=0), np.float64)
     off = 0
     for gs, e, n in zip(grads, exps, sizes):
-        acc, t = flat[off:off + n], tmp[:n]
-        scale = math.ldexp(1.0, -e)
+        acc = flat[off:off + n]
+        # the scaled values stay below 2^52: float32 holds them (and their
+        # rounding to integers) exactly unless the scale itself overflows
+        # it, and float32 passes cost half the memory traffic
+        dt = np.float32 if gs[0].dtype == np.float32 and -e <= 126 \
+            else np.float64
+        t = xp.empty(n, dt)
+        scale = dt(math.ldexp(1.0, -e))
         for g in gs:
-            # exact: a power-of-two scaling of a float32/64 value (inf and
-            # nan are put right by _nonfinite)
-            xp.multiply(g.reshape(-1), scale, out=t, dtype=np.float64)
+            # exact: a power-of-two scaling (inf and nan are put right by
+            # _nonfinite)
+            xp.multiply(g.reshape(-1), scale, out=t, dtype=dt)
             xp.rint(t, out=t)
             with np.errstate(invalid="ignore"):
                 acc += t
