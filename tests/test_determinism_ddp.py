@@ -430,7 +430,7 @@ def test_fsdp_training_is_refused():
         dist.spawn_threads(body, 2)
 
 
-def test_comm_hooks_are_refused():
+def test_comm_hooks_and_join_are_refused():
     def hook(rank, n):
         torch.use_deterministic_algorithms(True)
         ddp = DDP(nn.Linear(4, 4))   # also ZeRO-2's reduce_scatter_hook
@@ -438,6 +438,14 @@ def test_comm_hooks_are_refused():
         ddp(torch.randn(12, 4))
     with pytest.raises(RuntimeError, match="communication hook"):
         dist.spawn_threads(hook, 2)
+
+    def join(rank, n):
+        torch.use_deterministic_algorithms(True)
+        ddp = DDP(nn.Linear(4, 4))
+        with ddp.join():
+            ddp(torch.randn(12, 4))
+    with pytest.raises(RuntimeError, match="join"):
+        dist.spawn_threads(join, 2)
 
 
 def test_warn_only_goes_on_with_a_warning():

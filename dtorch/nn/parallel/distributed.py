@@ -164,6 +164,10 @@ class DistributedDataParallel(Module):
             self._join_steps += 1
         self._sync_buffers()
         if are_deterministic_algorithms_enabled():
+            if self._join_active:
+                raise RuntimeError(
+                    "deterministic DDP: join() trains on uneven inputs, "
+                    "whose split depends on the world size")
             if self._det is None:
                 if self._comm_hook is not _allreduce_hook:
                     raise RuntimeError(
