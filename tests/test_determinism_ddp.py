@@ -326,6 +326,47 @@ def test_evaluation_outputs_and_metrics_are_world_size_independent():
     assert metrics[0]["loss"] == math.fsum(every)
 
 
+class _TiedLM(nn.Module):
+    """A tied embedding/head (one Parameter in two modules), keyword
+    tensors and a dict output."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x, scale=None):
+        h = torch.tanh(self.emb(x)) * scale
+        return {"logits": self.head(h), "aux": (h.sum(-1),)}
+
+
+def test_tied_weights_keyword_inputs_and_dict_outputs():
+    def body(rank, world):
+        torch.use_deterministic_algorithms(True)
+        torch.manual_seed(0)
+        m = _TiedLM()
+        ddp = DDP(m)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randint(0, 16, (24, 4), generator=g)[rank::world]
+        o = ddp(x, scale=torch.full((len(x), 1, 1), 0.5))
+        (F.cross_entropy(o["logits"].reshape(-1, 16), x.reshape(-1)) +
+         o["aux"][0].mean()).backward()
+        return m.emb.weight.grad.numpy()
+    res = [g for w in (1, 2, 4) for g in dist.spawn_threads(body, w)]
+    assert all(g.tobytes() == res[0].tobytes() for g in res)
+    # both uses of the tied weight are in its gradient
+    torch.manual_seed(0)
+    m = _TiedLM()
+    x = torch.randint(0, 16, (24, 4),
+                      generator=torch.Generator().manual_seed(1))
+    o = m(x, scale=torch.full((24, 1, 1), 0.5))
+    (F.cross_entropy(o["logits"].reshape(-1, 16), x.reshape(-1)) +
+     o["aux"][0].mean()).backward()
+    np.testing.assert_allclose(res[0], m.emb.weight.grad.numpy(),
+                               rtol=1e-5, atol=1e-7)
+
+
 def _grads(rank, world, det, virtual_shards=None, explicit=False):
     torch.use_deterministic_algorithms(det)
     torch.manual_seed(0)
