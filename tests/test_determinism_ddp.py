@@ -13,6 +13,8 @@ import dtorch.distributed.checkpoint as dcp
 import dtorch.nn.functional as F
 from dtorch import nn
 from dtorch.distributed.clip_grad import exact_norm
+from dtorch.distributed.algorithms.ddp_comm_hooks.zero_hook import \
+    reduce_scatter_hook
 from dtorch.distributed.optim import ZeroRedundancyOptimizer
 from dtorch.distributed.checkpoint.state_dict import (get_state_dict,
                                                       set_state_dict)
@@ -62,8 +64,8 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
     """The owners' check: MLP + dropout + AdamW + clip_grad_norm_ under DDP
     with a DistributedSampler, global batch 24 (per optimizer step).
     ``save=(path, step)``: checkpoint there (dcp) and stop; ``resume``: a
-    checkpoint to continue from; ``zero``: ZeroRedundancyOptimizer (ZeRO-1)
-    and its clip_grad_norm_; ``scaler``: a GradScaler's init_scale, with
+    checkpoint to continue from; ``zero``: ZeroRedundancyOptimizer (1:
+    ZeRO-1, 2: with the reduce-scatter hook) and its clip_grad_norm_; ``scaler``: a GradScaler's init_scale, with
     an infinite loss at step 3 (a skipped step); ``opt_state``: hash the
     optimizer's state too (ZeRO's is sharded: never)."""
     torch.use_deterministic_algorithms(det)
@@ -75,6 +77,8 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
     if zero:
         opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW,
                                       lr=1e-2)
+        if zero == 2:
+            ddp.register_comm_hook(opt, reduce_scatter_hook)
     else:
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     gs = None if scaler is None else torch.amp.GradScaler(
@@ -123,6 +127,11 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
                 return _checkpoint(dcp.save, save[0], ddp, opt, sampler,
                                    step)
             if step == steps:
+                if zero == 2:
+                    # each element's gradient is on its owner only: the
+                    # sum over ranks (x + 0) is the full gradient, exactly
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad)
                 if gs is not None:
                     return state_digest(model, opt) + repr(gs.get_scale())
                 keep = opt_state and not zero
@@ -198,11 +207,12 @@ def test_sampler_refuses_world_size_dependent_padding():
     assert len(list(DistributedSampler(ds, 3, 0))) == 4   # padded
 
 
-def test_zero1_gives_the_same_parameters_on_any_world_size():
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_gives_the_same_parameters_on_any_world_size(stage):
     hashes = {h for w in (1, 2, 3, 4) for h in dist.spawn_threads(
-        lambda r, n: train_mlp(r, n, steps=6, zero=True), w)}
+        lambda r, n: train_mlp(r, n, steps=6, zero=stage), w)}
     # the element-wise AdamW on shards is AdamW on the whole parameters:
-    # ZeRO-1's parameters and gradients are plain DDP's
+    # ZeRO-1/2's parameters and gradients are plain DDP's
     plain = dist.spawn_threads(lambda r, n: train_mlp(
         r, n, steps=6, opt_state=False), 1)[0]
     assert hashes == {plain}
@@ -474,7 +484,7 @@ def test_fsdp_training_is_refused():
 def test_comm_hooks_and_join_are_refused():
     def hook(rank, n):
         torch.use_deterministic_algorithms(True)
-        ddp = DDP(nn.Linear(4, 4))   # also ZeRO-2's reduce_scatter_hook
+        ddp = DDP(nn.Linear(4, 4))
         ddp.register_comm_hook(None, lambda s, b: None)
         ddp(torch.randn(12, 4))
     with pytest.raises(RuntimeError, match="communication hook"):

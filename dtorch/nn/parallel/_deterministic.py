@@ -26,7 +26,9 @@ is removed here:
    (2x normal DDP) plus one small all-reduce of exponents. The grid's step
    is 2^-(52 - log2 V) of the parameter's largest shard gradient (2^-48 at
    V = 12): every element within 2^-24 of the largest keeps float32's full
-   precision, smaller ones an absolute error below that step.
+   precision, smaller ones an absolute error below that step. Under
+   ZeRO-2's hook the grid is reduce-scattered by DDP's buckets instead
+   (half the bytes; integers add exactly there too).
 3. **Normalisation and randomness.** DDP averages over W ranks; here that
    1/W goes into the implicit ``backward()`` seed of the loss instead, so
    that a mean loss's 1/n_local and the 1/W multiply to exactly the global
@@ -74,8 +76,9 @@ class DeterministicStep:
     """The forward and gradient reduction of one DDP model in
     deterministic mode (see the module docstring)."""
 
-    def __init__(self, ddp, virtual_shards=None):
+    def __init__(self, ddp, virtual_shards=None, zero=None):
         self.ddp = ddp
+        self.zero = zero          # ZeRO-2: its ZeroRedundancyOptimizer
         self.group = ddp.process_group
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
@@ -181,13 +184,24 @@ class DeterministicStep:
     def finish(self):
         """At the end of backward: every parameter's gradient becomes the
         exact fixed-point sum of all V shard gradients (of every micro-step
-        since the last sync, under no_sync)."""
+        since the last sync, under no_sync). With ZeRO-2's hook each DDP
+        bucket is reduce-scattered instead: a rank gets the exact sum on
+        the chunk of the bucket whose optimizer state it owns, zeros
+        elsewhere, as the hook gives."""
         if self.pending is None:
             return
         params, taps, sync = self.pending
         self.pending = None
-        grads = [[_grad_of(t[i], p) for t in taps]
-                 for i, (_, _, p) in enumerate(params)]
+        order = self.ddp._params
+        if self.zero is not None:
+            order = [p for b in self.ddp._reducer.buckets for p in b.params]
+        # a tied weight has one alias per module that holds it: its shard
+        # gradient is their sum, in module order (the same on every layout)
+        mine = {id(p): [] for p in order}
+        for i, (_, _, p) in enumerate(params):
+            mine[id(p)].append(i)
+        grads = [[_sum(_grad_of(t[i], p) for i in mine[id(p)])
+                  for t in taps] for p in order]
         if self.held:
             grads = [h + g for h, g in zip(self.held, grads)]
         if not sync:
@@ -196,13 +210,27 @@ class DeterministicStep:
             return
         self.held = []
         steps = len(grads[0]) // len(taps)
-        for (_, _, p), g in zip(params, fixed_point_sum(
-                grads, self.shards * steps, self.group)):
+        regions = None
+        if self.zero is not None:
+            for b in self.ddp._reducer.buckets:
+                self.zero._note_bucket(b.index, b.params)
+            regions = [sum(p.numel() for p in b.params)
+                       for b in self.ddp._reducer.buckets]
+        for p, g in zip(order, fixed_point_sum(
+                grads, self.shards * steps, self.group, regions)):
             g = g.astype(p._data.dtype, copy=False)
             if p._grad is None:
                 p._grad = Tensor._wrap(g)
             else:
                 p._grad._data += g
+
+
+def _sum(arrays):
+    it = iter(arrays)
+    out = next(it)
+    for a in it:
+        out = out + a
+    return out
 
 
 def _grad_of(alias, p):
@@ -214,11 +242,15 @@ def _grad_of(alias, p):
 
 # --------------------------------------------------------- the exact sum --
 
-def fixed_point_sum(grads, shards, group):
+def fixed_point_sum(grads, shards, group, regions=None):
     """[sum over all ranks' shards of grads[i]] as float64 arrays, exact
     on a fixed-point grid and so independent of the order and grouping of
     the additions. ``grads[i]``: this rank's shard gradients of parameter
     i; ``shards``: the global number of shards (bounds the sum).
+    ``regions``: element counts that tile the parameters laid end to end
+    (ZeRO-2's buckets): each is reduce-scattered, so this rank gets the sum
+    on its chunk of each (chunk ceil(n / world), rank r's r-th) and zeros
+    elsewhere, for half the bytes of an all-reduce.
 
     The grid points are integers held in float64: below 2^53 every sum of
     them is exact in any order, here, in the all-reduce of any backend, so
@@ -270,7 +302,10 @@ def fixed_point_sum(grads, shards, group):
         off += n
     if top[1::2].any():
         flat[~xp.isfinite(flat)] = 0.0
-    if world > 1:
+    owned = None
+    if regions is not None:
+        owned = _reduce_scatter(flat, regions, group, world)
+    elif world > 1:
         dist.all_reduce(Tensor._wrap(flat), group=group)
     out, off = [], 0
     for gs, e, n in zip(grads, exps, sizes):
@@ -279,7 +314,37 @@ def fixed_point_sum(grads, shards, group):
         off += n
     if top[1::2].any():
         _nonfinite(grads, out, top[1::2], group, world)
+    if owned is not None:
+        off = 0
+        for o in out:
+            o.reshape(-1)[~owned[off:off + o.size]] = 0.0
+            off += o.size
     return out
+
+
+def _reduce_scatter(flat, regions, group, world):
+    """In place: each region of ``flat`` becomes the sum over ranks on this
+    rank's chunk of it and zero elsewhere; returns the mask of the chunks
+    (as ZeRO-2's hook cuts a bucket)."""
+    xp = get_array_module(flat)
+    rank = dist.get_rank(group) if world > 1 else 0
+    owned = xp.zeros(flat.size, bool)
+    off = 0
+    for n in regions:
+        seg = flat[off:off + n]
+        chunk = -(-n // world)
+        send = xp.zeros(chunk * world, flat.dtype)
+        send[:n] = seg
+        part = send[rank * chunk:(rank + 1) * chunk].copy()
+        if world > 1:
+            dist.reduce_scatter_tensor(Tensor._wrap(part), Tensor._wrap(send),
+                                       group=group)
+        lo, hi = min(rank * chunk, n), min((rank + 1) * chunk, n)
+        seg[...] = 0.0
+        seg[lo:hi] = part[:hi - lo]
+        owned[off + lo:off + hi] = True
+        off += n
+    return owned
 
 
 def _nonfinite(grads, out, bad, group, world):

@@ -36,6 +36,8 @@ from ...autograd.grad_mode import is_grad_enabled, no_grad
 from ...tensor import Tensor
 from ..modules.module import Module
 from ..._settings import are_deterministic_algorithms_enabled
+from ...distributed.algorithms.ddp_comm_hooks.zero_hook import \
+    reduce_scatter_hook
 from ._deterministic import DeterministicStep
 from ._functions import resolve_group
 from ._reducer import (CoalescedReduction, GradBucket,  # noqa: F401
@@ -169,12 +171,16 @@ class DistributedDataParallel(Module):
                     "deterministic DDP: join() trains on uneven inputs, "
                     "whose split depends on the world size")
             if self._det is None:
-                if self._comm_hook is not _allreduce_hook:
+                zero = None
+                if self._comm_hook is reduce_scatter_hook:
+                    zero = self._comm_state       # ZeRO-2, done exactly
+                elif self._comm_hook is not _allreduce_hook:
                     raise RuntimeError(
                         "deterministic DDP: a communication hook's "
                         "arithmetic depends on the world size; remove "
                         "register_comm_hook or the deterministic mode")
-                self._det = DeterministicStep(self, self.virtual_shards)
+                self._det = DeterministicStep(self, self.virtual_shards,
+                                              zero)
             return self._det.forward(inputs, kwargs)
         out = self.module(*inputs, **kwargs)
         # a step whose backward will reduce gradients (not evaluation)
