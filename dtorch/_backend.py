@@ -12,6 +12,7 @@ import threading
 import numpy as np
 
 from ._meta import MetaArray
+from ._rank_local import RankLocal
 
 # ---------------------------------------------------------------- CuPy ----
 
@@ -255,11 +256,12 @@ def _dtype_by_name(name):
     return _BY_NAME[name]
 
 
-_default_dtype = [float32]
+# one per process, and one per thread rank (dtorch._rank_local)
+_default_dtype = RankLocal(lambda: [float32])
 
 
 def get_default_dtype():
-    return _default_dtype[0]
+    return _default_dtype.get()[0]
 
 
 def set_default_dtype(d):
@@ -267,7 +269,7 @@ def set_default_dtype(d):
     if not d.is_floating_point:
         raise TypeError(f"only floating-point types are supported as the "
                         f"default type, got {d}")
-    _default_dtype[0] = d
+    _default_dtype.get()[0] = d
 
 
 def from_np(np_dtype):
@@ -292,7 +294,7 @@ def to_dtype(d):
         if name in _BY_NAME:
             return _BY_NAME[name]
     if d is float:
-        return _default_dtype[0]
+        return _default_dtype.get()[0]
     if d is int:
         return int64
     if d is bool:
@@ -353,10 +355,10 @@ def result_type(a, b, a_dim=True, b_dim=True):
         other_kind = b_kind if a is not None else a_kind
         if known is None:  # two Python scalars
             k = max(a_kind, b_kind)
-            return (bool_, int64, _default_dtype[0])[k]
+            return (bool_, int64, _default_dtype.get()[0])[k]
         if known_kind >= other_kind:
             return known
-        return int64 if other_kind == 1 else _default_dtype[0]
+        return int64 if other_kind == 1 else _default_dtype.get()[0]
     # same kind, different priority: the dimensioned one wins
     return a if a_dim else b
 

@@ -8,12 +8,14 @@ import numpy as np
 
 from . import _backend as B
 from . import _kernels
+from ._rank_local import RankLocal
 from .tensor import Tensor
 
 __all__ = [
     "finfo", "iinfo", "get_num_threads", "set_num_threads",
     "get_num_interop_threads", "set_num_interop_threads",
     "use_deterministic_algorithms", "are_deterministic_algorithms_enabled",
+    "is_deterministic_algorithms_warn_only_enabled",
     "set_printoptions", "compile", "is_complex", "is_nonzero",
     "memory_format", "contiguous_format", "channels_last",
     "channels_last_3d", "preserve_format", "layout", "strided", "sparse_coo",
@@ -64,9 +66,11 @@ class iinfo:
         return f"iinfo(min={self.min}, max={self.max}, dtype={self.dtype})"
 
 
-_settings = {"deterministic": False, "warn_only": False,
-             "matmul_precision": "highest",
-             "threads": None, "interop": None}
+# the BLAS/kernel thread pools are one per interpreter; the flags a script
+# sets are one per process and one per thread rank (dtorch._rank_local)
+_settings = {"threads": None, "interop": None}
+_flags = RankLocal(lambda: {"deterministic": False, "warn_only": False,
+                            "matmul_precision": "highest"})
 
 
 def get_num_threads():
@@ -106,24 +110,37 @@ def set_num_interop_threads(n):
 
 
 def use_deterministic_algorithms(mode, *, warn_only=False):
-    """dtorch's CPU ops are deterministic; the flag is kept for scripts
-    that read it back."""
-    _settings["deterministic"] = bool(mode)
-    _settings["warn_only"] = bool(warn_only)
+    """Make results bitwise reproducible, as ``torch``'s switch.
+
+    A single process's ops are deterministic already; the switch makes
+    data-parallel training (DDP, and the reductions it relies on) give the
+    same bits on any number of ranks: see README "Deterministic mode" and
+    ``dtorch.nn.parallel._deterministic``. ``warn_only=True`` makes a
+    layout that cannot be made identical warn instead of raise."""
+    if not isinstance(mode, bool):
+        raise TypeError(f"use_deterministic_algorithms expects a bool, but "
+                        f"got {type(mode).__name__}")
+    f = _flags.get()
+    f["deterministic"] = mode
+    f["warn_only"] = bool(warn_only)
 
 
 def are_deterministic_algorithms_enabled():
-    return _settings["deterministic"]
+    return _flags.get()["deterministic"]
+
+
+def is_deterministic_algorithms_warn_only_enabled():
+    return _flags.get()["warn_only"]
 
 
 def set_float32_matmul_precision(precision):
     if precision not in ("highest", "high", "medium"):
         raise RuntimeError(f"Invalid precision: {precision}")
-    _settings["matmul_precision"] = precision
+    _flags.get()["matmul_precision"] = precision
 
 
 def get_float32_matmul_precision():
-    return _settings["matmul_precision"]
+    return _flags.get()["matmul_precision"]
 
 
 def set_printoptions(precision=None, threshold=None, edgeitems=None,

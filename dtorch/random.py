@@ -2,11 +2,16 @@
 default generator that every random factory and initialiser draws from.
 
 The same seed gives the same numbers on every run and platform (NumPy's
-PCG64); the streams differ from PyTorch's.
+PCG64); the streams differ from PyTorch's. The default generators are one
+per process, and one per thread rank of ``dist.spawn_threads`` (see
+``dtorch._rank_local``), as each rank would have in its own process.
 """
+import contextlib
+
 import numpy as np
 
 from . import _backend
+from ._rank_local import RankLocal
 
 
 class Generator:
@@ -114,18 +119,74 @@ def _cuda_rs(g, index):
     return g.rs
 
 
-default_generator = Generator()
+class _RNGState:
+    """The default generators of a process (or of a thread rank): the CPU
+    one, and one per CUDA device made lazily from ``cuda_seed``."""
+    __slots__ = ("cpu", "cuda_gens", "cuda_seed")
+
+    def __init__(self, cpu=None, cuda_seed=_CUDA_DEFAULT_SEED):
+        self.cpu = Generator() if cpu is None else cpu
+        self.cuda_gens = {}
+        self.cuda_seed = cuda_seed
 
 
-_cuda_gens = {}
-_cuda_seed = [_CUDA_DEFAULT_SEED]
+_state = RankLocal(_RNGState)
+
+
+def _forward(name):
+    def get(self):
+        return getattr(_state.get().cpu, name)
+
+    def set(self, v):
+        setattr(_state.get().cpu, name, v)
+    return property(get, set)
+
+
+class _DefaultGenerator(Generator):
+    """``dtorch.default_generator``: one object, whose state is the calling
+    thread rank's CPU generator (the process's outside thread ranks), so
+    that ``torch.default_generator.manual_seed(0)`` in a rank seeds that
+    rank only."""
+    device, _seed, _rng, _cuda = (_forward(n) for n in
+                                  ("device", "_seed", "_rng", "_cuda"))
+
+    def __init__(self):
+        pass
+
+    def __repr__(self):
+        return "<dtorch.Generator default>"
+
+
+default_generator = _DefaultGenerator()
 
 
 def _cuda_gen(index):
-    g = _cuda_gens.get(index)
+    st = _state.get()
+    g = st.cuda_gens.get(index)
     if g is None:
-        g = _cuda_gens[index] = _CudaGen(_cuda_seed[0])
+        g = st.cuda_gens[index] = _CudaGen(st.cuda_seed)
     return g
+
+
+@contextlib.contextmanager
+def keyed_streams(*key):
+    """Draw from fresh default generators keyed by the integers ``key``
+    inside the block (CPU and CUDA; the caller's are restored after): the
+    same key gives the same numbers whichever thread, rank or process
+    draws them. Deterministic data parallelism keys each virtual shard's
+    random ops by (step key, global shard index) this way."""
+    words = [int(k) & 0xFFFF_FFFF_FFFF_FFFF for k in key]
+    ss = np.random.SeedSequence(words)
+    cpu = Generator()
+    cpu._seed = words[0]
+    cpu._rng = np.random.Generator(np.random.PCG64(ss))
+    cuda_seed = int(ss.generate_state(1, np.uint64)[0]) & (2 ** 63 - 1)
+    prev = _state.get()
+    _state.set(_RNGState(cpu, cuda_seed))
+    try:
+        yield
+    finally:
+        _state.set(prev)
 
 
 def _cuda_index(device):
@@ -146,8 +207,9 @@ def cuda_random_state(device=None):
 def cuda_manual_seed(seed, device=None, all_devices=False):
     seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
     if all_devices:
-        _cuda_seed[0] = seed
-        gens = list(_cuda_gens.values())
+        st = _state.get()
+        st.cuda_seed = seed
+        gens = list(st.cuda_gens.values())
     else:
         gens = [_cuda_gen(_cuda_index(device))]
     for g in gens:

@@ -65,6 +65,7 @@ logit xlogy heaviside signbit copysign is_grad_enabled enable_grad
 contiguous_format channels_last preserve_format memory_format finfo iinfo
 get_num_threads set_num_threads use_deterministic_algorithms
 are_deterministic_algorithms_enabled set_printoptions compile autograd.grad
+is_deterministic_algorithms_warn_only_enabled
 autograd.Function autograd.backward autograd.gradcheck
 autograd.set_detect_anomaly autograd.detect_anomaly autograd.Variable
 autograd.functional.jacobian autograd.gradgradcheck

@@ -32,7 +32,7 @@ LAYERS = {
     'dtorch._backend': 0, 'dtorch._malloc': 0, 'dtorch.random': 0,
     'dtorch.cuda': 0, 'dtorch.accelerator': 0, 'dtorch.backends': 0,
     'dtorch.return_types': 0, 'dtorch.futures': 0, 'dtorch._ignored': 0,
-    'dtorch._env': 0, 'dtorch._meta': 0,
+    'dtorch._env': 0, 'dtorch._meta': 0, 'dtorch._rank_local': 0,
     # the compiled CPU kernels on raw arrays (numba, optional)
     'dtorch._kernels': 0,
     # 1 Function (ctx), the backward engine, grad modes, gradcheck

@@ -2,9 +2,32 @@
 ``torch.autograd.backward`` / ``torch.autograd.grad``. Their own module so
 that ``functional`` and ``gradcheck`` import ``grad`` at module level (the
 package ``__init__`` imports those two)."""
+import threading
+
 from .. import _backend as _B
 from . import engine as _engine
 from . import function as _fn
+
+
+class _Seed(threading.local):
+    scale = None
+
+
+_seed = _Seed()
+
+
+def scale_next_seed(scale):
+    """Multiply the root gradients (the implicit ones, or the given ones)
+    of this thread's next ``backward()`` by ``scale``. Deterministic DDP
+    (nn/parallel/_deterministic.py) folds its 1/world into the loss this
+    way: a mean loss then scales by 1/n_local * 1/world, rounded as the
+    global 1/n."""
+    _seed.scale = scale
+
+
+def _scaled(g, s):
+    g *= g.dtype.type(s)
+    return g
 
 
 def _as_list(x):
@@ -66,6 +89,10 @@ def backward(tensors, grad_tensors=None, retain_graph=None,
         raise RuntimeError(f"got {len(gs)} gradients for {len(outs)} "
                            f"tensors")
     grads = _root_grads(outs, gs, "backward", create_graph)
+    if _seed.scale is not None:
+        # arrays made or copied by _root_grads: scaling in place is safe
+        s, _seed.scale = _seed.scale, None
+        grads = [g * s if create_graph else _scaled(g, s) for g in grads]
     if inputs is not None:
         ins = _as_list(inputs)
         res = _engine.run_backward(outs, grads, bool(retain_graph), ins,

@@ -20,6 +20,7 @@ from collectives import ReduceOp  # noqa: F401  (dist.ReduceOp.SUM, ...)
 from collectives import (CollectiveError, CollectiveTimeoutError,  # noqa
                          CollectiveMismatchError, RankFailureError)
 
+from .. import _rank_local
 from .._ignored import ignored_argument
 from ..tensor import Tensor
 
@@ -439,14 +440,18 @@ def spawn_threads(fn, world_size, timeout=None):
     """Run ``fn(rank, world_size)`` in ``world_size`` threads of this
     process, each with its own default process group (threads backend), so
     that multi-rank code (DDP, tensor parallel) is unit-tested without a
-    launcher. Returns the list of results; re-raises the first failure."""
+    launcher. Each rank also has its own RNG state, default dtype and
+    deterministic flag (``dtorch._rank_local``), as a process would: a rank
+    starts from the defaults of a fresh process. Returns the list of
+    results; re-raises the first failure."""
     def body(group):
         _local.group = group
         if group._timeline is not None:     # DTORCH_TIMELINE
             from . import _timeline
             _timeline.attach(group)
         try:
-            return fn(group.rank, group.size)
+            with _rank_local.rank_scope():
+                return fn(group.rank, group.size)
         finally:
             _local.group = None
     return _c.spawn_threads(body, world_size, timeout=timeout)

@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import distributed as dist
 from .._backend import get_array_module
+from .._settings import are_deterministic_algorithms_enabled
 from ..tensor import Tensor
 
 
@@ -112,13 +113,72 @@ def reduce_partials(part, norm_type, groups):
     return val ** (1.0 / p)
 
 
+def exact_norm(arrays, norm_type, groups):
+    """Deterministic mode's p-norm (0 < p < inf) of every rank's
+    ``arrays``: the sum of ``|g|**p`` is exact on a two-word fixed-point
+    grid (integers below 2^53 in float64, which add exactly in any order),
+    so it does not depend on how the elements are split over ranks (ZeRO-2
+    or FSDP shards on any world size, TP on any TP size). The grid's unit
+    follows the global largest term and element count (one MAX all-reduce
+    per group); the sums are one SUM all-reduce per group. Two words keep
+    2 (52 - log2 n) bits of the largest term: more than float64's own
+    rounding of a sum for any n below 2^20."""
+    p = float(norm_type)
+    sizes = [g for g in groups if dist.get_world_size(g) > 1]
+    terms, top = [], np.zeros(4, np.float64)   # exponent, count, nan, inf
+    for a in arrays:
+        if a.size == 0:
+            continue
+        xp = get_array_module(a)
+        a = xp.abs(a.reshape(-1).astype(xp.float64))
+        t = a * a if p == 2 else (a if p == 1 else a ** p)
+        m = float(t.max())
+        if not math.isfinite(m):
+            top[2] = max(top[2], float(bool(xp.isnan(t).any())))
+            top[3] = max(top[3], float(bool(xp.isinf(t).any())))
+            t = xp.where(xp.isfinite(t), t, 0.0)
+            m = float(t.max())
+        top[0] = max(top[0], math.frexp(m)[1] if m > 0 else -1100)
+        top[1] = max(top[1], t.size)
+        terms.append(t)
+    if not terms:
+        top[0] = -1100
+    world = 1
+    for g in sizes:
+        dist.all_reduce(Tensor._wrap(top), op=dist.ReduceOp.MAX, group=g)
+        world *= dist.get_world_size(g)
+    if top[2] or top[3]:
+        return math.nan if top[2] else math.inf
+    if top[0] <= -1100:
+        return 0.0
+    prec = 52 - max(1, math.ceil(math.log2(top[1] * world + 1)))
+    unit = max(int(top[0]) - prec, -1023)
+    sums = np.zeros(2, np.float64)
+    for t in terms:
+        xp = get_array_module(t)
+        x = t * math.ldexp(1.0, -unit)      # exact: a power of two
+        hi = xp.rint(x)
+        lo = xp.rint((x - hi) * math.ldexp(1.0, prec))
+        sums += [float(hi.sum()), float(lo.sum())]
+    for g in sizes:
+        dist.all_reduce(Tensor._wrap(sums), group=g)
+    total = sums[0] * math.ldexp(1.0, unit) + \
+        sums[1] * math.ldexp(1.0, unit - prec)
+    return total if p == 1 else total ** (1.0 / p)
+
+
 def global_norm(arrays, norm_type, groups, dtype, device,
                 error_if_nonfinite=False):
     """The norm of every rank's ``arrays`` together, as a 0-d tensor of
-    ``dtype`` on ``device`` (``dtype``/``device``: the gradients')."""
+    ``dtype`` on ``device`` (``dtype``/``device``: the gradients'). Under
+    ``use_deterministic_algorithms(True)`` a p-norm is ``exact_norm``."""
     from .._creation import tensor
-    total = reduce_partials(partial_norm(arrays, norm_type), norm_type,
-                            groups)
+    p = float(norm_type)
+    if are_deterministic_algorithms_enabled() and 0 < p < math.inf:
+        total = exact_norm(arrays, p, groups)
+    else:
+        total = reduce_partials(partial_norm(arrays, norm_type), norm_type,
+                                groups)
     if error_if_nonfinite and not math.isfinite(total):
         raise RuntimeError(
             f"The total norm of order {float(norm_type)} for gradients from "

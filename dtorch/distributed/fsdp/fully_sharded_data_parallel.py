@@ -67,6 +67,7 @@ import weakref
 
 from ... import distributed as dist
 from ..._ignored import ignored_argument
+from ..._settings import are_deterministic_algorithms_enabled
 from ...autograd import backward as _backward
 from ...autograd.function import Function
 from ...autograd import engine as _engine
@@ -481,6 +482,15 @@ class FullyShardedDataParallel(Module):
         return self._fsdp_wrapped_module(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
+        if is_grad_enabled() and are_deterministic_algorithms_enabled():
+            # its gradient reduce-scatter sums in an order set by the world
+            # size (nn/parallel/_deterministic.py has the DDP path)
+            raise RuntimeError(
+                "FullyShardedDataParallel does not have a deterministic "
+                "implementation for training under use_deterministic_"
+                "algorithms(True): its reduce-scatter depends on the world "
+                "size; use DistributedDataParallel with "
+                "ZeroRedundancyOptimizer (ZeRO-1), or turn the mode off")
         if self._mp is not None:
             args, kwargs = self._cast_inputs(args, kwargs)
         out = self._forward(args, kwargs)

@@ -4,6 +4,7 @@ import queue
 import threading
 
 from ... import _backend as B
+from ... import _rank_local
 
 
 class _CommThread:
@@ -19,8 +20,16 @@ class _CommThread:
     def __init__(self, name):
         self._q = queue.Queue()
         self._streams = {}     # device index -> this thread's CUDA stream
-        self._t = threading.Thread(target=self._loop, name=name, daemon=True)
+        # a thread rank's helper works with that rank's RNG, dtype, flags
+        self._t = threading.Thread(target=self._run, name=name, daemon=True,
+                                   args=(_rank_local.current(),))
         self._t.start()
+
+    def _run(self, values):
+        if values is None:
+            return self._loop()
+        with _rank_local.rank_scope(values):
+            return self._loop()
 
     def _loop(self):
         while True:

@@ -35,6 +35,10 @@ from ...autograd.function import AccumulateGrad
 from ...autograd.grad_mode import is_grad_enabled, no_grad
 from ...tensor import Tensor
 from ..modules.module import Module
+from ..._settings import are_deterministic_algorithms_enabled
+from ...distributed.algorithms.ddp_comm_hooks.zero_hook import \
+    reduce_scatter_hook
+from ._deterministic import DeterministicStep
 from ._functions import resolve_group
 from ._reducer import (CoalescedReduction, GradBucket,  # noqa: F401
                        HookReduction, Reducer, _allreduce_hook)
@@ -57,6 +61,10 @@ class DistributedDataParallel(Module):
             registered (with the default all-reduce the gradients are
             reduced where they are, so there is no copy to save).
         init_sync: broadcast rank 0's parameters and buffers here.
+        virtual_shards: under ``dtorch.use_deterministic_algorithms(True)``,
+            the number of equal pieces the global batch is computed in (a
+            multiple of the world size; default 12): the same on any world
+            size gives the same bits (``_deterministic``).
         dim, check_reduction, static_graph: accepted for PyTorch scripts;
             a non-default value warns that it has no effect.
 
@@ -72,7 +80,7 @@ class DistributedDataParallel(Module):
                  broadcast_buffers=True, process_group=None,
                  bucket_cap_mb=None, find_unused_parameters=False,
                  check_reduction=False, gradient_as_bucket_view=False,
-                 static_graph=False, init_sync=True):
+                 static_graph=False, init_sync=True, virtual_shards=None):
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel expects an "
@@ -115,6 +123,8 @@ class DistributedDataParallel(Module):
         self._step_started = False
         self._queued = False
         self._unused = ()
+        self.virtual_shards = virtual_shards
+        self._det = None             # the deterministic mode's step
 
     def _world_size(self):
         return dist.get_world_size(self.process_group)
@@ -155,6 +165,23 @@ class DistributedDataParallel(Module):
             _active_count(g, 1)
             self._join_steps += 1
         self._sync_buffers()
+        if are_deterministic_algorithms_enabled():
+            if self._join_active:
+                raise RuntimeError(
+                    "deterministic DDP: join() trains on uneven inputs, "
+                    "whose split depends on the world size")
+            if self._det is None:
+                zero = None
+                if self._comm_hook is reduce_scatter_hook:
+                    zero = self._comm_state       # ZeRO-2, done exactly
+                elif self._comm_hook is not _allreduce_hook:
+                    raise RuntimeError(
+                        "deterministic DDP: a communication hook's "
+                        "arithmetic depends on the world size; remove "
+                        "register_comm_hook or the deterministic mode")
+                self._det = DeterministicStep(self, self.virtual_shards,
+                                              zero)
+            return self._det.forward(inputs, kwargs)
         out = self.module(*inputs, **kwargs)
         # a step whose backward will reduce gradients (not evaluation)
         self._step_started = (self.require_backward_grad_sync

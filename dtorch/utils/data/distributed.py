@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 
+from ..._settings import are_deterministic_algorithms_enabled
 from .sampler import Sampler
 
 
@@ -105,6 +106,17 @@ class DistributedSampler(Sampler):
     def __iter__(self):
         indices = self._order()[self._start:]
         n = len(indices)
+        if n % self.num_replicas and (self.pad or self.drop_last) and \
+                are_deterministic_algorithms_enabled():
+            # padding repeats, and drop_last drops, a number of samples
+            # that depends on the world size: the epoch would too
+            raise ValueError(
+                f"DistributedSampler: the {n} samples left in epoch "
+                f"{self.epoch} do not split evenly into {self.num_replicas} "
+                f"replicas, so padding or drop_last would make the epoch "
+                f"depend on the world size under use_deterministic_"
+                f"algorithms(True); use a dataset length divisible by the "
+                f"world size, or pad=False")
         if not self.drop_last and self.pad:
             padding = self.total_size - n
             if padding and n:
