@@ -43,6 +43,9 @@ def test_meta_model_sharded_equals_one_rank_init(ws):
     want_out = ref(x).detach().numpy()
 
     def body(rank, n):
+        # each thread rank has its own RNG, as a process (seeded by the
+        # script: the seed FSDP keys the streams by)
+        dtorch.manual_seed(11)
         with dtorch.device("meta"):
             m = model()
         assert m[0].fc1.weight.is_meta
