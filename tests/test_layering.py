@@ -64,6 +64,7 @@ LAYERS = {
     'dtorch.onnx': 8, 'dtorch.ao': 8, 'dtorch.profiler': 8,
     'dtorch.quantization': 8,
     'dtorch.utils.tensorboard': 8, 'dtorch.utils.flop_counter': 8,
+    'dtorch.utils.step_metrics': 8,
 }
 
 # (importer, imported) pairs that break (b) today, with who removes them.
