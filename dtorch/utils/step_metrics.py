@@ -32,7 +32,9 @@ Per step it records (seconds unless named otherwise):
   ``measure_peak_flops``: a GEMM probe);
 - ``peak_memory_bytes``: the device's peak allocated memory on CUDA
   (``dtorch.cuda.max_memory_allocated``), the process's peak resident set on
-  the CPU (``getrusage``; it includes more than tensor data).
+  the CPU (``getrusage``; it includes more than tensor data);
+- ``stragglers``: under DDP, the slow ranks its straggler detection named
+  since the previous record (``DistributedDataParallel.straggler_reports``).
 
 Each record is one line of ``<log_dir>/metrics[.rank<R>].jsonl`` and the
 same numbers as TensorBoard scalars (``step/<name>``) in ``log_dir``; every
@@ -143,6 +145,7 @@ class StepMetrics:
         self.print_every = print_every
         self.file = file if file is not None else sys.stdout
         self.records = []
+        self._stragglers_seen = 0
         self.rank, self.world = _rank()
         self._data_s = 0.0
         self._acc = None          # the open step's phase sums, or None
@@ -274,6 +277,12 @@ class StepMetrics:
                 peak = self.peak_flops = measure_peak_flops(self._device())
             r["mfu"] = r["flops_per_s"] / peak
         r["peak_memory_bytes"] = _peak_memory(self._device())
+        # DDP's straggler reports that are new since the last step
+        found = getattr(self.model, "straggler_reports", None)
+        if found is not None:
+            if len(found) > self._stragglers_seen:
+                r["stragglers"] = found[self._stragglers_seen:]
+            self._stragglers_seen = len(found)
         return r
 
     def _device(self):
