@@ -56,10 +56,11 @@ def run(world, steps, compute, data, slow=None, every=None):
 
 @pytest.mark.parametrize("phase", ["compute", "data"])
 def test_slow_rank_is_named_with_its_phase(phase, caplog):
+    # two windows of 20 steps: on a loaded machine one window's medians can
+    # miss by scheduling noise; every report must still be the right one
     with caplog.at_level(logging.WARNING, logger="dtorch.distributed"):
-        found = run(3, 20, compute=0.012, data=0.012,
-                    slow=(1, phase, 1.3))
-    assert found, "no straggler found within 20 steps"
+        found = run(3, 40, compute=0.02, data=0.02, slow=(1, phase, 1.3))
+    assert found, "no straggler found within 40 steps"
     assert {(r["rank"], r["phase"]) for r in found} == {(1, phase)}
     assert 0.15 < found[0]["slower_by"] < 0.6
     words = "compute" if phase == "compute" else "data loading"
@@ -68,7 +69,7 @@ def test_slow_rank_is_named_with_its_phase(phase, caplog):
 
 
 def test_equal_ranks_are_never_named():
-    assert run(3, 200, compute=0.006, data=0.004, every=10) == []
+    assert run(3, 100, compute=0.015, data=0.015, every=10) == []
 
 
 def test_judge_two_ranks_and_small_phases():

@@ -10,7 +10,8 @@ gradients) in two phases of its own:
   the loop does outside forward and backward.
 
 Every ``every`` steps (``DTORCH_STRAGGLER_EVERY``, default 20) the ranks
-share their window's sums in one small all-reduce (3 x world numbers),
+share each phase's median step over the window (a one-off stall is not a
+straggler) in one small all-reduce (2 x world numbers),
 issued where backward already waits for the gradients, so no rank waits
 for it longer than for the buckets. A rank whose phase is more than
 ``threshold`` (``DTORCH_STRAGGLER_THRESHOLD``, default 0.2) above the median
@@ -56,7 +57,7 @@ class StragglerDetector:
         self.floor, self.min_seconds = floor, min_seconds
         self.reports = []
         self.steps = 0
-        self._sums = np.zeros(len(_PHASES))
+        self._window = []     # (compute, data) seconds of each step
         self._first_fwd = None
         self._prev_end = None
         self._wait0 = 0.0
@@ -82,9 +83,9 @@ class StragglerDetector:
             # ranks step different numbers of times under join(): neither
             # these steps nor the exchange count, so the ranks stay in step
             return
-        self._sums[0] += max(0.0, now - start - wait)
-        if prev is not None:
-            self._sums[1] += max(0.0, start - prev)
+        self._window.append((max(0.0, now - start - wait),
+                             max(0.0, start - prev) if prev is not None
+                             else None))
         self.steps += 1
         if self.steps % self.every == 0:
             self._exchange(device)
@@ -93,13 +94,17 @@ class StragglerDetector:
         g = self.group
         n, me = dist.get_world_size(g), dist.get_rank(g)
         table = np.zeros((n, len(_PHASES)))
-        table[me] = self._sums
-        self._sums = np.zeros(len(_PHASES))
+        # per phase the window's median step: a one-off stall (a warm-up,
+        # a checkpoint written by one rank) is not a straggler
+        for j in range(len(_PHASES)):
+            vals = [w[j] for w in self._window if w[j] is not None]
+            table[me, j] = float(np.median(vals)) if vals else 0.0
+        self._window = []
         t = Tensor._wrap(table.reshape(-1))
         if device is not None and device.type != "cpu":
             t = t.to(device)
         dist.all_reduce(t, group=g)
-        table = t.cpu().numpy().reshape(n, len(_PHASES)) / self.every
+        table = t.cpu().numpy().reshape(n, len(_PHASES))
         found = self.judge(table)
         for r in found:
             r["step"] = self.steps
@@ -108,7 +113,7 @@ class StragglerDetector:
             for r in found:
                 _log.warning(
                     "rank %d is %.0f%% slower in %s over the last %d steps "
-                    "(%.1f ms per step; the other ranks' median %.1f ms)",
+                    "(median step %.1f ms; the other ranks' %.1f ms)",
                     r["rank"], 100 * r["slower_by"], _WORDS[r["phase"]],
                     self.every, 1e3 * r["seconds"], 1e3 * r["reference"])
 
