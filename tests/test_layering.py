@@ -70,7 +70,8 @@ LAYERS = {
     # 8 tools that read models, never change training
     'dtorch.onnx': 8, 'dtorch.ao': 8, 'dtorch.profiler': 8,
     'dtorch.quantization': 8,
-    'dtorch.utils.tensorboard': 8,
+    'dtorch.utils.tensorboard': 8, 'dtorch.utils.flop_counter': 8,
+    'dtorch.utils.step_metrics': 8,
 }
 
 # (importer, imported) pairs that break (b) today, with who removes them.

@@ -29,6 +29,7 @@ for), so nothing needs to be registered with autograd at import.
 """
 import functools
 import itertools
+import threading
 import weakref
 
 from .. import _backend as _B
@@ -43,10 +44,16 @@ _seq = itertools.count()
 _autocast = None
 
 
-# While a dtorch.profiler profile records (in any thread), its op recorder:
-# called like _autocast, it times the op and hands it on to _autocast.
+# The op recorders (the DTORCH_TIMELINE recorder, the profiler's, the FLOP
+# counter's) while any of them records, in any thread: each is called like
+# _autocast, records the op and hands it on to the next one (its ``inner``)
+# through _pass, the last one to autocast; each wraps the engine's per-node
+# call in ``backward_node(run)``, the inner ones' first. _profile is the
+# outermost; _set_recorder keeps the chain.
 _profile = None
-# The one hook Function.apply checks: the profiler's recorder when set, else
+_recorders = {}          # rank (0 outermost) -> recorder
+_recorder_lock = threading.Lock()
+# The one hook Function.apply checks: the outermost recorder when set, else
 # autocast's dispatcher, else None. Whoever sets _autocast or _profile calls
 # _update_hook().
 _hook = None
@@ -76,6 +83,32 @@ def _update_hook():
         out = first(cls, args, kwargs)
         return _sac(cls, args, kwargs) if out is NotImplemented else out
     _hook = chained
+
+
+def _set_recorder(rank, recorder):
+    """Install ``recorder`` at ``rank`` of the recorder chain (0: the
+    timeline, 1: the profiler, 2: the FLOP counter), or remove it (None)."""
+    global _profile
+    with _recorder_lock:
+        if recorder is None:
+            _recorders.pop(rank, None)
+        else:
+            _recorders[rank] = recorder
+        chain = [_recorders[k] for k in sorted(_recorders)]
+        for outer, inner in zip(chain, chain[1:] + [None]):
+            outer.inner = inner
+        _profile = chain[0] if chain else None
+        _update_hook()
+
+
+def _pass(inner, cls, args, kwargs):
+    """What a recorder does with an op it does not record (or has recorded
+    around its own ``cls.apply``): the next recorder's, autocast's, or
+    NotImplemented (the plain path)."""
+    if inner is not None:
+        return inner(cls, args, kwargs)
+    amp = _autocast
+    return amp(cls, args, kwargs) if amp is not None else NotImplemented
 
 
 def autocast_op(policy):

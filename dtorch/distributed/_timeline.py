@@ -9,14 +9,13 @@ thread to the rank's timeline and installs the recorder as
 ``autograd.function._profile`` - the slot the profiler uses, so
 ``Function.apply`` keeps its single hook check and nothing is installed
 while no timeline is on. A profile that records at the same time still sees
-every op: the timeline's recorder stays outermost and hands each op on to
-the profiler's (``dtorch.profiler._install`` asks ``_outermost``).
+every op: the timeline's recorder stays outermost in the recorder chain
+(``autograd.function._set_recorder``) and hands each op on to the next.
 
 Events: ``<Op>`` (forward, args: input shapes) on the thread that ran it,
 ``<Node>Backward`` for each backward node; rank threads of one process
 (``spawn_threads``) each record into their own rank's file.
 """
-import sys
 import threading
 import time
 
@@ -52,18 +51,11 @@ class _Recorder:
     the op, then hands it on to the profiler (``inner``) or autocast."""
     inner = None
 
-    def _pass(self, cls, args, kwargs):
-        inner = self.inner
-        if inner is not None:
-            return inner(cls, args, kwargs)
-        amp = _function._autocast
-        return amp(cls, args, kwargs) if amp is not None else NotImplemented
-
     def __call__(self, cls, args, kwargs):
         st = _tls
         tl = st.tl or _process[0]
         if tl is None or st.inside is cls or tl.closed:
-            return self._pass(cls, args, kwargs)
+            return _function._pass(self.inner, cls, args, kwargs)
         if st.tid_of is not tl:
             st.tid, st.tid_of = tl.tid(), tl
         prev, st.inside = st.inside, cls
@@ -100,28 +92,11 @@ _recorder = _Recorder()
 _on = [False]
 
 
-def _profiler_recorder():
-    # only a profiler the job loaded itself: never load it from here
-    prof = sys.modules.get("dtorch.profiler")
-    if prof is not None and prof._active[0] > 0:
-        return prof._recorder
-    return None
-
-
-def _outermost(inner):
-    """The hook to install given the profiler's (or None): the timeline's
-    recorder around it while a timeline is on."""
-    if not _on[0]:
-        return inner
-    _recorder.inner = inner
-    return _recorder
-
-
 def _install(on):
     with _lock:
         _on[0] = on
-        _function._profile = _outermost(_profiler_recorder())
-        _function._update_hook()
+        # rank 0: the outermost recorder, around the profiler's
+        _function._set_recorder(0, _recorder if on else None)
 
 
 def attach(group):

@@ -19,6 +19,7 @@ PyTorch's does (``_kernel_args``):
 """
 from __future__ import annotations
 import copy
+import functools
 import os
 import sys
 import warnings
@@ -32,13 +33,69 @@ import numpy as np
 from .. import _backend as B
 from .._ignored import ignored_argument
 from ..autograd import enable_grad
-from ..nn.modules.module import zero_grads
+from ..nn.modules.module import RemovableHandle, zero_grads
 from ..tensor import Tensor
 
 # what an optimizer takes: tensors, or parameter groups (dicts with "params")
 ParamsT = Union[Iterable[Tensor], Iterable[dict[str, Any]]]
 
-__all__ = ["Optimizer", "required"]
+__all__ = ["Optimizer", "required", "register_optimizer_step_pre_hook",
+           "register_optimizer_step_post_hook"]
+
+# PyTorch's step hooks: every optimizer's (these) and one optimizer's own
+# (Optimizer.register_step_pre_hook / register_step_post_hook)
+_global_step_pre_hooks: dict = {}
+_global_step_post_hooks: dict = {}
+
+
+def register_optimizer_step_pre_hook(hook):
+    """``hook(optimizer, args, kwargs)`` before every optimizer's step
+    (``args`` starts with the optimizer, as PyTorch's); it may return
+    ``(new_args, new_kwargs)``."""
+    h = RemovableHandle(_global_step_pre_hooks)
+    _global_step_pre_hooks[h.id] = hook
+    return h
+
+
+def register_optimizer_step_post_hook(hook):
+    """``hook(optimizer, args, kwargs)`` after every optimizer's step."""
+    h = RemovableHandle(_global_step_post_hooks)
+    _global_step_post_hooks[h.id] = hook
+    return h
+
+
+def _with_step_hooks(step):
+    """``step`` running the step hooks around it (once: a subclass's step
+    that calls ``super().step()`` runs them for the outer call only)."""
+    @functools.wraps(step)
+    def hooked(self, *args, **kwargs):
+        d = self.__dict__
+        pre, post = d.get("_step_pre_hooks"), d.get("_step_post_hooks")
+        if not (pre or post or _global_step_pre_hooks
+                or _global_step_post_hooks) or d.get("_in_step"):
+            return step(self, *args, **kwargs)
+        d["_in_step"] = True
+        # as PyTorch's, a hook's args are the step's, the optimizer first
+        args = (self,) + args
+        try:
+            for hook in chain(list(_global_step_pre_hooks.values()),
+                              list((pre or {}).values())):
+                res = hook(self, args, kwargs)
+                if res is not None:
+                    if not (isinstance(res, tuple) and len(res) == 2):
+                        raise RuntimeError(
+                            f"{hook} must return None or a tuple of "
+                            f"(new_args, new_kwargs), but got {res}.")
+                    args, kwargs = res
+            out = step(*args, **kwargs)
+            # PyTorch's order: pre hooks global first, post hooks own first
+            for hook in chain(list((post or {}).values()),
+                              list(_global_step_post_hooks.values())):
+                hook(self, args, kwargs)
+            return out
+        finally:
+            d["_in_step"] = False
+    return hooked
 
 
 class _RequiredParameter:
@@ -59,6 +116,26 @@ class Optimizer:
             groups (each with a ``'params'`` key).
         defaults: hyper-parameters used by groups that do not set them.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__:
+            cls.step = _with_step_hooks(cls.__dict__["step"])
+
+    def register_step_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(optimizer, args, kwargs)`` before this optimizer's step;
+        it may return ``(new_args, new_kwargs)``."""
+        hooks = self.__dict__.setdefault("_step_pre_hooks", {})
+        h = RemovableHandle(hooks)
+        hooks[h.id] = hook
+        return h
+
+    def register_step_post_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(optimizer, args, kwargs)`` after this optimizer's step."""
+        hooks = self.__dict__.setdefault("_step_post_hooks", {})
+        h = RemovableHandle(hooks)
+        hooks[h.id] = hook
+        return h
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         self.defaults = defaults
@@ -137,6 +214,7 @@ class Optimizer:
         zero_grads((p for group in self.param_groups
                     for p in group["params"]), set_to_none)
 
+    @_with_step_hooks
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One optimization step. ``closure`` (optional) re-evaluates the
         model and returns the loss, which ``step`` returns."""

@@ -139,13 +139,13 @@ class _OpRecorder:
     records: times ops of threads with an open profile, passes the rest on
     to autocast (or to the plain path)."""
 
+    inner = None      # the next recorder in the chain
+
     def __call__(self, cls, args, kwargs):
         st = _tls
         rec = st.rec
         if rec is None or st.inside is cls:
-            amp = _function._autocast
-            return amp(cls, args, kwargs) if amp is not None \
-                else NotImplemented
+            return _function._pass(self.inner, cls, args, kwargs)
         name = ("dtorch::" + cls.__name__) if cls._array_api \
             else cls.__name__
         ev = rec.begin(name, _shapes(args) if rec.record_shapes else None)
@@ -156,9 +156,10 @@ class _OpRecorder:
             st.inside = prev
             rec.end(ev)
 
-    @staticmethod
-    def backward_node(run):
+    def backward_node(self, run):
         """Wrap the engine's per-node call for one backward pass."""
+        if self.inner is not None:
+            run = self.inner.backward_node(run)
         rec = _tls.rec
         if rec is None:
             return run
@@ -179,12 +180,9 @@ _recorder = _OpRecorder()
 def _install(delta):
     with _lock:
         _active[0] += delta
-        hook = _recorder if _active[0] > 0 else None
-        # a DTORCH_TIMELINE recorder, if the job runs one, stays outermost
-        # and hands ops on to this one (dtorch/distributed/_timeline.py)
-        tl = sys.modules.get("dtorch.distributed._timeline")
-        _function._profile = tl._outermost(hook) if tl is not None else hook
-        _function._update_hook()
+        # rank 1: inside a DTORCH_TIMELINE recorder (which stays outermost),
+        # outside the FLOP counter
+        _function._set_recorder(1, _recorder if _active[0] > 0 else None)
 
 
 def _current_rank():

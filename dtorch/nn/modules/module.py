@@ -49,6 +49,22 @@ _global_forward_pre_hooks = OrderedDict()
 _global_forward_hooks = OrderedDict()
 
 
+def register_module_forward_pre_hook(hook):
+    """``hook(module, args)`` before every module's forward (PyTorch's
+    global hook; runs before the module's own pre-hooks)."""
+    h = RemovableHandle(_global_forward_pre_hooks)
+    _global_forward_pre_hooks[h.id] = (hook, False)
+    return h
+
+
+def register_module_forward_hook(hook, *, with_kwargs=False):
+    """``hook(module, args, output)`` (``hook(module, args, kwargs,
+    output)`` with ``with_kwargs=True``) after every module's forward."""
+    h = RemovableHandle(_global_forward_hooks)
+    _global_forward_hooks[h.id] = (hook, with_kwargs)
+    return h
+
+
 def _addindent(s, n):
     lines = s.split("\n")
     if len(lines) == 1:

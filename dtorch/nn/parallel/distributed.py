@@ -42,6 +42,7 @@ from ._deterministic import DeterministicStep
 from ._functions import resolve_group
 from ._reducer import (CoalescedReduction, GradBucket,  # noqa: F401
                        HookReduction, Reducer, _allreduce_hook)
+from ._straggler import StragglerDetector
 
 
 class DistributedDataParallel(Module):
@@ -125,6 +126,17 @@ class DistributedDataParallel(Module):
         self._unused = ()
         self.virtual_shards = virtual_shards
         self._det = None             # the deterministic mode's step
+        # which rank is slow, in which phase (dtorch/nn/parallel/_straggler)
+        self._straggler = StragglerDetector(group) \
+            if self._world_size() > 1 and StragglerDetector.enabled() \
+            else None
+
+    @property
+    def straggler_reports(self):
+        """The slow ranks found so far: dicts of step, rank, phase
+        ('compute' or 'data'), slower_by, seconds and reference (per step,
+        the other ranks' median)."""
+        return [] if self._straggler is None else self._straggler.reports
 
     def _world_size(self):
         return dist.get_world_size(self.process_group)
@@ -182,6 +194,10 @@ class DistributedDataParallel(Module):
                 self._det = DeterministicStep(self, self.virtual_shards,
                                               zero)
             return self._det.forward(inputs, kwargs)
+        # (the deterministic step has its own end of backward: straggler
+        # detection times the normal mode only)
+        if self._straggler is not None and is_grad_enabled():
+            self._straggler.forward()
         out = self.module(*inputs, **kwargs)
         # a step whose backward will reduce gradients (not evaluation)
         self._step_started = (self.require_backward_grad_sync
@@ -241,6 +257,10 @@ class DistributedDataParallel(Module):
             self._unfinished = missing
         self._reducer.finish(self.gradient_as_bucket_view)
         self._step_started = False
+        if self._straggler is not None:
+            self._straggler.backward_end(
+                self.stats["wait_s"], joined=self._join_active,
+                device=self._params[0].device if self._params else None)
 
     # ---------------------------------------------------------- user API --
     @contextlib.contextmanager

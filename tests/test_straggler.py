@@ -1,0 +1,112 @@
+"""DDP's straggler detection (dtorch/nn/parallel/_straggler.py): a rank
+slowed in compute or in data loading is named with its phase within one
+window; equal ranks are never named; join() and the off switch."""
+import logging
+import time
+
+import numpy as np
+import pytest
+
+import dtorch
+import dtorch.distributed as dist
+from dtorch.distributed import spawn_threads
+from dtorch.nn.parallel import DistributedDataParallel as DDP
+from dtorch.nn.parallel._straggler import StragglerDetector
+
+
+class Sleepy(dtorch.nn.Module):
+    def __init__(self, seconds):
+        super().__init__()
+        self.fc = dtorch.nn.Linear(4, 2)
+        self.seconds = seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.fc(x)
+
+
+def run(world, steps, compute, data, slow=None, every=None):
+    """``slow``: (rank, phase, factor). Returns rank 0's reports."""
+    reports = {}
+
+    def rank(r, w):
+        me = dist.get_rank()
+        c, d = compute, data
+        if slow is not None and slow[0] == me:
+            if slow[1] == "compute":
+                c *= slow[2]
+            else:
+                d *= slow[2]
+        model = DDP(Sleepy(c))
+        if every is not None:
+            model._straggler.every = every
+        opt = dtorch.optim.SGD(model.parameters(), lr=0.01)
+        x = dtorch.ones(2, 4)
+        for _ in range(steps):
+            time.sleep(d)                   # the loader
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        reports[me] = model.straggler_reports
+    spawn_threads(rank, world)
+    # every rank judged the same table
+    assert all(reports[r] == reports[0] for r in reports)
+    return reports[0]
+
+
+@pytest.mark.parametrize("phase", ["compute", "data"])
+def test_slow_rank_is_named_with_its_phase(phase, caplog):
+    # two windows of 20 steps: on a loaded machine one window's medians can
+    # miss by scheduling noise; every report must still be the right one
+    with caplog.at_level(logging.WARNING, logger="dtorch.distributed"):
+        found = run(3, 40, compute=0.02, data=0.02, slow=(1, phase, 1.3))
+    assert found, "no straggler found within 40 steps"
+    assert {(r["rank"], r["phase"]) for r in found} == {(1, phase)}
+    assert 0.15 < found[0]["slower_by"] < 0.6
+    words = "compute" if phase == "compute" else "data loading"
+    assert any("rank 1 is" in m and words in m and "over the last 20 steps"
+               in m for m in caplog.messages)
+
+
+def test_equal_ranks_are_never_named():
+    assert run(3, 100, compute=0.015, data=0.015, every=10) == []
+
+
+def test_judge_two_ranks_and_small_phases():
+    det = StragglerDetector(None, every=1, threshold=0.2)
+    # two ranks: each compared with the other
+    got = det.judge(np.array([[1.0, 0.1], [1.3, 0.1]]))
+    assert [(r["rank"], r["phase"]) for r in got] == [(1, "compute")]
+    # a phase far below 5% of the step is not worth a report, nor 0.4 ms
+    assert det.judge(np.array([[1.0, 0.001], [1.0, 0.005]])) == []
+    assert det.judge(np.array([[0.001, 0], [0.0014, 0]])) == []
+    with pytest.raises(ValueError, match="every >= 1"):
+        StragglerDetector(None, every=0)
+
+
+def test_off_switch_and_join(monkeypatch):
+    monkeypatch.setenv("DTORCH_STRAGGLER", "0")
+    seen = {}
+
+    def rank(r, w):
+        model = DDP(Sleepy(0.0))
+        seen[dist.get_rank()] = model._straggler
+    spawn_threads(rank, 2)
+    assert seen == {0: None, 1: None}
+    monkeypatch.delenv("DTORCH_STRAGGLER")
+    done = {}
+
+    def uneven(r, w):
+        me = dist.get_rank()
+        model = DDP(Sleepy(0.0))
+        model._straggler.every = 2
+        x = dtorch.ones(2, 4)
+        with model.join():
+            for _ in range(3 + 2 * me):      # ranks step 3 and 5 times
+                model(x).sum().backward()
+        for _ in range(4):                   # and go on together
+            model(x).sum().backward()
+        done[me] = model._straggler.steps
+    spawn_threads(uneven, 2)
+    # steps under join() do not count, so both ranks exchanged in step
+    assert done == {0: 4, 1: 4}
