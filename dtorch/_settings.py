@@ -162,10 +162,21 @@ def set_printoptions(precision=None, threshold=None, edgeitems=None,
     np.set_printoptions(**kw)
 
 
+_compile_warned = [False]
+
+
 def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
             mode=None, options=None, disable=False):
-    """``torch.compile`` is an optimisation with no change in results;
-    dtorch runs the model (or function) as it is."""
+    """``torch.compile``'s signature, without a compiler yet: the model (or
+    function) is returned as it is and runs eagerly (the same results, none
+    of the speed), and the first call in a process warns so. With
+    ``disable=True`` (PyTorch's "run eagerly") it says nothing."""
+    if not disable and not _compile_warned[0]:
+        _compile_warned[0] = True
+        import warnings
+        warnings.warn("dtorch.compile: dtorch has no compiler yet; the model "
+                      "runs eagerly (same results, no speed-up)",
+                      UserWarning, stacklevel=2)
     if model is None:
         return lambda m: m
     return model

@@ -443,6 +443,13 @@ class Module:
                         dtype=dt if t.is_floating_point() else None)
         return self._apply(convert)
 
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``torch.nn.Module.compile``: compiles in place through
+        ``dtorch.compile``, which has no compiler yet (it warns; the module
+        keeps running eagerly)."""
+        from ..._settings import compile as _compile
+        _compile(self, *args, **kwargs)
+
     def to_empty(self: _M, *, device: Any, recurse: bool = True) -> _M:
         """Parameters and buffers as new uninitialised tensors of the same
         shapes and dtypes on ``device`` (PyTorch's: a model built on the
