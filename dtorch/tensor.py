@@ -51,6 +51,30 @@ def _arr(x):
     return x._data if isinstance(x, Tensor) else x
 
 
+def _step_fn(name, decimals=0):
+    """The array function of a piecewise-constant op (``P.Step``)."""
+    if name == "round":
+        return lambda xp, x, y: xp.round(x, decimals)
+    return lambda xp, x, y: getattr(xp, name)(x)
+
+
+def _floor_div(xp, x, y):
+    x, y = P.promote(x, y, "floor_divide")
+    if x.dtype.kind in "biu":
+        return xp.floor_divide(x, y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return P.arith._div_floor(xp, x, y)
+
+
+def _trunc_div(xp, x, y):
+    x, y = P.promote(x, y, "div")
+    if x.dtype.kind in "biu":     # exact: C's truncating division
+        q = xp.floor_divide(x, y)
+        return q + ((q < 0) & (q * y != x))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return xp.trunc(x / y).astype(x.dtype, copy=False)
+
+
 def _finish(data, dtype, device, requires_grad):
     if device is not None:
         # to any device, cpu included: tensor(cuda_t, device='cpu') copies
@@ -635,21 +659,31 @@ class Tensor(_function.TensorBase):
         return P.Abs.apply(self)
 
     def __floordiv__(self, other):
-        return self._nondiff(np.floor_divide, other)
+        return self._divide(other, "floor_divide")
 
-    @B.on_own_device
     def __rfloordiv__(self, other):
         o = _operand(other, self)
-        return Tensor._wrap(self._xp().floor_divide(_arr(o), self._data))
+        if not isinstance(o, Tensor):      # a number: a 0-d operand
+            o = Tensor._wrap(self._xp().asarray(o))
+        return o._divide(self, "floor_divide")
 
     def __mod__(self, other):
-        return self._nondiff(np.remainder, other)
+        return self.remainder(other)
 
     @B.on_own_device
-    def _nondiff(self, ufunc, other):
-        x, y = P.promote(self._data, _arr(_operand(other, self)))
-        xp = self._xp()
-        return Tensor._wrap(getattr(xp, ufunc.__name__)(x, y))
+    def _divide(self, other, mode):
+        """Division rounded down (``floor_divide``, ``floor``) or toward
+        zero (``trunc``): exact on integers (a zero divisor raises, as in
+        PyTorch), else PyTorch's float rounding with a zero derivative
+        (none at all for floor_divide, as there)."""
+        x, y = P.promote(self._data, _arr(_operand(other, self)), mode)
+        if x.dtype.kind in "biu":
+            P.int_division("div_floor" if mode != "trunc" else "div_trunc",
+                           x, y)
+        return P.Step.apply(self, other,
+                            _trunc_div if mode == "trunc" else _floor_div,
+                            "floor_divide" if mode == "floor_divide"
+                            else None)
 
     def add(self, other, alpha=1):
         if alpha != 1:
@@ -674,12 +708,8 @@ class Tensor(_function.TensorBase):
     def div(self, other, rounding_mode=None):
         if rounding_mode is None:
             return self / other
-        if rounding_mode == "floor":
-            return self // other
-        if rounding_mode == "trunc":
-            q = self._nondiff(np.true_divide, other)
-            return Tensor._wrap(q._xp().trunc(q._data).astype(
-                P.promote(self._data, _arr(_operand(other, self)))[0].dtype))
+        if rounding_mode in ("floor", "trunc"):
+            return self._divide(other, rounding_mode)
         raise ValueError(f"div expected rounding_mode to be one of None, "
                          f"'trunc', or 'floor' but found '{rounding_mode}'")
 
@@ -801,25 +831,33 @@ class Tensor(_function.TensorBase):
     def addcdiv(self, t1, t2, value=1):
         return self + t1 / t2 * value
 
-    @B.on_own_device
     def sign(self):
-        return Tensor._wrap(self._xp().sign(self._data))
+        if self.dtype is B.bool_:
+            return self.clone()
+        return P.Step.apply(self, None, _step_fn("sign"))
 
-    @B.on_own_device
     def floor(self):
-        return Tensor._wrap(self._xp().floor(self._data))
+        return self._rounding("floor")
 
-    @B.on_own_device
     def ceil(self):
-        return Tensor._wrap(self._xp().ceil(self._data))
+        return self._rounding("ceil")
 
-    @B.on_own_device
     def round(self, decimals=0):
-        return Tensor._wrap(self._xp().round(self._data, decimals))
+        return self._rounding("round", decimals)
 
-    @B.on_own_device
     def trunc(self):
-        return Tensor._wrap(self._xp().trunc(self._data))
+        return self._rounding("trunc")
+
+    def _rounding(self, name, decimals=0):
+        # PyTorch has no bool kernel, nor an integer one with decimals
+        if self.dtype is B.bool_ or decimals and \
+                not self.dtype.is_floating_point:
+            raise NotImplementedError(
+                f'"{name}_cpu" not implemented for '
+                f'\'{"Bool" if self.dtype is B.bool_ else "Long"}\'')
+        if not self.dtype.is_floating_point:
+            return self.clone()
+        return P.Step.apply(self, None, _step_fn(name, decimals))
 
     @B.on_own_device
     def isnan(self):
@@ -833,10 +871,8 @@ class Tensor(_function.TensorBase):
     def isfinite(self):
         return Tensor._wrap(self._xp().isfinite(self._data))
 
-    @B.on_own_device
     def nan_to_num(self, nan=0.0, posinf=None, neginf=None):
-        return Tensor._wrap(self._xp().nan_to_num(
-            self._data, nan=nan, posinf=posinf, neginf=neginf))
+        return P.NanToNum.apply(self, nan=nan, posinf=posinf, neginf=neginf)
 
     # ------------------------------------------------------- comparison ---
     @B.on_own_device
@@ -1040,9 +1076,14 @@ class Tensor(_function.TensorBase):
                             dim=dim, keepdim=keepdim)
 
     def logsumexp(self, dim, keepdim=False):
-        m = self.detach().amax(dim, keepdim=True)
-        m = m.masked_fill(~m.isfinite(), 0)
-        out = (self - m).exp().sum(dim, keepdim=True).log() + m
+        x = self if self.dtype.is_floating_point else \
+            self.to(B.get_default_dtype())
+        if x.numel() == 0:        # over an empty dim: log(0) = -inf
+            m = 0.0
+        else:
+            m = x.detach().amax(dim, keepdim=True)
+            m = m.masked_fill(~m.isfinite(), 0)
+        out = (x - m).exp().sum(dim, keepdim=True).log() + m
         return out if keepdim else out.squeeze(dim)
 
     def softmax(self, dim, dtype=None):
@@ -1572,6 +1613,17 @@ class Tensor(_function.TensorBase):
         self._check_inplace()
         self._data.fill(0)
         self._bump_version()
+        return self._overwritten()
+
+    def _overwritten(self):
+        """After an in-place fill (zero_, fill_, the random fills) a tensor
+        in a graph keeps its place there with a zero derivative to what it
+        held (PyTorch's FillBackward), not its old history's gradient."""
+        if self.requires_grad and self.grad_fn is not None and \
+                _state.enabled:
+            new = self._data.copy()
+            self._rebase(lambda old: P.Step.apply(
+                old, None, lambda xp, x, y: new))
         return self
 
     @B.on_own_device
@@ -1581,7 +1633,7 @@ class Tensor(_function.TensorBase):
             value = value.item()
         self._data.fill(value)
         self._bump_version()
-        return self
+        return self._overwritten()
 
     @B.on_own_device
     def copy_(self, src, non_blocking=False):
@@ -1657,7 +1709,7 @@ class Tensor(_function.TensorBase):
                  generator=generator)
         self._data[...] = (u < _arr(p)).astype(self._data.dtype)
         self._bump_version()
-        return self
+        return self._overwritten()
 
     @B.on_own_device
     def random_(self, low=0, high=None, generator=None):
@@ -1673,7 +1725,7 @@ class Tensor(_function.TensorBase):
                                device=self.device, generator=generator,
                                dtype=self._data.dtype)
         self._bump_version()
-        return self
+        return self._overwritten()
 
     # --------------------------------------------------------- new_* ------
     def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):

@@ -7,6 +7,7 @@ from .. import _backend as B
 from ..autograd import function as _function
 
 
+@_function.autocast_op({"cpu": "fp32"})      # PyTorch's CPU fp32 list
 @B.on_own_device
 def trace(self):
     if self.ndim != 2:

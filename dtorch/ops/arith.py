@@ -9,7 +9,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
-    is_float, const, keep_grad_t, unbroadcast_t, zero_link_t, promote_meta
+    lift, grad_xp, is_float, const, keep_grad_t, unbroadcast_t, zero_link_t, promote_meta
 
 
 def _shape_error(op, x, y):
@@ -366,6 +366,48 @@ class Mod(Op):
                 q = _div_floor(xp, x, y) if ctx.floor else xp.trunc(x / y)
                 gy = unbroadcast_t(-g * const(g, q), ctx.ys, ctx.yd)
         return (unbroadcast_t(g, ctx.xs, ctx.xd) if n[0] else None, gy)
+
+
+class Step(Op):
+    """A piecewise-constant op of one or two operands (round, floor, ceil,
+    trunc, sign, div with a rounding mode): the value ``f(xp, x, y)``,
+    the derivative zero, as PyTorch's (``zeros_like(grad)``). It stays in
+    the graph, so ``x.round().sum().backward()`` works and gives zeros.
+    ``undefined`` names an op PyTorch gives no derivative at all
+    (floor_divide): its output requires grad and backward raises
+    PyTorch's error."""
+    @staticmethod
+    def forward(ctx, x, y, f, undefined=None):
+        ctx.undefined = undefined
+        ctx.meta = [(getattr(a, "shape", None), getattr(a, "dtype", None))
+                    for a in (x, y)]
+        if y is not None:       # PyTorch's div saves both operands
+            ctx.save_for_backward(x, y)
+        return f(get_array_module(x), x, y)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.undefined:
+            raise RuntimeError(
+                f"derivative for aten::{ctx.undefined} is not implemented")
+        xp = grad_xp(g)
+        return tuple(lift(g, xp.zeros(s, d)) if s is not None and n
+                     else None for (s, d), n in
+                     zip(ctx.meta, ctx.needs_input_grad))
+
+    backward_graph = backward       # lift() makes the zeros constants
+
+
+def int_division(name, a, b):
+    """PyTorch's checks before integer division ``name`` (floor_divide,
+    remainder, fmod, div trunc) of arrays/ints ``a`` by ``b``: bool by
+    bool is not implemented, a zero divisor raises."""
+    if getattr(a, "dtype", None) == np.bool_ and \
+            getattr(b, "dtype", None) == np.bool_:
+        raise NotImplementedError(
+            f'"{name}_cpu" not implemented for \'Bool\'')
+    if not bool((b != 0).all() if hasattr(b, "all") else b != 0):
+        raise RuntimeError("ZeroDivisionError")
 
 
 # ================================================ selection by value ==

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _float_input, _meta, keep_grad, promote, sgn, \
-    unbroadcast, const, keep_grad_t, unbroadcast_t, zero_link_t
+    unbroadcast, const, keep_grad_t, unbroadcast_t, zero_link_t, lift
 
 
 class Neg(Op):
@@ -143,6 +143,23 @@ class Abs(Op):
         x = ctx.to_save[0]
         return zero_link_t(g * const(g, sgn(get_array_module(g._data), x)),
                            ctx, 0, x.shape, x.dtype)
+
+
+class NanToNum(Op):
+    """nan_to_num: the gradient passes where x is finite and is zero where
+    a NaN or an infinity was replaced (PyTorch: grad * isfinite(x))."""
+    @staticmethod
+    def forward(ctx, x, nan=0.0, posinf=None, neginf=None):
+        ctx.save_for_backward(x)     # as PyTorch: x, not the mask
+        return get_array_module(x).nan_to_num(
+            x, nan=nan, posinf=posinf, neginf=neginf)
+
+    @staticmethod
+    def backward(ctx, g):
+        x = ctx.to_save[0]
+        return g * lift(g, get_array_module(x).isfinite(x))
+
+    backward_graph = backward       # lift() gives the mask as a constant
 
 
 class Reciprocal(Op):
