@@ -7,6 +7,7 @@ import numpy as np
 
 from . import _backend as B
 from .ops.einsum import Einsum
+from .autograd.function import autocast_op
 from .random import draw
 from .tensor import Size, Tensor
 from ._creation import cat, stack, zeros
@@ -98,6 +99,7 @@ def cross(input, other, dim=None):
                   a[0] * b[1] - a[1] * b[0]], dim)
 
 
+@autocast_op({"cpu": "fp32"})    # PyTorch's CPU fp32 list
 def cdist(x1, x2, p=2.0, compute_mode=None):
     """Pairwise p-norm distances between the rows of x1 and x2 ((B,)P,M and
     (B,)R,M -> (B,)P,R); the gradient at a zero distance is zero."""

@@ -55,7 +55,16 @@ def _step_fn(name, decimals=0):
     """The array function of a piecewise-constant op (``P.Step``)."""
     if name == "round":
         return lambda xp, x, y: xp.round(x, decimals)
+    if name == "sign":
+        return _sign
     return lambda xp, x, y: getattr(xp, name)(x)
+
+
+def _sign(xp, x, y):
+    # PyTorch: sign(NaN) is 0
+    out = xp.sign(x)
+    return xp.where(xp.isnan(x), 0, out).astype(out.dtype) \
+        if out.dtype.kind == "f" else out
 
 
 def _floor_div(xp, x, y):
@@ -460,6 +469,8 @@ class Tensor(_function.TensorBase):
                 if dt is B.bfloat16 and t.is_cuda:
                     B.check_cuda_dtype(dt)
                 t = P.Cast.apply(t, np_dtype=dt.np)
+                if t.requires_grad and not dt.is_floating_point:
+                    t = t.detach()     # integers never require grad (torch)
         if copy and t is self:
             t = self.clone()
         return t
@@ -683,7 +694,7 @@ class Tensor(_function.TensorBase):
         return P.Step.apply(self, other,
                             _trunc_div if mode == "trunc" else _floor_div,
                             "floor_divide" if mode == "floor_divide"
-                            else None)
+                            else None, True)
 
     def add(self, other, alpha=1):
         if alpha != 1:
@@ -734,6 +745,7 @@ class Tensor(_function.TensorBase):
                                f"{self.ndim}D and {other.ndim}D")
         return self @ other
 
+    @_function.autocast_op("none")      # not lowered (PyTorch's lists)
     def dot(self, other):
         if self.ndim != 1 or other.ndim != 1:
             raise RuntimeError(f"1D tensors expected, but got {self.ndim}D "
@@ -1293,7 +1305,9 @@ class Tensor(_function.TensorBase):
 
     def chunk(self, chunks, dim=0):
         n = self.shape[self._dim(dim)]
-        step = -(-n // chunks) if n else 1
+        if n == 0:          # PyTorch: ``chunks`` empty pieces
+            return tuple(self.narrow(dim, 0, 0) for _ in range(chunks))
+        step = -(-n // chunks)
         return self.split(builtins.max(step, 1), dim)
 
     def unbind(self, dim=0):
@@ -1639,9 +1653,11 @@ class Tensor(_function.TensorBase):
     def copy_(self, src, non_blocking=False):
         if not isinstance(src, Tensor):
             src = Tensor._wrap(self._xp().asarray(src))
-        if self._tracked(src):
-            return self._rebase(
-                lambda t: t * 0 + src.to(device=self.device, dtype=self.dtype))
+        if self._tracked(src) and self.dtype.is_floating_point:
+            # the old value gets a zero derivative (no t * 0: inf * 0 = NaN)
+            return self._rebase(lambda t: P.Step.apply(
+                t, None, lambda xp, x, y: xp.zeros_like(x))
+                + src.to(device=self.device, dtype=self.dtype))
         self._check_inplace()
         a = src._data
         if type(a) is not np.ndarray or type(self._data) is not np.ndarray:

@@ -1333,6 +1333,25 @@ def close(a, b, dtype, exact=False):
         return bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True))
 
 
+def _raised(te, de):
+    """Which side raised, and the first one's error."""
+    side = lambda e: "raises" if e is not None else "passes"  # noqa: E731
+    return (f"torch {side(te)}, dtorch {side(de)}: "
+            f"{te if te is not None else de!r}")[:300]
+
+
+def _diff(a, b):
+    """Where two arrays of one shape differ: torch's and dtorch's values at
+    the first few differing positions (of the sample's flat order)."""
+    a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
+    if a.shape != b.shape:
+        return f"shape {a.shape} vs {b.shape}"
+    with np.errstate(invalid="ignore"):
+        same = (a == b) | ((a != a) & (b != b))
+    idx = np.flatnonzero(~same)[:4]
+    return "at " + ", ".join(f"[{i}] {a[i]!r} vs {b[i]!r}" for i in idx)
+
+
 class Report:
     """Mismatches (op, kind, sample, detail) and the count of checks run."""
 
@@ -1390,8 +1409,7 @@ def compare_outputs(rep, op, s, tout, dout, kinds=("value", "dtype",
                     not op.values or close(ta, db, dname(a.dtype)))
                 rep.check(ok, op.name, "value", s,
                           f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
-                          if ta.shape != db.shape else
-                          f"{ta.ravel()[:6]} vs {db.ravel()[:6]}")
+                          if ta.shape != db.shape else _diff(ta, db))
         elif "value" in kinds:
             pa, pb = _plain(a), _plain(b)
             rep.check(not op.values or _same_plain(pa, pb), op.name, "value",
@@ -1430,15 +1448,16 @@ def check_grads(rep, op, s, t, d):
     tg, te = attempt(lambda: _grads(torch, tout, tl, idx))
     dg, de = attempt(lambda: _grads(dtorch, dout, dl, idx))
     if not rep.check((te is None) == (de is None), op.name, "grad", s,
-                     f"torch: {te!r} dtorch: {de!r}"[:300]):
+                     _raised(te, de)):
         return
     if te is not None:
         return
     bad = [i for i, (a, b, lf) in enumerate(zip(tg, dg, tl))
            if not close(_as_np(a, lf), _as_np(b, lf), dname(lf.dtype))]
     rep.check(not bad, op.name, "grad", s,
-              f"leaf {bad}: {_as_np(tg[bad[0]], tl[bad[0]]).ravel()[:6]} vs "
-              f"{_as_np(dg[bad[0]], tl[bad[0]]).ravel()[:6]}" if bad else "")
+              f"leaf {bad}: " + _diff(_as_np(tg[bad[0]], tl[bad[0]]),
+                                      _as_np(dg[bad[0]], tl[bad[0]]))
+              if bad else "")
     # create_graph=True must give the same first-order gradients, bitwise
     d2 = op.run(dtorch, s)
     dgc, dce = attempt(lambda: _grads(dtorch, d2[0], d2[1], idx, True))
@@ -1471,7 +1490,9 @@ def check_grads(rep, op, s, t, d):
     bad = [i for i, (a, b, lf) in enumerate(zip(tgg, dgg, tl))
            if not close(_as_np(a, lf), _as_np(b, lf), "float64")]
     rep.check(not bad, op.name, "gradgrad", s,
-              f"leaf {bad}" if bad else "")
+              f"leaf {bad}: " + _diff(_as_np(tgg[bad[0]], tl[bad[0]]),
+                                      _as_np(dgg[bad[0]], tl[bad[0]]))
+              if bad else "")
 
 
 def _bump(t):
@@ -1505,7 +1526,7 @@ def check_inplace(rep, op, s):
         if tr in ("no grad", "no input"):
             continue
         rep.check((te is None) == (de is None), op.name, where, s,
-                  f"torch: {te!r} dtorch: {de!r}"[:300])
+                  _raised(te, de))
 
 
 def check_autocast(rep, op, s):
@@ -1525,13 +1546,14 @@ def _autocast_dtypes(rep, op, s, cast):
         return
     dout, de = attempt(lambda: go(dtorch))
     if not rep.check((te is None) == (de is None), op.name, "autocast", s,
-                     f"torch: {te!r} dtorch: {de!r}"[:300]) or te:
+                     f"{cast} inputs: " + _raised(te, de)) \
+            or te:
         return
     tf, df = _flat(tout), _flat(dout)
     rep.check([dname(a.dtype) if _is_tensor(a) else None for a in tf]
               == [dname(b.dtype) if _is_tensor(b) else None for b in df],
               op.name, "autocast", s,
-              f"{[getattr(a, 'dtype', None) for a in tf]} vs "
+              f"{cast} inputs: {[getattr(a, 'dtype', None) for a in tf]} vs "
               f"{[getattr(b, 'dtype', None) for b in df]}"[:200])
 
 
@@ -1542,7 +1564,7 @@ def run_op(op, rep):
         t, te = attempt(lambda: op.run(torch, s))
         d, de = attempt(lambda: op.run(dtorch, s))
         if not rep.check((te is None) == (de is None), op.name, "error", s,
-                         f"torch: {te!r} dtorch: {de!r}"[:300]):
+                         _raised(te, de)):
             continue
         if te is not None:
             continue

@@ -22,6 +22,7 @@ def outer(self, vec2):
     return self.unsqueeze(1) * vec2.unsqueeze(0)
 
 
+@_function.autocast_op("none")      # not lowered (PyTorch's lists)
 def mv(self, vec):
     if self.ndim != 2 or vec.ndim != 1:
         raise RuntimeError(f"vector + matrix @ vector expected, got "

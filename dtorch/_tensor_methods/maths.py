@@ -154,11 +154,13 @@ def signbit(self):
 
 
 def heaviside(self, values):
-    x = self._data
-    xp = self._xp()
-    v = _arr(values)
-    return self._wrap(xp.where(x == 0, v, (x > 0)).astype(
-        xp.result_type(x, v), copy=False))
+    # in the graph without a derivative, as PyTorch's (backward raises)
+    return P.Step.apply(self, values, _heaviside, "heaviside")
+
+
+def _heaviside(xp, x, v):
+    return xp.where(x == 0, v, (x > 0)).astype(xp.result_type(x, v),
+                                               copy=False)
 
 
 def copysign(self, other):

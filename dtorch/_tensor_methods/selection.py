@@ -10,6 +10,7 @@ from .. import _backend as B
 from .. import ops as P
 from .. import return_types as R
 from ..ops import selection as S
+from ..autograd.function import autocast_op
 from ._common import _TensorBase, _arr, _index_array, _inplace
 
 
@@ -110,6 +111,7 @@ def median(self, dim=None, keepdim=False):
 
 
 @B.on_own_device
+@autocast_op({"cpu": "fp32"})    # PyTorch's CPU fp32 list
 def quantile(self, q, dim=None, keepdim=False, interpolation="linear"):
     """Quantiles by sorting and interpolating between neighbours."""
     T = _TensorBase

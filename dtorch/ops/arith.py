@@ -375,13 +375,14 @@ class Step(Op):
     the graph, so ``x.round().sum().backward()`` works and gives zeros.
     ``undefined`` names an op PyTorch gives no derivative at all
     (floor_divide): its output requires grad and backward raises
-    PyTorch's error."""
+    PyTorch's error. ``save``: keep the operands, as PyTorch does for the
+    divisions, so an in-place change to them is caught."""
     @staticmethod
-    def forward(ctx, x, y, f, undefined=None):
+    def forward(ctx, x, y, f, undefined=None, save=False):
         ctx.undefined = undefined
         ctx.meta = [(getattr(a, "shape", None), getattr(a, "dtype", None))
                     for a in (x, y)]
-        if y is not None:       # PyTorch's div saves both operands
+        if save:        # PyTorch's div with a rounding mode saves both
             ctx.save_for_backward(x, y)
         return f(get_array_module(x), x, y)
 

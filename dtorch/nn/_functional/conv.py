@@ -2,6 +2,8 @@
 import numpy as np
 
 from ... import ops as N
+from ...autograd.function import autocast_op
+from ...ops.base import check_conv_dtypes
 from ...functional import einsum
 from .padding import pad as _pad
 from ._common import _columns, _ntuple, _pair, _triple, _wrap
@@ -186,10 +188,13 @@ def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
     return out if batched else out.squeeze(0)
 
 
+@autocast_op("lower")     # one GEMM-like op for autocast, as PyTorch's
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1,
            groups=1):
     """3-D convolution of (N, C, D, H, W) input (or unbatched (C, D, H,
     W)) with (O, C / groups, kD, kH, kW) weight."""
+    check_conv_dtypes(input._data, weight._data,
+                      None if bias is None else bias._data)
     batched = input.ndim == 5
     if input.ndim not in (4, 5):
         raise RuntimeError(f"Expected 4D (unbatched) or 5D (batched) input "

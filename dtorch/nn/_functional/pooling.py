@@ -3,6 +3,7 @@ import numpy as np
 
 from ... import _backend as B
 from ... import ops as N
+from ...autograd.function import autocast_op
 from ...tensor import Tensor
 from ._common import _columns, _ntuple, _pair, _triple, _wrap
 from .conv import _as_pair
@@ -158,6 +159,7 @@ def _adaptive_matrix(xp, size, out, dtype):
     return xp.asarray(m.astype(dtype))
 
 
+@autocast_op("none")         # not lowered (PyTorch's lists)
 def adaptive_avg_pool2d(input, output_size):
     if input.ndim not in (3, 4):
         raise RuntimeError(
@@ -179,6 +181,7 @@ def adaptive_avg_pool2d(input, output_size):
     return mh @ input @ mw.t()
 
 
+@autocast_op("none")
 def adaptive_avg_pool1d(input, output_size):
     o = _ntuple(output_size, 1)[0]
     return adaptive_avg_pool2d(input.unsqueeze(-2), (1, o)).squeeze(-2)
@@ -261,6 +264,7 @@ def _pool3d_args(input, kernel_size, stride, padding, dilation, ceil_mode,
     return k, s, p, d
 
 
+@autocast_op({"cpu": "fp32"})    # PyTorch's CPU fp32 list
 def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1,
                ceil_mode=False, return_indices=False):
     if return_indices:
@@ -274,6 +278,7 @@ def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1,
     return y if input.ndim == 5 else y.squeeze(0)
 
 
+@autocast_op({"cpu": "fp32"})
 def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
                count_include_pad=True, divisor_override=None):
     k, s, p, d = _pool3d_args(input, kernel_size, stride, padding, 1,
