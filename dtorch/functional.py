@@ -6,6 +6,7 @@ import itertools
 import numpy as np
 
 from . import _backend as B
+from .ops.base import dtype_name
 from .ops.einsum import Einsum
 from .autograd.function import autocast_op
 from .random import draw
@@ -55,6 +56,11 @@ def vdot(input, other):
     if input.ndim != 1 or other.ndim != 1:
         raise RuntimeError(f"1D tensors expected, but got {input.ndim}D and "
                            f"{other.ndim}D tensors")
+    if input.dtype is not other.dtype:
+        raise RuntimeError(
+            f"dot : expected both vectors to have same dtype, but found "
+            f"{dtype_name(input._data.dtype)} and "
+            f"{dtype_name(other._data.dtype)}")
     return (input * other).sum()
 
 

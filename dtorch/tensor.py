@@ -51,6 +51,13 @@ def _arr(x):
     return x._data if isinstance(x, Tensor) else x
 
 
+# random_()'s bound by dtype: the integers a float holds exactly (PyTorch)
+_RANDOM_HIGH = {"float32": 2 ** 24 + 1, "float64": 2 ** 53 + 1,
+                "float16": 2 ** 11 + 1, "bfloat16": 2 ** 8 + 1, "bool": 2,
+                "uint8": 2 ** 8, "int8": 2 ** 7, "int16": 2 ** 15,
+                "int32": 2 ** 31, "int64": 2 ** 63 - 1}
+
+
 def _step_fn(name, decimals=0):
     """The array function of a piecewise-constant op (``P.Step``)."""
     if name == "round":
@@ -936,6 +943,13 @@ class Tensor(_function.TensorBase):
 
     @B.on_own_device
     def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        if not isinstance(other, Tensor):
+            raise TypeError(f"isclose(): argument 'other' (position 1) must "
+                            f"be Tensor, not {type(other).__name__}")
+        if other.dtype is not self.dtype:
+            raise RuntimeError(f"{P.base.dtype_name(self._data.dtype)} did "
+                               f"not match "
+                               f"{P.base.dtype_name(other._data.dtype)}")
         return Tensor._wrap(self._xp().isclose(self._data, _arr(other), rtol,
                                                atol, equal_nan))
 
@@ -1202,7 +1216,8 @@ class Tensor(_function.TensorBase):
         if nd > 2:
             raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, "
                                f"but self is {nd}D")
-        return self if nd < 2 else self.transpose(0, 1)
+        # a view also for 0-d/1-d (never self), as PyTorch
+        return self[...] if nd < 2 else self.transpose(0, 1)
 
     @property
     def T(self):
@@ -1227,7 +1242,7 @@ class Tensor(_function.TensorBase):
             new = tuple(s for i, s in enumerate(shp)
                         if not (i in ds and s == 1))
         if new == shp:
-            return self
+            return self[...]      # a view (never self), as PyTorch
         return P.Reshape.apply(self, shape=new)
 
     def expand(self, *sizes):
@@ -1280,6 +1295,12 @@ class Tensor(_function.TensorBase):
 
     def narrow(self, dim, start, length):
         d = self._dim(dim)
+        n = self.shape[d]
+        if start < 0:
+            start += n
+        if not 0 <= start <= n or length < 0 or start + length > n:
+            raise RuntimeError(f"start ({start}) + length ({length}) exceeds "
+                               f"dimension size ({n}).")
         key = (slice(None),) * d + (slice(start, start + length),)
         return self[key]
 
@@ -1728,8 +1749,10 @@ class Tensor(_function.TensorBase):
         return self._overwritten()
 
     @B.on_own_device
-    def random_(self, low=0, high=None, generator=None):
-        if high is None:
+    def random_(self, low=None, high=None, generator=None):
+        if low is None and high is None:     # the dtype's whole range
+            low, high = 0, _RANDOM_HIGH.get(self.dtype.name, 2 ** 24 + 1)
+        elif high is None:
             low, high = 0, low
         return self._fill_random("integers", low, high, generator=generator,
                                  check=False)

@@ -13,6 +13,8 @@ run over every sample of every entry. Here the oracle is torch itself:
     gradgrad               second-order gradients (float64 samples)
     inplace_out/_in        an in-place op on the output / on a non-leaf input
                            after the forward: backward raises iff in torch
+    inplace_silent         where torch raises and dtorch does not, dtorch's
+                           gradient must be the one of forward's values
     autocast               the output dtype under CPU bfloat16 autocast
 
 Samples are NumPy arrays (float64 ones become leaves that require grad);
@@ -1473,9 +1475,11 @@ def check_grads(rep, op, s, t, d):
     tgc = _grads(torch, t2[0], t2[1], idx, True)
 
     def second(lib, gs, leaves):
+        # one random weight per leaf, whichever gradients require grad
         r = np.random.default_rng(11)
-        terms = [(g * lib.tensor(r.uniform(-1, 1, size=tuple(g.shape))))
-                 .sum() for g in gs if g is not None and g.requires_grad]
+        ws = [r.uniform(-1, 1, size=tuple(lf.shape)) for lf in leaves]
+        terms = [(g * lib.tensor(w)).sum() for g, w in zip(gs, ws)
+                 if g is not None and g.requires_grad]
         if not terms:
             return None
         return lib.autograd.grad(sum(terms), leaves, allow_unused=True)
@@ -1507,26 +1511,36 @@ def check_inplace(rep, op, s):
     for where in ("inplace_out", "inplace_in"):
         res = {}
         for lib in (torch, dtorch):
-            def go():
+            def go(bump=True):
                 out, leaves, inputs = op.run(lib, s, nonleaf=True)
                 idx = _diff_outputs(out)
                 if not idx:
                     return "no grad"
-                if where == "inplace_out":
+                if not bump:
+                    pass
+                elif where == "inplace_out":
                     _bump(_flat(out)[idx[0]])
                 else:
                     floats = [t for t in inputs if t.is_floating_point()]
                     if not floats:
                         return "no input"
                     _bump(floats[0])
-                _grads(lib, out, leaves, idx)
-                return "ok"
+                return [_as_np(g, lf) for g, lf in
+                        zip(_grads(lib, out, leaves, idx), leaves)]
             res[lib.__name__] = attempt(go)
         (tr, te), (dr, de) = res["torch"], res["dtorch"]
         if tr in ("no grad", "no input"):
             continue
         rep.check((te is None) == (de is None), op.name, where, s,
                   _raised(te, de))
+        if de is None and te is not None:
+            # dtorch lets it pass: its gradient must still be the one of
+            # the values forward saw (else the change corrupted it)
+            clean = go(bump=False)
+            rep.check(all(np.array_equal(a, b, equal_nan=True)
+                          for a, b in zip(dr, clean)), op.name,
+                      "inplace_silent", s, "the in-place change altered "
+                      "dtorch's gradient")
 
 
 def check_autocast(rep, op, s):

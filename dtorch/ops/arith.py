@@ -162,6 +162,22 @@ class Div(Op):
         return (unbroadcast_t(gx, ctx.xs, ctx.xd) if n[0] else None, gy)
 
 
+def _negative_int_power(x, y):
+    kind = lambda a: getattr(a, "dtype", np.dtype(type(a))).kind  # noqa
+    return kind(x) in "iu" and kind(y) in "iu" and bool((y < 0).any()
+                                                       if hasattr(y, "any")
+                                                       else y < 0)
+
+
+def _int_pow(xp, x, y):
+    """PyTorch's integer power, where NumPy raises for a negative
+    exponent: 0 then, except for the bases 1 and -1."""
+    neg = y < 0
+    out = x ** xp.where(neg, 0, y)
+    unit = xp.where(x == 1, 1, xp.where(x == -1, 1 - 2 * (y % 2), 0))
+    return xp.where(neg, unit, out).astype(out.dtype, copy=False)
+
+
 class Pow(Op):
     @staticmethod
     def forward(ctx, x, y):
@@ -170,6 +186,8 @@ class Pow(Op):
         if type(y2) in _SCALARS and type(x2) not in _SCALARS \
                 and is_float(x2.dtype):
             out = pow_scalar(get_array_module(x2), x2, y2)
+        elif _negative_int_power(x2, y2):
+            out = _int_pow(get_array_module(x2), x2, y2)
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
                 out = x2 ** y2
@@ -287,7 +305,9 @@ class Lerp(Op):
         _meta(ctx, a, b)
         ctx.wshape = getattr(w, "shape", None)
         ctx.wd = getattr(w, "dtype", None)
-        ctx.save_for_backward(a2, b2, w)
+        # the ends only for w's gradient (a number w has none), as PyTorch
+        ends = hasattr(w, "shape")
+        ctx.save_for_backward(a2 if ends else None, b2 if ends else None, w)
         with np.errstate(invalid="ignore", over="ignore"):
             d = b2 - a2
             out = xp.where(xp.asarray(w < 0.5), a2 + w * d,
