@@ -15,6 +15,7 @@ run over every sample of every entry. Here the oracle is torch itself:
                            after the forward: backward raises iff in torch
     inplace_silent         where torch raises and dtorch does not, dtorch's
                            gradient must be the one of forward's values
+    inplace_grad           where both accept it, the gradients agree
     autocast               the output dtype under CPU bfloat16 autocast
 
 Samples are NumPy arrays (float64 ones become leaves that require grad);
@@ -1159,6 +1160,31 @@ for n in ("zeros_ ones_ constant_ eye_ dirac_ xavier_uniform_ "
 add("nn.init.calculate_gain", args(("relu",), ("leaky_relu", 0.2),
                                    ("tanh",), ("bogus",)), grad=False)
 
+# ---- linalg (issue 25 item 11, another branch): dormant until
+# dtorch.linalg exists, then swept like the rest. One line per op.
+def _spd(r):
+    a = rand(r, 3, 3)
+    return a @ a.T + 3 * np.eye(3)
+
+
+if hasattr(dtorch, "linalg"):
+    add("linalg.vector_norm", gen(reduction))
+    add("linalg.matrix_norm", lambda r: [Sample(M(r, 3, 3)),
+                                         Sample(M(r, 2, 3, 3), ord=1)])
+    add("linalg.norm", lambda r: [Sample(M(r, 3)), Sample(M(r, 3, 3))])
+    for n in "inv det slogdet cholesky eigvalsh matrix_exp".split():
+        add("linalg." + n, lambda r: [Sample(_spd(r)),
+                                      Sample(M(r, 2, 3), desc="invalid")])
+    add("linalg.solve", lambda r: [Sample(_spd(r), M(r, 3, 2))])
+    add("linalg.qr", lambda r: [Sample(M(r, 4, 3))])
+    add("linalg.svdvals", lambda r: [Sample(M(r, 4, 3))])
+    add("linalg.pinv", lambda r: [Sample(M(r, 4, 3))])
+    add("linalg.cross", lambda r: [Sample(M(r, 2, 3), M(r, 2, 3))])
+    add("linalg.vecdot", lambda r: [Sample(M(r, 2, 3), M(r, 2, 3))])
+    add("linalg.multi_dot", lambda r: [Sample([M(r, 2, 3), M(r, 3, 4),
+                                               M(r, 4, 2)])])
+
+
 # ---- distributed queries before init_process_group (item 21)
 for n in ("get_rank get_world_size is_initialized is_available "
           "get_backend").split():
@@ -1533,6 +1559,13 @@ def check_inplace(rep, op, s):
             continue
         rep.check((te is None) == (de is None), op.name, where, s,
                   _raised(te, de))
+        if de is None and te is None and tr != "no input":
+            # both accept it: the gradients after the in-place op agree
+            bad = [i for i, (a, b) in enumerate(zip(tr, dr))
+                   if not close(a, b, "float64")]
+            rep.check(not bad, op.name, "inplace_grad", s,
+                      f"{where}: leaf {bad}: " + _diff(tr[bad[0]], dr[bad[0]])
+                      if bad else "")
         if de is None and te is not None:
             # dtorch lets it pass: its gradient must still be the one of
             # the values forward saw (else the change corrupted it)
@@ -1608,7 +1641,7 @@ def sweep(names=None):
 def family(name):
     """The pytest parameter an entry runs under."""
     head = name.split(".")[0]
-    if head in ("F", "nn", "distributed", "Tensor"):
+    if head in ("F", "nn", "distributed", "Tensor", "linalg"):
         return head
     return "torch"
 

@@ -6,7 +6,8 @@ from ...autograd.function import autocast_op
 from ...ops.base import check_conv_dtypes
 from ...functional import einsum
 from .padding import pad as _pad
-from ._common import _columns, _ntuple, _pair, _triple, _wrap
+from ._common import _columns, _ntuple, _pair, _triple, _wrap, \
+    fresh_result
 
 
 # ============================================================ convolution ==
@@ -71,6 +72,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1,
     return out.squeeze(0) if unbatched else out
 
 
+@fresh_result
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1,
            groups=1):
     """1-D convolution over (N, C, L), run as a 2-D one with height 1."""
@@ -115,6 +117,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0,
     return out.squeeze(0) if unbatched else out
 
 
+@fresh_result
 def conv_transpose1d(input, weight, bias=None, stride=1, padding=0,
                      output_padding=0, groups=1, dilation=1):
     unbatched = input.ndim == 2

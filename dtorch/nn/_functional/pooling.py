@@ -5,7 +5,8 @@ from ... import _backend as B
 from ... import ops as N
 from ...autograd.function import autocast_op
 from ...tensor import Tensor
-from ._common import _columns, _ntuple, _pair, _triple, _wrap
+from ._common import _columns, _ntuple, _pair, _triple, _wrap, \
+    fresh_result
 from .conv import _as_pair
 
 
@@ -96,6 +97,7 @@ def _max_pool_indices(x, k, s, p, d, ohw):
     return Tensor._wrap((rows * w + cols).astype(np.int64))
 
 
+@fresh_result
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1,
                ceil_mode=False, return_indices=False):
     one = lambda v: _ntuple(v, 1)[0]  # noqa: E731
@@ -139,6 +141,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
     return out.squeeze(0) if unbatched else out
 
 
+@fresh_result
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
                count_include_pad=True):
     one = lambda v: _ntuple(v, 1)[0]  # noqa: E731
@@ -181,6 +184,7 @@ def adaptive_avg_pool2d(input, output_size):
     return mh @ input @ mw.t()
 
 
+@fresh_result
 @autocast_op("none")
 def adaptive_avg_pool1d(input, output_size):
     o = _ntuple(output_size, 1)[0]
