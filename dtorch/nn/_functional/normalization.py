@@ -5,6 +5,7 @@ import functools
 from ... import _backend as B
 from ... import ops as N
 from ..._creation import _write_out, cat
+from ...amp.autocast_mode import is_autocast_enabled
 from ...tensor import Tensor
 from .padding import pad
 from .pooling import avg_pool2d
@@ -21,7 +22,9 @@ def _mixed_dtypes(fn):
     def norm(input, *args, **kwargs):
         dts = {a.dtype for a in args + tuple(kwargs.values())
                if isinstance(a, Tensor)}
-        if not dts or dts == {input.dtype}:
+        if not dts or dts == {input.dtype} or (
+                input.device.type == "cuda" and is_autocast_enabled("cuda")):
+            # (CUDA autocast: the op's fp32 policy casts, as PyTorch's list)
             return fn(input, *args, **kwargs)
         if dts == {B.float32} and input.dtype in (B.float16, B.bfloat16):
             return fn(input.float(), *args, **kwargs).to(input.dtype)
