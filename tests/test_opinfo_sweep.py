@@ -145,24 +145,19 @@ XFAIL = {
      '(squeeze_/unsqueeze_/t_/transpose_) of a tensor that requires grad'):
         """Tensor.squeeze_|error Tensor.t_|error Tensor.transpose_|error
         Tensor.unsqueeze_|error""",
-    # 55
+    # 34
     ("dtorch computes integer/bool inputs that torch's kernel refuses (no "
      'per-op dtype table yet)'):
-        """F.celu|error F.elu|error F.gelu.tanh|error F.gelu|error
-        F.hardshrink|error F.hardsigmoid|error F.hardswish|error
-        F.hardtanh|error F.leaky_relu|error F.logsigmoid|error F.mish|error
-        F.relu6|error F.relu|error F.selu|error F.silu|error F.softplus|error
-        F.softshrink|error F.softsign|error F.threshold|error Tensor.abs|error
-        Tensor.argmax|error Tensor.argmin|error Tensor.cauchy_|error
-        Tensor.clamp_|error Tensor.clip_|error Tensor.exponential_|error
-        Tensor.frac|error Tensor.geometric_|error Tensor.kthvalue|error
-        Tensor.log_normal_|error Tensor.median|error Tensor.nanmean|error
-        Tensor.normal_|error Tensor.norm|error Tensor.pow|error
-        Tensor.relu|error Tensor.softmax|error Tensor.uniform_|error abs|error
+        """Tensor.abs|error Tensor.argmax|error Tensor.argmin|error
+        Tensor.cauchy_|error Tensor.clamp_|error Tensor.clip_|error
+        Tensor.exponential_|error Tensor.frac|error Tensor.geometric_|error
+        Tensor.kthvalue|error Tensor.log_normal_|error Tensor.median|error
+        Tensor.nanmean|error Tensor.normal_|error Tensor.norm|error
+        Tensor.pow|error Tensor.softmax|error Tensor.uniform_|error abs|error
         argmax|error argmin|error frac|error kthvalue|error logcumsumexp|error
         median|error nanmean|error norm.inf|error norm.p1|error norm|error
         operator.pow|error pow|error rand_like|error randn_like|error
-        relu|error softmax|error""",
+        softmax|error""",
     # 13
     ("dtorch's Tensor method takes a Python number where torch's overload "
      'requires a Tensor'):

@@ -269,6 +269,8 @@ class Sigmoid(Op):
 class Relu(Op):
     @staticmethod
     def forward(ctx, x):
+        if x.dtype == np.bool_:
+            raise RuntimeError("Boolean inputs not supported for relu")
         out = get_array_module(x).maximum(x, 0).astype(x.dtype, copy=False)
         ctx.save_for_backward(out)
         return out
