@@ -180,9 +180,12 @@ def normal(mean, std, size=None, generator=None, dtype=None, device=None):
         shape = np.broadcast_shapes(tuple(getattr(mean, "shape", ())),
                                     tuple(getattr(std, "shape", ())))
         ref = mean if isinstance(mean, Tensor) else std
-        # drawn on the device of the mean/std tensor, in its dtype
-        return randn(shape, generator=generator, dtype=ref.dtype,
-                     device=ref.device) * std + mean
+        # drawn on the device of the mean/std tensor, in its dtype; in the
+        # graph with a zero derivative to mean and std, as PyTorch's
+        value = (randn(shape, generator=generator, dtype=ref.dtype,
+                       device=ref.device) * std + mean).detach()._data
+        other = std if ref is mean else None
+        return P.Step.apply(ref, other, lambda xp, x, y: value)
     return randn(size, generator=generator, dtype=dtype,
                  device=device) * std + mean
 

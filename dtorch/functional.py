@@ -6,7 +6,9 @@ import itertools
 import numpy as np
 
 from . import _backend as B
+from .ops.base import dtype_name
 from .ops.einsum import Einsum
+from .autograd.function import autocast_op
 from .random import draw
 from .tensor import Size, Tensor
 from ._creation import cat, stack, zeros
@@ -54,6 +56,11 @@ def vdot(input, other):
     if input.ndim != 1 or other.ndim != 1:
         raise RuntimeError(f"1D tensors expected, but got {input.ndim}D and "
                            f"{other.ndim}D tensors")
+    if input.dtype is not other.dtype:
+        raise RuntimeError(
+            f"dot : expected both vectors to have same dtype, but found "
+            f"{dtype_name(input._data.dtype)} and "
+            f"{dtype_name(other._data.dtype)}")
     return (input * other).sum()
 
 
@@ -88,6 +95,7 @@ def cross(input, other, dim=None):
     return input.cross(other, dim)
 
 
+@autocast_op({"cpu": "fp32"})    # PyTorch's CPU fp32 list
 def cdist(x1, x2, p=2.0, compute_mode=None):
     """Pairwise p-norm distances between the rows of x1 and x2 ((B,)P,M and
     (B,)R,M -> (B,)P,R); the gradient at a zero distance is zero."""

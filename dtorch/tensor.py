@@ -53,6 +53,46 @@ def _arr(x):
     return x._data if isinstance(x, Tensor) else x
 
 
+# random_()'s bound by dtype: the integers a float holds exactly (PyTorch)
+_RANDOM_HIGH = {"float32": 2 ** 24 + 1, "float64": 2 ** 53 + 1,
+                "float16": 2 ** 11 + 1, "bfloat16": 2 ** 8 + 1, "bool": 2,
+                "uint8": 2 ** 8, "int8": 2 ** 7, "int16": 2 ** 15,
+                "int32": 2 ** 31, "int64": 2 ** 63 - 1}
+
+
+def _step_fn(name, decimals=0):
+    """The array function of a piecewise-constant op (``P.Step``)."""
+    if name == "round":
+        return lambda xp, x, y: xp.round(x, decimals)
+    if name == "sign":
+        return _sign
+    return lambda xp, x, y: getattr(xp, name)(x)
+
+
+def _sign(xp, x, y):
+    # PyTorch: sign(NaN) is 0
+    out = xp.sign(x)
+    return xp.where(xp.isnan(x), 0, out).astype(out.dtype) \
+        if out.dtype.kind == "f" else out
+
+
+def _floor_div(xp, x, y):
+    x, y = P.promote(x, y, "floor_divide")
+    if x.dtype.kind in "biu":
+        return xp.floor_divide(x, y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return P.arith._div_floor(xp, x, y)
+
+
+def _trunc_div(xp, x, y):
+    x, y = P.promote(x, y, "div")
+    if x.dtype.kind in "biu":     # exact: C's truncating division
+        q = xp.floor_divide(x, y)
+        return q + ((q < 0) & (q * y != x))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return xp.trunc(x / y).astype(x.dtype, copy=False)
+
+
 def _finish(data, dtype, device, requires_grad):
     device = B.factory_device(device)
     if device is not None:
@@ -441,6 +481,8 @@ class Tensor(_function.TensorBase):
                 if dt is B.bfloat16 and t.is_cuda:
                     B.check_cuda_dtype(dt)
                 t = P.Cast.apply(t, np_dtype=dt.np)
+                if t.requires_grad and not dt.is_floating_point:
+                    t = t.detach()     # integers never require grad (torch)
         if copy and t is self:
             t = self.clone()
         return t
@@ -640,21 +682,31 @@ class Tensor(_function.TensorBase):
         return P.Abs.apply(self)
 
     def __floordiv__(self, other):
-        return self._nondiff(np.floor_divide, other)
+        return self._divide(other, "floor_divide")
 
-    @B.on_own_device
     def __rfloordiv__(self, other):
         o = _operand(other, self)
-        return Tensor._wrap(self._xp().floor_divide(_arr(o), self._data))
+        if not isinstance(o, Tensor):      # a number: a 0-d operand
+            o = Tensor._wrap(self._xp().asarray(o))
+        return o._divide(self, "floor_divide")
 
     def __mod__(self, other):
-        return self._nondiff(np.remainder, other)
+        return self.remainder(other)
 
     @B.on_own_device
-    def _nondiff(self, ufunc, other):
-        x, y = P.promote(self._data, _arr(_operand(other, self)))
-        xp = self._xp()
-        return Tensor._wrap(getattr(xp, ufunc.__name__)(x, y))
+    def _divide(self, other, mode):
+        """Division rounded down (``floor_divide``, ``floor``) or toward
+        zero (``trunc``): exact on integers (a zero divisor raises, as in
+        PyTorch), else PyTorch's float rounding with a zero derivative
+        (none at all for floor_divide, as there)."""
+        x, y = P.promote(self._data, _arr(_operand(other, self)), mode)
+        if x.dtype.kind in "biu":
+            P.int_division("div_floor" if mode != "trunc" else "div_trunc",
+                           x, y)
+        return P.Step.apply(self, other,
+                            _trunc_div if mode == "trunc" else _floor_div,
+                            "floor_divide" if mode == "floor_divide"
+                            else None, True)
 
     def add(self, other, alpha=1):
         if alpha != 1:
@@ -679,12 +731,8 @@ class Tensor(_function.TensorBase):
     def div(self, other, rounding_mode=None):
         if rounding_mode is None:
             return self / other
-        if rounding_mode == "floor":
-            return self // other
-        if rounding_mode == "trunc":
-            q = self._nondiff(np.true_divide, other)
-            return Tensor._wrap(q._xp().trunc(q._data).astype(
-                P.promote(self._data, _arr(_operand(other, self)))[0].dtype))
+        if rounding_mode in ("floor", "trunc"):
+            return self._divide(other, rounding_mode)
         raise ValueError(f"div expected rounding_mode to be one of None, "
                          f"'trunc', or 'floor' but found '{rounding_mode}'")
 
@@ -709,6 +757,7 @@ class Tensor(_function.TensorBase):
                                f"{self.ndim}D and {other.ndim}D")
         return self @ other
 
+    @_function.autocast_op("none")      # not lowered (PyTorch's lists)
     def dot(self, other):
         if self.ndim != 1 or other.ndim != 1:
             raise RuntimeError(f"1D tensors expected, but got {self.ndim}D "
@@ -806,25 +855,33 @@ class Tensor(_function.TensorBase):
     def addcdiv(self, t1, t2, value=1):
         return self + t1 / t2 * value
 
-    @B.on_own_device
     def sign(self):
-        return Tensor._wrap(self._xp().sign(self._data))
+        if self.dtype is B.bool_:
+            return self.clone()
+        return P.Step.apply(self, None, _step_fn("sign"))
 
-    @B.on_own_device
     def floor(self):
-        return Tensor._wrap(self._xp().floor(self._data))
+        return self._rounding("floor")
 
-    @B.on_own_device
     def ceil(self):
-        return Tensor._wrap(self._xp().ceil(self._data))
+        return self._rounding("ceil")
 
-    @B.on_own_device
     def round(self, decimals=0):
-        return Tensor._wrap(self._xp().round(self._data, decimals))
+        return self._rounding("round", decimals)
 
-    @B.on_own_device
     def trunc(self):
-        return Tensor._wrap(self._xp().trunc(self._data))
+        return self._rounding("trunc")
+
+    def _rounding(self, name, decimals=0):
+        # PyTorch has no bool kernel, nor an integer one with decimals
+        if self.dtype is B.bool_ or decimals and \
+                not self.dtype.is_floating_point:
+            raise NotImplementedError(
+                f'"{name}_cpu" not implemented for '
+                f'\'{"Bool" if self.dtype is B.bool_ else "Long"}\'')
+        if not self.dtype.is_floating_point:
+            return self.clone()
+        return P.Step.apply(self, None, _step_fn(name, decimals))
 
     @B.on_own_device
     def isnan(self):
@@ -838,10 +895,8 @@ class Tensor(_function.TensorBase):
     def isfinite(self):
         return Tensor._wrap(self._xp().isfinite(self._data))
 
-    @B.on_own_device
     def nan_to_num(self, nan=0.0, posinf=None, neginf=None):
-        return Tensor._wrap(self._xp().nan_to_num(
-            self._data, nan=nan, posinf=posinf, neginf=neginf))
+        return P.NanToNum.apply(self, nan=nan, posinf=posinf, neginf=neginf)
 
     # ------------------------------------------------------- comparison ---
     @B.on_own_device
@@ -893,6 +948,13 @@ class Tensor(_function.TensorBase):
 
     @B.on_own_device
     def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        if not isinstance(other, Tensor):
+            raise TypeError(f"isclose(): argument 'other' (position 1) must "
+                            f"be Tensor, not {type(other).__name__}")
+        if other.dtype is not self.dtype:
+            raise RuntimeError(f"{P.base.dtype_name(self._data.dtype)} did "
+                               f"not match "
+                               f"{P.base.dtype_name(other._data.dtype)}")
         return Tensor._wrap(self._xp().isclose(self._data, _arr(other), rtol,
                                                atol, equal_nan))
 
@@ -1045,9 +1107,14 @@ class Tensor(_function.TensorBase):
                             dim=dim, keepdim=keepdim)
 
     def logsumexp(self, dim, keepdim=False):
-        m = self.detach().amax(dim, keepdim=True)
-        m = m.masked_fill(~m.isfinite(), 0)
-        out = (self - m).exp().sum(dim, keepdim=True).log() + m
+        x = self if self.dtype.is_floating_point else \
+            self.to(B.get_default_dtype())
+        if x.numel() == 0:        # over an empty dim: log(0) = -inf
+            m = 0.0
+        else:
+            m = x.detach().amax(dim, keepdim=True)
+            m = m.masked_fill(~m.isfinite(), 0)
+        out = (x - m).exp().sum(dim, keepdim=True).log() + m
         return out if keepdim else out.squeeze(dim)
 
     def softmax(self, dim, dtype=None):
@@ -1154,7 +1221,8 @@ class Tensor(_function.TensorBase):
         if nd > 2:
             raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, "
                                f"but self is {nd}D")
-        return self if nd < 2 else self.transpose(0, 1)
+        # a view also for 0-d/1-d (never self), as PyTorch
+        return self[...] if nd < 2 else self.transpose(0, 1)
 
     @property
     def T(self):
@@ -1179,7 +1247,7 @@ class Tensor(_function.TensorBase):
             new = tuple(s for i, s in enumerate(shp)
                         if not (i in ds and s == 1))
         if new == shp:
-            return self
+            return self[...]      # a view (never self), as PyTorch
         return P.Reshape.apply(self, shape=new)
 
     def expand(self, *sizes):
@@ -1232,6 +1300,12 @@ class Tensor(_function.TensorBase):
 
     def narrow(self, dim, start, length):
         d = self._dim(dim)
+        n = self.shape[d]
+        if start < 0:
+            start += n
+        if not 0 <= start <= n or length < 0 or start + length > n:
+            raise RuntimeError(f"start ({start}) + length ({length}) exceeds "
+                               f"dimension size ({n}).")
         key = (slice(None),) * d + (slice(start, start + length),)
         return self[key]
 
@@ -1257,7 +1331,9 @@ class Tensor(_function.TensorBase):
 
     def chunk(self, chunks, dim=0):
         n = self.shape[self._dim(dim)]
-        step = -(-n // chunks) if n else 1
+        if n == 0:          # PyTorch: ``chunks`` empty pieces
+            return tuple(self.narrow(dim, 0, 0) for _ in range(chunks))
+        step = -(-n // chunks)
         return self.split(builtins.max(step, 1), dim)
 
     def unbind(self, dim=0):
@@ -1577,6 +1653,17 @@ class Tensor(_function.TensorBase):
         self._check_inplace()
         self._data.fill(0)
         self._bump_version()
+        return self._overwritten()
+
+    def _overwritten(self):
+        """After an in-place fill (zero_, fill_, the random fills) a tensor
+        in a graph keeps its place there with a zero derivative to what it
+        held (PyTorch's FillBackward), not its old history's gradient."""
+        if self.requires_grad and self.grad_fn is not None and \
+                _state.enabled:
+            new = self._data.copy()
+            self._rebase(lambda old: P.Step.apply(
+                old, None, lambda xp, x, y: new))
         return self
 
     @B.on_own_device
@@ -1586,15 +1673,17 @@ class Tensor(_function.TensorBase):
             value = value.item()
         self._data.fill(value)
         self._bump_version()
-        return self
+        return self._overwritten()
 
     @B.on_own_device
     def copy_(self, src, non_blocking=False):
         if not isinstance(src, Tensor):
             src = Tensor._wrap(self._xp().asarray(src))
-        if self._tracked(src):
-            return self._rebase(
-                lambda t: t * 0 + src.to(device=self.device, dtype=self.dtype))
+        if self._tracked(src) and self.dtype.is_floating_point:
+            # the old value gets a zero derivative (no t * 0: inf * 0 = NaN)
+            return self._rebase(lambda t: P.Step.apply(
+                t, None, lambda xp, x, y: xp.zeros_like(x))
+                + src.to(device=self.device, dtype=self.dtype))
         self._check_inplace()
         a = src._data
         if type(a) is not np.ndarray or type(self._data) is not np.ndarray:
@@ -1662,11 +1751,13 @@ class Tensor(_function.TensorBase):
                  generator=generator)
         self._data[...] = (u < _arr(p)).astype(self._data.dtype)
         self._bump_version()
-        return self
+        return self._overwritten()
 
     @B.on_own_device
-    def random_(self, low=0, high=None, generator=None):
-        if high is None:
+    def random_(self, low=None, high=None, generator=None):
+        if low is None and high is None:     # the dtype's whole range
+            low, high = 0, _RANDOM_HIGH.get(self.dtype.name, 2 ** 24 + 1)
+        elif high is None:
             low, high = 0, low
         return self._fill_random("integers", low, high, generator=generator,
                                  check=False)
@@ -1678,7 +1769,7 @@ class Tensor(_function.TensorBase):
                                device=self.device, generator=generator,
                                dtype=self._data.dtype)
         self._bump_version()
-        return self
+        return self._overwritten()
 
     # --------------------------------------------------------- new_* ------
     def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):

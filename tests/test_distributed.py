@@ -103,8 +103,12 @@ def test_world_size_one_without_launcher(monkeypatch):
     for v in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"):
         monkeypatch.delenv(v, raising=False)
     assert not dist.is_initialized()
-    assert dist.get_rank() == 0 and dist.get_world_size() == 1
+    # as torch: no rank before init_process_group (issue 25 item 21)
+    for query in (dist.get_rank, dist.get_world_size):
+        with pytest.raises(ValueError, match="has not been initialized"):
+            query()
     dist.init_process_group()
+    assert dist.get_rank() == 0 and dist.get_world_size() == 1
     try:
         t = dtorch.ones(2)
         dist.all_reduce(t)

@@ -8,6 +8,7 @@ from .. import _backend as B
 from ..autograd import function as _function
 
 
+@_function.autocast_op({"cpu": "fp32"})      # PyTorch's CPU fp32 list
 @B.on_own_device
 def trace(self):
     if self.ndim != 2:
@@ -22,6 +23,7 @@ def outer(self, vec2):
     return self.unsqueeze(1) * vec2.unsqueeze(0)
 
 
+@_function.autocast_op("none")      # not lowered (PyTorch's lists)
 def mv(self, vec):
     if self.ndim != 2 or vec.ndim != 1:
         raise RuntimeError(f"vector + matrix @ vector expected, got "

@@ -103,17 +103,23 @@ def _exact_int(self, other):
 def remainder(self, other):
     """Python's modulo: the result has the sign of the divisor."""
     if _exact_int(self, other):
-        return self % other
+        return _int_mod(self, other, "remainder")
     return P.Mod.apply(self, _other(self, other), floor=True)
 
 
 def fmod(self, other):
     """C's fmod: the result has the sign of the dividend."""
     if _exact_int(self, other):
-        xp = self._xp()
-        a, b = P.promote(self._data, _arr(_other(self, other)), "fmod")
-        return self._wrap(xp.fmod(a, b))
+        return _int_mod(self, other, "fmod")
     return P.Mod.apply(self, _other(self, other), floor=False)
+
+
+@B.on_own_device
+def _int_mod(self, other, name):
+    # exact on integers; a zero divisor raises, as in PyTorch
+    a, b = P.promote(self._data, _arr(_other(self, other)), name)
+    P.int_division(name, a, b)
+    return self._wrap(getattr(self._xp(), name)(a, b))
 
 
 def floor_divide(self, other):
@@ -151,11 +157,13 @@ def signbit(self):
 
 
 def heaviside(self, values):
-    x = self._data
-    xp = self._xp()
-    v = _arr(values)
-    return self._wrap(xp.where(x == 0, v, (x > 0)).astype(
-        xp.result_type(x, v), copy=False))
+    # in the graph without a derivative, as PyTorch's (backward raises)
+    return P.Step.apply(self, values, _heaviside, "heaviside")
+
+
+def _heaviside(xp, x, v):
+    return xp.where(x == 0, v, (x > 0)).astype(xp.result_type(x, v),
+                                               copy=False)
 
 
 def copysign(self, other):

@@ -97,7 +97,7 @@ def _fill_random(self, method, *args, generator=None, scale=None):
         vals = scale[0] + scale[1] * vals
     self._data[...] = vals.astype(self._data.dtype)
     self._bump_version()
-    return self
+    return self._overwritten()
 
 
 def exponential_(self, lambd=1.0, generator=None):

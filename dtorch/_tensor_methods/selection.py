@@ -10,6 +10,7 @@ from .. import _backend as B
 from .. import ops as P
 from .. import return_types as R
 from ..ops import selection as S
+from ..autograd.function import autocast_op
 from ._common import _TensorBase, _arr, _index_array, _inplace
 
 
@@ -90,8 +91,8 @@ def median(self, dim=None, keepdim=False):
     if dim is None:
         flat = self.reshape(-1)
         n = flat.numel()
-        if n == 0:
-            return self.new_full((), float("nan"))
+        if n == 0:      # NaN, in the graph (an empty gradient), as PyTorch
+            return self.sum() * float("nan")
         # NaN if any is NaN; g shared evenly among equal elements (torch)
         return P.MedianAll.apply(self)
     axis = S.axis_of(dim, self.ndim)
@@ -110,6 +111,7 @@ def median(self, dim=None, keepdim=False):
 
 
 @B.on_own_device
+@autocast_op({"cpu": "fp32"})    # PyTorch's CPU fp32 list
 def quantile(self, q, dim=None, keepdim=False, interpolation="linear"):
     """Quantiles by sorting and interpolating between neighbours."""
     T = _TensorBase
@@ -121,7 +123,9 @@ def quantile(self, q, dim=None, keepdim=False, interpolation="linear"):
     if not self.dtype.is_floating_point:
         raise RuntimeError("quantile() input tensor must be either float or "
                            "double dtype")
-    x = self.reshape(-1) if dim is None else self
+    if self.numel() == 0:
+        raise RuntimeError("quantile() input tensor must be non-empty")
+    x = self.reshape(-1) if dim is None or self.ndim == 0 else self
     d = 0 if dim is None else S.axis_of(dim, self.ndim)
     s = sort(x, d).values
     n = s.shape[d] if s.ndim else 1
@@ -146,7 +150,12 @@ def quantile(self, q, dim=None, keepdim=False, interpolation="linear"):
     shape = [1] * s.ndim
     shape[d] = len(qa)
     wt = xp.asarray(w.reshape(shape), s._data.dtype)
-    out = vlo + (vhi - vlo) * self._wrap(wt)
+    # lerp's two-sided form, as PyTorch: exact at infinite neighbours
+    out = vlo.lerp(vhi, self._wrap(wt))
+    # a slice holding NaN gives NaN, from its NaN (sorted last), as PyTorch
+    nan = s.isnan().any(d, keepdim=True)
+    if bool(nan.any()):
+        out = s.narrow(d, n - 1, 1).where(nan, out)
     # PyTorch puts the q dimension first
     out = out.movedim(d, 0) if s.ndim else out
     if keepdim:

@@ -7,6 +7,7 @@ of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
 import numpy as np
 
 from .. import _backend as B
+from ..autograd.function import autocast_op
 from ..ops import selection as S
 from ._common import _arr, _dims
 from .selection import scatter, index_select
@@ -54,6 +55,7 @@ def diag(self, diagonal=0):
                        f"{self.ndim}D")
 
 
+@autocast_op("none")                # a placement, never lowered
 @B.on_own_device
 def diag_embed(self, offset=0, dim1=-2, dim2=-1):
     m = self.shape[-1]

@@ -12,7 +12,10 @@ PyTorch's lists (aten/src/ATen/autocast_mode.cpp, read for the op policy):
   input with float32 weights, compute in float32 and return the input's
   dtype; dtorch does the same by running the op in float32 and rounding once;
 - ``PROMOTE``: ops whose inputs must agree (cat, stack, ...) run in the
-  widest floating dtype among them.
+  widest floating dtype among them;
+- ``NONE``: a composite outside every list (dot, mv, adaptive_avg_pool)
+  runs on what it is given, with autocast off inside, so that the GEMM it
+  is built from is not lowered where PyTorch's op is not.
 
 An op outside the table runs on what it is given (its usual promotion).
 Only floating tensors of the region's device type other than float64 are
@@ -38,8 +41,8 @@ from ..autograd import function as _function
 from ..autograd.function import TensorBase
 from ..autograd.grad_mode import _state as _grad_state
 
-LOWER, FP32, FP32_KEEP, PROMOTE, BANNED = (
-    "lower", "fp32", "fp32_keep", "promote", "banned")
+LOWER, FP32, FP32_KEEP, PROMOTE, BANNED, NONE = (
+    "lower", "fp32", "fp32_keep", "promote", "banned", "none")
 
 _COMMON_LOWER = (P.MatMul, P.Linear, P.Conv2d, P.ConvTranspose2d, P.Einsum,
                  P.PRelu)
@@ -150,6 +153,13 @@ def _dispatch(cls, args, kwargs):
             return NotImplemented
     if policy is BANNED:
         raise RuntimeError(_BCE_BANNED)
+    if policy == NONE:
+        mode = st.mode[dev]
+        st.mode[dev] = (False,) + tuple(mode[1:])
+        try:
+            return cls(*args, **kwargs)
+        finally:
+            st.mode[dev] = mode
     keep = None
     if policy is LOWER:
         cache = st.cache if cache_on else None

@@ -162,13 +162,23 @@ def destroy_process_group(group=None):
 
 
 def get_rank(group=None):
-    g = group if group is not None else _default_or_none()
-    return 0 if g is None else g.rank
+    return _initialized(group).rank
 
 
 def get_world_size(group=None):
+    return _initialized(group).size
+
+
+def _initialized(group):
+    # PyTorch's get_rank / get_world_size raise ValueError before
+    # init_process_group (not 0 / 1: a script that forgot to initialise
+    # fails here as there)
     g = group if group is not None else _default_or_none()
-    return 1 if g is None else g.size
+    if g is None:
+        raise ValueError(
+            "Default process group has not been initialized, please make "
+            "sure to call init_process_group.")
+    return g
 
 
 def get_process_group_ranks(group):

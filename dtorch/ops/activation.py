@@ -40,7 +40,7 @@ class Softmax(Op):
             k.softmax_fwd(_rows(x), _rows(e))
         else:
             with np.errstate(invalid="ignore"):
-                e = xp.exp(x - x.max(axis=dim, keepdims=True))
+                e = xp.exp(x - _row_max(x, dim))
                 e /= e.sum(axis=dim, keepdims=True)
         if safe and is_float(x.dtype):
             dead = (x == -np.inf).all(axis=dim, keepdims=True)
@@ -77,6 +77,14 @@ def _rows(a):
     return a.reshape(-1, a.shape[-1])
 
 
+def _row_max(x, dim):
+    """The max along ``dim`` that softmax subtracts (0 for an empty
+    tensor, whose softmax is empty, as in PyTorch)."""
+    if x.size == 0:
+        return x.dtype.type(0)
+    return x.max(axis=dim, keepdims=True)
+
+
 def _log_softmax(x, dim):
     k = _kernels.kernels(x) if _last(x, dim) else None
     if k is not None:
@@ -84,7 +92,7 @@ def _log_softmax(x, dim):
         k.log_softmax_fwd(_rows(x), _rows(s))
         return s
     xp = get_array_module(x)
-    s = x - x.max(axis=dim, keepdims=True)
+    s = x - _row_max(x, dim)
     s -= xp.log(xp.exp(s).sum(axis=dim, keepdims=True))
     return s
 

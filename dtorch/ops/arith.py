@@ -9,7 +9,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
-    is_float, const, keep_grad_t, unbroadcast_t, zero_link_t, promote_meta
+    lift, grad_xp, is_float, const, keep_grad_t, unbroadcast_t, zero_link_t, promote_meta
 
 
 def _shape_error(op, x, y):
@@ -162,6 +162,22 @@ class Div(Op):
         return (unbroadcast_t(gx, ctx.xs, ctx.xd) if n[0] else None, gy)
 
 
+def _negative_int_power(x, y):
+    kind = lambda a: getattr(a, "dtype", np.dtype(type(a))).kind  # noqa
+    return kind(x) in "iu" and kind(y) in "iu" and bool((y < 0).any()
+                                                       if hasattr(y, "any")
+                                                       else y < 0)
+
+
+def _int_pow(xp, x, y):
+    """PyTorch's integer power, where NumPy raises for a negative
+    exponent: 0 then, except for the bases 1 and -1."""
+    neg = y < 0
+    out = x ** xp.where(neg, 0, y)
+    unit = xp.where(x == 1, 1, xp.where(x == -1, 1 - 2 * (y % 2), 0))
+    return xp.where(neg, unit, out).astype(out.dtype, copy=False)
+
+
 class Pow(Op):
     @staticmethod
     def forward(ctx, x, y):
@@ -170,6 +186,8 @@ class Pow(Op):
         if type(y2) in _SCALARS and type(x2) not in _SCALARS \
                 and is_float(x2.dtype):
             out = pow_scalar(get_array_module(x2), x2, y2)
+        elif _negative_int_power(x2, y2):
+            out = _int_pow(get_array_module(x2), x2, y2)
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
                 out = x2 ** y2
@@ -287,7 +305,9 @@ class Lerp(Op):
         _meta(ctx, a, b)
         ctx.wshape = getattr(w, "shape", None)
         ctx.wd = getattr(w, "dtype", None)
-        ctx.save_for_backward(a2, b2, w)
+        # the ends only for w's gradient (a number w has none), as PyTorch
+        ends = hasattr(w, "shape")
+        ctx.save_for_backward(a2 if ends else None, b2 if ends else None, w)
         with np.errstate(invalid="ignore", over="ignore"):
             d = b2 - a2
             out = xp.where(xp.asarray(w < 0.5), a2 + w * d,
@@ -366,6 +386,49 @@ class Mod(Op):
                 q = _div_floor(xp, x, y) if ctx.floor else xp.trunc(x / y)
                 gy = unbroadcast_t(-g * const(g, q), ctx.ys, ctx.yd)
         return (unbroadcast_t(g, ctx.xs, ctx.xd) if n[0] else None, gy)
+
+
+class Step(Op):
+    """A piecewise-constant op of one or two operands (round, floor, ceil,
+    trunc, sign, div with a rounding mode): the value ``f(xp, x, y)``,
+    the derivative zero, as PyTorch's (``zeros_like(grad)``). It stays in
+    the graph, so ``x.round().sum().backward()`` works and gives zeros.
+    ``undefined`` names an op PyTorch gives no derivative at all
+    (floor_divide): its output requires grad and backward raises
+    PyTorch's error. ``save``: keep the operands, as PyTorch does for the
+    divisions, so an in-place change to them is caught."""
+    @staticmethod
+    def forward(ctx, x, y, f, undefined=None, save=False):
+        ctx.undefined = undefined
+        ctx.meta = [(getattr(a, "shape", None), getattr(a, "dtype", None))
+                    for a in (x, y)]
+        if save:        # PyTorch's div with a rounding mode saves both
+            ctx.save_for_backward(x, y)
+        return f(get_array_module(x), x, y)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.undefined:
+            raise RuntimeError(
+                f"derivative for aten::{ctx.undefined} is not implemented")
+        xp = grad_xp(g)
+        return tuple(lift(g, xp.zeros(s, d)) if s is not None and n
+                     else None for (s, d), n in
+                     zip(ctx.meta, ctx.needs_input_grad))
+
+    backward_graph = backward       # lift() makes the zeros constants
+
+
+def int_division(name, a, b):
+    """PyTorch's checks before integer division ``name`` (floor_divide,
+    remainder, fmod, div trunc) of arrays/ints ``a`` by ``b``: bool by
+    bool is not implemented, a zero divisor raises."""
+    if getattr(a, "dtype", None) == np.bool_ and \
+            getattr(b, "dtype", None) == np.bool_:
+        raise NotImplementedError(
+            f'"{name}_cpu" not implemented for \'Bool\'')
+    if not bool((b != 0).all() if hasattr(b, "all") else b != 0):
+        raise RuntimeError("ZeroDivisionError")
 
 
 # ================================================ selection by value ==

@@ -198,6 +198,36 @@ _LOW_NP = {np.dtype(np.float16)}
 on_bfloat16(_LOW_NP.add)
 
 
+_C_NAMES = {"float32": "float", "float64": "double", "float16": "c10::Half",
+            "bfloat16": "c10::BFloat16", "int64": "long int", "int32": "int",
+            "int16": "short int", "int8": "signed char",
+            "uint8": "unsigned char", "bool": "bool"}
+_SCALAR_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half",
+                 "bfloat16": "BFloat16", "int64": "Long", "int32": "Int",
+                 "int16": "Short", "int8": "Char", "uint8": "Byte",
+                 "bool": "Bool"}
+
+
+def dtype_name(np_dtype, c_name=False):
+    """PyTorch's spelling of a dtype in its kernels' errors: the ScalarType
+    ("Float", "BFloat16") or the C type ("float", "c10::BFloat16")."""
+    key = str(from_np(np_dtype)).rpartition(".")[2]
+    return (_C_NAMES if c_name else _SCALAR_NAMES).get(key, key)
+
+
+def check_conv_dtypes(x, w, b=None):
+    """PyTorch's convolution refuses operands of different dtypes (no
+    promotion): an int64 input to a float32 Conv2d raises there."""
+    if b is not None and x.dtype != b.dtype:
+        raise RuntimeError(
+            f"Input type ({dtype_name(x.dtype, True)}) and bias type "
+            f"({dtype_name(b.dtype, True)}) should be the same")
+    if x.dtype != w.dtype:
+        raise RuntimeError(
+            f"expected scalar type {dtype_name(x.dtype)} but found "
+            f"{dtype_name(w.dtype)}")
+
+
 def float32_compute(cls):
     """Class decorator for GEMM-like ops (matmul, linear, conv, einsum): on
     NumPy, float16/bfloat16 operands run in float32 and the results round
@@ -218,6 +248,12 @@ def float32_compute(cls):
         else:
             return fwd(ctx, *args, **kwargs) if kwargs else fwd(ctx, *args)
         dts = [a.dtype if type(a) is np.ndarray else None for a in args]
+        if len({d for d in dts if d is not None
+                and (d in low or d.kind == "f")}) > 1:
+            # mixed float dtypes: the op's own check raises PyTorch's
+            # error (float32 weights on a bfloat16 input are refused, not
+            # promoted); never widen them silently here
+            return fwd(ctx, *args, **kwargs)
         out_dt = next(d for d in dts if d in low)
         ctx._lowp = dts
         args = [a.astype(np.float32) if d in low else a
@@ -254,6 +290,20 @@ def float32_compute(cls):
 def const(like, a):
     """Array ``a`` as a tensor that needs no gradient (made like ``like``)."""
     return like._make(a, False, None)
+
+
+def lift(g, a):
+    """Array ``a`` beside gradient ``g``: ``a`` itself when ``g`` is an
+    array, a constant tensor when it is a tensor (create_graph=True), so
+    one backward body serves both paths (issue 30: one derivative per op;
+    such an op sets ``backward_graph = backward``)."""
+    return const(g, a) if hasattr(g, "_make") else a
+
+
+def grad_xp(g):
+    """The array module of gradient ``g``, an array or a tensor."""
+    from .._backend import get_array_module
+    return get_array_module(getattr(g, "_data", g))
 
 
 def unbroadcast_t(g, shape, dtype=None):

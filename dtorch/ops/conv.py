@@ -9,7 +9,7 @@ matmul over groups; ``ConvTranspose2d`` is the adjoint in x.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, float32_compute
+from .base import Op, float32_compute, check_conv_dtypes
 from .window import _as_strided, _col2im, _offsets, _pad2d, _unpad2d, \
     _windows, conv_out_size
 
@@ -37,6 +37,7 @@ class Conv2d(Op):
     @staticmethod
     def forward(ctx, x, w, b=None, stride=(1, 1), pads=((0, 0), (0, 0)),
                 dilation=(1, 1), groups=1):
+        check_conv_dtypes(x, w, b)
         xp = get_array_module(x)
         n, c, h, wd = x.shape
         o, cg, kh, kw = w.shape
@@ -264,6 +265,7 @@ class ConvTranspose2d(Op):
     @staticmethod
     def forward(ctx, x, w, b=None, stride=(1, 1), pads=((0, 0), (0, 0)),
                 dilation=(1, 1), groups=1, output_padding=(0, 0)):
+        check_conv_dtypes(x, w, b)
         xp = get_array_module(x)
         n, c, h, wd = x.shape
         _, og, kh, kw = w.shape

@@ -93,6 +93,10 @@ class CTCLoss(Op):
             beta[t] = np.where(valid, np.where(here, init, np.where(
                 before, rec, _NEG)), _NEG)
         ctx.saved = (lp, alpha, beta, ext, il, nll, zero_infinity)
+        # lp may be log_probs itself: registered, an in-place change to it
+        # after forward raises at backward (as PyTorch) instead of
+        # silently changing the gradient
+        ctx.save_for_backward(log_probs)
         ctx.xp, ctx.dtype = xp, log_probs.dtype
         out = nll
         if zero_infinity:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _float_input, _meta, keep_grad, promote, sgn, \
-    unbroadcast, const, keep_grad_t, unbroadcast_t, zero_link_t
+    unbroadcast, const, keep_grad_t, unbroadcast_t, zero_link_t, lift
 
 
 class Neg(Op):
@@ -145,6 +145,23 @@ class Abs(Op):
                            ctx, 0, x.shape, x.dtype)
 
 
+class NanToNum(Op):
+    """nan_to_num: the gradient passes where x is finite and is zero where
+    a NaN or an infinity was replaced (PyTorch: grad * isfinite(x))."""
+    @staticmethod
+    def forward(ctx, x, nan=0.0, posinf=None, neginf=None):
+        ctx.save_for_backward(x)     # as PyTorch: x, not the mask
+        return get_array_module(x).nan_to_num(
+            x, nan=nan, posinf=posinf, neginf=neginf)
+
+    @staticmethod
+    def backward(ctx, g):
+        x = ctx.to_save[0]
+        return g * lift(g, get_array_module(x).isfinite(x))
+
+    backward_graph = backward       # lift() gives the mask as a constant
+
+
 class Reciprocal(Op):
     """1 / x, with PyTorch's backward -g (out * out)."""
     @staticmethod
@@ -252,6 +269,8 @@ class Sigmoid(Op):
 class Relu(Op):
     @staticmethod
     def forward(ctx, x):
+        if x.dtype == np.bool_:
+            raise RuntimeError("Boolean inputs not supported for relu")
         out = get_array_module(x).maximum(x, 0).astype(x.dtype, copy=False)
         ctx.save_for_backward(out)
         return out
@@ -259,17 +278,25 @@ class Relu(Op):
     @staticmethod
     def backward(ctx, g):
         # PyTorch's threshold_backward: 0 where out <= 0 (NaN passes g)
-        keep = ctx.to_save[0] <= 0
         xp = get_array_module(g)
-        xp.logical_not(keep, out=keep)      # in place: no second mask
+        keep = _relu_keep(xp, ctx.to_save[0])
         return keep_grad(xp, keep, g)
 
     @staticmethod
     def backward_graph(ctx, g):
         # joined to x by a zero derivative, as PyTorch's threshold_backward
         out = ctx.to_save[0]
-        return zero_link_t(keep_grad_t(out > 0, g), ctx, 0, out.shape,
+        keep = _relu_keep(get_array_module(out), out)
+        return zero_link_t(keep_grad_t(keep, g), ctx, 0, out.shape,
                            out.dtype)
+
+
+def _relu_keep(xp, out):
+    """Where relu passes its gradient: not (out <= 0), so that NaN passes
+    it, as PyTorch's threshold_backward (both backward paths use this)."""
+    keep = xp.asarray(out <= 0)         # an array also for a 0-d out
+    xp.logical_not(keep, out=keep)      # in place: no second mask
+    return keep
 
 
 # ================================================= special functions ==
@@ -291,17 +318,21 @@ def _erf(xp, x):
     return erf(x)
 
 
-def _unary(name, f, df, dt=None):
+def _unary(name, f, df, dt=None, saves="x"):
     """An Op computing f(xp, x), with gradient g * df(xp, x, out); with
     ``dt(x, out)``, the same derivative written on tensors, its gradient
-    can be differentiated again (create_graph=True)."""
+    can be differentiated again (create_graph=True). ``saves`` ("x",
+    "out", "both" or "": what df reads) follows PyTorch's saved tensors,
+    which decide which later in-place ops are legal: the one not saved
+    reaches df as None."""
     def forward(ctx, x):
         x = _float_input(x)
         xp = get_array_module(x)
         with np.errstate(all="ignore"):
             out = f(xp, x)
         out = out.astype(x.dtype, copy=False)
-        ctx.save_for_backward(x, out)
+        ctx.save_for_backward(x if saves in ("x", "both") else None,
+                              out if saves in ("out", "both") else None)
         return out
 
     def backward(ctx, g):
@@ -313,7 +344,8 @@ def _unary(name, f, df, dt=None):
     def backward_graph(ctx, g):
         x, out = ctx.to_save
         with np.errstate(all="ignore"):
-            return g * dt(ctx.graph_input(0, x), ctx.graph_output(out))
+            return g * dt(None if x is None else ctx.graph_input(0, x),
+                          None if out is None else ctx.graph_output(out))
 
     methods = {"forward": staticmethod(forward),
                "backward": staticmethod(backward)}
@@ -411,7 +443,7 @@ Atanh = _unary("Atanh", lambda xp, x: xp.arctanh(x),
 
 Exp2 = _unary("Exp2", lambda xp, x: xp.exp2(x),
               lambda xp, x, o: o * math.log(2.0),
-             dt=lambda x, o: o * math.log(2.0))
+              dt=lambda x, o: o * math.log(2.0), saves="out")
 
 
 Erf = _unary("Erf", lambda xp, x: _erf(xp, x),
@@ -424,20 +456,23 @@ Erfc = _unary("Erfc", lambda xp, x: 1 - _erf(xp, x),
              dt=lambda x, o: -_2_SQRT_PI * (-x * x).exp())
 
 
+# PyTorch saves x and recomputes erfinv(x) in backward
 Erfinv = _unary("Erfinv", erfinv,
-                lambda xp, x, o: (math.sqrt(math.pi) / 2) * xp.exp(o * o),
-             dt=lambda x, o: (math.sqrt(math.pi) / 2) * (o * o).exp())
+                lambda xp, x, o: (math.sqrt(math.pi) / 2)
+                * xp.exp(erfinv(xp, x) ** 2),
+                dt=lambda x, o: (math.sqrt(math.pi) / 2)
+                * (x.erfinv() ** 2).exp())
 
 
 Frac = _unary("Frac", lambda xp, x: x - xp.trunc(x),
-              lambda xp, x, o: xp.ones_like(x),
-             dt=lambda x, o: 1)
+              lambda xp, x, o: 1, dt=lambda x, o: 1, saves="")
 
 
 Sinc = _unary(
     "Sinc", lambda xp, x: xp.sinc(x),
     lambda xp, x, o: xp.where(
-        x == 0, 0.0, (xp.cos(math.pi * x) - o) / xp.where(x == 0, 1, x)))
+        x == 0, 0.0, (xp.cos(math.pi * x) - o) / xp.where(x == 0, 1, x)),
+    saves="both")
 
 
 def _sinc_backward(ctx, g):
@@ -483,6 +518,8 @@ class Logit(Op):
             d = g / (x * (1 - x))
         if ctx.eps is not None:
             d = xp.where((x < ctx.eps) | (x > 1 - ctx.eps), 0, d)
+        else:       # PyTorch: NaN outside [0, 1] (logit_backward)
+            d = d + _outside_unit(xp, x)
         return d
 
     @staticmethod
@@ -490,10 +527,19 @@ class Logit(Op):
         x = ctx.graph_input(0, ctx.to_save[0])
         with np.errstate(all="ignore"):
             d = g / (x * (1 - x))
+        xa = ctx.to_save[0]
         if ctx.eps is not None:
-            xa = ctx.to_save[0]
             d = keep_grad_t(~((xa < ctx.eps) | (xa > 1 - ctx.eps)), d)
+        else:           # NaN outside [0, 1], not differentiated there
+            xp = get_array_module(xa)
+            d = keep_grad_t(~((xa < 0) | (xa > 1)), d) \
+                + const(g, _outside_unit(xp, xa))
         return d
+
+
+def _outside_unit(xp, x):
+    """NaN where x is outside [0, 1], else 0: added to logit's gradient."""
+    return xp.where((x < 0) | (x > 1), xp.nan, 0).astype(x.dtype)
 
 
 class Atan2(Op):

@@ -4,9 +4,8 @@ layer costs one graph node). einsum lives in ``einsum.py``.
 """
 import numpy as np
 
-from .._backend import from_np
-from .base import Op, _device_error, promote, unbroadcast, \
-    float32_compute, unbroadcast_t
+from .base import Op, _device_error, unbroadcast, float32_compute, \
+    unbroadcast_t, dtype_name
 
 
 _BLAS_DTYPES = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
@@ -38,7 +37,10 @@ class MatMul(Op):
             raise RuntimeError(
                 f"both arguments to matmul need to be at least 1D, but they "
                 f"are {x.ndim}D and {y.ndim}D")
-        x, y = promote(x, y, "matmul")
+        if x.dtype != y.dtype:       # PyTorch's GEMMs do not promote
+            raise RuntimeError(
+                f"expected m1 and m2 to have the same dtype, but got: "
+                f"{dtype_name(x.dtype, True)} != {dtype_name(y.dtype, True)}")
         kx = x.shape[-1]
         ky = y.shape[-2] if y.ndim > 1 else y.shape[0]
         if kx != ky:
@@ -118,7 +120,11 @@ class Linear(Op):
         if x.dtype != w.dtype:
             raise RuntimeError(
                 f"mat1 and mat2 must have the same dtype, but got "
-                f"{from_np(x.dtype)} and {from_np(w.dtype)}")
+                f"{dtype_name(x.dtype)} and {dtype_name(w.dtype)}")
+        if b is not None and b.dtype != x.dtype:
+            raise RuntimeError(
+                f"self and mat2 must have the same dtype, but got "
+                f"{dtype_name(b.dtype)} and {dtype_name(w.dtype)}")
         ctx.save_for_backward(x, w)
         if x.ndim > 2 and not x.flags.c_contiguous:
             # a strided N-D input (a batch_first transpose) would run as

@@ -26,7 +26,9 @@ class LayerNorm(Op):
         xhat = xc * rstd
         ctx.save_for_backward(w)
         ctx.xhat, ctx.rstd, ctx.axes = xhat, rstd, axes
-        out = xhat
+        # never xhat itself: backward reads it, and an in-place op on the
+        # output (LayerNorm -> ReLU(inplace=True)) must not change it
+        out = xhat if w is not None or b is not None else xhat.copy()
         if w is not None:
             out = out * w
         if b is not None:
@@ -116,7 +118,8 @@ class BatchNorm(Op):
         if running_var is not None:
             running_var *= 1 - momentum
             running_var += (momentum * m / max(m - 1, 1)) * var.reshape(-1)
-        out = xhat
+        # never xhat itself (see LayerNorm)
+        out = xhat if w is not None or b is not None else xhat.copy()
         if w is not None:
             out = out * w.reshape(shape)
         if b is not None:

@@ -107,6 +107,21 @@ class Prod(Op):
             return g * (out / xt)
 
 
+def _nonempty(x, axes, op):
+    """PyTorch's check that an empty tensor is not reduced over an empty
+    dim by an op without identity (max, min): over the other dims the
+    result is empty."""
+    if axes is None or axes == ():
+        raise RuntimeError(
+            f"{op}(): Expected reduction dim to be specified for input."
+            "numel() == 0. Specify the reduction dim with the 'dim' "
+            "argument.")
+    for a in axes:
+        if x.shape[a] == 0:
+            raise IndexError(
+                f"{op}(): Expected reduction dim {a} to have non-zero size.")
+
+
 class Amax(Op):
     """max/min over dims; ties share the gradient evenly (PyTorch amax:
     (g / count) * mask). ``evenly`` is max()/min() over everything, whose
@@ -114,13 +129,11 @@ class Amax(Op):
     the NaN entries when the result is NaN, and writes zeros elsewhere."""
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False, is_min=False, evenly=False):
-        if x.size == 0:
-            raise RuntimeError(
-                "max(): Expected reduction dim to be specified for input."
-                "numel() == 0. Specify the reduction dim with the 'dim' "
-                "argument.")
         xp = get_array_module(x)
         axes = _axes(dim, x.ndim) if x.ndim else None
+        if x.size == 0:
+            _nonempty(x, axes, ("min" if is_min else "max")
+                      if evenly else ("amin" if is_min else "amax"))
         f = xp.amin if is_min else xp.amax
         out = f(x, axis=axes, keepdims=keepdim)
         ctx.save_for_backward(x, out)
@@ -243,6 +256,7 @@ class MaxDim(Op):
         axis = _axes(dim, x.ndim)[0] if x.ndim else None
         if x.ndim == 0:
             ctx.idx = None
+            ctx.indices = xp.zeros((), np.int64)
             return x.copy()
         if x.shape[axis] == 0:
             raise IndexError(

@@ -73,7 +73,8 @@ class PipelineStage:
             self._ranks = dist.get_process_group_ranks(group)
             self._size = size
         self.global_rank = (self._ranks[stage_index % self._size]
-                            if self._ranks else dist.get_rank())
+                            if self._ranks else
+                            dist.get_rank() if dist.is_initialized() else 0)
         self._inputs_spec = _spec(input_args)
         self._outputs_spec = _spec(output_args)
         self.tied_parameters = list(tied_parameters or [])

@@ -1,5 +1,7 @@
 """Helpers shared by the nn.functional families: argument tuples,
 reductions, dropout masks, 3-d window indices."""
+import functools
+
 import numpy as np
 
 from ... import _backend as B
@@ -9,6 +11,23 @@ from .padding import pad
 
 
 # ============================================================ helpers ==
+
+def fresh_result(fn):
+    """Decorator for a functional op that ends in a view of its own
+    temporary (conv1d squeezes conv2d's output): for the caller the result
+    is a new tensor, as PyTorch's, so an in-place op on it (Conv1d ->
+    ReLU(inplace=True)) is legal. A view of an argument stays a view."""
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        base = getattr(out, "_base", None)
+        if base is not None and not any(
+                base is a or base is getattr(a, "_base", None)
+                for a in args + tuple(kwargs.values())):
+            out._base = None
+        return out
+    return op
+
 
 def _ntuple(v, n, name="argument"):
     if isinstance(v, (tuple, list)):

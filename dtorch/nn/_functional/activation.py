@@ -1,11 +1,33 @@
 """Non-linear activation functions (softmax family included) and their
 in-place forms."""
+import functools
+
+from ... import _backend as B
 from ... import ops as P
 from ... import ops as N
 from ...autograd.grad_mode import no_grad
+from ...ops.base import dtype_name
 
 
 # ============================================================ activations ==
+
+def _float_kernel(kernel, ints=True, bools=True):
+    """PyTorch's CPU kernel ``kernel`` of an activation has no integer
+    (``ints``) or bool (``bools``) version: such an input raises its
+    NotImplementedError instead of giving a float result silently."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def op(input, *args, **kwargs):
+            dt = input.dtype
+            if not dt.is_floating_point and (
+                    bools if dt is B.bool_ else ints):
+                raise NotImplementedError(
+                    f'"{kernel}" not implemented for '
+                    f"'{dtype_name(input._data.dtype)}'")
+            return fn(input, *args, **kwargs)
+        return op
+    return wrap
+
 
 def relu(input, inplace=False):
     if inplace:
@@ -32,23 +54,28 @@ def relu6(input, inplace=False):
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
     """clamp, but with no gradient at the bounds themselves (PyTorch)."""
+    if input.dtype is B.bool_:
+        raise RuntimeError("Bool inputs not supported for hardtanh")
     if inplace:
         return _inplace(input, lambda t: hardtanh(t, min_val, max_val))
     return P.Hardtanh.apply(input, min=min_val, max=max_val)
 
 
+@_float_kernel("leaky_relu_cpu")
 def leaky_relu(input, negative_slope=0.01, inplace=False):
     if inplace:
         return _inplace(input, lambda t: leaky_relu(t, negative_slope))
     return N.LeakyRelu.apply(input, slope=negative_slope)
 
 
+@_float_kernel("elu_cpu")
 def elu(input, alpha=1.0, inplace=False):
     if inplace:
         return _inplace(input, lambda t: elu(t, alpha))
     return N.Elu.apply(input, alpha=alpha)
 
 
+@_float_kernel("GeluKernelImpl")
 def gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise RuntimeError(f"approximate argument must be either none or "
@@ -56,12 +83,14 @@ def gelu(input, approximate="none"):
     return N.Gelu.apply(input, approximate=approximate)
 
 
+@_float_kernel("silu_cpu", bools=False)
 def silu(input, inplace=False):
     if inplace:
         return _inplace(input, silu)
     return N.Silu.apply(input)
 
 
+@_float_kernel("mish_cpu")
 def mish(input, inplace=False):
     if inplace:
         return _inplace(input, mish)
@@ -76,10 +105,12 @@ def tanh(input):
     return input.tanh()
 
 
+@_float_kernel("softplus_cpu")
 def softplus(input, beta=1.0, threshold=20.0):
     return N.Softplus.apply(input, beta=beta, threshold=threshold)
 
 
+@_float_kernel("log_sigmoid_cpu", bools=False)
 def logsigmoid(input):
     return N.LogSigmoid.apply(input)
 
@@ -109,12 +140,14 @@ def softmin(input, dim=None, _stacklevel=3, dtype=None):
 # the piecewise activations are one node each with PyTorch's backward
 # (dtorch/ops/activation.py): composed from clamp, their gradients at the kinks
 # and under an infinite upstream gradient differed (tests/test_boundary_grads)
+@_float_kernel("hardswish_cpu")
 def hardswish(input, inplace=False):
     if inplace:
         return _inplace(input, hardswish)
     return N.Hardswish.apply(input)
 
 
+@_float_kernel("hardsigmoid_cpu")
 def hardsigmoid(input, inplace=False):
     if inplace:
         return _inplace(input, hardsigmoid)
@@ -153,18 +186,21 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
+@_float_kernel("elu_cpu")
 def selu(input, inplace=False):
     if inplace:
         return _inplace(input, selu)
     return _SELU_SCALE * elu(input, _SELU_ALPHA)
 
 
+@_float_kernel("elu_cpu")
 def celu(input, alpha=1.0, inplace=False):
     if inplace:
         return _inplace(input, lambda t: celu(t, alpha))
     return N.Elu.apply(input, alpha=alpha, input_scale=1.0 / alpha)
 
 
+@_float_kernel("threshold_cpu", ints=False)
 def threshold(input, threshold, value, inplace=False):
     if inplace:
         return _inplace(input, lambda t: _threshold(t, threshold, value))
@@ -177,6 +213,7 @@ def _threshold(input, th, value):
         if isinstance(value, (int, float)) else input.where(input > th, value)
 
 
+@_float_kernel("abs_cpu", ints=False)
 def softsign(input):
     return input / (1 + input.abs())
 
@@ -185,10 +222,12 @@ def tanhshrink(input):
     return input - input.tanh()
 
 
+@_float_kernel("hardshrink_cpu")
 def hardshrink(input, lambd=0.5):
     return N.Shrink.apply(input, lambd=lambd)
 
 
+@_float_kernel("softshrink_check")
 def softshrink(input, lambd=0.5):
     return N.Shrink.apply(input, lambd=lambd, soft=True)
 

@@ -2,9 +2,12 @@
 import numpy as np
 
 from ... import ops as N
+from ...autograd.function import autocast_op
+from ...ops.base import check_conv_dtypes
 from ...functional import einsum
 from .padding import pad as _pad
-from ._common import _columns, _ntuple, _pair, _triple, _wrap
+from ._common import _columns, _ntuple, _pair, _triple, _wrap, \
+    fresh_result
 
 
 # ============================================================ convolution ==
@@ -69,6 +72,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1,
     return out.squeeze(0) if unbatched else out
 
 
+@fresh_result
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1,
            groups=1):
     """1-D convolution over (N, C, L), run as a 2-D one with height 1."""
@@ -113,6 +117,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0,
     return out.squeeze(0) if unbatched else out
 
 
+@fresh_result
 def conv_transpose1d(input, weight, bias=None, stride=1, padding=0,
                      output_padding=0, groups=1, dilation=1):
     unbatched = input.ndim == 2
@@ -186,10 +191,13 @@ def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
     return out if batched else out.squeeze(0)
 
 
+@autocast_op("lower")     # one GEMM-like op for autocast, as PyTorch's
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1,
            groups=1):
     """3-D convolution of (N, C, D, H, W) input (or unbatched (C, D, H,
     W)) with (O, C / groups, kD, kH, kW) weight."""
+    check_conv_dtypes(input._data, weight._data,
+                      None if bias is None else bias._data)
     batched = input.ndim == 5
     if input.ndim not in (4, 5):
         raise RuntimeError(f"Expected 4D (unbatched) or 5D (batched) input "

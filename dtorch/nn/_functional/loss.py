@@ -249,8 +249,10 @@ def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None,
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None,
                          reduce=None, reduction="mean"):
     reduction = _legacy_reduction(size_average, reduce, reduction)
-    pos = input.where(target == 1, input.new_zeros(()))
-    neg = (margin - input).clamp(min=0).where(target == -1,
+    # PyTorch's: x where target != -1, the margin term where target != 1
+    # (both for a target that is neither)
+    pos = input.where(target != -1, input.new_zeros(()))
+    neg = (margin - input).clamp(min=0).where(target != 1,
                                               input.new_zeros(()))
     return _reduce(pos + neg, reduction)
 
@@ -335,7 +337,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6,
     return _reduce(loss, reduction)
 
 
-@autocast_op("fp32")
+@autocast_op({"cuda": "fp32"})   # a composite on CPU: not in its list
 def multilabel_soft_margin_loss(input, target, weight=None,
                                 size_average=None, reduce=None,
                                 reduction="mean"):

@@ -1,13 +1,39 @@
 """Normalization functions: batch/layer/group/instance norm,
 local_response_norm, normalize."""
+import functools
+
+from ... import _backend as B
 from ... import ops as N
 from ..._creation import _write_out, cat
+from ...amp.autocast_mode import is_autocast_enabled
+from ...tensor import Tensor
 from .padding import pad
 from .pooling import avg_pool2d
 
 
 # ========================================================= normalisation ==
 
+def _mixed_dtypes(fn):
+    """PyTorch's CPU norms with parameters (weight, bias, running stats)
+    of another dtype than the input: a float16/bfloat16 input with float32
+    parameters runs in float32 and returns the input's dtype; any other
+    mix raises PyTorch's error (no promotion)."""
+    @functools.wraps(fn)
+    def norm(input, *args, **kwargs):
+        dts = {a.dtype for a in args + tuple(kwargs.values())
+               if isinstance(a, Tensor)}
+        if not dts or dts == {input.dtype} or (
+                input.device.type == "cuda" and is_autocast_enabled("cuda")):
+            # (CUDA autocast: the op's fp32 policy casts, as PyTorch's list)
+            return fn(input, *args, **kwargs)
+        if dts == {B.float32} and input.dtype in (B.float16, B.bfloat16):
+            return fn(input.float(), *args, **kwargs).to(input.dtype)
+        raise RuntimeError(
+            "mixed dtype (CPU): all inputs must share same datatype.")
+    return norm
+
+
+@_mixed_dtypes
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     ns = tuple(normalized_shape) if isinstance(normalized_shape,
                                                (tuple, list)) \
@@ -21,6 +47,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     return N.LayerNorm.apply(input, weight, bias, nd=len(ns), eps=eps)
 
 
+@_mixed_dtypes
 def batch_norm(input, running_mean, running_var, weight=None, bias=None,
                training=False, momentum=0.1, eps=1e-5):
     if training:
@@ -59,6 +86,7 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
 
 # ============================================================== norms =====
 
+@_mixed_dtypes
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """Normalise each of ``num_groups`` channel groups of each sample over
     its channels and positions, then scale and shift per channel."""
@@ -80,6 +108,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return out
 
 
+@_mixed_dtypes
 def instance_norm(input, running_mean=None, running_var=None, weight=None,
                   bias=None, use_input_stats=True, momentum=0.1, eps=1e-5):
     """Normalise each channel of each sample over its positions."""

@@ -1,6 +1,7 @@
 """pad (PyTorch lists it with the vision functions; conv, pooling and
 normalization use it too)."""
 from ... import ops as N
+from ...autograd.function import autocast_op
 
 
 # ================================================================ padding ==
@@ -25,5 +26,13 @@ def pad(input, pad, mode="constant", value=None):
                     for lo, hi in pads)
         input = input[key]
         pads = [[max(lo, 0), max(hi, 0)] for lo, hi in pads]
+    value = 0.0 if value is None else value
+    if mode in ("reflect", "replicate"):
+        return _pad_fp32(input, tuple(map(tuple, pads)), mode, value)
     return N.Pad.apply(input, pads=tuple(map(tuple, pads)), mode=mode,
-                       value=0.0 if value is None else value)
+                       value=value)
+
+
+@autocast_op({"cpu": "fp32"})    # PyTorch's CPU reflection/replication_pad
+def _pad_fp32(input, pads, mode, value):
+    return N.Pad.apply(input, pads=pads, mode=mode, value=value)

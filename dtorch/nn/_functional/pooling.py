@@ -3,8 +3,10 @@ import numpy as np
 
 from ... import _backend as B
 from ... import ops as N
+from ...autograd.function import autocast_op
 from ...tensor import Tensor
-from ._common import _columns, _ntuple, _pair, _triple, _wrap
+from ._common import _columns, _ntuple, _pair, _triple, _wrap, \
+    fresh_result
 from .conv import _as_pair
 
 
@@ -95,6 +97,7 @@ def _max_pool_indices(x, k, s, p, d, ohw):
     return Tensor._wrap((rows * w + cols).astype(np.int64))
 
 
+@fresh_result
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1,
                ceil_mode=False, return_indices=False):
     one = lambda v: _ntuple(v, 1)[0]  # noqa: E731
@@ -138,6 +141,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
     return out.squeeze(0) if unbatched else out
 
 
+@fresh_result
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
                count_include_pad=True):
     one = lambda v: _ntuple(v, 1)[0]  # noqa: E731
@@ -158,6 +162,7 @@ def _adaptive_matrix(xp, size, out, dtype):
     return xp.asarray(m.astype(dtype))
 
 
+@autocast_op("none")         # not lowered (PyTorch's lists)
 def adaptive_avg_pool2d(input, output_size):
     if input.ndim not in (3, 4):
         raise RuntimeError(
@@ -179,6 +184,8 @@ def adaptive_avg_pool2d(input, output_size):
     return mh @ input @ mw.t()
 
 
+@fresh_result
+@autocast_op("none")
 def adaptive_avg_pool1d(input, output_size):
     o = _ntuple(output_size, 1)[0]
     return adaptive_avg_pool2d(input.unsqueeze(-2), (1, o)).squeeze(-2)
@@ -261,6 +268,7 @@ def _pool3d_args(input, kernel_size, stride, padding, dilation, ceil_mode,
     return k, s, p, d
 
 
+@autocast_op({"cpu": "fp32"})    # PyTorch's CPU fp32 list
 def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1,
                ceil_mode=False, return_indices=False):
     if return_indices:
@@ -274,6 +282,7 @@ def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1,
     return y if input.ndim == 5 else y.squeeze(0)
 
 
+@autocast_op({"cpu": "fp32"})
 def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
                count_include_pad=True, divisor_override=None):
     k, s, p, d = _pool3d_args(input, kernel_size, stride, padding, 1,

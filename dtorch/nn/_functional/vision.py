@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 
 from ... import _backend as B
+from ...autograd.function import autocast_op
 from ._common import _wrap
 from .pooling import adaptive_avg_pool1d, adaptive_avg_pool2d
 
@@ -179,6 +180,7 @@ def affine_grid(theta, size, align_corners=None):
     return (b @ theta.transpose(1, 2)).reshape(n, h, w, 2)
 
 
+@autocast_op({"cpu": "fp32"})    # PyTorch's CPU fp32 list (grid_sampler)
 def grid_sample(input, grid, mode="bilinear", padding_mode="zeros",
                 align_corners=None):
     """Bilinear or nearest sampling of (N, C, H, W) at grid (N, Ho, Wo, 2)
