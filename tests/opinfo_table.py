@@ -318,7 +318,7 @@ def gen(f, **options):
 
 
 # ---- elementwise unary
-both("exp sigmoid tanh neg abs sin cos erf expm1 square relu sign round "
+both("exp sigmoid tanh neg abs sin cos erf expm1 square relu sign sgn round "
      "floor ceil trunc frac nan_to_num isnan isinf logical_not erfinv "
      "reciprocal", gen(unary))
 both("sqrt rsqrt log log1p", gen(unary, lo=0.2, hi=3.0))
@@ -373,7 +373,7 @@ add("Tensor.resize_", lambda r: [Sample(rand(r, 2, 3), 3, 2,
 
 # ---- elementwise binary
 both("add sub mul div maximum minimum atan2 eq ne lt le gt ge fmod "
-     "remainder", gen(binary))
+     "remainder fmax fmin", gen(binary))
 both("pow", gen(binary, lo=0.2, hi=2.0))
 add("true_divide", gen(binary))
 add("floor_divide", gen(binary))
@@ -1230,7 +1230,29 @@ NOT_OPS = {
         "cuda.manual_seed_all cuda.empty_cache cuda.synchronize "
         "cuda.current_device cuda.set_device cuda.get_device_name "
         "cuda.memory_allocated cuda.max_memory_allocated "
-        "cuda.is_bf16_supported Tensor.cuda Tensor.data_ptr",
+        "cuda.is_bf16_supported Tensor.cuda Tensor.data_ptr Tensor.is_xpu "
+        "is_autocast_enabled get_autocast_dtype "
+        "is_deterministic_algorithms_warn_only_enabled",
+    "linear algebra outside linalg.* (tests/test_linalg.py, against torch; "
+    "the linalg.* entries here)":
+        "Tensor.cholesky Tensor.cholesky_inverse Tensor.cholesky_solve "
+        "Tensor.det Tensor.inverse Tensor.logdet Tensor.matrix_exp "
+        "Tensor.matrix_power Tensor.pinverse Tensor.qr Tensor.slogdet "
+        "Tensor.svd cholesky cholesky_inverse cholesky_solve det inverse "
+        "logdet matrix_exp matrix_power pinverse qr slogdet svd",
+    "sparse COO tensors and layouts (tests/test_sparse.py)":
+        "Tensor._nnz Tensor.coalesce Tensor.dense_dim Tensor.indices "
+        "Tensor.is_coalesced Tensor.layout Tensor.sparse_dim Tensor.to_dense "
+        "Tensor.to_sparse Tensor.values layout sparse.addmm sparse.mm "
+        "sparse.sum sparse_coo sparse_coo_tensor spmm strided",
+    "memory: checkpointing, saved-tensor hooks, CUDA pool statistics "
+    "(tests/test_checkpoint.py, test_memory.py, test_memory_cuda.py)":
+        "autograd.graph.save_on_cpu autograd.graph.saved_tensors_hooks "
+        "utils.checkpoint.CheckpointPolicy "
+        "utils.checkpoint.checkpoint_sequential "
+        "utils.checkpoint.create_selective_checkpoint_contexts "
+        "cuda.max_memory_reserved cuda.memory_reserved cuda.memory_stats "
+        "cuda.reset_peak_memory_stats",
     "processes and tools (tests/test_data*.py, test_summary.py)":
         "multiprocessing.spawn multiprocessing.Process multiprocessing.Queue "
         "multiprocessing.set_start_method multiprocessing.get_context "

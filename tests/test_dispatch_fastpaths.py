@@ -10,8 +10,13 @@ import pytest
 
 import dtorch
 from dtorch import ops as P
-from dtorch.ops.base import promote, promote_meta, _meta, float32_compute, \
-    _low_np_dtypes
+from dtorch.ops.base import promote, promote_meta, _meta, float32_compute
+
+
+def _low_np_dtypes():
+    # the 2-byte floats float32_compute widens: float16, and bfloat16 (its
+    # NumPy dtype loads ml_dtypes, which dtorch imports lazily)
+    return (np.dtype(np.float16), dtorch.bfloat16.np)
 
 
 class _Ctx:
@@ -155,7 +160,6 @@ def test_reshape_size_checks_and_errors():
     assert tuple(dtorch.ones(0, 3).reshape(3, 0).shape) == (3, 0)
 
 
-@pytest.mark.skipif(not _low_np_dtypes(), reason="no 2-byte float dtypes")
 def test_float32_compute_finds_a_low_precision_operand_anywhere():
     seen = []
 

@@ -450,6 +450,7 @@ def matrix_power(A, n):
     return out
 
 
+@autocast_op({"cpu": "none", "cuda": "none"})   # torch's is one kernel
 def matrix_exp(A):
     """exp(A) by scaling and squaring: A / 2^s has a 1-norm at most 1/4,
     where the Taylor series of degree 12 (Horner's form) is exact to

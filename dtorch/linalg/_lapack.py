@@ -280,14 +280,15 @@ class QR(Function):
         else:
             q, r = xp.linalg.qr(a, mode=mode)
         Q, R = _wrap(A, q), _wrap(A, r)
-        ctx.save_for_backward(A, Q, R)
-        ctx.mode = mode
+        # Q and R only, as torch (A itself may change in place afterwards)
+        ctx.save_for_backward(Q, R)
+        ctx.mode, ctx.mn = mode, tuple(a.shape[-2:])
         return Q, R
 
     @staticmethod
     def backward(ctx, gQ, gR):
-        A, Q, R = ctx.saved_tensors
-        m, n = A.shape[-2:]
+        Q, R = ctx.saved_tensors
+        m, n = ctx.mn
         if ctx.mode == "r":
             raise RuntimeError(
                 "The derivative of linalg.qr depends on Q, which is not "
@@ -303,7 +304,7 @@ class QR(Function):
         # A = [X | Y], R = [U | V]: X = Q U is square, Y = Q V
         U, V = R.narrow(-1, 0, m), R.narrow(-1, m, n - m)
         gU, gV = gR.narrow(-1, 0, m), gR.narrow(-1, m, n - m)
-        Y = A.narrow(-1, m, n - m)
+        Y = Q @ V                       # A's last n - m columns
         gX = _qr_square_backward(Q, U, gQ + Y @ gV.mT, gU)
         return _cat_last(gX, Q @ gV), None
 
@@ -449,15 +450,15 @@ class Pinv(Function):
 
 
 class Slogdet(Function):
-    """sign and log|det| of A; g_logabsdet A^-T (the sign has no
-    gradient for real A)."""
+    """sign and log|det| of A; g_logabsdet A^-T. The sign's derivative is
+    zero for real A, but as in PyTorch it is an output of the graph (it
+    requires grad), so code that differentiates through it runs."""
     @staticmethod
     def forward(ctx, A):
         xp = A._xp()
         s, la = xp.linalg.slogdet(A._data)
         sign, logabs = _wrap(A, xp.asarray(s)), _wrap(A, xp.asarray(la))
         ctx.save_for_backward(A)
-        ctx.mark_non_differentiable(sign)
         return sign, logabs
 
     @staticmethod
