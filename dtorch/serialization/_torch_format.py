@@ -620,6 +620,7 @@ _REBUILD_V2 = _TorchName("torch._utils", "_rebuild_tensor_v2")
 _REBUILD_PARAM = _TorchName("torch._utils", "_rebuild_parameter")
 _SIZE = _TorchName("torch", "Size")
 _DEVICE = _TorchName("torch", "device")
+_ENCODE = _TorchName("_codecs", "encode")
 _STORAGE_NAMES = {_np(dt): _TorchName("torch", name)
                   for name, dt in _STORAGES.items()
                   if B.to_dtype(dt).np is not None}
@@ -648,17 +649,19 @@ class _Storages:
         if B.is_cupy_array(a):
             location = str(t.device)
             a = a.get()
-        root = a
+        root = a                 # the array that owns a's memory
         while isinstance(root.base, np.ndarray):
             root = root.base
         k = a.itemsize
-        if a.size and root.dtype == a.dtype and (
-                root.flags.c_contiguous or root.flags.f_contiguous) and all(
+        if a.size and (root.flags.c_contiguous or root.flags.f_contiguous) \
+                and root.nbytes % k == 0 and all(
                 s >= 0 and s % k == 0 for s in a.strides):
             flat = root.ravel(order="K")
+            if flat.dtype != a.dtype:
+                flat = flat.view(np.uint8).view(a.dtype)
             off = (a.__array_interface__["data"][0]
                    - flat.__array_interface__["data"][0])
-            if off >= 0 and off % k == 0:
+            if 0 <= off and off % k == 0:
                 ref = self._ref(root, flat, location)
                 return ref, off // k, a.shape, [s // k for s in a.strides]
         if not a.flags.c_contiguous:
@@ -721,6 +724,10 @@ def _pickler_class(pickle_module):
                 return obj.name
             if isinstance(obj, Size):
                 return (_SIZE, (tuple(obj),))
+            if type(obj) is bytes and not obj and self.proto < 3:
+                # (Python writes b"" as builtins.bytes(), which torch's
+                # weights_only unpickler refuses; this is what it allows)
+                return (_ENCODE, ("", "latin1"))
             if isinstance(obj, B.device):
                 return (_DEVICE, (str(obj),))
             return NotImplemented
