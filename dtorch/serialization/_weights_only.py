@@ -116,10 +116,11 @@ def unsupported_global(where, full):
         "allowlist this global if you trust this class/function.")
 
 
-def refused(where, why):
-    """Any other refusal: the file and the reason."""
-    return WeightsOnlyError(
-        f"Weights only load failed for {where}: {why}. {_UNSAFE}")
+def refused(where, why, hint=True):
+    """Any other refusal: the file and the reason (and, where the file is
+    well formed, that weights_only=False would load it)."""
+    return WeightsOnlyError(f"Weights only load failed for {where}: {why}."
+                            + (f" {_UNSAFE}" if hint else ""))
 
 
 # ------------------------------------------------------- the machine --
@@ -198,15 +199,15 @@ class Unpickler:
         try:
             return self._run(), self.pos
         except _Truncated as e:
-            raise refused(self.where, f"the pickle is truncated ({e})"
-                          ) from None
+            raise refused(self.where, f"the pickle is truncated ({e})",
+                          False) from None
         except (IndexError, KeyError, TypeError, ValueError,
                 AttributeError, struct.error, UnicodeDecodeError,
                 OverflowError, MemoryError) as e:
             if isinstance(e, WeightsOnlyError):
                 raise
             raise refused(self.where, "malformed pickle "
-                          f"({type(e).__name__}: {e})") from None
+                          f"({type(e).__name__}: {e})", False) from None
 
     def _run(self):
         stack, marks, memo = [], [], {}
@@ -285,7 +286,8 @@ class Unpickler:
             elif op == pickle.EMPTY_LIST:
                 push([])
             elif op == pickle.LIST:
-                push(pop_mark())
+                items = pop_mark()
+                push(items)
             elif op == pickle.EMPTY_DICT:
                 push({})
             elif op == pickle.DICT:
@@ -294,7 +296,8 @@ class Unpickler:
             elif op == pickle.EMPTY_SET:
                 push(set())
             elif op == pickle.FROZENSET:
-                push(frozenset(pop_mark()))
+                items = pop_mark()
+                push(frozenset(items))
             elif op == pickle.APPEND:
                 item = stack.pop()
                 self._target(stack[-1], list, "APPEND").append(item)
@@ -416,7 +419,7 @@ def check_depth(obj, where, limit=MAX_DEPTH):
             continue
         if depth > limit:
             raise refused(where, f"its containers nest deeper than {limit} "
-                          "levels (a recursion bomb?)")
+                          "levels (a recursion bomb?)", False)
         seen.add(id(o))
         items = o.values() if isinstance(o, dict) else o
         todo.extend([(v, depth + 1) for v in items])
@@ -427,10 +430,10 @@ def check_depth(obj, where, limit=MAX_DEPTH):
 
 def encode(text, encoding="latin1", errors="strict"):
     """``_codecs.encode`` as protocol 2 pickles bytes: str in, bytes out
-    (any other argument is refused: codecs can be asked to do odd
+    (any other argument is a ValueError: codecs can be asked to do odd
     things)."""
     if type(text) is not str or codecs.lookup(encoding).name not in (
             "iso8859-1", "utf-8", "ascii"):
-        raise WeightsOnlyError("_codecs.encode is allowed only for str "
-                               "with latin1/utf-8/ascii")
+        raise ValueError("_codecs.encode is allowed only for str with "
+                         "latin1/utf-8/ascii")
     return codecs.encode(text, encoding, errors)
