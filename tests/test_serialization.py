@@ -948,3 +948,23 @@ def test_array_dtypes_byte_order_and_layout(tmp_path):
     with pytest.raises(SerializationError, match=r"obj\['c'\].*complex64"):
         dtorch.save({"c": np.zeros(2, np.complex64)}, tmp_path / "c.pt")
     assert sorted(os.listdir(tmp_path)) == ["a.pt"]
+
+
+def test_unsigned_wide_dtypes_name_file_tensor_and_dtype(tmp_path):
+    # issue 25 item 10: valid safetensors files with U16/U32/U64 tensors
+    # (PyTorch 2.13 loads them as torch.uint16/32/64; dtorch has no such
+    # dtypes) raise an error naming the file, the tensor and the dtype
+    for dt, code in ((np.uint16, "U16"), (np.uint32, "U32"),
+                     (np.uint64, "U64")):
+        path = tmp_path / f"{code}.safetensors"
+        safetensors.numpy.save_file({"ok": np.ones(2, np.float32),
+                                     "ids": np.arange(3, dtype=dt)},
+                                    str(path))
+        with pytest.raises(SerializationError,
+                           match=rf"{code}\.safetensors: tensor 'ids' has "
+                           rf"dtype {code} \({np.dtype(dt)}\).*int64"):
+            dtorch.load(path)
+    # NumPy arrays of those dtypes (not tensors) still round-trip
+    arr = np.arange(4, dtype=np.uint32)
+    dtorch.save({"a": arr}, tmp_path / "np.pt")
+    assert dtorch.load(tmp_path / "np.pt")["a"].dtype == np.uint32

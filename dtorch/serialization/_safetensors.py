@@ -970,6 +970,15 @@ class _Decoder:
         a = self.array(name)
         if name in self.done:     # the same tensor saved under two keys
             return self.done[name]
+        if a.dtype not in B._BY_NP:
+            # U16/U32/U64: PyTorch 2.13 has these dtypes (with few ops),
+            # dtorch does not
+            raise SerializationError(
+                f"{self.where}: tensor {name!r} has dtype {_CODES[a.dtype]} "
+                f"({a.dtype}), which dtorch does not have (PyTorch loads it "
+                f"as torch.{a.dtype}; dtorch has "
+                f"{', '.join(B._BY_NAME)}); convert it where it is written, "
+                "e.g. to int32 or int64")
         if saved not in self.devices:
             try:
                 B.device(saved)
