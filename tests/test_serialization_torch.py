@@ -137,25 +137,35 @@ def _torch_bits(t):
     return _bits(t.numpy())
 
 
-def _same_as_torch(t, d, where="obj"):
-    """torch object ``t`` and dtorch object ``d`` hold the same thing."""
-    if isinstance(t, torch.Tensor):
-        assert isinstance(d, dtorch.Tensor), where
-        assert isinstance(t, torch.nn.Parameter) == isinstance(
+def _same_tensor(t, d, where):
+    """torch tensor ``t`` and ``d`` (dtorch's, or torch's read back) are
+    bitwise equal, with the same dtype, shape, strides, kind and grad."""
+    back = isinstance(d, torch.Tensor)
+    assert type(t) is type(d) if back else isinstance(d, dtorch.Tensor) \
+        and isinstance(t, torch.nn.Parameter) == isinstance(
             d, dtorch.nn.Parameter), where
-        assert str(t.dtype) == str(d.dtype).replace("dtorch", "torch"), where
-        assert tuple(t.shape) == tuple(d.shape), where
-        assert t.requires_grad == d.requires_grad, where
-        a = d._data
-        if t.numel():
-            assert t.stride() == tuple(s // a.itemsize for s in a.strides), \
-                where
-        assert _torch_bits(t) == _bits(a), where
-    elif isinstance(t, torch.Size):
+    assert str(t.dtype) == str(d.dtype).replace("dtorch", "torch"), where
+    assert tuple(t.shape) == tuple(d.shape), where
+    assert t.requires_grad == d.requires_grad, where
+    if t.numel():
+        stride = d.stride() if back else tuple(
+            s // d._data.itemsize for s in d._data.strides)
+        assert t.stride() == stride, where
+    assert _torch_bits(t) == (_torch_bits(d) if back else _bits(d._data)), \
+        where
+
+
+def _same_as_torch(t, d, where="obj"):
+    """torch object ``t`` and ``d`` hold the same thing; ``d`` is dtorch's
+    (torch's types mapped to dtorch's) or torch's own, read back."""
+    back = type(d).__module__.split(".")[0] == "torch"
+    if isinstance(t, torch.Tensor):
+        _same_tensor(t, d, where)
+    elif isinstance(t, torch.Size) and not back:
         assert isinstance(d, dtorch.Size) and tuple(t) == tuple(d), where
-    elif isinstance(t, torch.dtype):
+    elif isinstance(t, torch.dtype) and not back:
         assert d is getattr(dtorch, str(t).split(".")[1]), where
-    elif isinstance(t, torch.device):
+    elif isinstance(t, torch.device) and not back:
         assert isinstance(d, dtorch.device) and str(t) == str(d), where
     elif isinstance(t, dict):
         assert type(t) is type(d), where
@@ -172,29 +182,6 @@ def _same_as_torch(t, d, where="obj"):
         assert math.isnan(d), where
     else:
         assert type(t) is type(d) and t == d, where
-
-
-def _same_torch(a, b, where="obj"):
-    """Two torch objects bitwise equal (the round trip's check)."""
-    if isinstance(a, torch.Tensor):
-        assert type(a) is type(b), where
-        assert (a.dtype, a.shape, a.requires_grad) == (
-            b.dtype, b.shape, b.requires_grad), where
-        if a.numel():
-            assert a.stride() == b.stride(), where
-        assert _torch_bits(a) == _torch_bits(b), where
-    elif isinstance(a, dict):
-        assert type(a) is type(b) and list(a) == list(b), where
-        for k in a:
-            _same_torch(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)) and not isinstance(a, torch.Size):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same_torch(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and math.isnan(a):
-        assert math.isnan(b), where
-    else:
-        assert type(a) is type(b) and a == b, where
 
 
 def _shared(t):
@@ -224,7 +211,7 @@ def test_torch_files_load_bitwise_and_go_back(corpus, name, legacy,
     out = tmp_path / "d.pt"
     dtorch.save(got, out, format="torch")
     back = torch.load(out, weights_only=True)
-    _same_torch(obj, back)
+    _same_as_torch(obj, back)
     if name == "views":
         assert len({_shared(v) for v in back.values()}) == 1
         assert len({id(np.asarray(v._data).base) for v in got.values()}) \
@@ -348,4 +335,4 @@ def test_pickle_protocols(tmp_path):
         _same_as_torch(obj, dtorch.load(path))
         dtorch.save(dtorch.load(path), path, format="torch",
                     pickle_protocol=proto)
-        _same_torch(obj, torch.load(path, weights_only=proto == 2))
+        _same_as_torch(obj, torch.load(path, weights_only=proto == 2))
