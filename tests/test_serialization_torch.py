@@ -336,3 +336,18 @@ def test_pickle_protocols(tmp_path):
         dtorch.save(dtorch.load(path), path, format="torch",
                     pickle_protocol=proto)
         _same_as_torch(obj, torch.load(path, weights_only=proto == 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not dtorch.cuda.is_available(),
+                    reason="needs CuPy (or DTORCH_FAKE_CUDA=1)")
+def test_cuda_tensors_in_pytorch_format(tmp_path):
+    w = dtorch.arange(6.0, device="cuda").reshape(2, 3)
+    path = tmp_path / "g.pt"
+    dtorch.save({"w": w, "v": w[1]}, path, format="torch")
+    back = torch.load(path, weights_only=True, map_location="cpu")
+    assert back["w"].tolist() == w.tolist()
+    assert back["v"].tolist() == [3, 4, 5]      # (a storage of its own)
+    out = dtorch.load(path)                     # to its saved device
+    assert out["w"].device == w.device and out["v"].tolist() == [3, 4, 5]
+    assert dtorch.load(path, map_location="cpu")["w"].device.type == "cpu"
