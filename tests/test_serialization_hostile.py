@@ -149,12 +149,20 @@ def test_allowed_functions_are_not_gadgets(tmp_path):
             b"\x89ccollections\nOrderedDict\n)RtR."),
         "build-on-dict": _zip(b"\x80\x02}}b."),
         "append-to-tuple": _zip(b"\x80\x02)K\x01a."),
+        # allowed constructors asked for a size: 1 TB, not from the file
+        "bytearray-count": _zip(b"\x80\x02c__builtin__\nbytearray\n\x8a"
+                                b"\x06\x00\x00\x00\x00\x00\x01\x85R."),
+        "bytes-count": _zip(b"\x80\x02c__builtin__\nbytes\n\x8a"
+                            b"\x06\x00\x00\x00\x00\x00\x01\x85R."),
+        "tensor-count": _zip(b"\x80\x02ctorch\nTensor\n\x8a"
+                             b"\x06\x00\x00\x00\x00\x00\x01\x85R."),
     }
     for name, data in cases.items():
         path = tmp_path / f"{name}.pt"
         path.write_bytes(data)
-        err, _ = _load_bounded(path)
+        err, peak = _load_bounded(path)
         assert str(path) in str(err), (name, err)
+        assert peak < len(data) + (1 << 20), (name, peak)
 
 
 def _storage_pickle(numel, key="0", pkl_dtype=b"FloatStorage"):

@@ -1,6 +1,7 @@
 """``save`` and ``load``: which format a call reads or writes (the
 formats themselves live in ``_safetensors`` and ``_torch_format``)."""
 import os
+import warnings
 from typing import IO, Any, Callable, Union
 
 from .. import _backend as B
@@ -92,6 +93,8 @@ def load(f: FileLike, map_location: MapLocation = None,
     if weights_only and pickle_module is not None:
         raise RuntimeError("Can not safely load weights when explicit "
                            "pickle_module is specified")
+    if pickle_load_args and weights_only:
+        warnings.warn("pickle_load_args only works if `weights_only=False`.")
     pickle_load_args.setdefault("encoding", "utf-8")
     with _safetensors.open_file(f, bool(mmap)) as src:
         if src.head.startswith(b"PK\x03\x04"):

@@ -191,6 +191,8 @@ class _Loader:
     def resolve(self, module, name):
         """weights_only=True: PyTorch's allow-list, then the user's."""
         full = f"{module}.{name}"
+        if full in _BOUNDED:
+            return _BOUNDED[full]
         if full in self.table:
             return self.table[full]
         user = W.user_globals()
@@ -314,7 +316,7 @@ class _Loader:
         t = func(*args)
         if new_type is Parameter and not isinstance(t, Parameter):
             t = Parameter(t, t.requires_grad)
-        elif new_type not in (Tensor, Parameter):
+        elif new_type not in (Tensor, Parameter, _TENSOR):
             raise self.err(f"it holds a tensor subclass {new_type!r}, "
                            "which dtorch does not have")
         self._set_state(t, state)
@@ -387,6 +389,27 @@ class _Loader:
                                                stride)),
                             st.location, self.map_location)
             t._data = placed._data
+
+
+def _no_size(cls):
+    """``cls`` as the weights-only unpickler may call it: from data in
+    the file (``bytes(str, "latin1")``), never from a count
+    (``bytearray(10**12)`` would allocate past the file's size)."""
+    def make(*args):
+        if args and isinstance(args[0], int):
+            raise ValueError(f"{cls.__name__}(int) is not loaded (it "
+                             "allocates a size the file declares)")
+        return cls(*args)
+    make.__name__ = cls.__name__
+    return make
+
+
+# weights_only=True only: what PyTorch allows, made unable to allocate
+# from a declared size (torch.Tensor(n) would; it is only ever a type)
+_TENSOR = _TorchName("torch", "Tensor")
+_BOUNDED = {"builtins.bytes": _no_size(bytes),
+            "builtins.bytearray": _no_size(bytearray),
+            "torch.Tensor": _TENSOR}
 
 
 def _view(flat, offset, size, stride):
