@@ -43,7 +43,7 @@ from ..nn.parameter import Parameter
 from ..tensor import Size, Tensor
 from . import _weights_only as W
 from ._errors import SerializationError
-from ._safetensors import _place
+from ._safetensors import _place, fresh
 
 MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_HEAD = b"\x80\x02\x8a\x0a" + MAGIC.to_bytes(10, "little")
@@ -535,7 +535,7 @@ class _Zip:
         if self.src.mm is not None:
             return np.frombuffer(self.src.mm, np.uint8, info.file_size,
                                  start)
-        buf = np.empty(info.file_size, np.uint8)
+        buf = fresh(info.file_size)
         mv, fh, got = memoryview(buf), self.src.fh, 0
         fh.seek(start)
         while got < len(mv):
