@@ -20,8 +20,10 @@ PyTorch's format (when torch is installed; ``--torch-mb 0`` skips it): a
 arrays on both sides), ``dtorch.save(sd, f, format="torch")`` vs
 ``torch.save`` and ``dtorch.load`` vs ``torch.load(weights_only=True)``,
 each reading its own file, plus dtorch reading torch's file; interleaved,
-torch going first every other run. Ratio = dtorch rate / torch rate per
-run, reported as median [min..max] over the runs.
+torch going first every other run, each timed op starting after an
+untimed ``os.sync()`` (dtorch.save's own fsync is timed, torch.save has
+none). Ratio = dtorch rate / torch rate per run, reported as median
+[min..max] over the runs.
 
 ``--baseline REV`` (repeatable; a revision before serialization became a
 package) loads ``dtorch/serialization.py`` as of REV (git show) as another module of the dtorch package and times it the
@@ -154,6 +156,10 @@ def torch_format(folder, mb, repeats):
             order = [("dtorch", d_fn), ("torch", t_fn)]
             for who, fn in (order if r % 2 else order[::-1]):
                 gc.collect()
+                # the other side's dirty pages would throttle this side's
+                # writes (torch.save does not fsync; dtorch.save does, and
+                # that is timed): start both from a clean page cache
+                os.sync()
                 out, wall, cpu = _timed(fn)
                 del out
                 times[who] = (wall, cpu)

@@ -320,6 +320,12 @@ def test_torch_whole_module_loads_with_weights_only_false(tmp_path):
     torch.save(m, path)
     with pytest.raises(WeightsOnlyError, match="torch.nn.modules"):
         dtorch.load(path)
+    # torch's names in the file, dtorch's classes in the list
+    nn = dtorch.nn
+    with dtorch.serialization.safe_globals([
+            nn.Sequential, nn.Linear, nn.ReLU, nn.LayerNorm]):
+        d = dtorch.load(path)
+    assert type(d[2]) is nn.LayerNorm
     d = dtorch.load(path, weights_only=False)
     assert type(d[0]) is dtorch.nn.Linear
     x = torch.randn(4, 3)

@@ -34,6 +34,7 @@ import math
 import os
 import pickle
 import struct
+import sys
 import zipfile
 
 import numpy as np
@@ -205,10 +206,11 @@ class _Loader:
             e = self.foreign(full)
             if e is not None:
                 raise e
-            # a dtorch class the user allowed by its dtorch name
-            d = "dtorch" + full[len("torch"):]
-            if d in user:
-                return user[d]
+            # torch.X where the user allowed dtorch.X (the same object,
+            # whatever module defines it); nothing new is imported here
+            obj = _dtorch_attr(module, name, import_=False)
+            if obj is not None and any(obj is g for g in user.values()):
+                return obj
         raise W.unsupported_global(self.where, full)
 
     def find_class(self, module, name, fallback):
@@ -221,13 +223,10 @@ class _Loader:
         e = self.foreign(full)
         if e is not None:
             raise e
-        try:
-            obj = importlib.import_module("dtorch" + module[len("torch"):])
-            for part in name.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError):
+        obj = _dtorch_attr(module, name)
+        if obj is None:
             raise self.err(f"it needs {full}, which dtorch does not have "
-                           f"(no dtorch{full[len('torch'):]})") from None
+                           f"(no dtorch{full[len('torch'):]})")
         return obj
 
     # persistent ids: storages ---------------------------------------------
@@ -419,6 +418,19 @@ def _view(flat, offset, size, stride):
     k = flat.itemsize
     return np.ndarray(size, flat.dtype, buffer=flat, offset=offset * k,
                       strides=[s * k for s in stride])
+
+
+def _dtorch_attr(module, name, import_=True):
+    """dtorch's object for ``torch.<module...>.<name>``, or None
+    (``import_=False``: only from modules already imported)."""
+    mod = "dtorch" + module[len("torch"):]
+    try:
+        obj = importlib.import_module(mod) if import_ else sys.modules[mod]
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, KeyError, ValueError, TypeError):
+        return None
+    return obj
 
 
 class _Reader:
