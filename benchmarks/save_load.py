@@ -43,6 +43,17 @@ rewrite (698c113, the safetensors package, no checksums), median MB/s
   small, disk: save 18.2 vs 17.8, load 19.6 vs 17.5
   /dev/shm: large save 613 vs 595, load 899 vs 730; small save 27.4 vs
   24.0, load 24.3 vs 21.0
+
+PyTorch's format, measured 2026-12-01 (2 cores shared with other helpers,
+load average 7.8-10.8; 1 GB = 16 tensors of 64 MB; 7 interleaved runs;
+dtorch/torch wall-rate ratio median [min..max], then median CPU ms
+dtorch vs torch), two runs:
+  save:               0.91 [0.69..2.5], 587 vs 516 | 0.74 [0.28..1.83],
+                      980 vs 680 (zlib.crc32 ran 2.6 / 1.6 GB/s then)
+  load (own file):    0.94 [0.68..1.19], 489 vs 521 | 1.05 [0.75..2.0],
+                      613 vs 676
+  load torch's file:  1.22 [0.74..1.66], 481 vs 540 | 0.95 [0.84..1.13],
+                      545 vs 570
 """
 import argparse
 import gc
