@@ -20,6 +20,7 @@ import pytest
 import dtorch
 from dtorch.serialization import SerializationError
 from dtorch.serialization import _torch_format as TF
+from dtorch.serialization import _weights_only as W
 
 
 class Gadget:
@@ -113,19 +114,27 @@ def _load_bounded(path):
         tracemalloc.stop()
 
 
-def test_gadgets_never_run(tmp_path):
-    marker = tmp_path / "PWNED"
-    files = _hostile_files(tmp_path, marker)
-    for name, data in files.items():
+def _all_refused(tmp_path, cases):
+    """Load each file: each fails naming itself, within the file's size
+    (plus 1 MiB for the interpreter); {name: message}."""
+    msgs = {}
+    for name, data in cases.items():
         path = tmp_path / f"{name}.pt"
         path.write_bytes(data)
         err, peak = _load_bounded(path)
-        assert not marker.exists(), name
-        msg = str(err)
-        assert str(path) in msg, (name, msg)
+        msgs[name] = str(err)
+        assert str(path) in msgs[name], (name, err)
+        assert peak < len(data) + (1 << 20), (name, peak)
+    return msgs
+
+
+def test_gadgets_never_run(tmp_path):
+    marker = tmp_path / "PWNED"
+    for name, msg in _all_refused(tmp_path, _hostile_files(
+            tmp_path, marker)).items():
         assert "was not an allowed global" in msg or "blocked" in msg, \
             (name, msg)
-        assert peak < len(data) + (1 << 20), (name, peak)
+    assert not marker.exists()
     # the corpus is live: the same files do run code when allowed to
     for name in ("zip-open", "legacy-eval", "pid-exec"):
         try:
@@ -157,12 +166,7 @@ def test_allowed_functions_are_not_gadgets(tmp_path):
         "tensor-count": _zip(b"\x80\x02ctorch\nTensor\n\x8a"
                              b"\x06\x00\x00\x00\x00\x00\x01\x85R."),
     }
-    for name, data in cases.items():
-        path = tmp_path / f"{name}.pt"
-        path.write_bytes(data)
-        err, peak = _load_bounded(path)
-        assert str(path) in str(err), (name, err)
-        assert peak < len(data) + (1 << 20), (name, peak)
+    _all_refused(tmp_path, cases)
 
 
 def _storage_pickle(numel, key="0", pkl_dtype=b"FloatStorage"):
@@ -209,12 +213,7 @@ def test_sizes_past_the_file_allocate_nothing(tmp_path):
         if ok[off + 46:off + 46 + 14] == b"archive/data/0":
             cut[off + 20:off + 28] = struct.pack("<II", 1 << 30, 1 << 30)
     cases["entry-past-file"] = bytes(cut)
-    for name, data in cases.items():
-        path = tmp_path / f"{name}.pt"
-        path.write_bytes(data)
-        err, peak = _load_bounded(path)
-        assert str(path) in str(err), (name, err)
-        assert peak < len(data) + (1 << 20), (name, peak)
+    _all_refused(tmp_path, cases)
 
 
 def _central_entries(data):
@@ -239,19 +238,13 @@ def test_path_traversal_and_compressed_entries(tmp_path):
         z.writestr("archive/data.pkl", good)
         z.writestr("archive/data/0", b"\0" * (1 << 20))   # a small bomb
     cases["deflated"] = b.getvalue()
-    for name, data in cases.items():
-        path = tmp_path / f"{name}.pt"
-        path.write_bytes(data)
-        err, peak = _load_bounded(path)
-        msg = str(err)
-        assert str(path) in msg, msg
+    for name, msg in _all_refused(tmp_path, cases).items():
         assert ("outside the archive" in msg if name != "deflated"
                 else "compressed" in msg), msg
-        assert peak < len(data) + (1 << 20), (name, peak)
     assert not (tmp_path.parent / "evil").exists()
 
 
-def test_nesting_bombs(tmp_path):
+def test_nesting_and_object_bombs(tmp_path, monkeypatch):
     depth = 20_000          # the limit is 1000
     cases = {
         "deep-lists": b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b".",
@@ -262,11 +255,18 @@ def test_nesting_bombs(tmp_path):
     }
     for name, pkl in cases.items():
         path = tmp_path / f"{name}.pt"
-        data = _zip(pkl)
-        path.write_bytes(data)
+        path.write_bytes(_zip(pkl))
         err, peak = _load_bounded(path)
-        assert str(path) in str(err) and "nest deeper" in str(err), \
-            (name, err)
+        assert str(path) in str(err) and "nest deeper" in str(err), err
+        # Python objects: ~50 bytes per one-byte opcode, never a declared
+        # size; at most max(16 x the file, 64 MiB) (the opcode budget)
+        assert peak < 64 << 20, (name, peak)
+    # a flat object bomb past the budget stops there
+    monkeypatch.setattr(W, "_OBJECT", 64 << 10)   # a budget of 1024 ops
+    (tmp_path / "flat.pt").write_bytes(_zip(b"\x80\x02]" + b"]a" * 2000
+                                            + b"."))
+    err, _ = _load_bounded(tmp_path / "flat.pt")
+    assert "object bomb" in str(err) and "flat.pt" in str(err), err
     # a memo fan-out (10 levels of 10 references: 10**10 leaves if it were
     # expanded) is a small legal object: it loads without expanding
     pkl = b"\x80\x02]q\x00" + b"".join(

@@ -132,9 +132,10 @@ class _Loader:
     ``map_location``). ``read_storage(key, nbytes)`` gives a storage's
     bytes (zip) or None (legacy: filled in later, see ``fill``)."""
 
-    def __init__(self, where, map_location, read_storage):
+    def __init__(self, where, map_location, read_storage, size):
         self.where, self.map_location = where, map_location
         self.read_storage = read_storage
+        self.size = size                     # the file's, in bytes
         self.storages = {}
         self.pending = []          # legacy: (tensor, storage, view args)
         self.pending_ids = {}
@@ -460,7 +461,8 @@ def _unpickle(buf, pos, loader, weights_only, pickle_module, load_args):
     if weights_only:
         enc = load_args.get("encoding", "utf-8")
         return W.Unpickler(buf, loader.where, loader.resolve,
-                           loader.persistent_load, enc).load(pos)
+                           loader.persistent_load, enc,
+                           W.budget(loader.size)).load(pos)
     base = (pickle_module or pickle).Unpickler
 
     class Unpickler(base):
@@ -576,7 +578,7 @@ def load_zip(src, map_location, weights_only, pickle_module, load_args):
             bytes(z.read("byteorder", 16)).strip() == b"big":
         raise SerializationError(f"{src.where} was written on a big-endian "
                                  "machine; dtorch reads little-endian files")
-    loader = _Loader(src.where, map_location, z.storage)
+    loader = _Loader(src.where, map_location, z.storage, src.size)
     obj, _ = _unpickle(z.read("data.pkl"), 0, loader, weights_only,
                        pickle_module, load_args)
     return obj
@@ -597,7 +599,8 @@ def load_legacy(src, map_location, weights_only, pickle_module, load_args):
             "torch.save your checkpoint with this option in order to use "
             f"mmap ({src.where} is in the legacy format)")
     buf = src.data if src.data is not None else memoryview(src.fh.read())
-    loader = _Loader(src.where, map_location, lambda key, n: None)
+    loader = _Loader(src.where, map_location, lambda key, n: None,
+                     src.size)
     pos = 0
     head = []
     for _ in range(3):

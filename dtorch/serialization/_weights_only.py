@@ -21,6 +21,19 @@ import struct
 from ._errors import WeightsOnlyError
 
 MAX_DEPTH = 1000
+# Each opcode builds at most one object, of ~64 bytes if small (a list, a
+# tuple, a float; strings and bytes are the file's own bytes): a pickle may
+# run at most budget(file size) opcodes, so the objects it builds take at
+# most max(16 x the file, 64 MiB). Real checkpoints use ~20 opcodes per
+# tensor (a ResNet-18 file: 1.3 MB of objects for 45 MB); a list of floats
+# needs 7x its pickle; a file of empty containers needs 32-64x and stops.
+_OBJECT = 64
+
+
+def budget(size):
+    """The opcodes a pickle in a ``size``-byte file may run."""
+    return max(16 * size, 64 << 20) // _OBJECT
+
 
 # --------------------------------------------------- user safe globals --
 # A list, not a set: kept in the order given, each entry once.
@@ -149,10 +162,11 @@ class Unpickler:
     ``encoding`` decodes Python 2 strings ("bytes" keeps them bytes)."""
 
     def __init__(self, buf, where, resolve, persistent_load,
-                 encoding="utf-8"):
+                 encoding="utf-8", max_ops=None):
         self.buf, self.where = memoryview(buf), where
         self.resolve, self.persistent_load = resolve, persistent_load
         self.encoding = encoding
+        self.max_ops = budget(len(self.buf)) if max_ops is None else max_ops
         self.allowed = {}        # id -> object that came out of resolve
 
     # reading ------------------------------------------------------------
@@ -212,6 +226,7 @@ class Unpickler:
     def _run(self):
         stack, marks, memo = [], [], {}
         push, take = stack.append, self.take
+        ops = 0
 
         def pop_mark():
             nonlocal stack, push
@@ -222,6 +237,12 @@ class Unpickler:
 
         while True:
             op = bytes(take(1))
+            ops += 1
+            if ops > self.max_ops:
+                raise refused(self.where, f"its pickle runs more than "
+                              f"{self.max_ops} opcodes, whose objects could "
+                              f"take more than {self.max_ops * _OBJECT} bytes"
+                              " of memory (an object bomb?)", False)
             if op == pickle.BINPUT:
                 memo[take(1)[0]] = stack[-1]
             elif op == pickle.BINGET:
