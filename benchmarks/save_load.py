@@ -13,9 +13,23 @@ checksum (XXH3-64) alone. The implementations take turns going first.
 
     python benchmarks/save_load.py [--baseline REV ...] [--repeats 9]
         [--dir DIR] [--out benchmarks/results/save_load.json]
+        [--torch-mb 1024] [--torch-repeats 5]
 
-``--baseline REV`` (repeatable) loads ``dtorch/serialization.py`` as of
-REV (git show) as another module of the dtorch package and times it the
+PyTorch's format (when torch is installed; ``--torch-mb 0`` skips it): a
+``--torch-mb`` MB float32 state dict of 16M-element tensors (the same
+arrays on both sides), ``dtorch.save(sd, f, format="torch")`` vs
+``torch.save`` and ``dtorch.load`` vs ``torch.load(weights_only=True)``,
+each reading its own file, plus dtorch reading torch's file; interleaved,
+torch going first every other run, each timed op starting after an
+untimed ``os.sync()`` (dtorch.save's own fsync is timed, torch.save has
+none), each save writing a new file on both sides (dtorch.save always
+does: atomic, a temporary file renamed; torch.save overwrites in place,
+which costs this machine's file system ~0.4 s of CPU per GB against
+~2.8 s for a new file). Ratio = dtorch rate / torch rate per run, reported as median
+[min..max] over the runs.
+
+``--baseline REV`` (repeatable; a revision before serialization became a
+package) loads ``dtorch/serialization.py`` as of REV (git show) as another module of the dtorch package and times it the
 same way. The implementations take turns going first (rotated).
 
 Measured 2026-12-01 (2 cores shared with other jobs, load average 12-14:
@@ -29,6 +43,17 @@ rewrite (698c113, the safetensors package, no checksums), median MB/s
   small, disk: save 18.2 vs 17.8, load 19.6 vs 17.5
   /dev/shm: large save 613 vs 595, load 899 vs 730; small save 27.4 vs
   24.0, load 24.3 vs 21.0
+
+PyTorch's format, measured 2026-12-01 (2 cores shared with other helpers,
+load average 7.8-10.8; 1 GB = 16 tensors of 64 MB; 7 interleaved runs;
+dtorch/torch wall-rate ratio median [min..max], then median CPU ms
+dtorch vs torch), two runs:
+  save:               0.91 [0.69..2.5], 587 vs 516 | 0.74 [0.28..1.83],
+                      980 vs 680 (zlib.crc32 ran 2.6 / 1.6 GB/s then)
+  load (own file):    0.94 [0.68..1.19], 489 vs 521 | 1.05 [0.75..2.0],
+                      613 vs 676
+  load torch's file:  1.22 [0.74..1.66], 481 vs 540 | 0.95 [0.84..1.13],
+                      545 vs 570
 """
 import argparse
 import gc
@@ -111,6 +136,72 @@ def summary(times, size, cpu=None):
     return out
 
 
+def _timed(fn, *args, **kw):
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn(*args, **kw)
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def torch_format(folder, mb, repeats):
+    """dtorch's PyTorch-format save/load vs torch's own, side by side."""
+    import torch
+    n = 1 << 24                      # 64 MB tensors
+    g = np.random.default_rng(2)
+    arrays = [g.standard_normal(n, dtype=np.float32)
+              for _ in range(max(1, mb * 2 ** 20 // (4 * n)))]
+    d_sd = {f"layer{i}.weight": dtorch.from_numpy(a)
+            for i, a in enumerate(arrays)}
+    t_sd = {k: torch.from_numpy(a) for k, a in zip(d_sd, arrays)}
+    size = sum(a.nbytes for a in arrays)
+    dpath, tpath = (os.path.join(folder, f) for f in ("d.pt", "t.pt"))
+    ops = {
+        "save": (lambda: dtorch.save(d_sd, dpath, format="torch"),
+                 lambda: torch.save(t_sd, tpath)),
+        "load": (lambda: dtorch.load(dpath),
+                 lambda: torch.load(tpath, weights_only=True)),
+        "load torch's file": (lambda: dtorch.load(tpath),
+                              lambda: torch.load(tpath, weights_only=True)),
+    }
+    rows = {op: {"dtorch": [], "torch": [], "dtorch_cpu": [],
+                 "torch_cpu": [], "ratio": []} for op in ops}
+    for r in range(repeats + 1):            # run 0 warms up
+        for op, (d_fn, t_fn) in ops.items():
+            times = {}
+            order = [("dtorch", d_fn), ("torch", t_fn)]
+            for who, fn in (order if r % 2 else order[::-1]):
+                gc.collect()
+                # the other side's dirty pages would throttle this side's
+                # writes (torch.save does not fsync; dtorch.save does, and
+                # that is timed): start both from a clean page cache. Saves
+                # write new files on both sides: dtorch.save always does
+                # (a temporary file, renamed), and a new file costs the
+                # file system far more than an overwrite in place
+                mine = dpath if who == "dtorch" else tpath
+                if op == "save" and os.path.exists(mine):
+                    os.unlink(mine)
+                os.sync()
+                out, wall, cpu = _timed(fn)
+                del out
+                times[who] = (wall, cpu)
+            if r:
+                row = rows[op]
+                for who in ("dtorch", "torch"):
+                    row[who].append(times[who][0])
+                    row[f"{who}_cpu"].append(times[who][1])
+                row["ratio"].append(times["torch"][0] / times["dtorch"][0])
+    for f in (dpath, tpath):
+        os.unlink(f)
+    out = {"MB": round(size / 1e6, 1)}
+    for op, row in rows.items():
+        ratios = sorted(row["ratio"])
+        out[op] = {"dtorch": summary(row["dtorch"], size, row["dtorch_cpu"]),
+                   "torch": summary(row["torch"], size, row["torch_cpu"]),
+                   "ratio_median": round(statistics.median(ratios), 2),
+                   "ratio_min": round(ratios[0], 2),
+                   "ratio_max": round(ratios[-1], 2)}
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", action="append", default=[],
@@ -119,6 +210,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--out", default="benchmarks/results/save_load.json")
+    ap.add_argument("--torch-mb", type=int, default=1024,
+                    help="size of the PyTorch-format workload (0: skip)")
+    ap.add_argument("--torch-repeats", type=int, default=5)
+    ap.add_argument("--only-torch", action="store_true",
+                    help="run the PyTorch-format comparison only")
     args = ap.parse_args()
 
     impls = {"current": dtorch.serialization}
@@ -128,7 +224,10 @@ def main():
     results = {"loadavg_before": [round(x, 2) for x in os.getloadavg()]}
     folder = tempfile.mkdtemp(dir=args.dir, prefix="dtorch-bench-")
     try:
-        for wname, obj in workloads().items():
+        if args.torch_mb and importlib.util.find_spec("torch"):
+            results["torch format"] = torch_format(folder, args.torch_mb,
+                                                   args.torch_repeats)
+        for wname, obj in ({} if args.only_torch else workloads()).items():
             size = nbytes(obj)
             times = {k: ([], [], [], []) for k in impls}
             for k, mod in impls.items():          # warm up
@@ -178,7 +277,16 @@ def main():
         results["dtorch checksum"] = summary(times, a.nbytes)
 
     for k, r in results.items():
-        if "save" in r:
+        if k == "torch format":
+            for op in ("save", "load", "load torch's file"):
+                d, t = r[op]["dtorch"], r[op]["torch"]
+                print(f"torch format {r['MB']} MB {op:18s} dtorch "
+                      f"{d['median_MBps']} MB/s (cpu {d['cpu_ms_median']} "
+                      f"ms), torch {t['median_MBps']} MB/s (cpu "
+                      f"{t['cpu_ms_median']} ms), dtorch/torch "
+                      f"{r[op]['ratio_median']} [{r[op]['ratio_min']}.."
+                      f"{r[op]['ratio_max']}]")
+        elif "save" in r:
             print(f"{k:26s} {r['MB']:5.1f} MB", *(
                 f" {op} {r[op]['median_MBps']:6.1f} MB/s [{r[op]['min_MBps']}"
                 f"..{r[op]['max_MBps']}] cpu {r[op]['cpu_ms_median']} ms"
