@@ -651,9 +651,12 @@ _REBUILD_PARAM = _TorchName("torch._utils", "_rebuild_parameter")
 _SIZE = _TorchName("torch", "Size")
 _DEVICE = _TorchName("torch", "device")
 _ENCODE = _TorchName("_codecs", "encode")
+# NumPy dtype -> torch's storage name; BFloat16Storage joins once
+# ml_dtypes is loaded (the first bfloat16: import dtorch does not load it)
 _STORAGE_NAMES = {_np(dt): _TorchName("torch", name)
-                  for name, dt in _STORAGES.items()
-                  if B.to_dtype(dt).np is not None}
+                  for name, dt in _STORAGES.items() if dt != "bfloat16"}
+B.on_bfloat16(lambda np_dtype: _STORAGE_NAMES.__setitem__(
+    np_dtype, _TorchName("torch", _STORAGE_OF["bfloat16"])))
 
 
 class _StorageRef:
