@@ -108,6 +108,7 @@ def test_predictions_equal_a_real_two_rank_job(tmp_path, layout):
     kind = "send" if layout[0] == "--pp" else "all_reduce"
     for pred in rep["ranks"]:
         got = json.loads((real / f"rank{pred['rank']}.json").read_text())
+        assert (pred["backend"], got["backend"]) == ("threads", "tcp")
         assert pred["collective_bytes"][kind] > 0
         assert {k: pred[k] for k in FIGURES} == {k: got[k] for k in FIGURES}
 

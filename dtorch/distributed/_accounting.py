@@ -182,6 +182,7 @@ class Ledger:
         self.stop_after, self.report = stop_after, report
         self.steps = []           # one record per finished step
         self.ended = None         # how the dry run's rank ended
+        self.backend = None       # of the group the rank joined
         self._lock = threading.Lock()   # DDP's comm thread tallies too
         self._depth = 0           # nested steps (ZeRO's inner optimizer)
         self._main = None         # the optimizer whose steps count
@@ -264,7 +265,8 @@ class Ledger:
         last = dict(self.steps[-1]) if self.steps else {}
         last.pop("step", None)
         return dict({"rank": self.rank, "world_size": self.world_size,
-                     "steps": len(self.steps), "ended": self.ended},
+                     "backend": self.backend, "steps": len(self.steps),
+                     "ended": self.ended},
                     **last, per_step=list(self.steps))
 
     def write(self, path):
@@ -324,3 +326,4 @@ def join(group):
                      report=os.path.join(where, f"rank{group.rank}.json"))
         start(led)
     group._tally = led.tally
+    led.backend = group.backend
