@@ -136,6 +136,8 @@ SCRIPT = textwrap.dedent("""
     steps, how = int(sys.argv[1]), sys.argv[2]
     if how == "fail" and r == 2:
         raise KeyError("no such column on rank 2")
+    if how == "early" and r == 1:
+        sys.exit(0)
     for step in range(steps):
         (w * w).sum().backward()
         dist.all_reduce(w.grad)
@@ -183,6 +185,14 @@ def test_an_error_on_one_rank_ends_the_run_naming_it(script):
                        match="rank 2 of 4 failed: KeyError") as e:
         dry_run.run(script, ["3", "fail"], nproc_per_node=2, nnodes=2)
     assert e.value.rank == 2 and e.value.code == 1
+
+
+def test_a_rank_that_left_early_is_named_not_waited_for(script):
+    with pytest.raises(dry_run.DryRunError,
+                       match=r"CollectiveTimeoutError: all_reduce .*ranks "
+                             r"that did not arrive: \[1\]"):
+        dry_run.run(script, ["2", "early"], nproc_per_node=2, nnodes=2,
+                    timeout=1)
 
 
 def test_bad_arguments():

@@ -43,6 +43,7 @@ import threading
 import time
 import traceback
 
+import collectives as _c
 from collectives import blas_threads
 
 from . import _accounting, spawn_threads
@@ -193,12 +194,16 @@ def run(target, args=(), nproc_per_node=1, nnodes=1, steps=DEFAULT_STEPS,
     ``module``) with ``args`` as nproc_per_node x nnodes thread ranks for
     ``steps`` optimizer steps. Returns the report (a dict; ``ranks``: one
     summary per rank, see distributed/_accounting.py); raises DryRunError
-    naming the rank when a rank fails."""
+    naming the rank when a rank fails. ``timeout``: seconds a collective
+    waits for a rank that never comes (default DTORCH_COLLECTIVE_TIMEOUT,
+    else 120: a dry run's steps are short)."""
     for name, v in (("nproc_per_node", nproc_per_node), ("nnodes", nnodes),
                     ("steps", steps)):
         if int(v) < 1:
             raise ValueError(f"{name} must be >= 1 (got {v})")
     world = nproc_per_node * nnodes
+    if timeout is None:
+        timeout = _c.env_number("DTORCH_COLLECTIVE_TIMEOUT", 120.0)
     script = _runner(target, module)
     ledgers = [_accounting.Ledger(r, world, stop_after=steps)
                for r in range(world)]
