@@ -141,6 +141,9 @@ class ProcessGroup:
         self._nsub = 0         # new_group calls, to key sub-groups
         # DTORCH_TIMELINE: the rank's timeline (collectives/timeline.py)
         self._timeline = _timeline.for_group(self)
+        # the byte ledger of a dry run or DTORCH_DRY_RUN_REPORT
+        # (dtorch/distributed/_accounting.py): tally(op, arr, size)
+        self._tally = None
 
     def __repr__(self):
         return (f"<{type(self).__name__} {self.name!r} rank {self.rank}"
@@ -219,6 +222,8 @@ class ProcessGroup:
     def _run(self, name, arr, sig, start, async_op, p2p=False):
         if self._broken is not None:
             self._check_usable()
+        if self._tally is not None:
+            self._tally(name, arr, self.size)
         if self._timeline is not None:
             return self._run_recorded(name, arr, sig, start, async_op, p2p)
         return self._run_op(name, arr, sig, start, async_op, p2p)
@@ -549,6 +554,8 @@ class ProcessGroup:
                             as_seconds(timeout, self.timeout))
         if g is not None and self._timeline is not None:
             g._timeline = self._timeline   # the rank's one file
+        if g is not None:
+            g._tally = self._tally
         return g
 
     def destroy(self) -> None:

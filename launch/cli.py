@@ -5,6 +5,7 @@
     dtorch-launch --runner mpi --nproc-per-node 2 train.py
     dtorch-launch --runner slurm train.py          # inside sbatch/salloc
     dtorch-launch --runner ray --nproc-per-node 2 -m mypkg.train
+    dtorch-launch --dry-run --nproc-per-node 4 train.py   # one process
 
 Everything after the script (or `-m module`) goes to the script.
 """
@@ -71,6 +72,20 @@ def build_parser():
     p.add_argument("--grace-period", type=float, default=5.0,
                    help="seconds between SIGTERM and SIGKILL when "
                         "stopping ranks (default 5)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="instead of starting the job, run its first "
+                        "optimizer steps in one process with nnodes x "
+                        "nproc-per-node simulated ranks (threads): the "
+                        "script's layout errors show here, named by rank, "
+                        "and a table gives each rank's parameter, "
+                        "gradient, optimizer-state and activation bytes "
+                        "and bytes per collective. The steps really run "
+                        "in the current directory: checkpoints and files "
+                        "the script writes are written")
+    p.add_argument("--dry-run-steps", type=int, default=2, metavar="K",
+                   help="optimizer steps of the dry run (default 2)")
+    p.add_argument("--dry-run-json", default=None, metavar="FILE",
+                   help="also write the dry run's figures as JSON")
     p.add_argument("-m", "--module", action="store_true",
                    help="the target is a module, run as python -m")
     p.add_argument("script", help="training script (or module with -m)")
@@ -102,7 +117,8 @@ def main(argv=None):
     for flag, value, low in (("--nproc-per-node", args.nproc_per_node, 1),
                              ("--nnodes", args.nnodes, 1),
                              ("--max-restarts", args.max_restarts, 0),
-                             ("--grace-period", args.grace_period, 0)):
+                             ("--grace-period", args.grace_period, 0),
+                             ("--dry-run-steps", args.dry_run_steps, 1)):
         if value is not None and value < low:
             parser.error(f"{flag} must be >= {low} (got {value})")
     try:
@@ -114,12 +130,33 @@ def main(argv=None):
 
 
 def run(args):
+    if args.dry_run:
+        return _run_dry(args)
     backend = None if args.backend == "auto" else args.backend
     if args.runner == "local":
         return _run_local(args, backend)
     if args.runner == "ray":
         return _run_ray(args, backend)
     return _run_external(args, backend)
+
+
+def _run_dry(args):
+    """One child, ``python -m dtorch.distributed.dry_run`` (this package
+    does not import dtorch); its exit status is the launcher's."""
+    import os
+    import subprocess
+    cmd = [sys.executable, "-m", "dtorch.distributed.dry_run",
+           "--nproc-per-node", str(args.nproc_per_node or 1),
+           "--nnodes", str(args.nnodes), "--steps", str(args.dry_run_steps)]
+    if args.dry_run_json:
+        cmd += ["--json", args.dry_run_json]
+    env = dict(os.environ)
+    # the simulated ranks share one process and its BLAS
+    for var in renv.THREAD_VARS:
+        env.setdefault(var, "1")
+    return subprocess.run(cmd + (["-m"] if args.module else [])
+                          + [args.script] + list(args.args),
+                          env=env).returncode
 
 
 def _run_local(args, backend):

@@ -61,6 +61,9 @@ LAYERS = {
     'dtorch._einops': 4, 'dtorch._einops_hook': 4,
     # 5 torch.distributed-style facade over collectives/, its comm hooks
     'dtorch.distributed': 5,
+    # the dry run (dtorch-launch --dry-run) and its byte ledger: over the
+    # facade, optim's step hooks and autograd's recorder chain
+    'dtorch.distributed.dry_run': 5, 'dtorch.distributed._accounting': 5,
     # 6 DDP, tensor parallel, SyncBatchNorm: over distributed's public API
     'dtorch.nn.parallel': 6,
     # 7 model-level distributed features that wrap or read parallel models

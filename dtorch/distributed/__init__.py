@@ -21,6 +21,7 @@ from collectives import (CollectiveError, CollectiveTimeoutError,  # noqa
                          CollectiveMismatchError, RankFailureError)
 
 from .. import _rank_local
+from . import _accounting
 from .._ignored import ignored_argument
 from ..tensor import Tensor
 
@@ -43,6 +44,7 @@ _BACKEND_ALIASES = {"gloo": "tcp", "tcp": "tcp", "mpi": "mpi",
 
 class _State(threading.local):
     group = None          # a thread's own default group (spawn_threads)
+    pending = None        # the group init_process_group joins (deferred)
 
 
 _local = _State()
@@ -103,6 +105,8 @@ def init_process_group(backend=None, init_method=None, timeout=None,
     'gloo' is accepted as PyTorch scripts spell it and means tcp.
     ``init_method``: 'env://' (default) or 'tcp://host:port'.
     """
+    if _local.pending is not None:
+        return _join_pending(world_size, rank)
     if _default_or_none() is not None:
         raise RuntimeError("trying to initialize the default process group "
                            "twice!")
@@ -147,6 +151,23 @@ def init_process_group(backend=None, init_method=None, timeout=None,
     if g._timeline is not None:     # DTORCH_TIMELINE (collectives/timeline)
         from . import _timeline
         _timeline.attach(g)
+    _accounting.join(g)             # DTORCH_DRY_RUN_REPORT
+    return g
+
+
+def _join_pending(world_size, rank):
+    """A simulated rank of ``spawn_threads(deferred=True)`` (the dry
+    run) calls init_process_group: it joins the group its thread was
+    given, as a process joins its job's."""
+    g = _local.pending
+    for what, given, have in (("world_size", world_size, g.size),
+                              ("rank", rank, g.rank)):
+        if given is not None and given >= 0 and given != have:
+            raise ValueError(f"init_process_group({what}={given}) in "
+                             f"simulated rank {g.rank} of {g.size}: the "
+                             f"dry run's {what} is {have}")
+    _local.pending, _local.group = None, g
+    _accounting.join(g)
     return g
 
 
@@ -446,16 +467,22 @@ def all_gather_object(object_list, obj, group=None):
     object_list[:] = g.all_gather_object(obj)
 
 
-def spawn_threads(fn, world_size, timeout=None):
+def spawn_threads(fn, world_size, timeout=None, deferred=False):
     """Run ``fn(rank, world_size)`` in ``world_size`` threads of this
     process, each with its own default process group (threads backend), so
     that multi-rank code (DDP, tensor parallel) is unit-tested without a
     launcher. Each rank also has its own RNG state, default dtype and
     deterministic flag (``dtorch._rank_local``), as a process would: a rank
     starts from the defaults of a fresh process. Returns the list of
-    results; re-raises the first failure."""
+    results; re-raises the first failure. ``deferred``: the group becomes
+    the rank's default group when the rank calls ``init_process_group()``,
+    not before, so a script written for processes runs unchanged (the dry
+    run, ``dtorch-launch --dry-run``)."""
     def body(group):
-        _local.group = group
+        if deferred:
+            _local.pending = group
+        else:
+            _local.group = group
         if group._timeline is not None:     # DTORCH_TIMELINE
             from . import _timeline
             _timeline.attach(group)
@@ -463,7 +490,7 @@ def spawn_threads(fn, world_size, timeout=None):
             with _rank_local.rank_scope():
                 return fn(group.rank, group.size)
         finally:
-            _local.group = None
+            _local.group = _local.pending = None
     return _c.spawn_threads(body, world_size, timeout=timeout)
 
 
