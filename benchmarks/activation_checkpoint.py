@@ -125,6 +125,85 @@ def step_times(layers, x0, rounds, reps, residual):
     return res
 
 
+def _passes(run, layers, x0, full):
+    """CPU time (this thread) of one forward and of its backward; in full
+    checkpointing the backward includes the recomputation."""
+    for p in layers.parameters():
+        p.grad = None
+    x = x0.clone().requires_grad_()
+    t = time.thread_time()
+    loss = run(layers, x, full)
+    t1 = time.thread_time()
+    loss.backward()
+    return t1 - t, time.thread_time() - t1
+
+
+def _dtorch_run(layers, x, full):
+    f = wrap("full" if full else "none")
+    dtorch.manual_seed(1)
+    h = x
+    for m in layers:
+        h = f(m, h)
+    return h.float().pow(2).mean()
+
+
+def _torch_side(batch, seq):
+    """The same 12 layers in PyTorch (one thread), if installed: its own
+    forward, backward and checkpoint cost on this machine."""
+    try:
+        import torch
+        from torch.utils.checkpoint import checkpoint as tcheckpoint
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.TransformerEncoderLayer(
+        256, 4, 1024, dropout=0.1, batch_first=True, norm_first=True)
+        for _ in range(12))
+
+    def run(layers, x, full):
+        h = x
+        for m in layers:
+            h = tcheckpoint(m, h, use_reentrant=False) if full else m(h)
+        return h.float().pow(2).mean()
+    return layers, torch.randn(batch, seq, 256), run
+
+
+def breakdown(layers, x0, rounds, batch, seq):
+    """Forward (F), backward (B) and recomputation (R = backward under
+    full checkpointing - plain backward) CPU times, plain and full runs
+    interleaved in each round (and PyTorch's, interleaved with them):
+    with the recomputation one more forward, full / none is about
+    (2F + B) / (F + B) = 1 + F / (F + B), the floor that B / F sets."""
+    sides = {"dtorch": (layers, x0, _dtorch_run)}
+    t = _torch_side(batch, seq)
+    if t is not None:
+        sides["torch"] = t
+    raw = {k: {n: [] for n in ("F", "B", "F_full", "B_full")}
+           for k in sides}
+    for lib, (ls, x, run) in sides.items():          # warm-up
+        _passes(run, ls, x, True)
+    for _ in range(rounds):
+        for lib, (ls, x, run) in sides.items():
+            for full in (False, True):
+                f, b = _passes(run, ls, x, full)
+                sfx = "_full" if full else ""
+                raw[lib]["F" + sfx].append(f)
+                raw[lib]["B" + sfx].append(b)
+    out = {}
+    for lib, r in raw.items():
+        per = [dict(F=f, B=b, R=bf - b,
+                    ratio=(ff + bf) / (f + b), floor=1 + f / (f + b))
+               for f, b, ff, bf in zip(r["F"], r["B"], r["F_full"],
+                                       r["B_full"])]
+        out[lib] = {k: [min(d[k] for d in per), max(d[k] for d in per)]
+                    for k in ("F", "B", "R", "ratio", "floor")}
+        out[lib]["B/F"] = [min(d["B"] / d["F"] for d in per),
+                           max(d["B"] / d["F"] for d in per)]
+        out[lib]["raw"] = r
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=4)
@@ -145,6 +224,7 @@ def main():
     res["step_time_ratio"] = {
         m: [min(t / b for t, b in zip(times[m], base)),
             max(t / b for t, b in zip(times[m], base))] for m in MODES}
+    res["breakdown"] = breakdown(layers, x0, a.rounds, a.batch, a.seq)
     blocks = mlp_blocks()
     dtorch.manual_seed(3)
     res["owners_check_peak_bytes"] = peaks(blocks, dtorch.randn(1024, 256),
@@ -161,7 +241,12 @@ def main():
     print("step time vs none: " + ", ".join(
         f"{m} {lo:.2f}-{hi:.2f}x"
         for m, (lo, hi) in res["step_time_ratio"].items()))
-    print(f"load {res['load']}")
+    for lib, b in res["breakdown"].items():
+        print(f"{lib}: " + ", ".join(
+            f"{k} {lo:.3f}-{hi:.3f}" + (" s" if k in "FBR" else "x")
+            for k, (lo, hi) in b.items() if k != "raw"))
+    res["load_end"] = os.getloadavg()
+    print(f"load {res['load']} at start, {res['load_end']} at end")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
