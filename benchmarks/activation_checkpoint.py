@@ -38,11 +38,12 @@ and end), batch 4 (1024 tokens), OMP_NUM_THREADS=1, --rounds 4 x reps 2
                       1.41-1.52x (median 1.47), B/F 1.01-1.23
 
 The recomputation costs one forward (R ~ F: the checkpoint machinery,
-packing, holders, RNG replay, is ~1.5 ms per layer, ~1% of a step); the step-time ratio is
-then 1 + F/(F+B), which B/F sets: the 1.4x goal needs B >= 1.5 F, and on
-this CPU neither dtorch (B/F ~1.2-1.3: dropout's random draws, about a
-tenth of the forward, are forward-only work) nor PyTorch (B/F ~1.1) is there: PyTorch
-measures the same 1.4-1.5x on these layers.
+packing, holders, RNG replay, is ~1.5 ms per layer, ~1% of a step); the
+step-time ratio is then 1 + F/(F+B), which B/F sets: the 1.4x goal needs
+B >= 1.5 F, and on this CPU neither dtorch (B/F ~1.2-1.3: dropout's
+random draws, about a tenth of the forward, are forward-only work) nor
+PyTorch (B/F ~1.1) is there: PyTorch measures the same 1.4-1.5x on these
+layers.
 """
 import argparse
 import functools
