@@ -7,6 +7,7 @@ per process, and one per thread rank of ``dist.spawn_threads`` (see
 ``dtorch._rank_local``), as each rank would have in its own process.
 """
 import contextlib
+import numbers
 
 import numpy as np
 
@@ -329,3 +330,39 @@ def draw(method, *args, size=None, device=None, generator=None,
         if dtype is not None:
             a = a.astype(dtype, copy=False)
     return a
+
+
+# NumPy Generator methods that take the same bits for each element whatever
+# the size of the call (no state carried from one element to the next, as
+# the integers' buffered 32-bit halves are): drawn in chunks, they give
+# the values of one whole draw, bit for bit
+_PER_ELEMENT = frozenset({"random", "uniform", "normal", "standard_normal",
+                          "exponential", "lognormal", "standard_cauchy"})
+_CHUNK = 8192           # elements: a 64 KiB float64 draw at a time
+
+
+def draw_into(out, method, *args, device=None, generator=None, dtype=None,
+              then=None):
+    """Fill the array ``out`` with ``draw(method, *args, size=out.shape,
+    device=, generator=, dtype=)``, passed through ``then`` (a function of
+    the drawn array) when given, and returns ``out``. The values are
+    those of ``out[...] = then(draw(...))`` bit for bit, without its
+    temporaries: on the CPU a per-element method with scalar ``args`` is
+    drawn (and transformed and cast) in chunks of ``_CHUNK`` elements
+    straight into a C-contiguous ``out``, so initialising a parameter
+    needs no full-size float64 draw nor a cast copy of it."""
+    dev = _backend.factory_device(device)
+    flat = out.reshape(-1) if type(out) is np.ndarray and \
+        out.flags.c_contiguous else None
+    if flat is None or (dev is not None and dev.type != "cpu") or \
+            method not in _PER_ELEMENT or \
+            not all(isinstance(a, numbers.Real) for a in args):
+        a = draw(method, *args, size=out.shape, device=device,
+                 generator=generator, dtype=dtype)
+        out[...] = a if then is None else then(a)
+        return out
+    for i in range(0, flat.size or 1, _CHUNK):    # size 0: draw() checks
+        a = draw(method, *args, size=(min(_CHUNK, flat.size - i),),
+                 generator=generator, dtype=dtype)
+        flat[i:i + a.size] = a if then is None else then(a)
+    return out

@@ -19,7 +19,7 @@ from ._tensor_methods._common import _dims, _operand
 from .autograd import backward as _backward
 from .autograd import function as _function
 from .autograd.grad_mode import _state
-from .random import draw as _draw
+from .random import draw as _draw, draw_into as _draw_into
 from .return_types import MinMax
 from ._tensor_methods.sparse import SparseCOO, strided, sparse_coo
 
@@ -1765,9 +1765,8 @@ class Tensor(_function.TensorBase):
     def _fill_random(self, method, *args, generator=None, check=True):
         if check:
             self._check_inplace()
-        self._data[...] = _draw(method, *args, size=self.shape,
-                               device=self.device, generator=generator,
-                               dtype=self._data.dtype)
+        _draw_into(self._data, method, *args, device=self.device,
+                   generator=generator, dtype=self._data.dtype)
         self._bump_version()
         return self._overwritten()
 

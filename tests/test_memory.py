@@ -71,3 +71,41 @@ def test_owners_check_checkpoint_halves_peak_gradients_bitwise_equal():
     assert full < sel < none, (full, sel, none)
     for g in (g_full, g_sel):
         assert all(np.array_equal(a, b) for a, b in zip(g, g_none))
+
+
+def test_initialisers_draw_in_place_same_values():
+    """nn.Linear's initialisation peaks at about its parameters' bytes
+    (1x the weight, not 3x: no full float64 draw, no cast copy), and the
+    in-place fills give the values of NumPy's one whole float64 draw cast
+    to the tensor's dtype, bit for bit, at sizes across the chunks."""
+    with track_peak() as mem:
+        lin = nn.Linear(512, 1024)
+    own = (lin.weight.numel() + lin.bias.numel()) * 4
+    assert own <= mem.peak <= 1.1 * own, (mem.peak, own)
+    fills = [("uniform_", "uniform", (-0.25, 0.5)),
+             ("normal_", "normal", (1.0, 3.0)),
+             ("exponential_", "exponential", (0.5,)),
+             ("log_normal_", "lognormal", (1.0, 0.5)),
+             ("cauchy_", None, (0.5, 2.0))]
+    for n in (0, 1, 8193, 3 * 8192 + 5):
+        for dt in (dtorch.float32, dtorch.float64, dtorch.float16):
+            for meth, np_name, args in fills:
+                dtorch.manual_seed(7)
+                t = getattr(dtorch.empty(n, dtype=dt), meth)(*args)
+                rng = np.random.Generator(np.random.PCG64(7))
+                if np_name is None:        # median + sigma * cauchy
+                    want = args[0] + args[1] * rng.standard_cauchy(size=n)
+                elif meth == "exponential_":
+                    want = rng.exponential(1 / args[0], size=n)
+                else:
+                    want = getattr(rng, np_name)(*args, size=n)
+                assert np.array_equal(t.numpy(), want.astype(t.numpy().dtype),
+                                      equal_nan=True), (meth, n, dt)
+                # the stream goes on where one whole draw leaves it
+                assert dtorch.rand(1).item() == \
+                    np.float32(rng.random()).item()
+    # a non-contiguous tensor is filled whole (same values, in its order)
+    dtorch.manual_seed(3)
+    w = dtorch.empty(40, 30).t().uniform_()
+    want = np.random.Generator(np.random.PCG64(3)).uniform(size=(30, 40))
+    assert np.array_equal(w.numpy(), want.astype(np.float32))

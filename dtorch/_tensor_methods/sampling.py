@@ -7,7 +7,7 @@ of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
 import numpy as np
 
 from .. import _backend as B
-from ..random import draw
+from ..random import draw, draw_into
 from ._common import _TensorBase
 
 
@@ -91,11 +91,9 @@ def bernoulli(self, p=None, generator=None):
 def _fill_random(self, method, *args, generator=None, scale=None):
     # drawn on self's device by its generator, not on the host
     self._check_inplace()
-    vals = draw(method, *args, size=self.shape, device=self.device,
-                generator=generator)
-    if scale is not None:
-        vals = scale[0] + scale[1] * vals
-    self._data[...] = vals.astype(self._data.dtype)
+    draw_into(self._data, method, *args, device=self.device,
+              generator=generator, then=None if scale is None else
+              (lambda v: scale[0] + scale[1] * v))
     self._bump_version()
     return self._overwritten()
 

@@ -49,10 +49,10 @@ def _install(delta):
         _fn._saved_hooks = _pack_saved if _open[0] > 0 else None
 
 
-def _is_array(v):
-    t = type(v)
-    return t is np.ndarray or (_B._cupy is not None
-                               and t is _B._cupy.ndarray)
+def _array_types():
+    """The array types a ctx may save (CuPy's once it is loaded)."""
+    cp = _B._cupy
+    return (np.ndarray,) if cp is None else (np.ndarray, cp.ndarray)
 
 
 def _arg_index(a, args):
@@ -97,13 +97,16 @@ def _pack_saved(ctx, args, out, inputs_only=None):
                 Packed(unpack, pack(t), False)
                 if isinstance(t, TensorBase) else t for t in saved)
     else:
+        arrays = _array_types()      # by type: called for every op saved
         for k, v in d.items():
-            if _is_array(v):
+            t = type(v)
+            if t in arrays:
                 p = one(v)
                 if p is not v:
                     packed[k] = p
-            elif type(v) in (tuple, list) and any(_is_array(e) for e in v):
-                p = type(v)(one(e) if _is_array(e) else e for e in v)
+            elif (t is tuple or t is list) and v and \
+                    any(type(e) in arrays for e in v):
+                p = t(one(e) if type(e) in arrays else e for e in v)
                 if any(type(e) is Packed for e in p):
                     packed[k] = p
     if packed:
