@@ -56,7 +56,7 @@ _log = logging.getLogger("dtorch.distributed")
 _PHASES = ("compute", "data")
 _WORDS = {"compute": "compute (forward and backward)",
           "data": "data loading (outside forward and backward)",
-          "network": "the network (the other ranks wait for its data)"}
+          "network": "the network"}
 
 
 class StragglerDetector:
@@ -151,10 +151,13 @@ class StragglerDetector:
         self.reports += found
         if me == 0:
             for r in found:
+                what = ("(the other ranks wait %.1f ms per step for its "
+                        "data, %.1f ms for the others')"
+                        if r["phase"] == "network" else
+                        "(median step %.1f ms; the other ranks' %.1f ms)")
                 _log.warning(
                     "rank %d is %.0f%% slower %s %s over the last %d steps "
-                    "(median step %.1f ms; the other ranks' %.1f ms)",
-                    r["rank"], 100 * r["slower_by"],
+                    + what, r["rank"], 100 * r["slower_by"],
                     "on" if r["phase"] == "network" else "in",
                     _WORDS[r["phase"]], self.every, 1e3 * r["seconds"],
                     1e3 * r["reference"])
