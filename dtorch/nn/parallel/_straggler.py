@@ -31,12 +31,13 @@ that, scheduling noise), is named on group
 rank 0's log ("rank 3 is 31% slower in data loading over the last 20
 steps") and in ``straggler_reports`` (DDP and FSDP).
 
-The network phase is judged with the same threshold and floors, but
-against 0 rather than a ratio: a healthy rank makes nobody wait, so its
-``slower_by`` is the share of the median step the other ranks lose
-waiting for it ("rank 2 is 30% slower on the network": they wait 30% of
-a step for its data). It is reported only when no rank is a compute or
-data straggler in the window (that explains the waits). Backends
+The network phase is judged with the same threshold, but as a share of
+the step, not a ratio: a healthy rank makes nobody wait, so its
+``slower_by`` is the share of the median step (compute + data) the
+other ranks lose waiting for it ("rank 2 is 30% slower on the network":
+they wait 30% of a step for its data), named above the threshold. It is
+reported only when no rank is a compute or data straggler in the window
+(that explains the waits). Backends
 without per-peer timing (mpi, except its same-host shared-memory
 all-reduce, which DDP's buckets take on one host: MPI's own collectives
 do not say which peer they waited for) score 0 here. Under
@@ -186,13 +187,16 @@ class StragglerDetector:
     def _outliers(self, phase, col, step, ratio):
         """The ranks whose figure in col is more than the threshold above
         the others' median (by the floors too). slower_by: the ratio less
-        one, or (ratio=False, the network) the excess over the step."""
+        one, or (ratio=False, the network) the excess over the step, which
+        must then pass the threshold too."""
         out = []
+        floor = (self.floor if ratio else max(self.floor, self.threshold)) \
+            * step
         for r in range(len(col)):
             ref = float(np.median(np.delete(col, r)))
             v = float(col[r])
             if v > ref * (1 + self.threshold) and \
-                    v - ref > max(self.floor * step, self.min_seconds):
+                    v - ref > max(floor, self.min_seconds):
                 by = ((v / ref - 1 if ref > 0 else float("inf")) if ratio
                       else (v - ref) / step if step > 0 else float("inf"))
                 out.append({"rank": r, "phase": phase, "slower_by": by,
