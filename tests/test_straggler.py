@@ -28,14 +28,15 @@ class Sleepy(dtorch.nn.Module):
         return self.fc(x)
 
 
-def late_sends(monkeypatch, rank, seconds):
-    """Thread rank ``rank``'s all-reduce contributions reach the others
+def late_sends(monkeypatch, rank, seconds,
+               ops=("all_reduce", "all_gather", "reduce_scatter")):
+    """Thread rank ``rank``'s contributions to ``ops`` reach the others
     ``seconds`` late, as over a slow link: the post moves into the op's
     wait (where DDP's bucket wait already is), after a sleep."""
     post = ThreadGroup._exchange
 
     def exchange(self, payload, opname, then, like=None):
-        if self.rank != rank or opname != "all_reduce":
+        if self.rank != rank or opname not in ops:
             return post(self, payload, opname, then, like)
 
         def fin(deadline):
@@ -92,12 +93,16 @@ def test_slow_rank_is_named_with_its_phase(phase, wrap, caplog):
                in m for m in caplog.messages)
 
 
-def test_slow_link_is_named_on_the_network(monkeypatch, caplog):
+@pytest.mark.parametrize("wrap", [DDP, FSDP], ids=["ddp", "fsdp"])
+def test_slow_link_is_named_on_the_network(wrap, monkeypatch, caplog):
     # rank 2's contributions arrive 6 ms late in a 20 ms step: the others
-    # wait 30% of a step for it; its compute and data are like theirs
-    late_sends(monkeypatch, 2, 0.006)
+    # wait 30% of a step for it; its compute and data are like theirs.
+    # (DDP: one bucket all-reduce a step; FSDP: an all-gather in forward,
+    # an all-gather and a reduce-scatter in backward, 2 ms each)
+    late_sends(monkeypatch, 2, 0.006 if wrap is DDP else 0.002)
     with caplog.at_level(logging.WARNING, logger="dtorch.distributed"):
-        found = run(3, 40, compute=0.01, data=0.01)
+        found = run(3, 40, compute=0.01 if wrap is DDP else 0.005,
+                    data=0.01, wrap=wrap)
     assert found, "no network straggler found within 40 steps"
     assert {(r["rank"], r["phase"]) for r in found} == {(2, "network")}
     assert 0.15 < found[0]["slower_by"] < 0.6
