@@ -4,7 +4,9 @@ Each rank measures every synchronised step (a backward that reduces
 gradients) in three phases:
 
 - ``compute``: from the step's first forward to the end of its backward,
-  less the time backward waited for the gradient all-reduce;
+  less the time backward waited for the gradient all-reduce (FSDP: the
+  root's forward to the end of backward, less the time in its all-gathers
+  and reduce-scatters - they block, so all their time is wait);
 - ``data``: from the end of the previous step's backward to this step's
   first forward - loading the batch, the optimizer step and whatever else
   the loop does outside forward and backward;
@@ -13,7 +15,9 @@ gradients) in three phases:
   group's ``peer_wait`` list (tcp: the socket rings charge a wait to the
   rank whose block or chunk is due, the same-host shared-memory reducer
   to the rank whose counter is late; threads: to the rank that had not
-  posted). A rank's network figure is how long the *others* waited for it
+  posted; the cost: a perf_counter pair per blocking
+  wait and per late peer, nothing when the data is already there). A
+  rank's network figure is how long the *others* waited for it
   (the column sums of the per-peer wait matrix, per other rank), less
   what its compute and data phases explain (a rank late from compute
   also makes the others wait on it).
@@ -40,7 +44,9 @@ reported only when no rank is a compute or data straggler in the window
 (that explains the waits). Backends
 without per-peer timing (mpi, except its same-host shared-memory
 all-reduce, which DDP's buckets take on one host: MPI's own collectives
-do not say which peer they waited for) score 0 here. Under
+do not say which peer they waited for) score 0 here; so do the
+inter-host steps of the tcp backend's two-level all-reduce (their waits
+go to the leaders' group, not to the job's). Under
 ``join()`` (uneven inputs, ranks step different numbers of times) nothing
 is exchanged. ``DTORCH_STRAGGLER=0`` turns detection off.
 """
