@@ -101,6 +101,7 @@ def per_message(n=200000):
             g.all_reduce(x)
         return (time.thread_time() - c) / m
     message = min(spawn_threads(rank, 2))
+    tcp = _tcp_messages(m)
 
     import dtorch.distributed as dist
     from dtorch.nn.parallel._straggler import StragglerDetector
@@ -113,7 +114,43 @@ def per_message(n=200000):
             det.backward_end(0.0)
         return (time.thread_time() - c) / m
     step = min(dist.spawn_threads(detector, 3))
-    return timing, message, step
+    return timing, message, step, tcp
+
+
+def _tcp_messages(m):
+    """CPU seconds per small message on 2 loopback tcp ranks (threads of
+    this process): (socket ring all_reduce, shared-memory reducer
+    all_reduce_coalesced). The timing runs at most once per blocking
+    wait and late peer of a message."""
+    import socket
+    import threading
+    import numpy as np
+    from collectives.tcp import tcp_group
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = {}
+
+    def rank(r):
+        g = tcp_group(r, 2, "127.0.0.1", port, "bench", timeout=60)
+        try:
+            x = np.zeros(4, np.float32)
+            res = []
+            for op in (lambda: g.all_reduce(x),
+                       lambda: g.all_reduce_coalesced([x])):
+                c = time.thread_time()
+                for _ in range(m):
+                    op()
+                res.append((time.thread_time() - c) / m)
+            out[r] = res
+        finally:
+            g.destroy()
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return min(out[0][0], out[1][0]), min(out[0][1], out[1][1])
 
 
 def main():
@@ -126,11 +163,14 @@ def main():
     a = ap.parse_args()
     print(f"load average before: {os.getloadavg()}")
     for _ in range(3):
-        timing, message, step = per_message()
+        timing, message, step, (ring, red) = per_message()
         print(f"per blocking wait: timing {timing * 1e9:.0f} ns CPU; one "
-              f"small all-reduce on 2 thread ranks {message * 1e6:.1f} us "
-              f"CPU ({100 * timing / message:.2f}%); the detector per step "
-              f"(3 thread ranks, exchange included) {step * 1e6:.1f} us CPU")
+              f"small all-reduce on 2 ranks: threads {message * 1e6:.1f} "
+              f"us CPU ({100 * timing / message:.2f}%), tcp ring "
+              f"{ring * 1e6:.1f} us ({100 * timing / ring:.2f}%), tcp "
+              f"shm reducer {red * 1e6:.1f} us ({100 * timing / red:.2f}%)"
+              f"; the detector per step (3 thread ranks, exchange "
+              f"included) {step * 1e6:.1f} us CPU")
     wall, cpu = [], []
     for _ in range(a.rounds):
         on = run(a.ranks, a.steps, True, a.wrap, a.shm)
