@@ -166,6 +166,10 @@ class MPIGroup(ProcessGroup):
         self._cuda_aware = _cuda_aware(MPI)
         self._threads_ok = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self._shm = self._shm_setup(MPI)
+        # per-peer waits (straggler detection): only the same-host
+        # shared-memory all-reduce knows whom it waits for; MPI's own
+        # collectives do not say
+        self.peer_wait = None if self._shm is None else self._shm.peer_wait
         if self._threads_ok:
             _stop_watchdog_at_exit()
             watchdog.register(self)

@@ -87,6 +87,10 @@ class ShmReducer:
         self._segs = [raw[r * seg:(r + 1) * seg] for r in range(size)]
         self._flags = [s[:16].view(np.int64) for s in self._segs]
         self._k = int(self._flags[rank][0])   # 0 in a fresh file
+        # seconds this rank waited for each rank's counter: from the start
+        # of a wait to the moment that rank's counter was seen (the group
+        # owning the reducer shares this list: straggler detection)
+        self.peer_wait = [0.0] * size
 
     @classmethod
     def setup(cls, rank, size, bcast, all_true, chunk=CHUNK, enabled=True,
@@ -123,8 +127,13 @@ class ShmReducer:
     # ------------------------------------------------------------ waits --
     def _wait(self, which, k, deadline, alive):
         flags = self._flags
+        t0 = None
         for r in range(self.size):
             f = flags[r]
+            if f[which] >= k:
+                continue
+            if t0 is None:
+                t0 = time.perf_counter()
             n = 0
             while f[which] < k:
                 n += 1
@@ -135,6 +144,7 @@ class ShmReducer:
                                         if flags[q][which] < k])
                     if alive is not None and n % CHECK == 0:
                         alive()              # raises if a peer is gone
+            self.peer_wait[r] += time.perf_counter() - t0
 
     # ------------------------------------------------------------- work --
     def all_reduce(self, arrs, op, deadline, alive=None):

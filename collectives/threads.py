@@ -69,6 +69,9 @@ class ThreadGroup(ProcessGroup):
         super().__init__(rank, len(ranks), name, ranks, timeout)
         self._world, self._key = world, key
         self._nslot = 0
+        # seconds this rank waited for each rank's contribution (from the
+        # start of a wait to its arrival): straggler detection's input
+        self.peer_wait = [0.0] * len(ranks)
         world.groups[(key, rank)] = self
 
     # ---- the slot protocol
@@ -114,6 +117,7 @@ class ThreadGroup(ProcessGroup):
         w, key = self._world, (self._key, seq)
         with w.cond:
             slot = w.slots[key]
+            late, t0 = (), None
             while slot.arrived < self.size:
                 if slot.error is not None:
                     raise slot.error
@@ -122,11 +126,28 @@ class ThreadGroup(ProcessGroup):
                 if left <= 0:
                     raise _Expired([r for r in range(self.size)
                                     if slot.ops[r] is None])
+                if t0 is None:
+                    t0 = time.perf_counter()
+                    late = [r for r in range(self.size)
+                            if slot.ops[r] is None]
                 w.cond.wait(min(left, 0.5))
+                late = self._arrived(slot, late, t0)
             slot.read += 1
             if slot.read == self.size:
                 del w.slots[key]
             return slot.vals
+
+    def _arrived(self, slot, late, t0):
+        """Charge the wait since t0 to the late ranks that have now
+        posted (peer_wait); the ones still late."""
+        now = time.perf_counter()
+        still = []
+        for r in late:
+            if slot.ops[r] is None:
+                still.append(r)
+            else:
+                self.peer_wait[r] += now - t0
+        return still
 
     def _exchange(self, payload, opname, then, like=None):
         """Post now; the finisher collects and calls then(vals). `like`:

@@ -47,6 +47,10 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
         self._red = None        # shared-memory reducer, all ranks on a host
         self._hier = None       # two-level all-reduce (ranks on >1 host)
         self.hierarchy = "flat: one rank"
+        # seconds this rank blocked waiting for each rank's data (the
+        # socket rings and the shared-memory reducer add to it): what
+        # straggler detection reads to name the rank the others wait for
+        self.peer_wait = [0.0] * size
         if size == 1:
             return
         # listen on the interface that reaches the store
@@ -95,6 +99,8 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
             rank, size, self._store_bcast, self._store_all_true,
             enabled=shm_reduce.usable() and one_host
             and env_flag('DTORCH_TCP_SHM', True))
+        if self._red is not None:
+            self._red.peer_wait = self.peer_wait
         # ranks on several hosts: all_reduce in two levels, or why not
         self._hier, self.hierarchy = hier.setup(self, hosts)
         watchdog.register(self)

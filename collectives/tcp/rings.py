@@ -60,7 +60,9 @@ class RingAlgorithms:
         for s in range(n - 1):
             out = chunks[(r - s + shift) % n]
             dst = chunks[(r - s - 1 + shift) % n]
-            self._step(out, dst, deadline, seq * 4096 + s, op=f, what=what)
+            # a wait in step s is for the chunk rank r - s - 1 began
+            self._step(out, dst, deadline, seq * 4096 + s, op=f, what=what,
+                       origin=(r - s - 1) % n)
 
     def _ring_all_gather(self, chunks, deadline, seq, shift):
         """Chunk (rank + 1 + shift) % n is complete here; fill the rest."""
@@ -69,7 +71,8 @@ class RingAlgorithms:
         for s in range(n - 1):
             out = chunks[(r + 1 - s + shift) % n]
             dst = chunks[(r - s + shift) % n]
-            self._step(out, dst, deadline, seq * 4096 + 2048 + s, what=what)
+            self._step(out, dst, deadline, seq * 4096 + 2048 + s, what=what,
+                       origin=(r - s - 1) % n)   # who completed it
 
     def _ring_gather(self, blocks, mine, deadline, seq, op=None):
         """blocks[r] <- rank r's `mine` (blocks may alias mine); ``op``:
@@ -80,7 +83,8 @@ class RingAlgorithms:
         what = kind(mine.dtype, op)
         for s in range(n - 1):
             self._step(blocks[(r - s) % n], blocks[(r - s - 1) % n],
-                       deadline, seq * 4096 + 1024 + s, what=what)
+                       deadline, seq * 4096 + 1024 + s, what=what,
+                       origin=(r - s - 1) % n)   # whose block it is
 
     def _broadcast(self, arr, src, deadline, seq):
         """A pipelined chain round the ring, starting at src."""
@@ -104,4 +108,5 @@ class RingAlgorithms:
             if out is not None or inn is not None:
                 base = seq * 4096 + 3072
                 self._step(out, inn, deadline,
-                           base + k - (r != src), base + k, what=what)
+                           base + k - (r != src), base + k, what=what,
+                           origin=src)

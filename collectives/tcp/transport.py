@@ -249,13 +249,13 @@ class SocketTransport:
         finally:
             st.close()
 
-    def _xfer(self, out_bufs, in_bufs, deadline, expect=None):
+    def _xfer(self, out_bufs, in_bufs, deadline, expect=None, origin=None):
         """Send out_bufs on the right socket while receiving in_bufs from
         the left one. expect = (tag, nbytes, kind) to check in the header that
-        in_bufs[0] receives."""
+        in_bufs[0] receives; origin: the rank a wait for it is charged to."""
         so, si = self._rsock, self._lsock_in
         return self._pump(so, out_bufs, self._right, si, in_bufs,
-                          self._left, deadline, expect)
+                          self._left, deadline, expect, origin)
 
     def _send_some(self, so, bufs, peer):
         """Send what the socket takes now; True when anything went."""
@@ -283,7 +283,11 @@ class SocketTransport:
         return n
 
     def _pump(self, so, out_bufs, pout, si, in_bufs, pin, deadline,
-              expect=None):
+              expect=None, origin=None):
+        """Move out_bufs to pout and in_bufs from pin; the time blocked
+        while bytes are due from pin goes to ``peer_wait[origin]`` (the
+        rank whose data they are; pin by default)."""
+        origin = pin if origin is None else origin
         out_bufs, in_bufs = _nonempty(out_bufs), _nonempty(in_bufs)
         hdr = in_bufs[0] if expect is not None else None
         got = 0
@@ -311,7 +315,19 @@ class SocketTransport:
                 poller.register(so, _POLLOUT)
             if in_bufs:
                 poller.register(si, _POLLIN)
+            self._poll(poller, left, origin if in_bufs else None)
+
+    def _poll(self, poller, left, peer):
+        """Block in poll; with ``peer`` (its data is due) the time goes
+        to peer_wait[peer]: straggler detection names the rank the others
+        wait for. A perf_counter pair per blocking wait, none when the
+        bytes are already there."""
+        if peer is None:
             poller.poll(min(left, 0.5) * 1000)
+            return
+        t0 = time.perf_counter()
+        poller.poll(min(left, 0.5) * 1000)
+        self.peer_wait[peer] += time.perf_counter() - t0
 
     def _check_header(self, hdr, expect, peer):
         got = _HDR.unpack(bytes(hdr))
@@ -355,13 +371,14 @@ class SocketTransport:
             rank=peer)
 
     def _step(self, send_arr, recv_arr, deadline, tag, in_tag=None,
-              op=None, what=None):
+              op=None, what=None, origin=None):
         """One ring step with headers: send_arr right, recv_arr <- left
         (or recv_arr <- op(recv_arr, what came) with a ufunc op). ``what``:
         the headers' kind() (the collective's dtype and op), the same on
         both sides. Each direction takes its shm ring when it has one and
         the message is big enough, else the payload follows the header on
-        the socket."""
+        the socket. ``origin``: the rank whose data recv_arr waits for (a
+        wait is charged to it in peer_wait; the left neighbour if None)."""
         in_tag = tag if in_tag is None else in_tag
         if what is None:
             what = kind((send_arr if send_arr is not None
@@ -372,7 +389,7 @@ class SocketTransport:
                              and recv_arr.nbytes >= SHM_MIN) else None
         if w is not None or rd is not None:
             return self._shm_step(send_arr, w, recv_arr, rd, deadline,
-                                  tag, in_tag, op, what)
+                                  tag, in_tag, op, what, origin)
         out = [] if send_arr is None else [
             _HDR.pack(tag, send_arr.nbytes, what), _mv(send_arr)]
         hb = bytearray(_HDR.size)
@@ -380,12 +397,12 @@ class SocketTransport:
             else np.empty_like(recv_arr)
         inn = [] if recv_arr is None else [memoryview(hb), _mv(tmp)]
         exp = None if recv_arr is None else (in_tag, recv_arr.nbytes, what)
-        self._xfer(out, inn, deadline, exp)
+        self._xfer(out, inn, deadline, exp, origin)
         if tmp is not recv_arr:
             op(recv_arr, tmp, out=recv_arr)
 
     def _shm_step(self, send_arr, w, recv_arr, rd, deadline, tag, in_tag,
-                  op, what):
+                  op, what, origin=None):
         """_step where w (out) and/or rd (in) is a shm ring; a None ring
         with an array means that direction is inline on the socket."""
         so, si = self._rsock, self._lsock_in
@@ -454,7 +471,8 @@ class SocketTransport:
             ev = (_POLLIN if inwait else 0) | (_POLLOUT if acks else 0)
             if ev:
                 poller.register(si, ev)
-            poller.poll(min(left, 0.5) * 1000)
+            self._poll(poller, left, (self._left if origin is None
+                                      else origin) if inwait else None)
         if tmp is not None and tmp is not dst:
             op(dst, tmp, out=dst)
 

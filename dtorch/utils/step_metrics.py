@@ -33,7 +33,7 @@ Per step it records (seconds unless named otherwise):
 - ``peak_memory_bytes``: the device's peak allocated memory on CUDA
   (``dtorch.cuda.max_memory_allocated``), the process's peak resident set on
   the CPU (``getrusage``; it includes more than tensor data);
-- ``stragglers``: under DDP, the slow ranks its straggler detection named
+- ``stragglers``: under DDP or FSDP, the slow ranks its straggler detection named
   since the previous record (``DistributedDataParallel.straggler_reports``).
 
 Each record is one line of ``<log_dir>/metrics[.rank<R>].jsonl`` and the

@@ -63,6 +63,7 @@ Auto-wrapped units inherit the configuration.
 import contextlib
 import hashlib
 import threading
+import time
 import weakref
 
 from ... import distributed as dist
@@ -73,6 +74,7 @@ from ...autograd.function import Function
 from ...autograd import engine as _engine
 from ...autograd.grad_mode import is_grad_enabled, no_grad
 from ...nn.modules.module import Module
+from ...nn.parallel._straggler import StragglerDetector
 from ...nn.parameter import Parameter
 from ... import random as _random
 from ...tensor import Tensor
@@ -99,6 +101,8 @@ class _Stats:
 
     def __init__(self):
         self.shard_bytes = 0
+        self.wait_s = 0.0    # seconds in (blocking) all-gathers and
+        # reduce-scatters: straggler detection's communication wait
         self.live = 0
         self.peak = 0
         self.freed = []
@@ -154,6 +158,8 @@ class _UnitFunction(Function):
             if pairs:
                 _backward([o for o, _ in pairs], [g for _, g in pairs])
             shard_grad = unit._reduce_scatter_grads(leaves)
+            if unit._straggler is not None:     # a root: its step ends
+                _engine.queue_callback(unit._step_end)
             if shard_grad.dtype != unit._flat_param.dtype:
                 # keep_low_precision_grads: the engine would cast it
                 unit._accumulate(shard_grad)
@@ -244,6 +250,14 @@ class FullyShardedDataParallel(Module):
                         dist.broadcast(b, src, group=group)
         for u in self._units()[1:]:
             object.__setattr__(u, "_is_root", False)
+            object.__setattr__(u, "_straggler", None)
+        # which rank is slow, in which phase (nn/parallel/_straggler), on
+        # the root: forward start to the end of backward, less the time
+        # blocked in all-gathers and reduce-scatters (they are synchronous
+        # here, so that is all their time)
+        object.__setattr__(self, "_straggler", StragglerDetector(group)
+                           if self.world_size > 1
+                           and StragglerDetector.enabled() else None)
         self._cast_buffers()
         stats = _Stats()
         for u in self._units():
@@ -400,10 +414,25 @@ class FullyShardedDataParallel(Module):
         if self.world_size == 1:
             full[...] = shard
         else:
-            dist.all_gather_into_tensor(Tensor._wrap(full),
-                                        Tensor._wrap(shard),
-                                        group=self.process_group)
+            self._collective(dist.all_gather_into_tensor, full, shard)
         return full
+
+    def _collective(self, fn, out, inp):
+        """fn(out, inp) on the group, its time added to the step's
+        communication wait."""
+        t0 = time.perf_counter()
+        fn(Tensor._wrap(out), Tensor._wrap(inp), group=self.process_group)
+        self._stats.wait_s += time.perf_counter() - t0
+
+    @property
+    def straggler_reports(self):
+        """The slow ranks straggler detection named so far (as
+        DistributedDataParallel.straggler_reports)."""
+        return [] if self._straggler is None else self._straggler.reports
+
+    def _step_end(self):
+        self._straggler.backward_end(self._stats.wait_s,
+                                     device=self._flat_param.device)
 
     def _gather(self, requires_grad, compute=False):
         """Make the own parameters exist in full (views of one gathered
@@ -456,8 +485,7 @@ class FullyShardedDataParallel(Module):
         if self.world_size == 1:
             mine[...] = g
         elif mp is None:
-            dist.reduce_scatter_tensor(Tensor._wrap(mine), Tensor._wrap(g),
-                                       group=self.process_group)
+            self._collective(dist.reduce_scatter_tensor, mine, g)
             mine /= self.world_size
         else:
             # a low-precision sum can overflow (float16): divide part of
@@ -468,8 +496,7 @@ class FullyShardedDataParallel(Module):
                 pre *= 2
             if pre > 1:
                 g /= rdt.type(pre)
-            dist.reduce_scatter_tensor(Tensor._wrap(mine), Tensor._wrap(g),
-                                       group=self.process_group)
+            self._collective(dist.reduce_scatter_tensor, mine, g)
             if self.world_size // pre > 1:
                 mine /= rdt.type(self.world_size // pre)
         keep = isinstance(mp, MixedPrecision) and mp.keep_low_precision_grads
@@ -491,6 +518,8 @@ class FullyShardedDataParallel(Module):
                 "algorithms(True): its reduce-scatter depends on the world "
                 "size; use DistributedDataParallel with "
                 "ZeroRedundancyOptimizer (ZeRO-1), or turn the mode off")
+        if self._straggler is not None and is_grad_enabled():
+            self._straggler.forward()
         if self._mp is not None:
             args, kwargs = self._cast_inputs(args, kwargs)
         out = self._forward(args, kwargs)
@@ -533,6 +562,8 @@ class FullyShardedDataParallel(Module):
         if keep is not None and not keep["queued"]:
             keep["queued"] = True
             _engine.queue_callback(self._keep_finish)
+            if self._straggler is not None:    # after the reduce-scatters
+                _engine.queue_callback(self._step_end)
 
     def _keep_finish(self):
         keep = self.__dict__.pop("_keep", None)
@@ -1030,6 +1061,10 @@ class FSDPModule:
 
     def forward(self, *args, **kwargs):
         return self.__dict__["_fsdp_state"].forward(*args, **kwargs)
+
+    @property
+    def straggler_reports(self):
+        return self.__dict__["_fsdp_state"].straggler_reports
 
     def state_dict(self, *args, **kwargs):
         return self.__dict__["_fsdp_state"].state_dict(*args, **kwargs)

@@ -134,7 +134,7 @@ class DistributedDataParallel(Module):
     @property
     def straggler_reports(self):
         """The slow ranks found so far: dicts of step, rank, phase
-        ('compute' or 'data'), slower_by, seconds and reference (per step,
+        ('compute', 'data' or 'network'), slower_by, seconds and reference (per step,
         the other ranks' median)."""
         return [] if self._straggler is None else self._straggler.reports
 
