@@ -103,8 +103,13 @@ def test_slow_link_is_named_on_the_network(wrap, monkeypatch, caplog):
         found = run(3, 40, compute=0.01 if wrap is DDP else 0.005,
                     data=0.01, wrap=wrap)
     assert found, "no network straggler found within 40 steps"
-    assert {(r["rank"], r["phase"]) for r in found} == {(2, "network")}
-    assert 0.15 < found[0]["slower_by"] < 0.6
+    # rank 2 only, on the network; on a loaded 2-core machine one window
+    # may also see its compute pushed over the line (FSDP's collectives
+    # block in backward), never another rank
+    got = {(r["rank"], r["phase"]) for r in found}
+    assert (2, "network") in got and {r for r, _ in got} == {2}, got
+    net = [r for r in found if r["phase"] == "network"]
+    assert 0.15 < net[0]["slower_by"] < 0.6
     assert any("rank 2 is" in m and "on the network" in m
                for m in caplog.messages)
 
