@@ -303,7 +303,7 @@ def test_stale_temporary_directory_of_a_dead_save_is_removed(tmp_path):
     import sys
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()                                    # a pid that is gone
-    from dtorch.distributed.checkpoint._core import _host_tag
+    from dtorch.distributed.checkpoint._files import _host_tag
     stale = tmp_path / f".c.dcp-{_host_tag()}-{p.pid}-0badf00d.tmp"
     stale.mkdir()
     (stale / "__0_0.safetensors").write_bytes(b"partial")
@@ -532,7 +532,7 @@ def test_async_save_staging_cache_reuses_buffers_safely(tmp_path):
     """cache_staged_state_dict: the second snapshot goes into the first
     one's buffers once that save is done, and every checkpoint still holds
     the values of its own call."""
-    from dtorch.distributed.checkpoint import _core
+    from dtorch.distributed.checkpoint import _groups
     t = dtorch.zeros(1000)
     saved = []
     for i in range(3):
@@ -543,7 +543,7 @@ def test_async_save_staging_cache_reuses_buffers_safely(tmp_path):
         if i == 1:
             t.fill_(-1.0)             # right after the call: not saved
         f.result(timeout=60)
-        saved.append(_core._staging[_core._key(None)]["t"])
+        saved.append(_groups._staging[_groups._key(None)]["t"])
     # one buffer, reused (the saves did not overlap)
     assert saved[0] is saved[1] is saved[2] and saved[2][0] == 2.0
     for i in range(3):

@@ -95,7 +95,7 @@ def _kill_target(root, which, flag):
     import dtorch
     import dtorch.distributed as dist
     import dtorch.distributed.checkpoint as dcp
-    from dtorch.distributed.checkpoint import _core
+    from dtorch.distributed.checkpoint import _save
     dist.init_process_group("tcp")
     rank = dist.get_rank()
     mgr = dcp.CheckpointManager(root, keep_last=3)
@@ -107,21 +107,21 @@ def _kill_target(root, which, flag):
         time.sleep(120)                    # killed here
 
     if which == "write" and rank == 1:
-        real = _core._write_file
+        real = _save._write_file
 
         def write_half(path, *a):
             with open(path, "wb") as fh:
                 fh.write(b"\0" * 1000)      # a partial shard on disk
             stall()
             return real(path, *a)
-        _core._write_file = write_half
+        _save._write_file = write_half
     if which == "commit" and rank == 0:
-        real_commit = _core._commit
+        real_commit = _save._commit
 
         def commit(*a):
             stall()
             return real_commit(*a)
-        _core._commit = commit
+        _save._commit = commit
     t += 1
     mgr.save({"t": t, "w": dtorch.ones(8) * 2, "step": 2}, step=2)
 
