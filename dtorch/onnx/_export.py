@@ -17,6 +17,7 @@ import numpy as np
 from ..autograd.function import Function, TensorBase
 from . import _state
 from ._ops import CONVERTERS
+from ._values import Const, Value, _onnx_type, _to_numpy
 from .errors import OnnxExporterError, UnsupportedOperatorError
 
 _NO_EFFECT = ("export_params", "do_constant_folding", "verbose", "training",
@@ -38,22 +39,6 @@ def _require_onnx():
             "`pip install -e '.[onnx]'` in the dtorch clone (the 'onnx' "
             "extra)") from None
     return onnx
-
-
-def _to_numpy(a):
-    if isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "get"):          # CuPy
-        return a.get()
-    return np.asarray(a)
-
-
-class Value:
-    """A dynamic value of the ONNX graph: its name and traced shape/dtype."""
-    __slots__ = ("name", "shape", "dtype")
-
-    def __init__(self, name, shape, dtype):
-        self.name, self.shape, self.dtype = name, tuple(shape), dtype
 
 
 class Builder:
@@ -258,25 +243,6 @@ class Tracer:
         return a
 
 
-class Const:
-    """A constant tensor argument: its array (and state_dict name)."""
-    __slots__ = ("array", "pname")
-
-    def __init__(self, array, pname):
-        self.array, self.pname = array, pname
-
-    @property
-    def shape(self):
-        return tuple(self.array.shape)
-
-    @property
-    def dtype(self):
-        return np.dtype(self.array.dtype)
-
-    def numpy(self):
-        return _to_numpy(self.array)
-
-
 class _Ctx:
     """What a converter gets besides its arguments."""
 
@@ -310,10 +276,6 @@ class _Ctx:
         raise UnsupportedOperatorError(
             f"Exporting the operator '{self.cls.__name__}' with {what} to "
             f"ONNX is not supported (in {self.tracer.where()})")
-
-
-def _onnx_type(onnx, dtype):
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 def _flatten(out):
