@@ -15,11 +15,10 @@ ALLOWED_CYCLE_EDGES, each with its reason; an entry that no longer occurs
 fails test_allow_lists_are_current, so the lists only shrink.
 """
 import ast
-import json
 import os
-import subprocess
-import sys
 import textwrap
+
+from helpers import last_json, run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ('dtorch', 'collectives', 'launch')
@@ -425,10 +424,8 @@ _PROBE = textwrap.dedent(r'''
 def _probe(**env):
     e = dict(os.environ, OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1',
              **env)
-    r = subprocess.run([sys.executable, '-c', _PROBE], cwd=ROOT, env=e,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return last_json(run_python(_PROBE, cwd=ROOT, env=e,
+                                timeout=300).stdout)
 
 
 def _changes(res):
