@@ -331,12 +331,7 @@ def export(model, args, f, input_names, output_names, dynamic_axes,
     if args and isinstance(args[-1], dict):
         call_kwargs, args = args[-1], args[:-1]
     tensors = [a for a in args if isinstance(a, TensorBase)]
-    input_names = list(input_names or [])
-    if len(input_names) > len(tensors):
-        raise ValueError(f"{len(input_names)} input_names for "
-                         f"{len(tensors)} tensor inputs")
-    input_names += [f"input_{i}" for i in range(len(input_names),
-                                                len(tensors))]
+    input_names = _names(input_names, len(tensors), "input", "tensor inputs")
     dynamic_axes = dynamic_axes or {}
 
     b = Builder(onnx, opset_version)
@@ -363,12 +358,7 @@ def export(model, args, f, input_names, output_names, dynamic_axes,
         _compare_runs(tr, tr2)
 
     outs = _flatten(out)
-    output_names = list(output_names or [])
-    if len(output_names) > len(outs):
-        raise ValueError(f"{len(output_names)} output_names for "
-                         f"{len(outs)} outputs")
-    output_names += [f"output_{i}" for i in range(len(output_names),
-                                                  len(outs))]
+    output_names = _names(output_names, len(outs), "output", "outputs")
     graph_outputs = []
     for t, name in zip(outs, output_names):
         v = tr.lookup(t)
@@ -391,6 +381,15 @@ def export(model, args, f, input_names, output_names, dynamic_axes,
                        [opset_version])
     onnx.checker.check_model(m)
     onnx.save_model(m, f)
+
+
+def _names(given, n, kind, what):
+    """The user's ``{kind}_names`` for the graph's ``n`` inputs or
+    outputs, the rest numbered ``{kind}_<i>``."""
+    names = list(given or [])
+    if len(names) > n:
+        raise ValueError(f"{len(names)} {kind}_names for {n} {what}")
+    return names + [f"{kind}_{i}" for i in range(len(names), n)]
 
 
 def _prune(nodes, inits, outputs):
