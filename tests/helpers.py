@@ -103,3 +103,64 @@ def same_as_torch(fd, ft, *arrays, tol=1e-10, rtol=None, grad=True,
                       zero if b.grad is None else b.grad, tol=rtol,
                       atol=tol, what=f"gradient of input {i}")
     return od, ot
+
+
+def tcp_rank_env(rank, world, port, token, **extra):
+    """The environment of rank ``rank`` of a ``world``-rank tcp job that
+    meets at 127.0.0.1:``port`` (what the launcher would set), one BLAS
+    thread, a 60 s collective timeout unless set; ``extra`` on top."""
+    env = one_thread_env(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port), DTORCH_RDZV_TOKEN=token)
+    env.setdefault("DTORCH_COLLECTIVE_TIMEOUT", "60")
+    env.update(extra)
+    return env
+
+
+def start_tcp_ranks(argv, world=2, cwd=None, rank_extra=None, **extra):
+    """``python argv...`` once per rank of a loopback tcp job (see
+    tcp_rank_env; ``rank_extra(rank)``: more variables for one rank), its
+    output piped; returns the Popen objects, rank order."""
+    port, token = free_port(), os.urandom(8).hex()
+    return [subprocess.Popen(
+        [sys.executable, *map(str, argv)], cwd=cwd, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=tcp_rank_env(r, world, port, token, **extra,
+                         **(rank_extra(r) if rank_extra else {})))
+        for r in range(world)]
+
+
+def finish(procs, timeout=150):
+    """[(returncode, stdout, stderr)] of each process, in order; whatever
+    still runs after a timeout or error is killed (and reaped)."""
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            outs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs
+
+
+def mpi_env(**extra):
+    """The environment for an ``mpiexec`` job from a test: Open MPI may run
+    as root and oversubscribe the cores, one BLAS thread, none of an outer
+    job's rank variables; ``extra`` on top (None removes one)."""
+    env = one_thread_env(
+        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")
+    for k in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "WORLD_SIZE",
+              "SLURM_NTASKS"):
+        env.pop(k, None)
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
