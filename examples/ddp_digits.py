@@ -50,9 +50,6 @@ def main(argv=None):
                     help="testing: the last rank exits 3 at the start of "
                          "this epoch (0-based) on the first attempt "
                          "(DTORCH_RESTART_COUNT=0)")
-    ap.add_argument("--quiet", action="store_true",
-                    help="no progress bar (there is none when stderr is "
-                         "not a terminal)")
     args = ap.parse_args(argv)
 
     dist.init_process_group()

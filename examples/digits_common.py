@@ -87,8 +87,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_run_args(ap, name, per):
-    """--lr, --seed, --checkpoint and --resume as the distributed examples
-    spell them; ``per``: what the learning rate is given for (1 rank, 1
+    """--lr, --seed, --checkpoint, --resume and --quiet as the distributed
+    examples spell them; ``per``: what the learning rate is given for (1 rank, 1
     replica)."""
     ap.add_argument("--lr", type=float, default=2e-3,
                     help=f"Adam's learning rate at 1 {per} (times "
@@ -102,6 +102,9 @@ def add_run_args(ap, name, per):
                     help="continue from --checkpoint (a finished run is "
                          "only reported); a restarted job "
                          "(DTORCH_RESTART_COUNT > 0) always does")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bar (there is none when stderr is "
+                         "not a terminal)")
 
 
 def restart_count():

@@ -81,9 +81,6 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=256,
                     help="hidden units of the sharded layers")
     add_run_args(ap, "tp_digits", "replica")
-    ap.add_argument("--quiet", action="store_true",
-                    help="no progress bar (there is none when stderr is "
-                         "not a terminal)")
     args = ap.parse_args(argv)
 
     dist.init_process_group()

@@ -131,14 +131,17 @@ def start_tcp_ranks(argv, world=2, cwd=None, rank_extra=None, **extra):
         for r in range(world)]
 
 
-def finish(procs, timeout=150):
+def finish(procs, timeout=150, stop_when=None):
     """[(returncode, stdout, stderr)] of each process, in order; whatever
-    still runs after a timeout or error is killed (and reaped)."""
+    still runs after a timeout or error, or once ``stop_when(outs so far)``
+    is true, is killed (and reaped)."""
     outs = []
     try:
         for p in procs:
             out, err = p.communicate(timeout=timeout)
             outs.append((p.returncode, out, err))
+            if stop_when is not None and stop_when(outs):
+                break
     finally:
         for p in procs:
             if p.poll() is None:
@@ -151,16 +154,10 @@ def mpi_env(**extra):
     """The environment for an ``mpiexec`` job from a test: Open MPI may run
     as root and oversubscribe the cores, one BLAS thread, none of an outer
     job's rank variables; ``extra`` on top (None removes one)."""
-    env = one_thread_env(
-        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMPI_MCA_rmaps_base_oversubscribe="1",
-        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")
-    for k in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "WORLD_SIZE",
-              "SLURM_NTASKS"):
-        env.pop(k, None)
-    for k, v in extra.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
+    outer = dict.fromkeys(("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "WORLD_SIZE",
+                           "SLURM_NTASKS"))
+    return one_thread_env(**{
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_rmaps_base_oversubscribe": "1",
+        "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+        **outer, **extra})

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import collectives  # noqa: E402
 import collectives_helpers as H  # noqa: E402
 from collectives.tcp import pipe as P  # noqa: E402
-from helpers import free_port  # noqa: E402
+from helpers import finish, free_port  # noqa: E402
 
 # a hang is a bug here: fail it instead of stalling the suite
 pytestmark = pytest.mark.timeout(90)
@@ -57,23 +57,16 @@ def _launch(mode, world, timeout, env, rank_env, script, port):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(e, **rank_env.get(r, {})))
         for r in range(world)]
-    outs = []
-    try:
-        # rank 0 first: when it could not bind, the others need not be
-        # waited for (the finally kills them)
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            lines = [ln for ln in out.splitlines() if ln.startswith('{')]
-            outs.append((json.loads(lines[-1]) if lines else None, err,
-                         p.returncode))
-            if "cannot serve the rendezvous store" in outs[0][1]:
-                break
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
+    # rank 0 first: when it could not bind, the others need not be waited
+    # for (finish kills them)
+    outs = finish(procs, timeout, stop_when=lambda outs: (
+        "cannot serve the rendezvous store" in outs[0][2]))
+    return [(_last_json_line(out), err, rc) for rc, out, err in outs]
+
+
+def _last_json_line(out):
+    lines = [ln for ln in out.splitlines() if ln.startswith('{')]
+    return json.loads(lines[-1]) if lines else None
 
 
 @pytest.fixture(scope='module', params=[2, 3])
