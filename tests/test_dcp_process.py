@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+
 from helpers import finish, start_tcp_ranks
 
 if __name__ != "__main__" and ("OMPI_COMM_WORLD_SIZE" in os.environ

@@ -4,6 +4,7 @@ dtorch.distributed, nn.parallel or the distributed checkpoint; they load
 on first use, under their usual names. Nor does it import einops, which
 still finds dtorch tensors whichever of the two comes first."""
 import pytest
+
 from helpers import run_python
 
 DISTRIBUTION = ("collectives", "dtorch.distributed", "dtorch.nn.parallel",

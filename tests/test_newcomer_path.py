@@ -9,6 +9,7 @@ import sys
 import tomllib
 
 import pytest
+
 from helpers import one_thread_env, run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import finish, free_port, tcp_rank_env
 
 HERE = os.path.abspath(__file__)
