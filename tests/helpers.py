@@ -161,3 +161,17 @@ def mpi_env(**extra):
         "OMPI_MCA_rmaps_base_oversubscribe": "1",
         "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
         **outer, **extra})
+
+
+def train_steps(opt, loss, steps, sched=None):
+    """``steps`` optimizer steps on ``loss()`` (a closure that computes the
+    loss, drawing its batch if it has to), each followed by ``sched.step()``
+    when a scheduler is given; returns the last loss."""
+    for _ in range(steps):
+        opt.zero_grad()
+        out = loss()
+        out.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+    return out

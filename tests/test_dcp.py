@@ -19,6 +19,7 @@ from dtorch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_state_dict, set_state_dict)
 from dtorch.nn.parallel import DistributedDataParallel as DDP
 from dtorch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from helpers import train_steps
 
 if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
     pytest.skip("single-process tests; not run under mpiexec",
@@ -42,12 +43,8 @@ def make(seed=0, p=0.0):
 
 def train(m, opt, sched, steps, seed=1):
     g = dtorch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        x = dtorch.randn(4, 5, generator=g, dtype=F64)
-        opt.zero_grad()
-        m(x).pow(2).mean().backward()
-        opt.step()
-        sched.step()
+    train_steps(opt, lambda: m(dtorch.randn(4, 5, generator=g, dtype=F64))
+                .pow(2).mean(), steps, sched)
 
 
 def state(m, opt, sched, **extra):
