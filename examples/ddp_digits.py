@@ -31,8 +31,8 @@ from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
 from digits_common import (DigitsCNN, add_run_args,  # noqa: E402
                            dcp_summary, discard, distributed_accuracy,
-                           load_digits_split, plan_start, restart_count,
-                           train_epochs)
+                           load_digits_split, plan_start, report_finished,
+                           restart_count, train_epochs)
 from digits_common import HelpFormatter  # noqa: E402
 
 _stop = [False]
@@ -81,12 +81,7 @@ def main(argv=None):
     if message and rank == 0:
         print(message, flush=True)
     if finished:
-        if rank == 0:
-            print(f"final test accuracy {100 * ck['test_acc']:.2f}% on "
-                  f"{ck.get('world', '?')} ranks (from the checkpoint)",
-                  flush=True)
-        dist.barrier()
-        return ck["test_acc"]
+        return report_finished(ck, rank)
     start, acc = 0, 0.0
     if ck is not None:
         # in place into the live objects, on any number of ranks

@@ -205,6 +205,19 @@ def everyone_stops(mine):
     return flag.item() > 0
 
 
+def report_finished(ck, rank, layout=""):
+    """A finished run's checkpoint ``ck`` is only reported (rank 0 prints
+    its accuracy; ``layout`` comes before "from the checkpoint"); returns
+    the accuracy once every rank is there."""
+    import dtorch.distributed as dist
+    if rank == 0:
+        print(f"final test accuracy {100 * ck['test_acc']:.2f}% on "
+              f"{ck.get('world', '?')} ranks ({layout}from the checkpoint)",
+              flush=True)
+    dist.barrier()
+    return ck["test_acc"]
+
+
 def train_epochs(model, opt, sched, sampler, loader, start, acc, args, *,
                  rank, stop, save, accuracy, report, before_epoch=None):
     """The epoch loop of the distributed examples (ddp_digits, tp_digits),

@@ -42,7 +42,7 @@ from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
 from digits_common import (add_run_args, dcp_summary, discard,  # noqa: E402
                            distributed_accuracy, load_digits_split,
-                           plan_start, train_epochs)
+                           plan_start, report_finished, train_epochs)
 from digits_common import HelpFormatter  # noqa: E402
 
 _stop = [False]
@@ -116,13 +116,7 @@ def main(argv=None):
     if message and rank == 0:
         print(message, flush=True)
     if finished:
-        if rank == 0:
-            print(f"final test accuracy {100 * ck['test_acc']:.2f}% on "
-                  f"{ck.get('world', '?')} ranks (TP "
-                  f"{ck.get('tp_size', '?')}; from the checkpoint)",
-                  flush=True)
-        dist.barrier()
-        return ck["test_acc"]
+        return report_finished(ck, rank, f"TP {ck.get('tp_size', '?')}; ")
     start, acc = 0, 0.0
     if ck is not None:
         # this rank's shards of whatever layout wrote it, in place
