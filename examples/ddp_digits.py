@@ -19,15 +19,11 @@ import argparse
 import os
 import signal
 import sys
-import time
-
-from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dtorch as torch  # noqa: E402
 import dtorch.distributed as dist  # noqa: E402
 import dtorch.distributed.checkpoint as dcp  # noqa: E402
-from dtorch import nn  # noqa: E402
 from dtorch.distributed.checkpoint.state_dict import (  # noqa: E402
     get_state_dict, set_state_dict)
 from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
@@ -35,8 +31,8 @@ from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
 from digits_common import (DigitsCNN, add_run_args,  # noqa: E402
                            dcp_summary, discard, distributed_accuracy,
-                           everyone_stops,
-                           load_digits_split, plan_start, restart_count)
+                           load_digits_split, plan_start, report_finished,
+                           restart_count, train_epochs)
 from digits_common import HelpFormatter  # noqa: E402
 
 _stop = [False]
@@ -54,9 +50,6 @@ def main(argv=None):
                     help="testing: the last rank exits 3 at the start of "
                          "this epoch (0-based) on the first attempt "
                          "(DTORCH_RESTART_COUNT=0)")
-    ap.add_argument("--quiet", action="store_true",
-                    help="no progress bar (there is none when stderr is "
-                         "not a terminal)")
     args = ap.parse_args(argv)
 
     dist.init_process_group()
@@ -88,12 +81,7 @@ def main(argv=None):
     if message and rank == 0:
         print(message, flush=True)
     if finished:
-        if rank == 0:
-            print(f"final test accuracy {100 * ck['test_acc']:.2f}% on "
-                  f"{ck.get('world', '?')} ranks (from the checkpoint)",
-                  flush=True)
-        dist.barrier()
-        return ck["test_acc"]
+        return report_finished(ck, rank)
     start, acc = 0, 0.0
     if ck is not None:
         # in place into the live objects, on any number of ranks
@@ -112,44 +100,25 @@ def main(argv=None):
         discard(found)
         discard(args.checkpoint)
 
-    t0 = time.time()
-    for epoch in range(start, args.epochs):
-        if epoch != sampler.epoch:
-            sampler.set_epoch(epoch)
+    def fail_on_purpose(epoch):
         if (epoch == args.fail_at_epoch and rank == world - 1
                 and restart_count() == 0):
             print(f"rank {rank}: failing on purpose at epoch {epoch}",
                   flush=True)
             os._exit(3)
-        # disable=None: no bar when stderr is not a terminal (log files)
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}",
-                   disable=True if args.quiet or rank != 0 else None,
-                   leave=False)
-        stopped = False
-        for x, y in bar:
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            if everyone_stops(_stop[0]):
-                stopped = True
-                break
-        if stopped:
-            save(args, model, opt, sched, sampler, loader_g, epoch, acc,
-                 rank, world)
-            if rank == 0:
-                print("SIGUSR1: checkpointed, exiting for requeue",
-                      flush=True)
-            dist.barrier()
-            return 0
-        sched.step()
-        sampler.set_epoch(epoch + 1)
-        acc = distributed_accuracy(model.module, test_loader)
-        if rank == 0:
-            print(f"epoch {epoch + 1:2d}  test acc {100 * acc:.2f}%  "
-                  f"({time.time() - t0:.1f} s, {world} ranks)", flush=True)
-        save(args, model, opt, sched, sampler, loader_g, epoch + 1, acc,
-             rank, world)
+
+    acc, stopped = train_epochs(
+        model, opt, sched, sampler, loader, start, acc, args, rank=rank,
+        stop=_stop, before_epoch=fail_on_purpose,
+        save=lambda epoch, acc: save(args, model, opt, sched, sampler,
+                                     loader_g, epoch, acc, rank, world),
+        accuracy=lambda: distributed_accuracy(model.module, test_loader),
+        report=lambda epoch, acc, loss, secs: (
+            f"epoch {epoch + 1:2d}  test acc {100 * acc:.2f}%  "
+            f"({secs:.1f} s, {world} ranks)"))
+    if stopped:
+        dist.barrier()
+        return 0
     if rank == 0:
         print(f"final test accuracy {100 * acc:.2f}% on {world} ranks",
               flush=True)

@@ -3,8 +3,10 @@ digits, no download), the CNN, evaluation, and when to resume from a
 checkpoint. PyTorch code with ``import dtorch as torch``."""
 import argparse
 import os
+import time
 
 import numpy as np
+from tqdm import tqdm
 
 import dtorch as torch
 from dtorch import nn
@@ -85,8 +87,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_run_args(ap, name, per):
-    """--lr, --seed, --checkpoint and --resume as the distributed examples
-    spell them; ``per``: what the learning rate is given for (1 rank, 1
+    """--lr, --seed, --checkpoint, --resume and --quiet as the distributed
+    examples spell them; ``per``: what the learning rate is given for (1 rank, 1
     replica)."""
     ap.add_argument("--lr", type=float, default=2e-3,
                     help=f"Adam's learning rate at 1 {per} (times "
@@ -100,6 +102,9 @@ def add_run_args(ap, name, per):
                     help="continue from --checkpoint (a finished run is "
                          "only reported); a restarted job "
                          "(DTORCH_RESTART_COUNT > 0) always does")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bar (there is none when stderr is "
+                         "not a terminal)")
 
 
 def restart_count():
@@ -198,6 +203,64 @@ def everyone_stops(mine):
     flag = torch.tensor([1.0 if mine else 0.0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag.item() > 0
+
+
+def report_finished(ck, rank, layout=""):
+    """A finished run's checkpoint ``ck`` is only reported (rank 0 prints
+    its accuracy; ``layout`` comes before "from the checkpoint"); returns
+    the accuracy once every rank is there."""
+    import dtorch.distributed as dist
+    if rank == 0:
+        print(f"final test accuracy {100 * ck['test_acc']:.2f}% on "
+              f"{ck.get('world', '?')} ranks ({layout}from the checkpoint)",
+              flush=True)
+    dist.barrier()
+    return ck["test_acc"]
+
+
+def train_epochs(model, opt, sched, sampler, loader, start, acc, args, *,
+                 rank, stop, save, accuracy, report, before_epoch=None):
+    """The epoch loop of the distributed examples (ddp_digits, tp_digits),
+    from epoch ``start`` to ``args.epochs``: after each epoch the scheduler
+    steps, ``accuracy()`` gives the test accuracy, rank 0 prints
+    ``report(epoch, acc, loss, seconds)`` and ``save(next_epoch, acc)``
+    checkpoints. When any rank's ``stop[0]`` is set (SIGUSR1 before a
+    preemption) every rank stops after the same step and saves the epoch
+    in progress (the sampler knows how far it got) for the requeued job.
+    ``before_epoch(epoch)`` runs at the start of each epoch. Returns
+    ``(test accuracy, stopped)``."""
+    t0 = time.time()
+    for epoch in range(start, args.epochs):
+        if epoch != sampler.epoch:
+            sampler.set_epoch(epoch)
+        if before_epoch is not None:
+            before_epoch(epoch)
+        # disable=None: no bar when stderr is not a terminal (log files)
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}",
+                   disable=True if args.quiet or rank != 0 else None,
+                   leave=False)
+        stopped = False
+        for x, y in bar:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            if everyone_stops(stop[0]):
+                stopped = True
+                break
+        if stopped:
+            save(epoch, acc)
+            if rank == 0:
+                print("SIGUSR1: checkpointed, exiting for requeue",
+                      flush=True)
+            return acc, True
+        sched.step()
+        sampler.set_epoch(epoch + 1)
+        acc = accuracy()
+        if rank == 0:
+            print(report(epoch, acc, loss, time.time() - t0), flush=True)
+        save(epoch + 1, acc)
+    return acc, False
 
 
 def metrics_path(checkpoint):

@@ -28,9 +28,6 @@ import argparse
 import os
 import signal
 import sys
-import time
-
-from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dtorch as torch  # noqa: E402
@@ -44,8 +41,8 @@ from dtorch.nn.parallel import tensor_parallel as tp  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
 from digits_common import (add_run_args, dcp_summary, discard,  # noqa: E402
-                           distributed_accuracy,
-                           everyone_stops, load_digits_split, plan_start)
+                           distributed_accuracy, load_digits_split,
+                           plan_start, report_finished, train_epochs)
 from digits_common import HelpFormatter  # noqa: E402
 
 _stop = [False]
@@ -84,9 +81,6 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=256,
                     help="hidden units of the sharded layers")
     add_run_args(ap, "tp_digits", "replica")
-    ap.add_argument("--quiet", action="store_true",
-                    help="no progress bar (there is none when stderr is "
-                         "not a terminal)")
     args = ap.parse_args(argv)
 
     dist.init_process_group()
@@ -122,13 +116,7 @@ def main(argv=None):
     if message and rank == 0:
         print(message, flush=True)
     if finished:
-        if rank == 0:
-            print(f"final test accuracy {100 * ck['test_acc']:.2f}% on "
-                  f"{ck.get('world', '?')} ranks (TP "
-                  f"{ck.get('tp_size', '?')}; from the checkpoint)",
-                  flush=True)
-        dist.barrier()
-        return ck["test_acc"]
+        return report_finished(ck, rank, f"TP {ck.get('tp_size', '?')}; ")
     start, acc = 0, 0.0
     if ck is not None:
         # this rank's shards of whatever layout wrote it, in place
@@ -145,41 +133,20 @@ def main(argv=None):
     if rank == 0:
         print(f"DP {dp_size} x TP {args.tp_size} on {world} ranks: {mlp}",
               flush=True)
-    t0 = time.time()
-    for epoch in range(start, args.epochs):
-        if epoch != sampler.epoch:
-            sampler.set_epoch(epoch)
-        # disable=None: no bar when stderr is not a terminal (log files)
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}",
-                   disable=True if args.quiet or rank != 0 else None,
-                   leave=False)
-        stopped = False
-        for x, y in bar:
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            if everyone_stops(_stop[0]):
-                stopped = True
-                break
-        if stopped:
-            save(args, mlp, opt, sched, sampler, loader_g, epoch, acc,
-                 rank, world)
-            if rank == 0:
-                print("SIGUSR1: checkpointed, exiting for requeue",
-                      flush=True)
-            return 0
-        sched.step()
-        sampler.set_epoch(epoch + 1)
-        # every TP rank of a replica computes the same predictions: count
-        # over the DP group only
-        acc = distributed_accuracy(model.module, test_loader, dp_group)
-        if rank == 0:
-            print(f"epoch {epoch + 1:2d}  loss {loss.item():.4f}  test acc "
-                  f"{100 * acc:.2f}%  ({time.time() - t0:.1f} s)",
-                  flush=True)
-        save(args, mlp, opt, sched, sampler, loader_g, epoch + 1, acc,
-             rank, world)
+    # every TP rank of a replica computes the same predictions: accuracy
+    # counts over the DP group only
+    acc, stopped = train_epochs(
+        model, opt, sched, sampler, loader, start, acc, args, rank=rank,
+        stop=_stop,
+        save=lambda epoch, acc: save(args, mlp, opt, sched, sampler,
+                                     loader_g, epoch, acc, rank, world),
+        accuracy=lambda: distributed_accuracy(model.module, test_loader,
+                                              dp_group),
+        report=lambda epoch, acc, loss, secs: (
+            f"epoch {epoch + 1:2d}  loss {loss.item():.4f}  test acc "
+            f"{100 * acc:.2f}%  ({secs:.1f} s)"))
+    if stopped:
+        return 0
     if rank == 0:
         print(f"final test accuracy {100 * acc:.2f}% on {world} ranks "
               f"(DP {dp_size} x TP {args.tp_size})", flush=True)

@@ -22,6 +22,7 @@ if 'OMPI_COMM_WORLD_SIZE' in os.environ or 'PMI_SIZE' in os.environ:
                 allow_module_level=True)
 from collectives import (CollectiveMismatchError,  # noqa: E402
                          CollectiveTimeoutError, spawn_threads)
+from helpers import mpi_env  # noqa: E402
 
 
 @pytest.mark.parametrize('world_size', [1, 2, 3, 4])
@@ -272,13 +273,7 @@ def run_mpi_job(script, n=2, timeout=40):
     """(returncode, output, seconds) of `mpiexec -n n python -c script`."""
     import signal
     import subprocess
-    env = dict(os.environ, PYTHONPATH=ROOT, OMPI_ALLOW_RUN_AS_ROOT='1',
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1',
-               OMPI_MCA_rmaps_base_oversubscribe='1',
-               PRTE_MCA_rmaps_default_mapping_policy=':oversubscribe')
-    for k in ('OMPI_COMM_WORLD_SIZE', 'PMIX_RANK', 'WORLD_SIZE',
-              'SLURM_NTASKS'):
-        env.pop(k, None)
+    env = mpi_env(PYTHONPATH=ROOT)
     t = time.monotonic()
     p = subprocess.Popen([MPIEXEC, '-n', str(n), sys.executable, '-c',
                           script], env=env, cwd=ROOT,

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import collectives  # noqa: E402
 from collectives import store as S  # noqa: E402
 from collectives.tcp import tcp_group  # noqa: E402
+from helpers import free_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,12 +30,6 @@ if 'OMPI_COMM_WORLD_SIZE' in os.environ or 'PMI_SIZE' in os.environ:
                 allow_module_level=True)
 
 TOKEN = 'dos-test-token'
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def open_fds():
@@ -84,7 +79,7 @@ def closed_by_peer(s, timeout):
 @pytest.fixture
 def server(monkeypatch):
     monkeypatch.setenv('DTORCH_RDZV_MAX_PENDING', '8')
-    st = collectives.TCPStore('127.0.0.1', free_port(), TOKEN,
+    st = collectives.TCPStore('127.0.0.1', 0, TOKEN,
                               is_server=True, timeout=20)
     yield st
     st.close()
@@ -117,7 +112,7 @@ def test_store_idle_connections_are_capped_and_cost_no_threads(server):
 def test_store_drops_a_silent_connection_after_the_handshake_deadline(
         monkeypatch):
     monkeypatch.setenv('DTORCH_RDZV_HANDSHAKE_TIMEOUT', '0.5')
-    st = collectives.TCPStore('127.0.0.1', free_port(), TOKEN,
+    st = collectives.TCPStore('127.0.0.1', 0, TOKEN,
                               is_server=True, timeout=20)
     try:
         s = socket.create_connection(('127.0.0.1', st.port), timeout=5)

@@ -10,12 +10,13 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from helpers import free_port, mpi_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -32,12 +33,6 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
 
 def shm_files():
     return set(glob.glob('/dev/shm/dtorch*'))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 # ---- the rank side (this file as a script)
@@ -149,13 +144,7 @@ def test_mpi_rank_killed_during_shm_setup_leaves_nothing():
     from collectives import shm_reduce
     if not shm_reduce.usable():
         pytest.skip("no shared-memory reduction on this machine")
-    env = dict(os.environ, PYTHONPATH=ROOT, OMPI_ALLOW_RUN_AS_ROOT='1',
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1',
-               OMPI_MCA_rmaps_base_oversubscribe='1',
-               PRTE_MCA_rmaps_default_mapping_policy=':oversubscribe')
-    for k in ('OMPI_COMM_WORLD_SIZE', 'PMIX_RANK', 'WORLD_SIZE',
-              'SLURM_NTASKS'):
-        env.pop(k, None)
+    env = mpi_env(PYTHONPATH=ROOT)
     before = shm_files()
     p = subprocess.Popen([MPIEXEC, '-n', '2', sys.executable,
                           os.path.abspath(__file__), 'mpi'], env=env,

@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import collectives  # noqa: E402
 import collectives_helpers as H  # noqa: E402
 from collectives.tcp import pipe as P  # noqa: E402
+from helpers import finish, free_port  # noqa: E402
 
 # a hang is a bug here: fail it instead of stalling the suite
 pytestmark = pytest.mark.timeout(90)
@@ -27,12 +28,6 @@ if 'OMPI_COMM_WORLD_SIZE' in os.environ or 'PMI_SIZE' in os.environ:
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       'collectives_helpers.py')
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(mode, world, timeout=60, env=None, rank_env=None,
@@ -62,23 +57,16 @@ def _launch(mode, world, timeout, env, rank_env, script, port):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(e, **rank_env.get(r, {})))
         for r in range(world)]
-    outs = []
-    try:
-        # rank 0 first: when it could not bind, the others need not be
-        # waited for (the finally kills them)
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            lines = [ln for ln in out.splitlines() if ln.startswith('{')]
-            outs.append((json.loads(lines[-1]) if lines else None, err,
-                         p.returncode))
-            if "cannot serve the rendezvous store" in outs[0][1]:
-                break
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
+    # rank 0 first: when it could not bind, the others need not be waited
+    # for (finish kills them)
+    outs = finish(procs, timeout, stop_when=lambda outs: (
+        "cannot serve the rendezvous store" in outs[0][2]))
+    return [(_last_json_line(out), err, rc) for rc, out, err in outs]
+
+
+def _last_json_line(out):
+    lines = [ln for ln in out.splitlines() if ln.startswith('{')]
+    return json.loads(lines[-1]) if lines else None
 
 
 @pytest.fixture(scope='module', params=[2, 3])
@@ -163,7 +151,7 @@ def test_store_refuses_wrong_token():
 
 def test_tcp_world_of_one_in_process():
     from collectives.tcp import tcp_group
-    g = tcp_group(0, 1, '127.0.0.1', free_port(), 'tok', timeout=5)
+    g = tcp_group(0, 1, '127.0.0.1', 0, 'tok', timeout=5)  # it picks
     x = np.ones(3)
     g.all_reduce(x)
     g.barrier()

@@ -7,9 +7,6 @@ float masks, dropout (the same mask as one rank under the same seed),
 bfloat16 under autocast; a finite-difference check; the errors. A
 two-process tcp run is at the end (this file run as a script)."""
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,6 +18,7 @@ from dtorch.distributed.device_mesh import init_device_mesh
 from dtorch.distributed.tensor.experimental import (
     context_parallel, context_parallel_unshard, set_rotate_method)
 from dtorch.distributed.tensor.experimental import _ring
+from helpers import finish, start_tcp_ranks
 
 TOL = {np.float64: 1e-10, np.float32: 1e-5}
 CASES = [(T, c) for T in (1, 7, 64, 129) for c in (False, True)]
@@ -422,35 +420,13 @@ def test_on_cuda(algorithm):
 
 # =============================================== two processes over tcp ==
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_over_tcp():
     """Ring (round the ring) and Ulysses, causal with dropout, on 2
     processes seeded differently: rank 0's stream is the one drawn, and
     both equal one rank seeded as rank 0."""
-    port, token = _free_port(), os.urandom(8).hex()
-    procs = []
-    for r in range(2):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   DTORCH_RDZV_TOKEN=token, OMP_NUM_THREADS="1",
-                   DTORCH_COLLECTIVE_TIMEOUT="60")
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__)], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    procs = start_tcp_ranks([os.path.abspath(__file__)], 2)
+    for rc, out, err in finish(procs, timeout=120):
+        assert rc == 0, err[-3000:]
         assert "cp tcp ok" in out
 
 

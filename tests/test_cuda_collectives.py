@@ -5,7 +5,6 @@ init_process_group picks the GPU from LOCAL_RANK. CuPy arrays come from the
 real CuPy on a GPU machine, or from the stand-in (tests/fakecupy)."""
 import importlib.util
 import os
-import socket
 import sys
 import threading
 
@@ -14,6 +13,7 @@ import pytest
 
 import collectives
 from collectives.arrays import ReduceOp
+from helpers import free_port
 
 
 def _fake_cupy_as_cupy(monkeypatch):
@@ -32,16 +32,10 @@ def _fake_cupy_as_cupy(monkeypatch):
     return mod
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tcp_all_reduce_and_broadcast_of_cupy_arrays(monkeypatch):
     cp = _fake_cupy_as_cupy(monkeypatch)
     from collectives.tcp import tcp_group
-    port, out, errs = _free_port(), {}, []
+    port, out, errs = free_port(), {}, []
 
     def rank(r):
         try:

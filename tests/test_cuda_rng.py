@@ -3,15 +3,13 @@ loaded (lazily, at the first draw), each device has its own generator, and
 dtorch.cuda.get_rng_state/set_rng_state restore the continuation (issue 20).
 Run with a GPU or DTORCH_FAKE_CUDA=1."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import dtorch
 from dtorch.nn import functional as F
+from helpers import last_json, run_python
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not dtorch.cuda.is_available(), reason="needs CuPy or DTORCH_FAKE_CUDA=1")]
@@ -29,10 +27,7 @@ print(json.dumps(m.cpu().tolist()))
 def test_manual_seed_before_cupy_loads_seeds_the_gpu():
     # a fresh process (CuPy not loaded at manual_seed) draws what this one
     # draws after the same seed
-    o = subprocess.run([sys.executable, "-c", _SCRIPT], env=dict(os.environ),
-                       capture_output=True, text=True, timeout=120)
-    assert o.returncode == 0, o.stderr[-2000:]
-    a = json.loads(o.stdout.strip().splitlines()[-1])
+    a = last_json(run_python(_SCRIPT).stdout)
     dtorch.manual_seed(3)
     b = F.dropout(dtorch.ones(64, device="cuda"), 0.5).cpu().tolist()
     assert a == b

@@ -3,8 +3,6 @@ dtorch.distributed (a layer above it): DistributedSampler and the shard
 datasets take rank and world size from an initialised group, and a process
 that never loaded dtorch.distributed is treated as having none."""
 import os
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -12,6 +10,7 @@ import numpy as np
 import dtorch.distributed as dist
 from dtorch.utils.data import DistributedSampler
 from dtorch.utils.data.shards import ShardedIterableDataset
+from helpers import run_python
 
 
 def test_no_group_loads_no_distribution_code():
@@ -30,10 +29,7 @@ def test_no_group_loads_no_distribution_code():
         "print(len(ds), 'dtorch.distributed' in sys.modules,\n"
         "      'collectives' in sys.modules)\n")
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([sys.executable, "-c", code,
-                            os.path.join(d, "tok.bin")],
-                           capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+        r = run_python(code, os.path.join(d, "tok.bin"))
     # 20 tokens, windows of block_size + 1: 4 samples, ranked as rank 0 of 1
     assert r.stdout.split() == ["True", "4", "False", "False"]
 

@@ -19,6 +19,7 @@ from dtorch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_state_dict, set_state_dict)
 from dtorch.nn.parallel import DistributedDataParallel as DDP
 from dtorch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from helpers import train_steps
 
 if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
     pytest.skip("single-process tests; not run under mpiexec",
@@ -42,12 +43,8 @@ def make(seed=0, p=0.0):
 
 def train(m, opt, sched, steps, seed=1):
     g = dtorch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        x = dtorch.randn(4, 5, generator=g, dtype=F64)
-        opt.zero_grad()
-        m(x).pow(2).mean().backward()
-        opt.step()
-        sched.step()
+    train_steps(opt, lambda: m(dtorch.randn(4, 5, generator=g, dtype=F64))
+                .pow(2).mean(), steps, sched)
 
 
 def state(m, opt, sched, **extra):
@@ -303,7 +300,7 @@ def test_stale_temporary_directory_of_a_dead_save_is_removed(tmp_path):
     import sys
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()                                    # a pid that is gone
-    from dtorch.distributed.checkpoint._core import _host_tag
+    from dtorch.distributed.checkpoint._files import _host_tag
     stale = tmp_path / f".c.dcp-{_host_tag()}-{p.pid}-0badf00d.tmp"
     stale.mkdir()
     (stale / "__0_0.safetensors").write_bytes(b"partial")
@@ -532,7 +529,7 @@ def test_async_save_staging_cache_reuses_buffers_safely(tmp_path):
     """cache_staged_state_dict: the second snapshot goes into the first
     one's buffers once that save is done, and every checkpoint still holds
     the values of its own call."""
-    from dtorch.distributed.checkpoint import _core
+    from dtorch.distributed.checkpoint import _groups
     t = dtorch.zeros(1000)
     saved = []
     for i in range(3):
@@ -543,7 +540,7 @@ def test_async_save_staging_cache_reuses_buffers_safely(tmp_path):
         if i == 1:
             t.fill_(-1.0)             # right after the call: not saved
         f.result(timeout=60)
-        saved.append(_core._staging[_core._key(None)]["t"])
+        saved.append(_groups._staging[_groups._key(None)]["t"])
     # one buffer, reused (the saves did not overlap)
     assert saved[0] is saved[1] is saved[2] and saved[2][0] == 2.0
     for i in range(3):

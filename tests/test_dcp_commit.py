@@ -12,7 +12,7 @@ import pytest
 
 import dtorch
 import dtorch.distributed.checkpoint as dcp
-from dtorch.distributed.checkpoint import _core
+from dtorch.distributed.checkpoint import _files
 
 if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
     pytest.skip("single-process tests; not run under mpiexec",
@@ -35,7 +35,7 @@ def _save_killed_at(step, path, v):
             def hook(s):
                 if s == step:
                     os.kill(os.getpid(), signal.SIGKILL)
-            _core._commit_hook = hook
+            _files._commit_hook = hook
             dcp.save(_state(v), checkpoint_id=path)
         finally:
             os._exit(0)
@@ -50,14 +50,14 @@ def _loaded(path):
     return st["epoch"]
 
 
-@pytest.mark.parametrize("step", _core.COMMIT_STEPS)
+@pytest.mark.parametrize("step", _files.COMMIT_STEPS)
 def test_kill_at_each_commit_step_keeps_a_checkpoint(tmp_path, step):
     path = str(tmp_path / "step_7")
     dcp.save(_state(1), checkpoint_id=path)
     _save_killed_at(step, path, 2)
     # the new one once it has its name, the previous one before
-    renamed = _core.COMMIT_STEPS.index(step) >= \
-        _core.COMMIT_STEPS.index("renamed")
+    renamed = _files.COMMIT_STEPS.index(step) >= \
+        _files.COMMIT_STEPS.index("renamed")
     assert _loaded(path) == (2 if renamed else 1)
     assert dcp.latest_checkpoint(path) is not None
     assert dcp.FileSystemReader(path).read_metadata() is not None
@@ -91,7 +91,7 @@ def test_an_earlier_versions_old_is_recovered_or_removed(tmp_path):
     import subprocess
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()                                          # a pid that is gone
-    tag = _core._host_tag()
+    tag = _files._host_tag()
     for name, v in (("a", 1), ("b", 2)):
         dcp.save(_state(v), checkpoint_id=tmp_path / name)
         os.rename(tmp_path / name,

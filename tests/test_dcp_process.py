@@ -13,12 +13,12 @@ This file is also the ranks' script (``python test_dcp_process.py MODE
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 
 import pytest
+
+from helpers import finish, start_tcp_ranks
 
 if __name__ != "__main__" and ("OMPI_COMM_WORLD_SIZE" in os.environ
                                or "PMI_SIZE" in os.environ):
@@ -95,7 +95,7 @@ def _kill_target(root, which, flag):
     import dtorch
     import dtorch.distributed as dist
     import dtorch.distributed.checkpoint as dcp
-    from dtorch.distributed.checkpoint import _core
+    from dtorch.distributed.checkpoint import _save
     dist.init_process_group("tcp")
     rank = dist.get_rank()
     mgr = dcp.CheckpointManager(root, keep_last=3)
@@ -107,21 +107,21 @@ def _kill_target(root, which, flag):
         time.sleep(120)                    # killed here
 
     if which == "write" and rank == 1:
-        real = _core._write_file
+        real = _save._write_file
 
         def write_half(path, *a):
             with open(path, "wb") as fh:
                 fh.write(b"\0" * 1000)      # a partial shard on disk
             stall()
             return real(path, *a)
-        _core._write_file = write_half
+        _save._write_file = write_half
     if which == "commit" and rank == 0:
-        real_commit = _core._commit
+        real_commit = _save._commit
 
         def commit(*a):
             stall()
             return real_commit(*a)
-        _core._commit = commit
+        _save._commit = commit
     t += 1
     mgr.save({"t": t, "w": dtorch.ones(8) * 2, "step": 2}, step=2)
 
@@ -131,45 +131,12 @@ def _kill_target(root, which, flag):
 HERE = os.path.abspath(__file__)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(args, world=2, extra=None):
-    port, token = _free_port(), os.urandom(8).hex()
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world),
-                   LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   DTORCH_RDZV_TOKEN=token, OMP_NUM_THREADS="1",
-                   OPENBLAS_NUM_THREADS="1")
-        env.setdefault("DTORCH_COLLECTIVE_TIMEOUT", "60")
-        env.update(extra or {})
-        procs.append(subprocess.Popen([sys.executable, HERE] + args,
-                                      env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    return procs
-
-
-def _finish(procs, timeout=150):
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            outs.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
+    return start_tcp_ranks([HERE] + args, world, **(extra or {}))
 
 
 def _run(args):
-    outs = _finish(_start(args))
+    outs = finish(_start(args))
     for r, (rc, out, err) in enumerate(outs):
         assert rc == 0, f"rank {r} exited {rc}:\n{err[-3000:]}"
 
@@ -207,7 +174,7 @@ def test_kill_9_during_save_leaves_previous_checkpoint(tmp_path, which,
         deadline = time.monotonic() + 120
         while not os.path.exists(flag):
             assert time.monotonic() < deadline, "the rank never stalled"
-            assert all(p.poll() is None for p in procs), _finish(procs)
+            assert all(p.poll() is None for p in procs), finish(procs)
             time.sleep(0.05)
         procs[victim].send_signal(signal.SIGKILL)
         procs[victim].wait()
@@ -216,7 +183,7 @@ def test_kill_9_during_save_leaves_previous_checkpoint(tmp_path, which,
         other.wait(timeout=90)
         assert other.returncode != 0
     finally:
-        _finish(procs, timeout=5)
+        finish(procs, timeout=5)
     mgr = dcp.CheckpointManager(root)
     assert mgr.steps() == [1]
     assert mgr.latest().endswith("step_00000001")

@@ -15,6 +15,7 @@ from dtorch import nn
 from dtorch.distributed.checkpoint.state_dict import (get_state_dict,
                                                       set_state_dict)
 from dtorch.nn.parallel import tensor_parallel as tp
+from helpers import train_steps
 
 if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
     pytest.skip("single-process tests; not run under mpiexec",
@@ -273,10 +274,7 @@ def _zero_model():
 
 
 def _train(m, opt):
-    for _ in range(3):
-        opt.zero_grad()
-        m(dtorch.from_numpy(ZX)).pow(2).sum().backward()
-        opt.step()
+    train_steps(opt, lambda: m(dtorch.from_numpy(ZX)).pow(2).sum(), 3)
 
 
 def _full_opt_state(m, opt, zero):

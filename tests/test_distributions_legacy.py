@@ -6,6 +6,7 @@ import pytest
 
 import dtorch
 import dtorch.distributions as D
+from helpers import close
 
 torch = pytest.importorskip("torch")
 TD = torch.distributions
@@ -14,9 +15,7 @@ rng = np.random.default_rng(0)
 
 
 def _close(a, b, tol=1e-12):
-    np.testing.assert_allclose(np.asarray(a.detach().numpy()),
-                               np.asarray(b.detach().numpy()), rtol=tol,
-                               atol=tol)
+    close(a, b, tol)
 
 
 @pytest.mark.parametrize("param", ["probs", "logits"])

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from helpers import mpi_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EX = os.path.join(ROOT, "examples")
 
@@ -19,9 +21,7 @@ pytestmark = pytest.mark.skipif(
 def run(cmd, timeout=240, raw=False, **kw):
     """stdout of a command that must succeed; raw: (stdout, stderr) as
     bytes (text mode would turn a progress bar's \r into \n)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
+    env = mpi_env()
     p = subprocess.run(cmd, capture_output=True, text=not raw,
                        timeout=timeout, env=env, cwd=ROOT, **kw)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

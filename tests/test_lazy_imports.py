@@ -3,20 +3,16 @@ single-process path (a laptop, a unit test) imports neither collectives nor
 dtorch.distributed, nn.parallel or the distributed checkpoint; they load
 on first use, under their usual names. Nor does it import einops, which
 still finds dtorch tensors whichever of the two comes first."""
-import subprocess
-import sys
-
 import pytest
+
+from helpers import run_python
 
 DISTRIBUTION = ("collectives", "dtorch.distributed", "dtorch.nn.parallel",
                 "mpi4py", "cupy")
 
 
 def _run(code):
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    return run_python(code).stdout
 
 
 def test_import_dtorch_loads_no_distribution_code():

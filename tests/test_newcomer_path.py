@@ -10,6 +10,8 @@ import tomllib
 
 import pytest
 
+from helpers import one_thread_env, run_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.skipif(
@@ -85,10 +87,8 @@ def _run_example(missing, *args):
             "sys.meta_path.insert(0, NotInstalled())\n"
             f"sys.argv = ['examples/digits.py'] + {list(args)!r}\n"
             "runpy.run_path('examples/digits.py', run_name='__main__')\n")
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240,
-                          env=dict(os.environ, OMP_NUM_THREADS="1",
-                                   OPENBLAS_NUM_THREADS="1"))
+    return run_python(code, cwd=ROOT, timeout=240, env=one_thread_env(),
+                      check=False)
 
 
 def test_main_job_without_scikit_learn_names_the_extra():

@@ -7,6 +7,7 @@ import dtorch
 import dtorch.nn as nn
 import dtorch.nn.functional as F
 from dtorch.autograd import gradcheck
+from helpers import same_as_torch
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -16,17 +17,7 @@ X = rng.standard_normal((2, 4, 5, 6, 7))
 
 
 def _same(fd, ft, *arrays, tol=1e-10):
-    xd = [dtorch.tensor(a, requires_grad=True) for a in arrays]
-    xt = [torch.tensor(a, requires_grad=True) for a in arrays]
-    od, ot = fd(*xd), ft(*xt)
-    np.testing.assert_allclose(od.detach().numpy(), ot.detach().numpy(),
-                               rtol=tol, atol=tol)
-    w = rng.standard_normal(tuple(ot.shape))
-    (od * dtorch.tensor(w)).sum().backward()
-    (ot * torch.tensor(w)).sum().backward()
-    for a, b in zip(xd, xt):
-        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=tol,
-                                   atol=tol)
+    same_as_torch(fd, ft, *arrays, tol=tol)
 
 
 @pytest.mark.parametrize("kw,cin", [

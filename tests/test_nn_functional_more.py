@@ -7,6 +7,7 @@ import dtorch
 import dtorch.nn as nn
 import dtorch.nn.functional as F
 from dtorch.autograd import gradcheck
+from helpers import same_as_torch
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -17,21 +18,7 @@ rng = np.random.default_rng(0)
 def _same(fd, ft, *arrays, tol=1e-10, grad=True, nograd=()):
     """Equal values and input gradients; arrays at indices in ``nograd``
     (targets PyTorch does not differentiate) are constants."""
-    req = [grad and a.dtype.kind == "f" and i not in nograd
-           for i, a in enumerate(arrays)]
-    xd = [dtorch.tensor(a, requires_grad=r) for a, r in zip(arrays, req)]
-    xt = [torch.tensor(a, requires_grad=r) for a, r in zip(arrays, req)]
-    od, ot = fd(*xd), ft(*xt)
-    np.testing.assert_allclose(od.detach().numpy(), ot.detach().numpy(),
-                               rtol=tol, atol=tol)
-    if grad:
-        w = rng.standard_normal(tuple(ot.shape))
-        (od * dtorch.tensor(w)).sum().backward()
-        (ot * torch.tensor(w)).sum().backward()
-        for a, b in zip(xd, xt):
-            if b.grad is not None:
-                np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(),
-                                           rtol=tol, atol=tol)
+    same_as_torch(fd, ft, *arrays, tol=tol, grad=grad, nograd=nograd)
 
 
 X = rng.standard_normal((4, 6))

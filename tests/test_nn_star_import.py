@@ -1,15 +1,11 @@
 """`from dtorch.nn import *` exports PyTorch's torch.nn names, the lazily
 loaded distribution ones (SyncBatchNorm, DataParallel, parallel) included,
 while a plain `import dtorch.nn` still loads no distribution code."""
-import subprocess
-import sys
+from helpers import run_python
 
 
 def _run(code):
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.split()
+    return run_python(code).stdout.split()
 
 
 def test_star_import_brings_lazy_names():

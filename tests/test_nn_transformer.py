@@ -5,6 +5,7 @@ import pytest
 
 import dtorch
 import dtorch.nn as nn
+from helpers import close
 
 torch = pytest.importorskip("torch")
 
@@ -18,8 +19,7 @@ def _copy_weights(dmod, tmod):
 
 
 def _close(a, b, tol=1e-10):
-    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(),
-                               rtol=tol, atol=tol)
+    close(a, b, tol)
 
 
 rng = np.random.default_rng(0)

@@ -6,6 +6,7 @@ import pytest
 import dtorch
 import dtorch.nn as nn
 from dtorch.nn.utils import rnn as R
+from helpers import close
 
 torch = pytest.importorskip("torch")
 TR = torch.nn.utils.rnn
@@ -14,8 +15,7 @@ rng = np.random.default_rng(0)
 
 
 def _close(a, b, tol=1e-10):
-    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(),
-                               rtol=tol, atol=tol)
+    close(a, b, tol)
 
 
 def test_pad_and_pack_layout_match_torch():

@@ -6,6 +6,7 @@ import pytest
 
 import dtorch
 import dtorch.nn as nn
+from helpers import close
 
 torch = pytest.importorskip("torch")
 
@@ -20,8 +21,7 @@ def _load(dm, tm):
 
 
 def _close(a, b):
-    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(),
-                               rtol=1e-10, atol=1e-12)
+    close(a, b, atol=1e-12)
 
 
 @pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated")

@@ -2,7 +2,6 @@
 outputs (atol 1e-5) for the examples' models (digits CNN, an MLP, an LSTM
 text model, the GPT), at the traced batch size and another one."""
 import os
-import subprocess
 import sys
 import warnings
 
@@ -20,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import digits_common  # noqa: E402
 import gpt  # noqa: E402
+from helpers import run_python
 
 
 def roundtrip(model, args, tmp_path, other=None, **kw):
@@ -214,9 +214,7 @@ def test_import_without_onnx():
         "    assert \"pip install -e '.[onnx]'\" in str(e), e\n"
         "else:\n"
         "    raise SystemExit('no ImportError')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    run_python(code)
 
 
 def test_lstm_embedding_table_path_bidirectional(tmp_path):

@@ -5,6 +5,7 @@ import pytest
 
 import dtorch
 from dtorch.autograd import gradcheck
+from helpers import same_as_torch
 
 torch = pytest.importorskip("torch")
 
@@ -20,21 +21,10 @@ def _t(a, grad=True):
 
 
 def _same(fn_d, fn_t, *arrays, atol=1e-10, grad=True):
-    """fn on dtorch and torch from the same data: equal values, equal
-    gradients of sum(out * w) for a fixed random w."""
-    xs_d = [_d(a, grad) for a in arrays]
-    xs_t = [_t(a, grad) for a in arrays]
-    od, ot = fn_d(*xs_d), fn_t(*xs_t)
-    np.testing.assert_allclose(od.detach().numpy(), ot.detach().numpy(),
-                               atol=atol, rtol=1e-7)
-    if grad:
-        w = np.random.default_rng(1).standard_normal(tuple(ot.shape))
-        (od * dtorch.tensor(w)).sum().backward()
-        (ot * torch.tensor(w)).sum().backward()
-        for a, b in zip(xs_d, xs_t):
-            ga = a.grad.numpy() if a.grad is not None else 0 * a.numpy()
-            gb = b.grad.numpy() if b.grad is not None else 0 * b.detach().numpy()
-            np.testing.assert_allclose(ga, gb, atol=atol, rtol=1e-7)
+    """fn on dtorch and torch from the same float64 data: equal values,
+    equal gradients of sum(out * w) for a fixed random w."""
+    same_as_torch(fn_d, fn_t, *[np.asarray(a, np.float64) for a in arrays],
+                  tol=atol, rtol=1e-7, grad=grad, seed=1)
 
 
 rng = np.random.default_rng(0)

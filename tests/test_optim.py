@@ -6,6 +6,7 @@ import pytest
 
 import dtorch
 from dtorch import optim
+from helpers import train_steps
 
 RNG = np.random.default_rng(0)
 A = RNG.standard_normal((5, 3))
@@ -270,10 +271,7 @@ def test_zero_grad():
 def _train(opt, w, steps):
     a = dtorch.tensor(A, dtype=dtorch.float32)
     b = dtorch.tensor(B, dtype=dtorch.float32)
-    for _ in range(steps):
-        opt.zero_grad()
-        ((a @ w - b) ** 2).sum().backward()
-        opt.step()
+    train_steps(opt, lambda: ((a @ w - b) ** 2).sum(), steps)
 
 
 @pytest.mark.parametrize("cls,kw", [

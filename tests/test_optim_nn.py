@@ -7,6 +7,7 @@ import pytest
 import dtorch
 import dtorch.nn as nn
 from dtorch import optim
+from helpers import train_steps
 
 
 def _mlp():
@@ -22,14 +23,8 @@ def _data():
 
 def _train(model, opt, sched, steps, x, y):
     loss_fn = nn.MSELoss()
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        if sched is not None:
-            sched.step()
-    return loss.item()
+    return train_steps(opt, lambda: loss_fn(model(x), y), steps,
+                       sched).item()
 
 
 @pytest.mark.parametrize("name,kw", [

@@ -20,6 +20,7 @@ import dtorch
 from dtorch import nn
 from dtorch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
                                            pipeline)
+from helpers import mpi_env
 from test_pipeline import run_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,13 +130,7 @@ def _mpiexec():
 
 
 def _env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1",
-               PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
-               PYTHONPATH=ROOT)
-    env.pop("DTORCH_RESTART_COUNT", None)
-    return env
+    return mpi_env(PYTHONPATH=ROOT, DTORCH_RESTART_COUNT=None)
 
 
 @pytest.mark.skipif(UNDER_MPI, reason="starts its own mpiexec job")

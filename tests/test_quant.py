@@ -14,6 +14,7 @@ import dtorch.nn as nn
 from dtorch.ao.quantization import quantize_dynamic
 from dtorch.ao.quantization import _core as Q
 from dtorch.ao.nn.quantized import dynamic as qd
+from helpers import run_python
 from torch_oracle import torch_oracle
 
 
@@ -320,10 +321,8 @@ def test_on_the_device_equals_cpu(device):
 # --- the compiled int8 kernel (numba, optional extra 'quant') -------------
 
 def test_import_dtorch_does_not_import_numba():
-    import subprocess
-    code = ("import sys, dtorch, dtorch.ao.quantization; "
-            "assert 'numba' not in sys.modules, 'numba imported'")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    run_python("import sys, dtorch, dtorch.ao.quantization; "
+               "assert 'numba' not in sys.modules, 'numba imported'")
 
 
 def test_kernel_is_exact_int32_accumulation():

@@ -9,6 +9,7 @@ import pytest
 
 import dtorch
 from dtorch.autograd import gradcheck, gradgradcheck
+import helpers
 
 torch = pytest.importorskip("torch")
 
@@ -21,10 +22,7 @@ def both(fn):
 
 
 def close(a, b, tol=1e-6):
-    a = a.to_dense() if a.is_sparse else a
-    b = b.to_dense() if b.is_sparse else b
-    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(),
-                               rtol=tol, atol=tol)
+    helpers.close(a, b, tol)
 
 
 def make(lib, grad=False, dtype="float64"):

@@ -19,6 +19,7 @@ import dtorch.distributed as dist
 from dtorch import nn
 from dtorch.nn.parallel import DistributedDataParallel as DDP
 from dtorch.nn.parallel import tensor_parallel as tp
+from helpers import mpi_env
 
 F64 = dtorch.float64
 TOL = 1e-10
@@ -434,9 +435,7 @@ def test_tp_digits_example_under_mpiexec(tmp_path):
     if mpiexec is None:
         pytest.fail("mpiexec not found next to the interpreter: install "
                     "with pip install -e '.[dev]'")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
+    env = mpi_env()
     ck = str(tmp_path / "tp.safetensors")
     cmd = [mpiexec, "-n", "2", sys.executable, "-m", "mpi4py",
            os.path.join(ROOT, "examples", "tp_digits.py"), "--tp-size", "2",

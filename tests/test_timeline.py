@@ -7,11 +7,12 @@ Run as a script, this file is one rank of the two-process tcp test:
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from helpers import finish, free_port, tcp_rank_env
 
 HERE = os.path.abspath(__file__)
 SYMMETRIC = ("all_reduce", "all_reduce_coalesced", "barrier")
@@ -230,43 +231,22 @@ def test_merge_a_cut_short_file_and_errors(tmp_path):
     assert r.returncode != 0 and "is not a directory" in r.stderr
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 SKEW_NS = 3_000_000_000     # rank 1's clock runs 3 s ahead of rank 0's
 
 
 def test_tcp_processes_clock_aligned(tmp_path):
     """Two processes, tcp backend, DDP; rank 1's clock is shifted by 3 s:
     the timeline measures the shift and the merged trace is causal."""
-    port, token = _free_port(), os.urandom(8).hex()
-    procs = []
-    for r in range(2):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), DTORCH_RDZV_TOKEN=token,
-                   OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                   DTORCH_COLLECTIVE_TIMEOUT="60",
-                   DTORCH_TIMELINE=str(tmp_path))
-        procs.append(subprocess.Popen(
-            [sys.executable, HERE, str(SKEW_NS if r == 1 else 0)], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            cwd=ROOT))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=150) + (p.returncode,))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (out, err, rc) in enumerate(outs):
+    port, token = free_port(), os.urandom(8).hex()
+    procs = [subprocess.Popen(
+        [sys.executable, HERE, str(SKEW_NS if r == 1 else 0)],
+        env=tcp_rank_env(r, 2, port, token, DTORCH_TIMELINE=str(tmp_path)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT) for r in range(2)]
+    outs = finish(procs)
+    for r, (rc, out, err) in enumerate(outs):
         assert rc == 0, f"rank {r} exited {rc}:\n{err[-3000:]}"
-    nbuckets, nbytes = json.loads(outs[0][0].strip().splitlines()[-1])
+    nbuckets, nbytes = json.loads(outs[0][1].strip().splitlines()[-1])
     docs = [_load(tmp_path / f"rank{r}.json") for r in range(2)]
     for r in range(2):
         _check_rank_file(docs[r], r, 2, nbuckets, nbytes)

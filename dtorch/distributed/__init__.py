@@ -506,7 +506,6 @@ def get_default_backend_for_device(device):
     raise ValueError(f"no default backend for device type {dev.type!r}")
 
 
-from . import metrics  # noqa: E402,F401
 __all__ += ["DeviceMesh", "init_device_mesh"]
 
 
@@ -516,5 +515,8 @@ def __getattr__(name):
     if name in ("DeviceMesh", "init_device_mesh"):
         from . import device_mesh
         return getattr(device_mesh, name)
+    if name == "metrics":    # built on this module's API too
+        import importlib
+        return importlib.import_module(".metrics", __name__)
     raise AttributeError(f"module 'dtorch.distributed' has no attribute "
                          f"{name!r}")

@@ -17,6 +17,7 @@ import numpy as np
 from ..autograd.function import Function, TensorBase
 from . import _state
 from ._ops import CONVERTERS
+from ._values import Const, Value, _onnx_type, _to_numpy
 from .errors import OnnxExporterError, UnsupportedOperatorError
 
 _NO_EFFECT = ("export_params", "do_constant_folding", "verbose", "training",
@@ -38,22 +39,6 @@ def _require_onnx():
             "`pip install -e '.[onnx]'` in the dtorch clone (the 'onnx' "
             "extra)") from None
     return onnx
-
-
-def _to_numpy(a):
-    if isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "get"):          # CuPy
-        return a.get()
-    return np.asarray(a)
-
-
-class Value:
-    """A dynamic value of the ONNX graph: its name and traced shape/dtype."""
-    __slots__ = ("name", "shape", "dtype")
-
-    def __init__(self, name, shape, dtype):
-        self.name, self.shape, self.dtype = name, tuple(shape), dtype
 
 
 class Builder:
@@ -258,25 +243,6 @@ class Tracer:
         return a
 
 
-class Const:
-    """A constant tensor argument: its array (and state_dict name)."""
-    __slots__ = ("array", "pname")
-
-    def __init__(self, array, pname):
-        self.array, self.pname = array, pname
-
-    @property
-    def shape(self):
-        return tuple(self.array.shape)
-
-    @property
-    def dtype(self):
-        return np.dtype(self.array.dtype)
-
-    def numpy(self):
-        return _to_numpy(self.array)
-
-
 class _Ctx:
     """What a converter gets besides its arguments."""
 
@@ -310,10 +276,6 @@ class _Ctx:
         raise UnsupportedOperatorError(
             f"Exporting the operator '{self.cls.__name__}' with {what} to "
             f"ONNX is not supported (in {self.tracer.where()})")
-
-
-def _onnx_type(onnx, dtype):
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 def _flatten(out):
@@ -369,12 +331,7 @@ def export(model, args, f, input_names, output_names, dynamic_axes,
     if args and isinstance(args[-1], dict):
         call_kwargs, args = args[-1], args[:-1]
     tensors = [a for a in args if isinstance(a, TensorBase)]
-    input_names = list(input_names or [])
-    if len(input_names) > len(tensors):
-        raise ValueError(f"{len(input_names)} input_names for "
-                         f"{len(tensors)} tensor inputs")
-    input_names += [f"input_{i}" for i in range(len(input_names),
-                                                len(tensors))]
+    input_names = _names(input_names, len(tensors), "input", "tensor inputs")
     dynamic_axes = dynamic_axes or {}
 
     b = Builder(onnx, opset_version)
@@ -401,12 +358,7 @@ def export(model, args, f, input_names, output_names, dynamic_axes,
         _compare_runs(tr, tr2)
 
     outs = _flatten(out)
-    output_names = list(output_names or [])
-    if len(output_names) > len(outs):
-        raise ValueError(f"{len(output_names)} output_names for "
-                         f"{len(outs)} outputs")
-    output_names += [f"output_{i}" for i in range(len(output_names),
-                                                  len(outs))]
+    output_names = _names(output_names, len(outs), "output", "outputs")
     graph_outputs = []
     for t, name in zip(outs, output_names):
         v = tr.lookup(t)
@@ -429,6 +381,15 @@ def export(model, args, f, input_names, output_names, dynamic_axes,
                        [opset_version])
     onnx.checker.check_model(m)
     onnx.save_model(m, f)
+
+
+def _names(given, n, kind, what):
+    """The user's ``{kind}_names`` for the graph's ``n`` inputs or
+    outputs, the rest numbered ``{kind}_<i>``."""
+    names = list(given or [])
+    if len(names) > n:
+        raise ValueError(f"{len(names)} {kind}_names for {n} {what}")
+    return names + [f"{kind}_{i}" for i in range(len(names), n)]
 
 
 def _prune(nodes, inits, outputs):

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .. import ops as N
+from ._values import Const, _onnx_type
 
 CONVERTERS = {}
 INT64_MAX = np.iinfo(np.int64).max
@@ -92,7 +93,6 @@ def _clamp_t(ctx, x, lo=None, hi=None):
 
 @conv(N.Cast)
 def _cast(ctx, x, np_dtype=None):
-    from ._export import _onnx_type
     return ctx.b.node("Cast", [ctx.name(x)],
                       to=_onnx_type(ctx.b.onnx, ctx.out_dtype))
 
@@ -313,7 +313,6 @@ def _norm(ctx, x, p=2.0, dim=None, keepdim=False):
 
 
 def _np_to_onnx(ctx, dt):
-    from ._export import _onnx_type
     return _onnx_type(ctx.b.onnx, dt)
 
 
@@ -333,7 +332,6 @@ def _matmul(ctx, x, y):
 
 @conv(N.Linear)
 def _linear(ctx, x, w, b=None):
-    from ._export import Const
     B = ctx.b
     if len(x.shape) == 2:
         ins = [ctx.name(x), ctx.name(w)] + ([] if b is None
@@ -547,7 +545,6 @@ def _gates(a, order, n):
 
 
 def _rnn(ctx, kind, xw, h0, c0, w_hh, b_hh, reverse, order, extra):
-    from ._export import Const
     B = ctx.b
     if not isinstance(w_hh, Const) or (b_hh is not None and
                                        not isinstance(b_hh, Const)):

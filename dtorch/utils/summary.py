@@ -8,6 +8,10 @@ Unlike torchsummary, a row counts all of a layer's own parameters (not only
 """
 import math
 
+from .._backend import float32
+from .._creation import rand
+from ..autograd import no_grad
+
 __all__ = ["summary"]
 
 _WIDTH = 64
@@ -45,7 +49,6 @@ def summary(model, input_size, batch_size=-1, device="cpu", dtypes=None):
 
         dtorch.utils.summary(model, (1, 28, 28))
     """
-    import dtorch
     from ..nn import Sequential, ModuleList, ModuleDict
 
     if isinstance(input_size, tuple) and (
@@ -53,7 +56,7 @@ def summary(model, input_size, batch_size=-1, device="cpu", dtypes=None):
         input_size = [input_size]
     input_size = [tuple(s) for s in input_size]
     if dtypes is None:
-        dtypes = [dtorch.float32] * len(input_size)
+        dtypes = [float32] * len(input_size)
     rows = []
     hooks = []
 
@@ -68,10 +71,10 @@ def summary(model, input_size, batch_size=-1, device="cpu", dtypes=None):
         if m is not model and not isinstance(
                 m, (Sequential, ModuleList, ModuleDict)):
             hooks.append(m.register_forward_hook(hook))
-    xs = [dtorch.rand(_PROBE, *s, device=device).to(dtype=dt)
+    xs = [rand(_PROBE, *s, device=device).to(dtype=dt)
           for s, dt in zip(input_size, dtypes)]
     try:
-        with dtorch.no_grad():
+        with no_grad():
             model(*xs)
     finally:
         for h in hooks:

@@ -29,8 +29,12 @@ ranks (RNG states, per-rank tensors) are kept per rank; tensors equal on
 every rank are written once. ``CheckpointManager`` keeps the last K
 checkpoints of a folder with a ``latest`` pointer.
 """
-from ._core import (CheckpointException, CheckpointManager,  # noqa: F401
-                    async_save, latest_checkpoint, load, save, shard_of)
+from ._files import (FileSystemReader, FileSystemWriter,  # noqa: F401
+                     latest_checkpoint)
+from ._load import load  # noqa: F401
+from ._manager import CheckpointManager  # noqa: F401
+from ._save import async_save, save  # noqa: F401
+from ._shards import CheckpointException, shard_of  # noqa: F401
 from .metadata import (BytesStorageMetadata,  # noqa: F401
                        ChunkStorageMetadata, Metadata,
                        TensorStorageMetadata)
@@ -43,32 +47,3 @@ __all__ = ["save", "load", "async_save", "CheckpointException",
            "BytesStorageMetadata", "Stateful", "RNGState",
            "FileSystemWriter", "FileSystemReader", "state_dict",
            "format_utils"]
-
-
-class FileSystemWriter:
-    """PyTorch's storage writer naming a directory: ``save(sd,
-    storage_writer=FileSystemWriter(path))`` is ``checkpoint_id=path``.
-    ``sync_files=False`` skips the fsyncs: faster, but a power loss (not
-    a crash of the process) may then lose a checkpoint that was
-    reported saved. ``cache_staged_state_dict=True``: async_save copies
-    into the host buffers of the previous async save (kept between saves:
-    one more copy of the state in memory) instead of fresh memory, whose
-    first touch costs more than the copy."""
-
-    def __init__(self, path, single_file_per_rank=True, sync_files=True,
-                 *args, cache_staged_state_dict=False, **kwargs):
-        self.path = path
-        self.sync_files = sync_files
-        self.cache_staged_state_dict = cache_staged_state_dict
-
-
-class FileSystemReader:
-    """PyTorch's storage reader naming a directory (see FileSystemWriter);
-    ``read_metadata()`` returns the checkpoint's Metadata."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def read_metadata(self):
-        from ._core import _read_metadata
-        return _read_metadata(latest_checkpoint(self.path) or self.path)

@@ -15,7 +15,10 @@ import numpy as np
 from ... import serialization as S
 from ...serialization import _sharded
 from ...tensor import Tensor
-from . import _core
+from ._files import _read_metadata, latest_checkpoint
+from ._flatten import _decode_object
+from ._load import _assemble, _Reader
+from ._save import save
 
 __all__ = ["dcp_to_torch_save", "torch_save_to_dcp", "dcp_to_hf",
            "hf_to_dcp"]
@@ -23,20 +26,20 @@ __all__ = ["dcp_to_torch_save", "torch_save_to_dcp", "dcp_to_hf",
 
 def _full_state(dcp_checkpoint_dir):
     """{dotted key: whole tensor or value} of a checkpoint, and its path."""
-    path = _core.latest_checkpoint(dcp_checkpoint_dir) or \
+    path = latest_checkpoint(dcp_checkpoint_dir) or \
         str(dcp_checkpoint_dir)
-    meta = _core._read_metadata(path)
-    reader = _core._Reader(path, meta)
+    meta = _read_metadata(path)
+    reader = _Reader(path, meta)
     out = {}
     for key, e in meta.raw["state_dict_metadata"].items():
         if e["type"] != "tensor":
             text = e["value"] if "value" in e else \
                 e["per_rank"][min(e["per_rank"], key=int)]
-            out[key] = _core._decode_object(text, f"{path} ({key!r})")
+            out[key] = _decode_object(text, f"{path} ({key!r})")
             continue
         whole = Tensor._wrap(np.empty(e["size"], S._DTYPES[e["dtype"]]))
         out[key] = Tensor._wrap(np.array(
-            _core._assemble(key, e, whole, 0, reader, []), copy=True))
+            _assemble(key, e, whole, 0, reader, []), copy=True))
     return out, path
 
 
@@ -69,7 +72,7 @@ def torch_save_to_dcp(torch_save_path, dcp_checkpoint_dir):
     if not isinstance(obj, dict):
         raise TypeError(f"{torch_save_path} holds a "
                         f"{type(obj).__name__}, not a dict")
-    _core.save(obj, checkpoint_id=dcp_checkpoint_dir, no_dist=True)
+    save(obj, checkpoint_id=dcp_checkpoint_dir, no_dist=True)
 
 
 def dcp_to_hf(dcp_checkpoint_dir, save_directory, *, prefix="",
@@ -111,4 +114,4 @@ def hf_to_dcp(hf_dir, dcp_checkpoint_dir, *, prefix=""):
             raise ValueError(f"hf_to_dcp: prefix must be one key and a dot "
                              f"('model.'), not {prefix!r}")
         sd = {top: sd}
-    _core.save(sd, checkpoint_id=dcp_checkpoint_dir, no_dist=True)
+    save(sd, checkpoint_id=dcp_checkpoint_dir, no_dist=True)

@@ -25,7 +25,7 @@ import collections
 import dataclasses
 
 from ...tensor import Tensor
-from ._core import shard_of
+from ._shards import shard_of
 
 __all__ = ["StateDictOptions", "get_model_state_dict",
            "get_optimizer_state_dict", "get_state_dict",

@@ -260,16 +260,22 @@ class _Packer:
             return _TensorPayload(self.array(a), obj.requires_grad)
         if isinstance(obj, np.ndarray):
             return self.array(obj)
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            return type(obj)(*(self.pack(o) for o in obj))
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self.pack(o) for o in obj)
-        if isinstance(obj, dict):
-            try:
-                return type(obj)((k, self.pack(v)) for k, v in obj.items())
-            except TypeError:
-                return {k: self.pack(v) for k, v in obj.items()}
-        return obj
+        return _rebuild(obj, self.pack)
+
+
+def _rebuild(obj, fn):
+    """A namedtuple, list, tuple or dict rebuilt (as its own type where
+    that allows) over ``fn`` of its elements; anything else as it is."""
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(fn(o) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(fn(o) for o in obj)
+    if isinstance(obj, dict):
+        try:
+            return type(obj)((k, fn(v)) for k, v in obj.items())
+        except TypeError:
+            return {k: fn(v) for k, v in obj.items()}
+    return obj
 
 
 def to_payload(obj):
@@ -305,16 +311,7 @@ class _Unpacker:
             return t
         if isinstance(obj, _ShmArray):
             return self.array(obj)
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            return type(obj)(*(self.unpack(o) for o in obj))
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self.unpack(o) for o in obj)
-        if isinstance(obj, dict):
-            try:
-                return type(obj)((k, self.unpack(v)) for k, v in obj.items())
-            except TypeError:
-                return {k: self.unpack(v) for k, v in obj.items()}
-        return obj
+        return _rebuild(obj, self.unpack)
 
 
 def from_payload(obj, fds=()):
