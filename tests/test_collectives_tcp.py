@@ -324,14 +324,16 @@ def test_gate_keeps_a_peer_that_passed_the_token():
         sock.close()
         ready.set()
     gate = S.HandshakeGate(lsock, b'tok', on_ready, 'test-gate', extra=5,
-                           timeout=2.0)
+                           timeout=4.0)
     try:
         c = socket.create_connection(lsock.getsockname(), timeout=10)
         nonce = S._recv_exact(c, 16)
-        time.sleep(0.5)                    # into the 2 s handshake
+        time.sleep(1.5)                    # into the 4 s handshake
         c.sendall(S.token_digest(b'tok', nonce))
         assert S._recv_exact(c, 2) == b'OK'
-        time.sleep(2.0)                    # past the first deadline
+        # past the first deadline (connect + 4 s), a second before the one
+        # the OK renewed (OK + 4 s): the old 2 s / 2 s version raced it
+        time.sleep(3.0)
         c.sendall(b'r\x01\x00\x00\x00')
         assert ready.wait(10), "the gate dropped an authenticated peer"
         assert got == [b'r\x01\x00\x00\x00']

@@ -190,6 +190,14 @@ def get_world_size(group=None):
     return _initialized(group).size
 
 
+def get_peer_wait(group=None):
+    """dtorch's: the seconds this rank has blocked waiting for each peer's
+    data in ``group``'s collectives so far (a list indexed by group rank;
+    straggler detection reads its growth), or None where the backend does
+    not measure it (MPI's own collectives)."""
+    return getattr(_group(group), "peer_wait", None)
+
+
 def _initialized(group):
     # PyTorch's get_rank / get_world_size raise ValueError before
     # init_process_group (not 0 / 1: a script that forgot to initialise
@@ -506,7 +514,7 @@ def get_default_backend_for_device(device):
     raise ValueError(f"no default backend for device type {dev.type!r}")
 
 
-__all__ += ["DeviceMesh", "init_device_mesh"]
+__all__ += ["DeviceMesh", "init_device_mesh", "get_peer_wait"]
 
 
 def __getattr__(name):

@@ -258,7 +258,10 @@ def fixed_point_sum(grads, shards, group, regions=None):
     shard instead of 7). Two all-reduces: the per-parameter maximum
     exponent (and whether any shard is not finite), then one float64
     buffer of all parameters."""
-    world = dist.get_world_size(group)
+    # one process with no group: the sum of its own shards (get_world_size
+    # raises before init_process_group, as PyTorch's)
+    world = 1 if group is None and not dist.is_initialized() \
+        else dist.get_world_size(group)
     prec = 52 - max(1, math.ceil(math.log2(shards)))
     top = np.empty(2 * len(grads), np.float64)
     for i, gs in enumerate(grads):

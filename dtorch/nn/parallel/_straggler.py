@@ -83,7 +83,7 @@ class StragglerDetector:
         self.steps = 0
         self._window = []     # (compute, data) seconds of each step
         self._waits = []      # per step: seconds waited for each peer
-        self._pg = self._wait_prev = None
+        self._wait_prev = None
         self._first_fwd = None
         self._prev_end = None
         self._wait0 = 0.0
@@ -120,9 +120,7 @@ class StragglerDetector:
     def _peer_waits(self):
         """This step's seconds waited for each peer (the growth of the
         group's ``peer_wait``), or None where the backend has none."""
-        if self._pg is None:
-            self._pg = dist._group(self.group)
-        acc = getattr(self._pg, "peer_wait", None)
+        acc = dist.get_peer_wait(self.group)
         if acc is None:
             return None
         acc = np.array(acc, dtype=np.float64)
