@@ -361,3 +361,118 @@ def column_sums(g, xhat, gw, gb):
             sb += pb[c, j]
         gw[j] = sw
         gb[j] = sb
+
+
+# ======================================================== convolution ==
+# Copies and scatter-adds of the channels-last convolution
+# (dtorch/ops/conv.py): pure data movement, or additions in the NumPy
+# path's order, so bit for bit equal to it. Threads split images or image
+# rows; each writes its own part of the output.
+
+@_jit
+def im2col_nhwc(xpad, out, s0, kh, kw, sh, sw, dh, dw, oh, ow):
+    """Columns of images s0.. of a padded (N, Hp, Wp, C) input: out row
+    (image, y, x), columns (i, j, C) = xpad[image, y sh + i dh,
+    x sw + j dw, :] (the window view reshaped)."""
+    c = xpad.shape[3]
+    rows = out.shape[0] // (oh * ow)
+    for r in prange(rows * oh):
+        img = s0 + r // oh
+        y = r % oh
+        for x in range(ow):
+            row = r * ow + x
+            for i in range(kh):
+                for j in range(kw):
+                    src = xpad[img, y * sh + i * dh, x * sw + j * dw]
+                    col = (i * kw + j) * c
+                    for ch in range(c):
+                        out[row, col + ch] = src[ch]
+
+
+@_jit
+def col2im_nhwc(gk, gxp, kh, kw, sh, sw, dh, dw):
+    """gxp[image, y sh + i dh, x sw + j dw, :] += gk[(i, j), image, y, x, :]
+    for each kernel offset in order (the NumPy path's order of additions
+    per element); threads split images."""
+    _, n, oh, ow, c = gk.shape
+    for img in prange(n):
+        for i in range(kh):
+            for j in range(kw):
+                o = i * kw + j
+                for y in range(oh):
+                    for x in range(ow):
+                        dst = gxp[img, y * sh + i * dh, x * sw + j * dw]
+                        src = gk[o, img, y, x]
+                        for ch in range(c):
+                            dst[ch] += src[ch]
+
+
+
+# ========================================================== batch norm ==
+# x as (N, C, L) (L: the positions); one thread per channel (prange over
+# C), each summing its channel sequentially in float64, so the result
+# does not depend on the thread count. The sums' order differs from
+# NumPy's pairwise float32 ones (float rounding); the element-wise steps
+# are the NumPy path's, in its order.
+
+@_jit
+def batch_norm_fwd(x, w, b, eps, out, xhat, mean, var, has_w, has_b):
+    """mean, biased var per channel; xhat = (x - mean) rstd, rstd =
+    1 / sqrt(var + eps) (into ``var``'s place: the caller gets var,
+    rstd is ``1 / sqrt(var + eps)`` again), out = xhat w + b."""
+    n, c, L = x.shape
+    one = x.dtype.type(1)
+    m = n * L
+    for ch in prange(c):
+        s = 0.0
+        for i in range(n):
+            for j in range(L):
+                s += x[i, ch, j]
+        mu = x.dtype.type(s / m)
+        s = 0.0
+        for i in range(n):
+            for j in range(L):
+                d = x[i, ch, j] - mu
+                xhat[i, ch, j] = d
+                s += d * d
+        v = x.dtype.type(s / m)
+        mean[ch] = mu
+        var[ch] = v
+        rs = one / np.sqrt(v + eps)
+        wc = w[ch] if has_w else one
+        bc = b[ch] if has_b else x.dtype.type(0)
+        for i in range(n):
+            for j in range(L):
+                h = xhat[i, ch, j] * rs
+                xhat[i, ch, j] = h
+                if has_w:
+                    h = h * wc
+                if has_b:
+                    h = h + bc
+                out[i, ch, j] = h
+
+
+@_jit
+def batch_norm_bwd(g, xhat, rstd, w, has_w, need_x, gx, gsum, gxh):
+    """gsum = sum g, gxh = sum g xhat per channel; (need_x) gx = scale
+    (g - (gsum + xhat gxh) / m), scale = rstd w."""
+    n, c, L = g.shape
+    m = g.dtype.type(n * L)
+    for ch in prange(c):
+        s0 = 0.0
+        s1 = 0.0
+        for i in range(n):
+            for j in range(L):
+                gi = g[i, ch, j]
+                s0 += gi
+                s1 += gi * xhat[i, ch, j]
+        a = g.dtype.type(s0)
+        bb = g.dtype.type(s1)
+        gsum[ch] = a
+        gxh[ch] = bb
+        if need_x:
+            sc = rstd[ch] * w[ch] if has_w else rstd[ch]
+            for i in range(n):
+                for j in range(L):
+                    gx[i, ch, j] = sc * (g[i, ch, j]
+                                         - (a + xhat[i, ch, j] * bb) / m)

@@ -102,11 +102,18 @@ class BatchNorm(Op):
         axes = (0,) + tuple(range(2, x.ndim))
         shape = [1] * x.ndim
         shape[1] = x.shape[1]
-        mu = x.mean(axis=axes, keepdims=True)
-        xc = x - mu
-        var = (xc * xc).mean(axis=axes, keepdims=True)
-        rstd = 1 / xp.sqrt(var + eps)
-        xhat = xc * rstd
+        k = _kernels.kernels(x, *(a for a in (w, b) if a is not None),
+                             reduces=True)
+        if k is not None:           # statistics and affine in one pass
+            out, xhat, mu, var = _batch_norm_kernel(k, x, w, b, eps)
+            rstd = 1 / xp.sqrt(var + eps)
+        else:
+            mu = x.mean(axis=axes, keepdims=True)
+            xc = x - mu
+            var = (xc * xc).mean(axis=axes, keepdims=True)
+            rstd = 1 / xp.sqrt(var + eps)
+            xhat = xc * rstd
+        mu, var, rstd = (a.reshape(shape) for a in (mu, var, rstd))
         ctx.save_for_backward(w)
         ctx.xhat, ctx.rstd, ctx.axes, ctx.shape = xhat, rstd, axes, shape
         m = x.size // x.shape[1]
@@ -116,6 +123,8 @@ class BatchNorm(Op):
         if running_var is not None:
             running_var *= 1 - momentum
             running_var += (momentum * m / max(m - 1, 1)) * var.reshape(-1)
+        if k is not None:
+            return out
         out = xhat
         if w is not None:
             out = out * w.reshape(shape)
@@ -129,8 +138,14 @@ class BatchNorm(Op):
         xhat, rstd, axes = ctx.xhat, ctx.rstd, ctx.axes
         need = ctx.needs_input_grad
         gw = gb = gx = None
-        gsum = g.sum(axis=axes)
-        gxh = (g * xhat).sum(axis=axes)
+        k = _kernels.kernels(g, xhat, rstd, *(() if w is None else (w,)),
+                             reduces=True)
+        if k is not None:
+            gx, gsum, gxh = _batch_norm_grads(k, g, xhat, rstd, w, need[0])
+            need = (False,) + tuple(need[1:])
+        else:
+            gsum = g.sum(axis=axes)
+            gxh = (g * xhat).sum(axis=axes)
         if len(need) > 1 and need[1]:
             gw = gxh
         if len(need) > 2 and need[2]:
@@ -145,6 +160,32 @@ class BatchNorm(Op):
     @staticmethod
     def backward_graph(ctx, g):
         return _norm_backward_graph(ctx, g, ctx.axes, ctx.shape)
+
+
+def _batch_norm_kernel(k, x, w, b, eps):
+    """The compiled training-mode forward: (out, xhat, mean, var), mean and
+    var per channel (1-D)."""
+    n, c = x.shape[:2]
+    x3 = x.reshape(n, c, -1)
+    out, xhat = np.empty_like(x), np.empty_like(x)
+    mu, var = np.empty(c, x.dtype), np.empty(c, x.dtype)
+    k.batch_norm_fwd(x3, x3[0, 0] if w is None else w, x3[0, 0]
+                     if b is None else b, _kernels.scalar(x, eps),
+                     out.reshape(x3.shape), xhat.reshape(x3.shape), mu, var,
+                     w is not None, b is not None)
+    return out, xhat, mu, var
+
+
+def _batch_norm_grads(k, g, xhat, rstd, w, need_x):
+    """The compiled backward: (gx or None, sum of g, sum of g xhat)."""
+    n, c = g.shape[:2]
+    g3 = g.reshape(n, c, -1)
+    gx = np.empty_like(g) if need_x else g
+    gsum, gxh = np.empty(c, g.dtype), np.empty(c, g.dtype)
+    k.batch_norm_bwd(g3, xhat.reshape(g3.shape), rstd.reshape(-1),
+                     g3[0, 0] if w is None else w, w is not None, need_x,
+                     gx.reshape(g3.shape), gsum, gxh)
+    return (gx if need_x else None), gsum, gxh
 
 
 class Dropout(Op):
