@@ -476,3 +476,58 @@ def batch_norm_bwd(g, xhat, rstd, w, has_w, need_x, gx, gsum, gxh):
                 for j in range(L):
                     gx[i, ch, j] = sc * (g[i, ch, j]
                                          - (a + xhat[i, ch, j] * bb) / m)
+
+
+# ============================================================= pooling ==
+# The 2x2 max pool that tiles a contiguous input (dtorch/ops/pool.py's
+# ``pairs`` path): x as (R, 2, OW, 2), R = N*C*OH window rows; threads
+# split window rows. Comparisons and np.maximum's rule ((a > b or a is
+# NaN) ? a : b; b on ties: max(0., -0.) is -0.) as the NumPy path's: the
+# same bits.
+
+@numba.njit(inline="always")
+def _np_max(a, b):
+    return a if (a > b or a != a) else b
+
+
+@_jit
+def max_pool2x2_fwd(x, col, low, best):
+    """col[r, t, j]: the right cell of window row t won (greater, or NaN);
+    low[r, j]: the lower row won; best[r, j]: the window's maximum."""
+    rows, _, ow, _ = x.shape
+    for r in prange(rows):
+        for j in range(ow):
+            a, b = x[r, 0, j, 0], x[r, 0, j, 1]
+            col[r, 0, j] = b > a or b != b
+            m0 = _np_max(a, b)
+            a, b = x[r, 1, j, 0], x[r, 1, j, 1]
+            col[r, 1, j] = b > a or b != b
+            m1 = _np_max(a, b)
+            low[r, j] = m1 > m0 or m1 != m1
+            best[r, j] = _np_max(m0, m1)
+
+
+@_jit
+def max_pool2x2_bwd(g, col, low, gx, finite):
+    """g (R, OW) to each window's winning cell of gx (R, 2, OW, 2): finite g
+    as the NumPy path's products (g low, g - g low, ...), else selects."""
+    rows, ow = g.shape
+    zero = g.dtype.type(0)
+    one = g.dtype.type(1)
+    for r in prange(rows):
+        for j in range(ow):
+            gi = g[r, j]
+            if finite:
+                g1 = gi * (one if low[r, j] else zero)
+                g0 = gi - g1
+                for t, gt in ((0, g0), (1, g1)):
+                    c1 = gt * (one if col[r, t, j] else zero)
+                    gx[r, t, j, 1] = c1
+                    gx[r, t, j, 0] = gt - c1
+            else:
+                lw = low[r, j]
+                for t in range(2):
+                    gt = gi if (lw == (t == 1)) else zero
+                    cw = col[r, t, j]
+                    gx[r, t, j, 1] = gt if cw else zero
+                    gx[r, t, j, 0] = zero if cw else gt
