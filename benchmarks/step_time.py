@@ -25,7 +25,7 @@
     nn.TransformerEncoderLayer(128, 4 heads, ff 256, GELU, norm_first), a
     LayerNorm + Linear(128,10) head on the class token, batch 32, AdamW.
 
-    python benchmarks/step_time.py [--threads 1 all] [--repeats 20]
+    python benchmarks/step_time.py [--threads 1 all] [--repeats 20] [--runs 3]
         [--only mlp,cnn,lstm,lstm_word,decoder,gpt,resnet,vit]
         [--profile-steps 3] [--no-rss] [--out F] [--cpu-profile]
 
@@ -87,6 +87,10 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--threads", nargs="+", default=["1", "all"],
                 help="thread counts, or 'all' for every usable core")
 ap.add_argument("--repeats", type=int, default=20)
+ap.add_argument("--runs", type=int, default=3,
+                help="timing children per thread count; the last table "
+                     "gives each workload's dtorch/torch ratio as a range "
+                     "over them")
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--block", type=int, default=2,
                 help="timed steps per turn of one framework")
@@ -671,7 +675,7 @@ def run_child(*extra, threads):
            str(threads), "--repeats", str(args.repeats), "--warmup",
            str(args.warmup), "--block", str(args.block), "--profile-steps",
            str(args.profile_steps), "--chain-repeats",
-           str(args.chain_repeats), *extra]
+           str(args.chain_repeats), *extra]   # a later flag in extra wins
     if args.pause is not None:
         cmd += ["--pause", str(args.pause)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -695,9 +699,17 @@ def main():
             cpu_report(run_child("--child", "cpu", "--only", args.only,
                                  threads=th))
         return
+    ratios = {}
     for th in args.threads:
+        more = [run_child("--child", "time", "--only", args.only,
+                          "--profile-steps", "0", "--chain-repeats", "0",
+                          threads=th) for _ in range(args.runs - 1)]
         tr = run_child("--child", "time", "--only", args.only, threads=th)
         for case in cases:
+            ratios.setdefault(case, {})[th] = [
+                r["cases"][case]["dtorch"]["median_ms"]
+                / r["cases"][case]["torch"]["median_ms"]
+                for r in more + [tr] if "torch" in r["cases"][case]]
             c = tr["cases"][case]
             if not args.no_rss:
                 for fw in fws:
@@ -712,6 +724,8 @@ def main():
                     / max(c["torch"]["peak_mb"] - c["torch"]["setup_mb"], 1))
         results["runs"].append(tr)
         report(tr, cases)
+    results["ratios"] = ratios
+    ratio_table(ratios, cases)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
@@ -720,6 +734,22 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import _plot
     _plot.plot_step_time(args.out)
+
+
+def ratio_table(ratios, cases):
+    """dtorch / torch step time per workload and thread count: the range
+    (min-max) over --runs children of each child's ratio of medians."""
+    ths = args.threads
+    print(f"\ndtorch/torch step time, min-max over {args.runs} runs "
+          f"(ratio of medians per run; load avg "
+          f"{os.getloadavg()[0]:.1f} now)")
+    print(f"{'case':<50}" + "".join(f"{f'{t} thread(s)':>16}" for t in ths))
+    for case in cases:
+        cells = []
+        for t in ths:
+            v = ratios[case].get(t) or []
+            cells.append(f"{min(v):.2f}-{max(v):.2f}" if v else "n/a")
+        print(f"{CASES[case]:<50}" + "".join(f"{c:>16}" for c in cells))
 
 
 def report(tr, cases):

@@ -419,6 +419,34 @@ def test_max_pool_2x2_kernel_is_bit_for_bit_the_numpy_path(dtype, shape,
             np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("finite_g", [True, False])
+def test_relu_kernel_is_bit_for_bit_the_numpy_path(dtype, finite_g,
+                                                   monkeypatch):
+    """1 and 2 threads; NaN, +-0, +-inf inputs; an upstream inf (masked
+    to +0, as keep_grad does)."""
+    monkeypatch.setattr(_kernels, "PARALLEL_MIN", 0)
+    x = boundary((3, 37), dtype)
+    x[0, :4] = [-0.0, 0.0, -1e-40, np.nan]
+
+    def run():
+        xt = dtorch.tensor(x, requires_grad=True)
+        y = F.relu(xt)
+        g = -np.cos(np.arange(y.numel())).reshape(tuple(y.shape))
+        if not finite_g:
+            g[::4] = np.inf
+        y.backward(dtorch.tensor(g.astype(dtype)))
+        return y.detach().numpy(), xt.grad.numpy()
+
+    with _kernels.forced(False):
+        ref = run()
+    for th in (1, 2):
+        r = _threads(th, lambda: both(run))
+        for a, b in zip(r[paths()[-1]], ref):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
+
+
 # ------------------------------------------------- threads and the switch --
 
 @need_numba

@@ -531,3 +531,30 @@ def max_pool2x2_bwd(g, col, low, gx, finite):
                     cw = col[r, t, j]
                     gx[r, t, j, 1] = gt if cw else zero
                     gx[r, t, j, 0] = zero if cw else gt
+
+
+# ================================================================ relu ==
+# Flat views. np.maximum(x, 0)'s rule (x if x > 0 or NaN, else +0) and
+# keep_grad's product g * (out > 0 or NaN), so the same bits; backward
+# counts the NaN products (the caller then takes keep_grad's where()).
+
+@_jit
+def relu_fwd(x, out):
+    zero = x.dtype.type(0)
+    for i in prange(x.size):
+        xi = x[i]
+        out[i] = xi if (xi > zero or xi != xi) else zero
+
+
+@_jit
+def relu_bwd(out, g, gx):
+    zero = g.dtype.type(0)
+    one = g.dtype.type(1)
+    nans = 0
+    for i in prange(g.size):
+        o = out[i]
+        r = g[i] * (zero if o <= zero else one)
+        gx[i] = r
+        if r != r:
+            nans += 1
+    return nans
