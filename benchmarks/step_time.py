@@ -35,7 +35,9 @@ thread's CPU time (time.thread_time) and the whole process's
 (time.process_time) inside each op's forward and backward, exclusive of
 nested ops. process / thread is the number of cores the op kept busy
 (1.0: it ran on one core); CPU time, not wall time, so that other load on
-the machine does not enter the figures.
+the machine does not enter the figures. That child sets
+OPENBLAS_THREAD_TIMEOUT=4 (unless set): OpenBLAS's workers would otherwise
+spin after each GEMM and be charged to the ops that follow.
 
 ``--threads`` takes numbers or ``all`` (every core this process may use).
 Besides the step times, each thread count reports the per-op autograd
@@ -130,6 +132,10 @@ if args.child:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                 "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads[0])
+    if args.child == "cpu":
+        # OpenBLAS's workers spin ~0.1 s after each GEMM by default, which
+        # process time would charge to the next op: 2^4 cycles instead
+        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 

@@ -447,6 +447,30 @@ def test_relu_kernel_is_bit_for_bit_the_numpy_path(dtype, finite_g,
             np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("f,kernel", [
+    (lambda t: F.dropout(t, 0.3), True),
+    (lambda t: F.dropout2d(t, 0.3), False)])  # broadcast mask: NumPy's
+def test_dropout_kernel_is_bit_for_bit_the_numpy_path(dtype, f, kernel,
+                                                      monkeypatch):
+    """The same mask (same seed) in both paths; inf/NaN/-0 inputs."""
+    monkeypatch.setattr(_kernels, "PARALLEL_MIN", 0)
+    x = boundary((3, 5, 37), dtype)
+    x[0, 0, :3] = [-0.0, np.inf, np.nan]
+
+    def run():
+        dtorch.manual_seed(3)
+        return fwd_bwd(f, x)
+
+    with _kernels.forced(False):
+        ref = run()
+    for th in (1, 2):
+        r = _threads(th, lambda: both(run, kernel=kernel))
+        for a, b in zip(r[paths()[-1]], ref):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
+
+
 # ------------------------------------------------- threads and the switch --
 
 @need_numba

@@ -558,3 +558,16 @@ def relu_bwd(out, g, gx):
         if r != r:
             nans += 1
     return nans
+
+
+# ============================================================= dropout ==
+
+@_jit
+def mask_scale(x, keep, scale, out):
+    """out = x * keep * scale (keep boolean), the NumPy path's two
+    products in its order: the same bits (x * False is a signed 0, inf *
+    False NaN, as there)."""
+    zero = x.dtype.type(0)
+    one = x.dtype.type(1)
+    for i in prange(x.size):
+        out[i] = (x[i] * (one if keep[i] else zero)) * scale

@@ -197,16 +197,31 @@ class Dropout(Op):
         scale = x.dtype.type(1.0 / (1.0 - p)) if is_float(x.dtype) else \
             1.0 / (1.0 - p)
         ctx.keep, ctx.scale = keep, scale
-        return x * keep * scale
+        return _mask_scale(x, keep, scale)
 
     @staticmethod
     def backward(ctx, g):
-        return g * ctx.keep * ctx.scale, None
+        return _mask_scale(g, ctx.keep, ctx.scale), None
 
     @staticmethod
     def backward_graph(ctx, g):
         keep = const(g, ctx.keep.astype(g._data.dtype))
         return g * keep * float(ctx.scale), None
+
+
+def _mask_scale(x, keep, scale):
+    """x * keep * scale: one threaded pass (the compiled kernel) when keep
+    is a boolean array of x's shape, else NumPy's two."""
+    k = _kernels.kernels(x) if (
+        type(keep) is np.ndarray and keep.dtype == bool
+        and keep.shape == x.shape and keep.flags.c_contiguous
+        and isinstance(scale, x.dtype.type)) else None
+    if k is None:
+        return x * keep * scale
+    out = np.empty_like(x)
+    k.mask_scale(_kernels.flat(x), _kernels.flat(keep), scale,
+                 _kernels.flat(out))
+    return out
 
 
 def _norm_backward_graph(ctx, g, axes, wshape):
