@@ -417,9 +417,9 @@ def col2im_nhwc(gk, gxp, kh, kw, sh, sw, dh, dw):
 
 @_jit
 def batch_norm_fwd(x, w, b, eps, out, xhat, mean, var, has_w, has_b):
-    """mean, biased var per channel; xhat = (x - mean) rstd, rstd =
-    1 / sqrt(var + eps) (into ``var``'s place: the caller gets var,
-    rstd is ``1 / sqrt(var + eps)`` again), out = xhat w + b."""
+    """mean, biased var per channel (into ``mean``, ``var``); xhat =
+    (x - mean) rstd with rstd = 1 / sqrt(var + eps) (the caller computes
+    the same rstd from var for backward), out = xhat w + b."""
     n, c, L = x.shape
     one = x.dtype.type(1)
     m = n * L

@@ -434,4 +434,3 @@ def _cols(xp, win, xpad, s, e, stride, dilation):
         return win[s:e].reshape(out.shape)
     k.im2col_nhwc(xpad, out, s, kh, kw, *stride, *dilation, oh, ow)
     return out
-

@@ -142,7 +142,7 @@ class BatchNorm(Op):
                              reduces=True)
         if k is not None:
             gx, gsum, gxh = _batch_norm_grads(k, g, xhat, rstd, w, need[0])
-            need = (False,) + tuple(need[1:])
+            need = (False,) + tuple(need[1:])   # gx is done
         else:
             gsum = g.sum(axis=axes)
             gxh = (g * xhat).sum(axis=axes)
