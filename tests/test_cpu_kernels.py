@@ -471,6 +471,38 @@ def test_dropout_kernel_is_bit_for_bit_the_numpy_path(dtype, f, kernel,
             np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("vocab,n,dim", [(7, 40, 130), (3, 1, 1), (5, 0, 4)])
+def test_embedding_backward_kernel_matches_the_numpy_path(dtype, vocab, n,
+                                                          dim, monkeypatch):
+    """Repeated and negative-free indices, a padding row, 1 and 2 threads
+    (the same bits: a thread owns whole columns), float rounding away
+    from NumPy's segment sums, NumPy's bits in deterministic mode."""
+    monkeypatch.setattr(_kernels, "PARALLEL_MIN", 0)
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((vocab, dim)).astype(dtype)
+    idx = rng.integers(0, vocab, (n,))
+    g = rng.standard_normal((n, dim)).astype(dtype)
+
+    def run():
+        wt = dtorch.tensor(w, requires_grad=True)
+        y = F.embedding(dtorch.tensor(idx), wt, padding_idx=1)
+        y.backward(dtorch.tensor(g))
+        return wt.grad.numpy()
+
+    with _kernels.forced(False):
+        ref = run()
+    runs = [_threads(th, lambda: both(run, kernel=n > 0)) for th in (1, 2)]
+    close(runs[0][paths()[-1]], ref, dtype)
+    np.testing.assert_array_equal(runs[0][paths()[-1]], runs[1][paths()[-1]])
+    dtorch.use_deterministic_algorithms(True)
+    try:
+        det = both(run, kernel=False)
+    finally:
+        dtorch.use_deterministic_algorithms(False)
+    np.testing.assert_array_equal(det[paths()[-1]], ref)
+
+
 # ------------------------------------------------- threads and the switch --
 
 @need_numba

@@ -571,3 +571,29 @@ def mask_scale(x, keep, scale, out):
     one = x.dtype.type(1)
     for i in prange(x.size):
         out[i] = (x[i] * (one if keep[i] else zero)) * scale
+
+
+# ==================================================== embedding backward ==
+
+@_jit
+def index_add_rows(idx, src, out):
+    """out[idx[i]] += src[i] for rows i in order (out zero on entry; a
+    target row starts as its first source row): sequential float sums in
+    index order, where NumPy's reduce over each segment may pair them
+    (float rounding apart; the same bits at any thread count). Threads
+    split the columns in blocks of 64."""
+    m, d = src.shape
+    nb = (d + 63) // 64
+    for blk in prange(nb):
+        j0 = blk * 64
+        j1 = min(j0 + 64, d)
+        fresh = np.ones(out.shape[0], np.bool_)
+        for i in range(m):
+            r = idx[i]
+            if fresh[r]:
+                fresh[r] = False
+                for j in range(j0, j1):
+                    out[r, j] = src[i, j]
+            else:
+                for j in range(j0, j1):
+                    out[r, j] += src[i, j]
