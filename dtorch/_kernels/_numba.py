@@ -410,8 +410,9 @@ def col2im_nhwc(gk, gxp, kh, kw, sh, sw, dh, dw):
 
 # ========================================================== batch norm ==
 # x as (N, C, L) (L: the positions); one thread per channel (prange over
-# C), each summing its channel sequentially in float64, so the result
-# does not depend on the thread count. The sums' order differs from
+# C), each summing its channel in float64 (four running sums per image
+# row, _row_sum: no chain through one accumulator), so the result does not
+# depend on the thread count. The sums' order differs from
 # NumPy's pairwise float32 ones (float rounding); the element-wise steps
 # are the NumPy path's, in its order.
 
@@ -426,15 +427,13 @@ def batch_norm_fwd(x, w, b, eps, out, xhat, mean, var, has_w, has_b):
     for ch in prange(c):
         s = 0.0
         for i in range(n):
-            for j in range(L):
-                s += x[i, ch, j]
+            s += _row_sum(x[i], ch, L)
         mu = x.dtype.type(s / m)
         s = 0.0
         for i in range(n):
             for j in range(L):
-                d = x[i, ch, j] - mu
-                xhat[i, ch, j] = d
-                s += d * d
+                xhat[i, ch, j] = x[i, ch, j] - mu
+            s += _row_dot(xhat[i], xhat[i], ch, L)
         v = x.dtype.type(s / m)
         mean[ch] = mu
         var[ch] = v
@@ -462,10 +461,8 @@ def batch_norm_bwd(g, xhat, rstd, w, has_w, need_x, gx, gsum, gxh):
         s0 = 0.0
         s1 = 0.0
         for i in range(n):
-            for j in range(L):
-                gi = g[i, ch, j]
-                s0 += gi
-                s1 += gi * xhat[i, ch, j]
+            s0 += _row_sum(g[i], ch, L)
+            s1 += _row_dot(g[i], xhat[i], ch, L)
         a = g.dtype.type(s0)
         bb = g.dtype.type(s1)
         gsum[ch] = a
