@@ -302,6 +302,18 @@ def _threads(n, fn):
         _kernels._state.pop("n", None)
 
 
+def _same_bits(run, kernel=True):
+    """run() gives the NumPy path's bits (signed zeros included) on the
+    kernel path at 1 and 2 threads; ``kernel``: a kernel ran there."""
+    with _kernels.forced(False):
+        ref = run()
+    for th in (1, 2):
+        r = _threads(th, lambda: both(run, kernel=kernel))
+        for a, b in zip(r[paths()[-1]], ref):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
+
+
 def _conv_grads(x, w, stride, pad, dilation):
     xt = dtorch.tensor(x, requires_grad=True)
     wt = dtorch.tensor(w, requires_grad=True)
@@ -326,14 +338,7 @@ def test_conv_kernels_are_bit_for_bit_the_numpy_path(dtype, n, stride, pad,
     rng = np.random.default_rng(5)
     x = rng.standard_normal((n, 32, 7, 5)).astype(dtype)
     w = rng.standard_normal((6, 32, 3, 3)).astype(dtype)
-    with _kernels.forced(False):
-        ref = _conv_grads(x, w, stride, pad, dilation)
-    for th in (1, 2):
-        r = _threads(th, lambda: both(
-            lambda: _conv_grads(x, w, stride, pad, dilation),
-            kernel=numba is not None and n > 0))
-        for a, b in zip(r[paths()[-1]], ref):
-            np.testing.assert_array_equal(a, b)
+    _same_bits(lambda: _conv_grads(x, w, stride, pad, dilation), n > 0)
 
 
 def _bn_grads(x, affine, dim=1):
@@ -410,13 +415,7 @@ def test_max_pool_2x2_kernel_is_bit_for_bit_the_numpy_path(dtype, shape,
         F.max_pool2d(x2, 2).backward(gt.detach())
         return y.detach().numpy(), gx.detach().numpy(), x2.grad.numpy()
 
-    with _kernels.forced(False):
-        ref = run()
-    for th in (1, 2):
-        r = _threads(th, lambda: both(run))
-        for a, b in zip(r[paths()[-1]], ref):
-            np.testing.assert_array_equal(a, b)
-            np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
+    _same_bits(run)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -438,13 +437,7 @@ def test_relu_kernel_is_bit_for_bit_the_numpy_path(dtype, finite_g,
         y.backward(dtorch.tensor(g.astype(dtype)))
         return y.detach().numpy(), xt.grad.numpy()
 
-    with _kernels.forced(False):
-        ref = run()
-    for th in (1, 2):
-        r = _threads(th, lambda: both(run))
-        for a, b in zip(r[paths()[-1]], ref):
-            np.testing.assert_array_equal(a, b)
-            np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
+    _same_bits(run)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -462,13 +455,7 @@ def test_dropout_kernel_is_bit_for_bit_the_numpy_path(dtype, f, kernel,
         dtorch.manual_seed(3)
         return fwd_bwd(f, x)
 
-    with _kernels.forced(False):
-        ref = run()
-    for th in (1, 2):
-        r = _threads(th, lambda: both(run, kernel=kernel))
-        for a, b in zip(r[paths()[-1]], ref):
-            np.testing.assert_array_equal(a, b)
-            np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
+    _same_bits(run, kernel)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
