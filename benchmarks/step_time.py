@@ -14,11 +14,30 @@
     norm_first, causal mask) + Linear(256,1024), batch 16, seq 128, Adam;
 (f) gpt: a nanoGPT-style model written on F.scaled_dot_product_attention:
     4 blocks, d 256, 4 heads, seq 128, vocab 2048, dropout 0.1, tied
-    embedding, batch 8, AdamW.
+    embedding, batch 8, AdamW;
+(g) resnet: a ResNet-18-style network with BatchNorm: conv3x3(3,16)-BN-ReLU,
+    four stages of two BasicBlocks (16, 32, 64, 128 channels, strides 1, 2,
+    2, 2, 1x1 strided projection shortcuts with BN), global average pool,
+    Linear(128,10), batch 16 on 3x32x32, SGD(momentum 0.9, nesterov,
+    weight decay 5e-4);
+(h) vit: a small ViT: 4x4 patches of 3x32x32 images by a strided
+    Conv2d(3,128,4,stride 4), class token, learned positions, 3
+    nn.TransformerEncoderLayer(128, 4 heads, ff 256, GELU, norm_first), a
+    LayerNorm + Linear(128,10) head on the class token, batch 32, AdamW.
 
-    python benchmarks/step_time.py [--threads 1 all] [--repeats 20]
-        [--only mlp,cnn,lstm,lstm_word,decoder,gpt] [--profile-steps 3]
-        [--no-rss] [--out F]
+    python benchmarks/step_time.py [--threads 1 all] [--repeats 20] [--runs 3]
+        [--only mlp,cnn,lstm,lstm_word,decoder,gpt,resnet,vit]
+        [--profile-steps 3] [--no-rss] [--out F] [--cpu-profile]
+
+``--cpu-profile`` prints, instead of step times, dtorch's CPU time per op
+family over ``--profile-steps`` steps at each thread count: the calling
+thread's CPU time (time.thread_time) and the whole process's
+(time.process_time) inside each op's forward and backward, exclusive of
+nested ops. process / thread is the number of cores the op kept busy
+(1.0: it ran on one core); CPU time, not wall time, so that other load on
+the machine does not enter the figures. That child sets
+OPENBLAS_THREAD_TIMEOUT=4 (unless set): OpenBLAS's workers would otherwise
+spin after each GEMM and be charged to the ops that follow.
 
 ``--threads`` takes numbers or ``all`` (every core this process may use).
 Besides the step times, each thread count reports the per-op autograd
@@ -70,13 +89,20 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--threads", nargs="+", default=["1", "all"],
                 help="thread counts, or 'all' for every usable core")
 ap.add_argument("--repeats", type=int, default=20)
+ap.add_argument("--runs", type=int, default=3,
+                help="timing children per thread count; the last table "
+                     "gives each workload's dtorch/torch ratio as a range "
+                     "over them")
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--block", type=int, default=2,
                 help="timed steps per turn of one framework")
 ap.add_argument("--pause", type=float, default=None,
                 help="seconds idle before each turn with more than one "
                      "thread (default 0.25; see the docstring)")
-ap.add_argument("--only", default="mlp,cnn,lstm,lstm_word,decoder,gpt")
+ap.add_argument("--only",
+                default="mlp,cnn,lstm,lstm_word,decoder,gpt,resnet,vit")
+ap.add_argument("--cpu-profile", action="store_true",
+                help="dtorch's CPU time per op family (see the docstring)")
 ap.add_argument("--profile-steps", type=int, default=3,
                 help="steps profiled per case and framework (0: no profile)")
 ap.add_argument("--chain-repeats", type=int, default=20,
@@ -84,7 +110,7 @@ ap.add_argument("--chain-repeats", type=int, default=20,
 ap.add_argument("--no-rss", action="store_true",
                 help="skip the peak-memory children")
 ap.add_argument("--out", default="benchmarks/results/step_time.json")
-ap.add_argument("--child", choices=["time", "rss"], help=argparse.SUPPRESS)
+ap.add_argument("--child", choices=["time", "rss", "cpu"], help=argparse.SUPPRESS)
 ap.add_argument("--framework", choices=["dtorch", "torch"],
                 help=argparse.SUPPRESS)
 args = ap.parse_args()
@@ -106,6 +132,10 @@ if args.child:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                 "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads[0])
+    if args.child == "cpu":
+        # OpenBLAS's workers spin ~0.1 s after each GEMM by default, which
+        # process time would charge to the next op: 2^4 cycles instead
+        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -116,6 +146,8 @@ CASES = {
     "lstm_word": "(d) word LM 10k, 2xLSTM(200) b20 T35 Adam",
     "decoder": "(e) pre-LN causal decoder d256 b16 T128 Adam",
     "gpt": "(f) GPT 4 blocks d256 b8 T128 AdamW",
+    "resnet": "(g) ResNet-18-style BN, b16 3x32x32 SGD-nesterov",
+    "vit": "(h) ViT 3 layers d128 p4, b32 3x32x32 AdamW",
 }
 
 
@@ -154,6 +186,11 @@ def build(lib, case, seed=0):
         model = _gpt(lib)
         x = rng.integers(0, 2048, (8, 128))
         y = rng.integers(0, 2048, 8 * 128)
+    elif case in ("resnet", "vit"):
+        model = _resnet(lib) if case == "resnet" else _vit(lib)
+        b = 16 if case == "resnet" else 32
+        x = rng.standard_normal((b, 3, 32, 32)).astype(np.float32)
+        y = rng.integers(0, 10, b)
     else:
         class TextModel(nn.Module):
             def __init__(self):
@@ -176,9 +213,12 @@ def build(lib, case, seed=0):
             p.copy_(lib.tensor(a.astype(np.float32)))
     if case == "mlp":
         opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    elif case == "gpt":
+    elif case in ("gpt", "vit"):
         opt = lib.optim.AdamW(model.parameters(), lr=3e-4,
                               weight_decay=0.1)
+    elif case == "resnet":
+        opt = lib.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
+                            nesterov=True, weight_decay=5e-4)
     else:
         opt = lib.optim.Adam(model.parameters(), lr=1e-3)
     xt = lib.tensor(x)
@@ -277,6 +317,63 @@ def _gpt(lib, n_layer=4, d=256, heads=4, T=128, vocab=2048, p=0.1):
                 x = blk(x)
             return self.lm_head(self.ln_f(x)).reshape(-1, vocab)
     return GPT()
+
+
+def _resnet(lib, widths=(16, 32, 64, 128), classes=10):
+    nn = lib.nn
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.short = nn.Sequential()
+            if stride != 1 or cin != cout:
+                self.short = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False),
+                    nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            h = self.bn1(self.conv1(x)).relu()
+            return (self.bn2(self.conv2(h)) + self.short(x)).relu()
+
+    layers = [nn.Conv2d(3, widths[0], 3, 1, 1, bias=False),
+              nn.BatchNorm2d(widths[0]), nn.ReLU()]
+    cin = widths[0]
+    for i, c in enumerate(widths):
+        layers += [BasicBlock(cin, c, 1 if i == 0 else 2),
+                   BasicBlock(c, c, 1)]
+        cin = c
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+               nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+def _vit(lib, d=128, depth=3, heads=4, ff=256, patch=4, img=32, classes=10):
+    nn = lib.nn
+    n = (img // patch) ** 2
+
+    class ViT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, d, patch, stride=patch)
+            self.cls = nn.Parameter(lib.zeros(1, 1, d))
+            self.pos = nn.Parameter(lib.zeros(1, n + 1, d))
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(
+                d, heads, ff, dropout=0.1, activation="gelu",
+                batch_first=True, norm_first=True), depth,
+                enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(d)
+            self.head = nn.Linear(d, classes)
+
+        def forward(self, x):
+            h = self.patch(x).flatten(2).transpose(1, 2)
+            h = lib.cat([self.cls.expand(x.shape[0], -1, -1), h], 1)
+            h = self.enc(h + self.pos)
+            return self.head(self.norm(h[:, 0]))
+    return ViT()
 
 
 def stepper(lib, case):
@@ -462,6 +559,79 @@ def profile_torch(step, torch):
     return _breakdown(prof.events(), wall, args.profile_steps)
 
 
+def child_cpu():
+    """dtorch's CPU time per op class over --profile-steps steps (see the
+    docstring): every Function subclass's forward and backward timed by
+    thread and process CPU time, nested calls subtracted from their
+    caller."""
+    sys.path.insert(0, ROOT)
+    import dtorch
+    from dtorch.autograd.function import Function
+    acc, stack = {}, []
+
+    def wrap(cls, kind):
+        fn = cls.__dict__[kind]
+        if not isinstance(fn, staticmethod):
+            return
+        f = fn.__func__
+
+        def timed(*a, **k):
+            t0, p0 = time.thread_time(), time.process_time()
+            stack.append([0.0, 0.0])
+            try:
+                return f(*a, **k)
+            finally:
+                dt, dp = time.thread_time() - t0, time.process_time() - p0
+                inner = stack.pop()
+                if stack:
+                    stack[-1][0] += dt
+                    stack[-1][1] += dp
+                a_ = acc.setdefault(f"{cls.__name__}.{kind[:3]}", [0.0, 0.0])
+                a_[0] += dt - inner[0]
+                a_[1] += dp - inner[1]
+        setattr(cls, kind, staticmethod(timed))
+
+    todo, seen = [Function], set()
+    while todo:
+        c = todo.pop()
+        for sub in c.__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+                for kind in ("forward", "backward"):
+                    if kind in sub.__dict__:
+                        wrap(sub, kind)
+    out = {"threads": args.threads[0], "cases": {}}
+    for case in args.only.split(","):
+        step = stepper(dtorch, case)
+        for _ in range(args.warmup):
+            step()
+        acc.clear()
+        t0, p0 = time.thread_time(), time.process_time()
+        for _ in range(args.profile_steps):
+            step()
+        tot = ((time.thread_time() - t0) / args.profile_steps,
+               (time.process_time() - p0) / args.profile_steps)
+        out["cases"][case] = {
+            "step": tot, "ops": {k: (v[0] / args.profile_steps,
+                                     v[1] / args.profile_steps)
+                                 for k, v in acc.items()}}
+    print(json.dumps(out))
+
+
+def cpu_report(tr, top=12):
+    print(f"\nthreads={tr['threads']}: dtorch CPU ms per step, calling "
+          f"thread / whole process (cores busy = process / thread)")
+    for case, c in tr["cases"].items():
+        th, pr = c["step"]
+        print(f"{CASES[case]}: step {th * 1e3:.1f} / {pr * 1e3:.1f} "
+              f"(x{pr / max(th, 1e-9):.2f})")
+        for k, (t, p) in sorted(c["ops"].items(),
+                                key=lambda kv: -kv[1][1])[:top]:
+            print(f"    {k:<32}{t * 1e3:8.2f}{p * 1e3:8.2f}"
+                  f"   x{p / max(t, 1e-9):.2f}")
+
+
 def child_rss():
     import numpy as np  # noqa: F401  (both frameworks load it anyway)
     if args.framework == "dtorch":
@@ -511,7 +681,7 @@ def run_child(*extra, threads):
            str(threads), "--repeats", str(args.repeats), "--warmup",
            str(args.warmup), "--block", str(args.block), "--profile-steps",
            str(args.profile_steps), "--chain-repeats",
-           str(args.chain_repeats), *extra]
+           str(args.chain_repeats), *extra]   # a later flag in extra wins
     if args.pause is not None:
         cmd += ["--pause", str(args.pause)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -530,9 +700,22 @@ def main():
     cases = args.only.split(",")
     fws = ["dtorch"] + (["torch"] if have_torch() else [])
     results = {"runs": []}
+    if args.cpu_profile:
+        for th in args.threads:
+            cpu_report(run_child("--child", "cpu", "--only", args.only,
+                                 threads=th))
+        return
+    ratios = {}
     for th in args.threads:
+        more = [run_child("--child", "time", "--only", args.only,
+                          "--profile-steps", "0", "--chain-repeats", "0",
+                          threads=th) for _ in range(args.runs - 1)]
         tr = run_child("--child", "time", "--only", args.only, threads=th)
         for case in cases:
+            ratios.setdefault(case, {})[th] = [
+                r["cases"][case]["dtorch"]["median_ms"]
+                / r["cases"][case]["torch"]["median_ms"]
+                for r in more + [tr] if "torch" in r["cases"][case]]
             c = tr["cases"][case]
             if not args.no_rss:
                 for fw in fws:
@@ -547,6 +730,8 @@ def main():
                     / max(c["torch"]["peak_mb"] - c["torch"]["setup_mb"], 1))
         results["runs"].append(tr)
         report(tr, cases)
+    results["ratios"] = ratios
+    ratio_table(ratios, cases)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
@@ -555,6 +740,22 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import _plot
     _plot.plot_step_time(args.out)
+
+
+def ratio_table(ratios, cases):
+    """dtorch / torch step time per workload and thread count: the range
+    (min-max) over --runs children of each child's ratio of medians."""
+    ths = args.threads
+    print(f"\ndtorch/torch step time, min-max over {args.runs} runs "
+          f"(ratio of medians per run; load avg "
+          f"{os.getloadavg()[0]:.1f} now)")
+    print(f"{'case':<50}" + "".join(f"{f'{t} thread(s)':>16}" for t in ths))
+    for case in cases:
+        cells = []
+        for t in ths:
+            v = ratios[case].get(t) or []
+            cells.append(f"{min(v):.2f}-{max(v):.2f}" if v else "n/a")
+        print(f"{CASES[case]:<50}" + "".join(f"{c:>16}" for c in cells))
 
 
 def report(tr, cases):
@@ -608,6 +809,8 @@ def report(tr, cases):
 if __name__ == "__main__":
     if args.child == "time":
         child_time()
+    elif args.child == "cpu":
+        child_cpu()
     elif args.child == "rss":
         child_rss()
     else:

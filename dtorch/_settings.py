@@ -129,6 +129,9 @@ def are_deterministic_algorithms_enabled():
     return _flags.get()["deterministic"]
 
 
+_kernels._state["deterministic"] = are_deterministic_algorithms_enabled
+
+
 def is_deterministic_algorithms_warn_only_enabled():
     return _flags.get()["warn_only"]
 

@@ -289,6 +289,207 @@ def test_vectorised_exp_is_within_two_ulp_with_numpy_special_values():
     assert ulp.max() <= 2
 
 
+# ------------------------------------------ convolution and batch norm --
+
+def _threads(n, fn):
+    """fn() with the kernels at n threads (every size threaded)."""
+    saved = _kernels._state["threads"]
+    try:
+        _kernels.set_num_threads(n)
+        return fn()
+    finally:
+        _kernels._state["threads"] = saved
+        _kernels._state.pop("n", None)
+
+
+def _same_bits(run, kernel=True):
+    """run() gives the NumPy path's bits (signed zeros included) on the
+    kernel path at 1 and 2 threads; ``kernel``: a kernel ran there."""
+    with _kernels.forced(False):
+        ref = run()
+    for th in (1, 2):
+        r = _threads(th, lambda: both(run, kernel=kernel))
+        for a, b in zip(r[paths()[-1]], ref):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(np.signbit(a), np.signbit(b))
+
+
+def _conv_grads(x, w, stride, pad, dilation):
+    xt = dtorch.tensor(x, requires_grad=True)
+    wt = dtorch.tensor(w, requires_grad=True)
+    y = F.conv2d(xt, wt, None, stride, pad, dilation)
+    g = np.cos(np.arange(y.numel())).reshape(tuple(y.shape))
+    y.backward(dtorch.tensor(g.astype(x.dtype)))
+    return y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,stride,pad,dilation", [
+    (3, 1, 1, 1),        # im2col forward, weight grad, stride-1 input grad
+    (1, 2, 1, 1),        # col2im (strided input gradient), one image
+    (2, 1, 0, 2),        # dilated, unpadded
+    (0, 1, 1, 1),        # empty batch: the NumPy path in both
+])
+def test_conv_kernels_are_bit_for_bit_the_numpy_path(dtype, n, stride, pad,
+                                                     dilation, monkeypatch):
+    """im2col copies and col2im adds in the NumPy path's order: the same
+    bits, at 1 and 2 threads, odd image sizes."""
+    monkeypatch.setattr(_kernels, "PARALLEL_MIN", 0)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, 32, 7, 5)).astype(dtype)
+    w = rng.standard_normal((6, 32, 3, 3)).astype(dtype)
+    _same_bits(lambda: _conv_grads(x, w, stride, pad, dilation), n > 0)
+
+
+def _bn_grads(x, affine, dim=1):
+    c = x.shape[1]
+    rng = np.random.default_rng(9)
+    w = dtorch.tensor(rng.standard_normal(c).astype(x.dtype),
+                      requires_grad=True) if affine else None
+    b = dtorch.tensor(rng.standard_normal(c).astype(x.dtype),
+                      requires_grad=True) if affine else None
+    rm = dtorch.zeros(c, dtype=dtorch.tensor(x).dtype)
+    rv = dtorch.ones(c, dtype=rm.dtype)
+    xt = dtorch.tensor(x, requires_grad=True)
+    y = F.batch_norm(xt, rm, rv, w, b, training=True)
+    g = np.cos(np.arange(y.numel())).reshape(tuple(y.shape))
+    y.backward(dtorch.tensor(g.astype(x.dtype)))
+    out = [y.detach().numpy(), xt.grad.numpy(), rm.numpy(), rv.numpy()]
+    return out + ([w.grad.numpy(), b.grad.numpy()] if affine else [])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,affine", [
+    ((6, 5, 3, 7), True), ((4, 3, 9), False), ((2, 1), True),
+    ((1, 4, 1, 3), True)])
+def test_batch_norm_kernel_matches_the_numpy_path(dtype, shape, affine,
+                                                  monkeypatch):
+    """Per-channel float64 sums: float rounding away from the NumPy path's
+    pairwise sums, the same bits at 1 and 2 threads (one thread sums a
+    channel), and the NumPy path itself in deterministic mode."""
+    monkeypatch.setattr(_kernels, "PARALLEL_MIN", 0)
+    x = boundary(shape, dtype)[..., :] if shape[-1] > 8 else \
+        np.random.default_rng(2).standard_normal(shape).astype(dtype) * 3
+    x[np.isinf(x) | np.isnan(x)] = 1.5      # a finite batch: stats exist
+    with _kernels.forced(False):
+        ref = _bn_grads(x, affine)
+    runs = [_threads(th, lambda: both(lambda: _bn_grads(x, affine)))
+            for th in (1, 2)]
+    for a, b in zip(runs[0][paths()[-1]], ref):
+        close(a, b, dtype)
+    for a, b in zip(runs[0][paths()[-1]], runs[1][paths()[-1]]):
+        np.testing.assert_array_equal(a, b)
+    dtorch.use_deterministic_algorithms(True)
+    try:
+        det = both(lambda: _bn_grads(x, affine), kernel=False)
+    finally:
+        dtorch.use_deterministic_algorithms(False)
+    for a, b in zip(det[paths()[-1]], ref):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 4, 6, 10), (1, 1, 2, 2)])
+@pytest.mark.parametrize("finite_g", [True, False])
+def test_max_pool_2x2_kernel_is_bit_for_bit_the_numpy_path(dtype, shape,
+                                                           finite_g,
+                                                           monkeypatch):
+    """Ties (first maximum wins), NaN (the last NaN wins), signed zeros
+    (np.maximum's choice), an infinite upstream gradient; 1 and 2 threads;
+    and the winners that create_graph's backward reads from what forward
+    kept."""
+    monkeypatch.setattr(_kernels, "PARALLEL_MIN", 0)
+    x = np.random.default_rng(4).standard_normal(shape).astype(dtype)
+    flat = x.reshape(-1)
+    flat[::7], flat[::11], flat[3::13], flat[5::13] = 0.5, np.nan, -0.0, 0.0
+
+    def run():
+        xt = dtorch.tensor(x, requires_grad=True)
+        y = F.max_pool2d(xt, 2)
+        g = np.cos(np.arange(y.numel())).reshape(tuple(y.shape))
+        if not finite_g:
+            g.reshape(-1)[::5] = np.inf
+        gt = dtorch.tensor(g.astype(dtype), requires_grad=True)
+        gx, = dtorch.autograd.grad(y, xt, gt, create_graph=True)
+        x2 = dtorch.tensor(x, requires_grad=True)
+        F.max_pool2d(x2, 2).backward(gt.detach())
+        return y.detach().numpy(), gx.detach().numpy(), x2.grad.numpy()
+
+    _same_bits(run)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("finite_g", [True, False])
+def test_relu_kernel_is_bit_for_bit_the_numpy_path(dtype, finite_g,
+                                                   monkeypatch):
+    """1 and 2 threads; NaN, +-0, +-inf inputs; an upstream inf (masked
+    to +0, as keep_grad does)."""
+    monkeypatch.setattr(_kernels, "PARALLEL_MIN", 0)
+    x = boundary((3, 37), dtype)
+    x[0, :4] = [-0.0, 0.0, -1e-40, np.nan]
+
+    def run():
+        xt = dtorch.tensor(x, requires_grad=True)
+        y = F.relu(xt)
+        g = -np.cos(np.arange(y.numel())).reshape(tuple(y.shape))
+        if not finite_g:
+            g[::4] = np.inf
+        y.backward(dtorch.tensor(g.astype(dtype)))
+        return y.detach().numpy(), xt.grad.numpy()
+
+    _same_bits(run)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("f,kernel", [
+    (lambda t: F.dropout(t, 0.3), True),
+    (lambda t: F.dropout2d(t, 0.3), False)])  # broadcast mask: NumPy's
+def test_dropout_kernel_is_bit_for_bit_the_numpy_path(dtype, f, kernel,
+                                                      monkeypatch):
+    """The same mask (same seed) in both paths; inf/NaN/-0 inputs."""
+    monkeypatch.setattr(_kernels, "PARALLEL_MIN", 0)
+    x = boundary((3, 5, 37), dtype)
+    x[0, 0, :3] = [-0.0, np.inf, np.nan]
+
+    def run():
+        dtorch.manual_seed(3)
+        return fwd_bwd(f, x)
+
+    _same_bits(run, kernel)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("vocab,n,dim", [(7, 40, 130), (3, 1, 1), (5, 0, 4)])
+def test_embedding_backward_kernel_matches_the_numpy_path(dtype, vocab, n,
+                                                          dim, monkeypatch):
+    """Repeated and negative-free indices, a padding row, 1 and 2 threads
+    (the same bits: a thread owns whole columns), float rounding away
+    from NumPy's segment sums, NumPy's bits in deterministic mode."""
+    monkeypatch.setattr(_kernels, "PARALLEL_MIN", 0)
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((vocab, dim)).astype(dtype)
+    idx = rng.integers(0, vocab, (n,))
+    g = rng.standard_normal((n, dim)).astype(dtype)
+
+    def run():
+        wt = dtorch.tensor(w, requires_grad=True)
+        y = F.embedding(dtorch.tensor(idx), wt, padding_idx=1)
+        y.backward(dtorch.tensor(g))
+        return wt.grad.numpy()
+
+    with _kernels.forced(False):
+        ref = run()
+    runs = [_threads(th, lambda: both(run, kernel=n > 0)) for th in (1, 2)]
+    close(runs[0][paths()[-1]], ref, dtype)
+    np.testing.assert_array_equal(runs[0][paths()[-1]], runs[1][paths()[-1]])
+    dtorch.use_deterministic_algorithms(True)
+    try:
+        det = both(run, kernel=False)
+    finally:
+        dtorch.use_deterministic_algorithms(False)
+    np.testing.assert_array_equal(det[paths()[-1]], ref)
+
+
 # ------------------------------------------------- threads and the switch --
 
 @need_numba

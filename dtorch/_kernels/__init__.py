@@ -22,7 +22,9 @@ import numpy as np
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
-_state = {"mod": None, "threads": None}   # mod: None unknown, False off
+# mod: None unknown, False off; deterministic: dtorch's
+# are_deterministic_algorithms_enabled (set by dtorch._settings)
+_state = {"mod": None, "threads": None, "deterministic": lambda: False}
 
 # Below this many elements a kernel runs on the calling thread only: waking
 # a sleeping worker costs more than the work (measured in
@@ -111,14 +113,19 @@ def num_threads():
     return want
 
 
-def kernels(*arrays):
+def kernels(*arrays, reduces=False):
     """The compiled kernels when they apply to ``arrays`` (C-contiguous
-    NumPy float32/float64, one dtype, not empty), else None."""
+    NumPy float32/float64, one dtype, not empty), else None. ``reduces``:
+    the kernel sums in another order than the NumPy path (float64, per
+    channel): None under ``dtorch.use_deterministic_algorithms(True)``,
+    whose results are the NumPy path's bits."""
     mod = _state["mod"]
     if mod is None:
         enabled()
         mod = _state["mod"]
     if mod is False:
+        return None
+    if reduces and _state["deterministic"]():
         return None
     dt = arrays[0].dtype
     if arrays[0].size == 0:       # NumPy's path handles empty shapes

@@ -361,3 +361,236 @@ def column_sums(g, xhat, gw, gb):
             sb += pb[c, j]
         gw[j] = sw
         gb[j] = sb
+
+
+# ======================================================== convolution ==
+# Copies and scatter-adds of the channels-last convolution
+# (dtorch/ops/conv.py): pure data movement, or additions in the NumPy
+# path's order, so bit for bit equal to it. Threads split images or image
+# rows; each writes its own part of the output.
+
+@_jit
+def im2col_nhwc(xpad, out, s0, kh, kw, sh, sw, dh, dw, oh, ow):
+    """Columns of images s0.. of a padded (N, Hp, Wp, C) input: out row
+    (image, y, x), columns (i, j, C) = xpad[image, y sh + i dh,
+    x sw + j dw, :] (the window view reshaped)."""
+    c = xpad.shape[3]
+    rows = out.shape[0] // (oh * ow)
+    for r in prange(rows * oh):
+        img = s0 + r // oh
+        y = r % oh
+        for x in range(ow):
+            row = r * ow + x
+            for i in range(kh):
+                for j in range(kw):
+                    src = xpad[img, y * sh + i * dh, x * sw + j * dw]
+                    col = (i * kw + j) * c
+                    for ch in range(c):
+                        out[row, col + ch] = src[ch]
+
+
+@_jit
+def col2im_nhwc(gk, gxp, kh, kw, sh, sw, dh, dw):
+    """gxp[image, y sh + i dh, x sw + j dw, :] += gk[(i, j), image, y, x, :]
+    for each kernel offset in order (the NumPy path's order of additions
+    per element); threads split images."""
+    _, n, oh, ow, c = gk.shape
+    for img in prange(n):
+        for i in range(kh):
+            for j in range(kw):
+                o = i * kw + j
+                for y in range(oh):
+                    for x in range(ow):
+                        dst = gxp[img, y * sh + i * dh, x * sw + j * dw]
+                        src = gk[o, img, y, x]
+                        for ch in range(c):
+                            dst[ch] += src[ch]
+
+
+
+# ========================================================== batch norm ==
+# x as (N, C, L) (L: the positions); one thread per channel (prange over
+# C), each summing its channel in float64 (four running sums per image
+# row, _row_sum: no chain through one accumulator), so the result does not
+# depend on the thread count. The sums' order differs from
+# NumPy's pairwise float32 ones (float rounding); the element-wise steps
+# are the NumPy path's, in its order.
+
+@_jit
+def batch_norm_fwd(x, w, b, eps, out, xhat, mean, var, has_w, has_b):
+    """mean, biased var per channel (into ``mean``, ``var``); xhat =
+    (x - mean) rstd with rstd = 1 / sqrt(var + eps) (the caller computes
+    the same rstd from var for backward), out = xhat w + b."""
+    n, c, L = x.shape
+    one = x.dtype.type(1)
+    m = n * L
+    for ch in prange(c):
+        s = 0.0
+        for i in range(n):
+            s += _row_sum(x[i], ch, L)
+        mu = x.dtype.type(s / m)
+        s = 0.0
+        for i in range(n):
+            for j in range(L):
+                xhat[i, ch, j] = x[i, ch, j] - mu
+            s += _row_dot(xhat[i], xhat[i], ch, L)
+        v = x.dtype.type(s / m)
+        mean[ch] = mu
+        var[ch] = v
+        rs = one / np.sqrt(v + eps)
+        wc = w[ch] if has_w else one
+        bc = b[ch] if has_b else x.dtype.type(0)
+        for i in range(n):
+            for j in range(L):
+                h = xhat[i, ch, j] * rs
+                xhat[i, ch, j] = h
+                if has_w:
+                    h = h * wc
+                if has_b:
+                    h = h + bc
+                out[i, ch, j] = h
+
+
+@_jit
+def batch_norm_bwd(g, xhat, rstd, w, has_w, need_x, gx, gsum, gxh):
+    """gsum = sum g, gxh = sum g xhat per channel; (need_x) gx = scale
+    (g - (gsum + xhat gxh) / m), scale = rstd w."""
+    n, c, L = g.shape
+    m = g.dtype.type(n * L)
+    for ch in prange(c):
+        s0 = 0.0
+        s1 = 0.0
+        for i in range(n):
+            s0 += _row_sum(g[i], ch, L)
+            s1 += _row_dot(g[i], xhat[i], ch, L)
+        a = g.dtype.type(s0)
+        bb = g.dtype.type(s1)
+        gsum[ch] = a
+        gxh[ch] = bb
+        if need_x:
+            sc = rstd[ch] * w[ch] if has_w else rstd[ch]
+            for i in range(n):
+                for j in range(L):
+                    gx[i, ch, j] = sc * (g[i, ch, j]
+                                         - (a + xhat[i, ch, j] * bb) / m)
+
+
+# ============================================================= pooling ==
+# The 2x2 max pool that tiles a contiguous input (dtorch/ops/pool.py's
+# ``pairs`` path): x as (R, 2, OW, 2), R = N*C*OH window rows; threads
+# split window rows. Comparisons and np.maximum's rule ((a > b or a is
+# NaN) ? a : b; b on ties: max(0., -0.) is -0.) as the NumPy path's: the
+# same bits.
+
+@numba.njit(inline="always")
+def _np_max(a, b):
+    return a if (a > b or a != a) else b
+
+
+@_jit
+def max_pool2x2_fwd(x, col, low, best):
+    """col[r, t, j]: the right cell of window row t won (greater, or NaN);
+    low[r, j]: the lower row won; best[r, j]: the window's maximum."""
+    rows, _, ow, _ = x.shape
+    for r in prange(rows):
+        for j in range(ow):
+            a, b = x[r, 0, j, 0], x[r, 0, j, 1]
+            col[r, 0, j] = b > a or b != b
+            m0 = _np_max(a, b)
+            a, b = x[r, 1, j, 0], x[r, 1, j, 1]
+            col[r, 1, j] = b > a or b != b
+            m1 = _np_max(a, b)
+            low[r, j] = m1 > m0 or m1 != m1
+            best[r, j] = _np_max(m0, m1)
+
+
+@_jit
+def max_pool2x2_bwd(g, col, low, gx, finite):
+    """g (R, OW) to each window's winning cell of gx (R, 2, OW, 2): finite g
+    as the NumPy path's products (g low, g - g low, ...), else selects."""
+    rows, ow = g.shape
+    zero = g.dtype.type(0)
+    one = g.dtype.type(1)
+    for r in prange(rows):
+        for j in range(ow):
+            gi = g[r, j]
+            if finite:
+                g1 = gi * (one if low[r, j] else zero)
+                g0 = gi - g1
+                for t, gt in ((0, g0), (1, g1)):
+                    c1 = gt * (one if col[r, t, j] else zero)
+                    gx[r, t, j, 1] = c1
+                    gx[r, t, j, 0] = gt - c1
+            else:
+                lw = low[r, j]
+                for t in range(2):
+                    gt = gi if (lw == (t == 1)) else zero
+                    cw = col[r, t, j]
+                    gx[r, t, j, 1] = gt if cw else zero
+                    gx[r, t, j, 0] = zero if cw else gt
+
+
+# ================================================================ relu ==
+# Flat views. np.maximum(x, 0)'s rule (x if x > 0 or NaN, else +0) and
+# keep_grad's product g * (out > 0 or NaN), so the same bits; backward
+# counts the NaN products (the caller then takes keep_grad's where()).
+
+@_jit
+def relu_fwd(x, out):
+    zero = x.dtype.type(0)
+    for i in prange(x.size):
+        xi = x[i]
+        out[i] = xi if (xi > zero or xi != xi) else zero
+
+
+@_jit
+def relu_bwd(out, g, gx):
+    zero = g.dtype.type(0)
+    one = g.dtype.type(1)
+    nans = 0
+    for i in prange(g.size):
+        o = out[i]
+        r = g[i] * (zero if o <= zero else one)
+        gx[i] = r
+        if r != r:
+            nans += 1
+    return nans
+
+
+# ============================================================= dropout ==
+
+@_jit
+def mask_scale(x, keep, scale, out):
+    """out = x * keep * scale (keep boolean), the NumPy path's two
+    products in its order: the same bits (x * False is a signed 0, inf *
+    False NaN, as there)."""
+    zero = x.dtype.type(0)
+    one = x.dtype.type(1)
+    for i in prange(x.size):
+        out[i] = (x[i] * (one if keep[i] else zero)) * scale
+
+
+# ==================================================== embedding backward ==
+
+@_jit
+def index_add_rows(idx, src, out):
+    """out[idx[i]] += src[i] for rows i in order (out zero on entry; a
+    target row starts as its first source row): sequential float sums in
+    index order, where NumPy's reduce over each segment may pair them
+    (float rounding apart; the same bits at any thread count). Threads
+    split the columns in blocks of 64."""
+    m, d = src.shape
+    nb = (d + 63) // 64
+    for blk in prange(nb):
+        j0 = blk * 64
+        j1 = min(j0 + 64, d)
+        fresh = np.ones(out.shape[0], np.bool_)
+        for i in range(m):
+            r = idx[i]
+            if fresh[r]:
+                fresh[r] = False
+                for j in range(j0, j1):
+                    out[r, j] = src[i, j]
+            else:
+                for j in range(j0, j1):
+                    out[r, j] += src[i, j]

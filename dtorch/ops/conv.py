@@ -8,6 +8,7 @@ matmul over groups; ``ConvTranspose2d`` is the adjoint in x.
 """
 import numpy as np
 
+from .. import _kernels
 from .._backend import get_array_module
 from .base import Op, float32_compute, check_conv_dtypes
 from .window import _as_strided, _col2im, _offsets, _pad2d, _unpad2d, \
@@ -89,7 +90,7 @@ class Conv2d(Op):
                                 ohw)
             gw = xp.zeros((o, kh * kw * c), g.dtype)
             for s, e in _conv_chunks(xp, n, L * kh * kw * c * g.itemsize):
-                cols = win[s:e].reshape((e - s) * L, -1)
+                cols = _cols(xp, win, ctx.xpad, s, e, stride, dilation)
                 gw += gl[s * L:e * L].T @ cols
             gw = xp.ascontiguousarray(
                 gw.reshape(o, kh, kw, c).transpose(0, 3, 1, 2))
@@ -161,7 +162,7 @@ def _conv_nhwc(xp, x, w, b, stride, pads, dilation, ohw):
     w2t = w.transpose(0, 2, 3, 1).reshape(o, K).T
     out = xp.empty((n, o, oh, ow), x.dtype)
     for s, e in _conv_chunks(xp, n, L * K * x.itemsize):
-        r = win[s:e].reshape((e - s) * L, K) @ w2t
+        r = _cols(xp, win, xpad, s, e, stride, dilation) @ w2t
         if b is not None:
             r += b
         out[s:e] = r.reshape(e - s, oh, ow, o).transpose(0, 3, 1, 2)
@@ -216,8 +217,12 @@ def _col2im_nhwc(xp, gk, xshape, pads, k, stride, dilation, ohw):
     oh, ow = ohw
     gk = gk.reshape(k[0] * k[1], n, oh, ow, c)
     gxp = xp.zeros((n, h + t + b, w + l + r, c), gk.dtype)
-    for o, (hs, ws) in enumerate(_offsets(k, stride, dilation, ohw)):
-        gxp[:, hs, ws] += gk[o]
+    kern = _kernels.kernels(gxp, gk)
+    if kern is not None:
+        kern.col2im_nhwc(gk, gxp, *k, *stride, *dilation)
+    else:
+        for o, (hs, ws) in enumerate(_offsets(k, stride, dilation, ohw)):
+            gxp[:, hs, ws] += gk[o]
     gx = gxp[:, t:t + h, l:l + w].transpose(0, 3, 1, 2)
     return xp.ascontiguousarray(gx)
 
@@ -412,3 +417,22 @@ def _nhwc_unpadded(xpad, pads):
     (t, b), (l, r) = pads
     hp, wp = xpad.shape[1:3]
     return xpad[:, t:hp - b, l:wp - r].transpose(0, 3, 1, 2)
+
+
+_IM2COL_MIN_C = 32
+
+
+def _cols(xp, win, xpad, s, e, stride, dilation):
+    """Images s..e of the window view ``win`` of ``xpad`` as a column
+    matrix (rows, KH*KW*C): the compiled kernel's threaded copy, else
+    NumPy's (the same values)."""
+    _, oh, ow, kh, kw, c = win.shape
+    out = xp.empty(((e - s) * oh * ow, kh * kw * c), xpad.dtype)
+    # the kernel copies C-element runs: NumPy's copy is faster for short
+    # ones (measured one thread, 3x3: C=16 0.25 vs 0.42 ms, C=32 0.86 vs
+    # 0.73 ms; two threads halve the kernel's time)
+    k = _kernels.kernels(out, xpad) if c >= _IM2COL_MIN_C else None
+    if k is None:
+        return win[s:e].reshape(out.shape)
+    k.im2col_nhwc(xpad, out, s, kh, kw, *stride, *dilation, oh, ow)
+    return out

@@ -5,6 +5,7 @@ reduceat), never by a slow ``add.at`` on the CPU.
 """
 import numpy as np
 
+from .. import _kernels
 from .._backend import get_array_module
 from .base import Op, unbroadcast, const, keep_grad_t, unbroadcast_t
 
@@ -50,6 +51,11 @@ def index_add0(xp, shape, dtype, idx, src):
     idx = xp.where(idx < 0, idx + shape[0], idx)
     if xp is not np:   # CuPy's scatter add is fast on the GPU
         xp.add.at(out, idx, src)
+        return out
+    k = _kernels.kernels(out, src, reduces=True) if out.ndim > 1 else None
+    if k is not None:   # one threaded pass, no sort
+        k.index_add_rows(idx, src.reshape(idx.size, -1),
+                         out.reshape(shape[0], -1))
         return out
     order = np.argsort(idx, kind="stable")
     sidx = idx[order]

@@ -104,11 +104,18 @@ class BatchNorm(Op):
         axes = (0,) + tuple(range(2, x.ndim))
         shape = [1] * x.ndim
         shape[1] = x.shape[1]
-        mu = x.mean(axis=axes, keepdims=True)
-        xc = x - mu
-        var = (xc * xc).mean(axis=axes, keepdims=True)
-        rstd = 1 / xp.sqrt(var + eps)
-        xhat = xc * rstd
+        k = _kernels.kernels(x, *(a for a in (w, b) if a is not None),
+                             reduces=True)
+        if k is not None:           # statistics and affine in one pass
+            out, xhat, mu, var = _batch_norm_kernel(k, x, w, b, eps)
+            rstd = 1 / xp.sqrt(var + eps)
+        else:
+            mu = x.mean(axis=axes, keepdims=True)
+            xc = x - mu
+            var = (xc * xc).mean(axis=axes, keepdims=True)
+            rstd = 1 / xp.sqrt(var + eps)
+            xhat = xc * rstd
+        mu, var, rstd = (a.reshape(shape) for a in (mu, var, rstd))
         ctx.save_for_backward(w)
         ctx.xhat, ctx.rstd, ctx.axes, ctx.shape = xhat, rstd, axes, shape
         m = x.size // x.shape[1]
@@ -118,6 +125,8 @@ class BatchNorm(Op):
         if running_var is not None:
             running_var *= 1 - momentum
             running_var += (momentum * m / max(m - 1, 1)) * var.reshape(-1)
+        if k is not None:     # out is its own array there
+            return out
         # never xhat itself (see LayerNorm)
         out = xhat if w is not None or b is not None else xhat.copy()
         if w is not None:
@@ -132,8 +141,14 @@ class BatchNorm(Op):
         xhat, rstd, axes = ctx.xhat, ctx.rstd, ctx.axes
         need = ctx.needs_input_grad
         gw = gb = gx = None
-        gsum = g.sum(axis=axes)
-        gxh = (g * xhat).sum(axis=axes)
+        k = _kernels.kernels(g, xhat, rstd, *(() if w is None else (w,)),
+                             reduces=True)
+        if k is not None:
+            gx, gsum, gxh = _batch_norm_grads(k, g, xhat, rstd, w, need[0])
+            need = (False,) + tuple(need[1:])   # gx is done
+        else:
+            gsum = g.sum(axis=axes)
+            gxh = (g * xhat).sum(axis=axes)
         if len(need) > 1 and need[1]:
             gw = gxh
         if len(need) > 2 and need[2]:
@@ -150,6 +165,32 @@ class BatchNorm(Op):
         return _norm_backward_graph(ctx, g, ctx.axes, ctx.shape)
 
 
+def _batch_norm_kernel(k, x, w, b, eps):
+    """The compiled training-mode forward: (out, xhat, mean, var), mean and
+    var per channel (1-D)."""
+    n, c = x.shape[:2]
+    x3 = x.reshape(n, c, -1)
+    out, xhat = np.empty_like(x), np.empty_like(x)
+    mu, var = np.empty(c, x.dtype), np.empty(c, x.dtype)
+    k.batch_norm_fwd(x3, x3[0, 0] if w is None else w, x3[0, 0]
+                     if b is None else b, _kernels.scalar(x, eps),
+                     out.reshape(x3.shape), xhat.reshape(x3.shape), mu, var,
+                     w is not None, b is not None)
+    return out, xhat, mu, var
+
+
+def _batch_norm_grads(k, g, xhat, rstd, w, need_x):
+    """The compiled backward: (gx or None, sum of g, sum of g xhat)."""
+    n, c = g.shape[:2]
+    g3 = g.reshape(n, c, -1)
+    gx = np.empty_like(g) if need_x else g
+    gsum, gxh = np.empty(c, g.dtype), np.empty(c, g.dtype)
+    k.batch_norm_bwd(g3, xhat.reshape(g3.shape), rstd.reshape(-1),
+                     g3[0, 0] if w is None else w, w is not None, need_x,
+                     gx.reshape(g3.shape), gsum, gxh)
+    return (gx if need_x else None), gsum, gxh
+
+
 class Dropout(Op):
     """x * mask / (1 - p) with a given boolean keep-mask. Backward is a
     product with the mask too, as PyTorch's (an infinite gradient at a
@@ -159,16 +200,31 @@ class Dropout(Op):
         scale = x.dtype.type(1.0 / (1.0 - p)) if is_float(x.dtype) else \
             1.0 / (1.0 - p)
         ctx.keep, ctx.scale = keep, scale
-        return x * keep * scale
+        return _mask_scale(x, keep, scale)
 
     @staticmethod
     def backward(ctx, g):
-        return g * ctx.keep * ctx.scale, None
+        return _mask_scale(g, ctx.keep, ctx.scale), None
 
     @staticmethod
     def backward_graph(ctx, g):
         keep = const(g, ctx.keep.astype(g._data.dtype))
         return g * keep * float(ctx.scale), None
+
+
+def _mask_scale(x, keep, scale):
+    """x * keep * scale: one threaded pass (the compiled kernel) when keep
+    is a boolean array of x's shape, else NumPy's two."""
+    k = _kernels.kernels(x) if (
+        type(keep) is np.ndarray and keep.dtype == bool
+        and keep.shape == x.shape and keep.flags.c_contiguous
+        and isinstance(scale, x.dtype.type)) else None
+    if k is None:
+        return x * keep * scale
+    out = np.empty_like(x)
+    k.mask_scale(_kernels.flat(x), _kernels.flat(keep), scale,
+                 _kernels.flat(out))
+    return out
 
 
 def _norm_backward_graph(ctx, g, axes, wshape):

@@ -5,6 +5,7 @@ docstring says why and what each measured.
 """
 import numpy as np
 
+from .. import _kernels
 from .._backend import get_array_module
 from .base import Op, is_float, zero_link_t
 from .window import _col2im, _offsets, _pad2d, _unpad2d, _windows
@@ -57,6 +58,11 @@ class MaxPool2d(Op):
         ctx.tiled = tiled
         ctx.pairs = (tiled and tuple(k) == (2, 2) and x.flags.c_contiguous
                      and oh * 2 == h and ow * 2 == w)
+        kern = _kernels.kernels(x) if ctx.pairs else None
+        if kern is not None:
+            col, low, best = _max_pairs_kernel(kern, x, oh, ow)
+            ctx.save_for_backward(col, low)
+            return best
         if ctx.pairs:
             # the two cells of every window row as 1-D strided views: one
             # long loop each; then the two rows of every window
@@ -109,6 +115,13 @@ class MaxPool2d(Op):
             col, low = ctx.to_save
             n, c, h, w = shape
             g2 = g.reshape(-1, ohw[1])
+            kern = _kernels.kernels(g2)
+            if kern is not None:
+                gx = np.empty(shape, g.dtype)
+                kern.max_pool2x2_bwd(g2, col.reshape(-1, 2, ohw[1]),
+                                     low.reshape(g2.shape),
+                                     gx.reshape(-1, 2, ohw[1], 2), finite)
+                return gx
             # g to the winning row of each window, then to its winning cell
             # (g - g * mask: exact for a finite g, one product per pair
             # instead of two)
@@ -217,6 +230,19 @@ def _saved(ctx):
     2 / pad 1, forward + backward, thread CPU time, min of 15 at load
     2-5: 7.4-7.8 ms saving the output, 7.5-8.4 ms with the copy)."""
     return ctx.to_save[1], ctx.to_save[2]
+
+
+def _max_pairs_kernel(kern, x, oh, ow):
+    """The compiled 2x2 pool: (col, low, best) as the NumPy path keeps
+    them (col per window row's cell pair, low per window)."""
+    n, c = x.shape[:2]
+    rows = n * c * oh
+    col = np.empty(rows * 2 * ow, bool)
+    low = np.empty((rows, ow), bool)
+    best = np.empty((n, c, oh, ow), x.dtype)
+    kern.max_pool2x2_fwd(x.reshape(rows, 2, ow, 2), col.reshape(rows, 2, ow),
+                         low, best.reshape(rows, ow))
+    return col, low, best
 
 
 def _has_nan(xp, a):
