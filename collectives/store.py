@@ -310,8 +310,15 @@ _atexit_registered = []
 
 def release_at_exit(obj):
     """Call ``obj._release_for_exit()`` at exit, before rank 0 waits for
-    the other ranks' store connections."""
+    the other ranks' store connections. Every rank: the others' groups
+    must also let their neighbours finish (tcp's `_settle_pipe`)."""
     _releasers.add(obj)
+    _register_exit()
+
+
+def _register_exit():
+    if not _atexit_registered:
+        _atexit_registered.append(atexit.register(_drain_at_exit))
 
 
 def _close_clients(port=None):
@@ -350,8 +357,7 @@ class _Server:
         self.gate = HandshakeGate(self.sock, token, self._ready,
                                   'dtorch-store-server')
         _servers.add(self)
-        if not _atexit_registered:
-            _atexit_registered.append(atexit.register(_drain_at_exit))
+        _register_exit()
 
     def _ready(self, conn, _):
         # authenticated: a member of the job gets its own thread

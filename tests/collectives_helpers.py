@@ -392,6 +392,19 @@ def _lagging_store_calls(seconds):
     store.TCPStore._request = slow
 
 
+def _slow_drain(seconds):
+    """This rank takes the shm-pipe slots one at a time and late, as a
+    loaded rank would: its neighbour finishes the ring step first, and
+    the acks go back one by one."""
+    from collectives.tcp.transport import SocketTransport
+    real = SocketTransport._recv_tokens
+
+    def slow(self, si, toks, most):
+        time.sleep(seconds)
+        return real(self, si, toks, 1)
+    SocketTransport._recv_tokens = slow
+
+
 def main(argv):
     mode, rank, world, port, token = argv[:5]
     rank, world = int(rank), int(world)
@@ -427,6 +440,22 @@ def main(argv):
         except CollectiveTimeoutError as e:
             print(json.dumps({'error': str(e), 'missing': e.missing}),
                   flush=True)
+    elif mode in ('rs_exit', 'ag_exit'):
+        # big messages (the same-host shm pipe) and then a normal exit
+        # with no barrier: the last ring step's acks may still be on the
+        # wire when the first rank to finish closes its sockets
+        n = int(os.environ.get('TEST_ELEMS', '400000'))
+        if os.environ.get('TEST_SLOW_DRAIN'):
+            _slow_drain(float(os.environ['TEST_SLOW_DRAIN']))
+        for _ in range(3):
+            full = np.full((world, n), rank + 1.0, np.float32)
+            part = np.full(n, rank + 1.0, np.float32)
+            if mode == 'rs_exit':
+                g.reduce_scatter(part, full)
+            else:
+                g.all_gather(full, part)
+        print(json.dumps({'ok': True}), flush=True)
+        return
     elif mode == 'empty_bcast':
         # the job's only collective moves nothing: rank 0 is done at once
         g.broadcast(np.zeros(0, np.float32), 0)

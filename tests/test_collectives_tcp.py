@@ -480,3 +480,23 @@ def test_closed_peer_that_gave_up_is_not_blamed():
         assert time.monotonic() - t < 3
     finally:
         store.close()
+
+
+@pytest.mark.parametrize('mode,shm,slow', [
+    ('rs_exit', '1', 1), ('ag_exit', '1', 1), ('rs_exit', '1', 0),
+    ('rs_exit', '0', 1)])
+def test_job_that_finishes_closes_data_plane_cleanly(mode, shm, slow):
+    """A rank that finished its last collective exits (no barrier) while
+    its ring neighbour (rank ``slow``) still drains the last shm-pipe
+    slots and sends their acks back. On main the exit closed the socket
+    with those acks unread, the kernel reset the connection, and the
+    neighbour died with 'Connection reset by peer' (5 of 5 runs each of
+    reduce_scatter and all_gather; 3 of 3 with rank 1 exiting first,
+    whose exit did not even run the teardown); the socket-only path
+    (DTORCH_TCP_SHM=0) has no acks."""
+    for run in range(5 if shm == '1' else 2):
+        outs = run_ranks(mode, 2, timeout=60, env={'DTORCH_TCP_SHM': shm},
+                         rank_env={slow: {'TEST_SLOW_DRAIN': '0.02'}})
+        for rank, (res, err, rc) in enumerate(outs):
+            assert rc == 0 and res == {'ok': True}, \
+                f"run {run} rank {rank} (rc {rc}):\n{err[-1500:]}"

@@ -108,7 +108,7 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
 
     def _release_for_exit(self):
         self._closed = True
-        self._close_sockets()
+        self._close_sockets(graceful=True)
 
     def _store_bcast(self, obj):
         key = f"{self._prefix}shm/offer"
@@ -330,7 +330,7 @@ class TCPGroup(RingAlgorithms, SocketTransport, ProcessGroup):
     def destroy(self):
         self._closed = True
         watchdog.unregister(self)
-        self._close_sockets()
+        self._close_sockets(graceful=True)
         if self._wd_store is not None:
             self._wd_store.close()
         if self.name == 'world':

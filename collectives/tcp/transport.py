@@ -525,7 +525,43 @@ class SocketTransport:
                 if eof:
                     raise self._fail(peer, "closed")
 
-    def _close_sockets(self):
+    # A socket closed with unread bytes in its receive queue is reset
+    # (RST), not closed (FIN), and the peer's next send fails "Connection
+    # reset by peer". A shm-pipe writer's step ends once its slots are
+    # filled, before the reader has drained them: the reader's acks come
+    # afterwards, and the writer reads them only when its pipe is next
+    # full. So a rank that finished its last collective and closed at once
+    # reset a neighbour still draining that collective's slots. A clean
+    # teardown first takes those acks: only the neighbour's remaining
+    # part of the last ring step is waited for (a dead one closes: EOF).
+    _SETTLE_MAX = 10.0
+
+    def _settle_pipe(self):
+        w, so = self._shm_w, getattr(self, '_rsock', None)
+        if w is None or so is None or self._broken is not None:
+            return
+        end = time.monotonic() + min(self.timeout, self._SETTLE_MAX)
+        while w.acked < w.seq:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                select.select([so], [], [], left)
+                b = so.recv(4096)
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):   # reset, or closed here
+                return
+            if not b:
+                return
+            w.acked += len(b)
+
+    def _close_sockets(self, graceful=False):
+        """Close every data socket; ``graceful`` (a teardown, not a
+        failure): first wait for what the ring neighbour still owes
+        (`_settle_pipe`)."""
+        if graceful:
+            self._settle_pipe()
         socks = list(self._out.values()) + list(self._incoming.values())
         for s in socks:
             try:
