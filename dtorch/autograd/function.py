@@ -87,18 +87,35 @@ def _update_hook():
 
 def _set_recorder(rank, recorder):
     """Install ``recorder`` at ``rank`` of the recorder chain (0: the
-    timeline, 1: the profiler, 2: the FLOP counter), or remove it (None)."""
-    global _profile
+    timeline, 1: the profiler, 2: the FLOP counter, 3: the dry run's
+    accounting), or remove it (None)."""
     with _recorder_lock:
-        if recorder is None:
-            _recorders.pop(rank, None)
-        else:
-            _recorders[rank] = recorder
-        chain = [_recorders[k] for k in sorted(_recorders)]
-        for outer, inner in zip(chain, chain[1:] + [None]):
-            outer.inner = inner
-        _profile = chain[0] if chain else None
-        _update_hook()
+        _relink(rank, recorder)
+
+
+_recorder_users = {}     # rank -> open users (profiles, FLOP counters)
+
+
+def _use_recorder(rank, recorder, delta):
+    """One more (+1) or one fewer (-1) user of ``recorder`` at ``rank``
+    (open in any thread): it is in the chain while it has any."""
+    with _recorder_lock:
+        n = _recorder_users[rank] = _recorder_users.get(rank, 0) + delta
+        _relink(rank, recorder if n > 0 else None)
+
+
+def _relink(rank, recorder):
+    # with _recorder_lock held
+    global _profile
+    if recorder is None:
+        _recorders.pop(rank, None)
+    else:
+        _recorders[rank] = recorder
+    chain = [_recorders[k] for k in sorted(_recorders)]
+    for outer, inner in zip(chain, chain[1:] + [None]):
+        outer.inner = inner
+    _profile = chain[0] if chain else None
+    _update_hook()
 
 
 def _pass(inner, cls, args, kwargs):

@@ -90,8 +90,6 @@ class _Thread(threading.local):
 
 
 _tls = _Thread()
-_lock = threading.Lock()
-_active = [0]          # recordings open in any thread
 
 
 class _Recording:
@@ -178,11 +176,9 @@ _recorder = _OpRecorder()
 
 
 def _install(delta):
-    with _lock:
-        _active[0] += delta
-        # rank 1: inside a DTORCH_TIMELINE recorder (which stays outermost),
-        # outside the FLOP counter
-        _function._set_recorder(1, _recorder if _active[0] > 0 else None)
+    # rank 1: inside a DTORCH_TIMELINE recorder (which stays outermost),
+    # outside the FLOP counter
+    _function._use_recorder(1, _recorder, delta)
 
 
 def _current_rank():

@@ -314,8 +314,6 @@ class _Thread(threading.local):
 
 
 _tls = _Thread()
-_lock = threading.Lock()
-_open = [0]             # counters open in any thread
 
 
 def _first_node(out):
@@ -378,9 +376,7 @@ _recorder = _Recorder()
 
 
 def _install(delta):
-    with _lock:
-        _open[0] += delta
-        _function._set_recorder(2, _recorder if _open[0] > 0 else None)
+    _function._use_recorder(2, _recorder, delta)
 
 
 class FlopCounterMode:
