@@ -336,6 +336,36 @@ class Function:
     # gradient, as a tensor whose own backward raises: differentiating it
     # again is an error that names the op, never a silent zero.
 
+    # One derivative per op (issue 30): an array op's ``backward`` is one
+    # body for both paths, computing with ``xp = ops.base.grad_xp(g)``
+    # (ops/_tnp.py). What forward saved enters it through these three:
+    # the array itself on the fast path (``_gmake`` is None), a tensor
+    # under create_graph.
+    _gmake = None
+
+    def input(self, i, data):
+        """Saved input i: ``data`` on the fast path, a tensor whose
+        gradient flows to input i under create_graph. A Python number
+        or None stays itself."""
+        if self._gmake is None or data is None or type(data) in _NUMBERS:
+            return data
+        return self.graph_input(i, data)
+
+    def output(self, data, nr=0):
+        """Saved output nr: ``data``, or under create_graph a tensor whose
+        gradient flows back through this node."""
+        if self._gmake is None:
+            return data
+        return self.graph_output(data, nr)
+
+    def const(self, data):
+        """A saved array the derivative treats as a constant (a mask, an
+        index, a count): ``data``, or a constant tensor under
+        create_graph."""
+        if self._gmake is None or data is None or type(data) in _NUMBERS:
+            return data
+        return self._gmake(data, False, None)
+
     def graph_input(self, i, data):
         """``data`` (input i's array, as forward saw it) as a tensor whose
         gradient flows to input i."""
@@ -356,15 +386,34 @@ class Function:
     def _run_backward_graph(self, grads):
         make = next(g for g in grads if g is not None)._make
         if self._array_api:
-            bg = getattr(type(self), "backward_graph", None)
+            cls = type(self)
+            bg = getattr(cls, "backward_graph", None)
             if bg is None:
-                return _first_order_only(self, grads, make)
+                bg = cls.backward
+                if getattr(bg, "_once_differentiable", False):
+                    return _first_order_only(self, grads, make)
             self._gmake = make
             out = bg(self, *grads)
             if out is NotImplemented:    # not for these arguments
                 return _first_order_only(self, grads, make)
             return out if type(out) is tuple else (out,)
+        if getattr(type(self).backward, "_once_differentiable", False):
+            return _first_order_only(self, grads, make)
         return self._custom_backward(grads, make, True)
+
+
+_NUMBERS = (int, float, bool)
+
+
+def once_differentiable(fn):
+    """Marks a Function's ``backward`` as first-order only (PyTorch's
+    ``torch.autograd.function.once_differentiable``): under
+    create_graph=True it runs on plain values with grad mode off, and
+    differentiating its result again raises naming the function. An
+    array op (``dtorch/ops``) without this mark has one backward body for
+    both orders."""
+    fn._once_differentiable = True
+    return fn
 
 
 def _first_order_only(node, grads, make):

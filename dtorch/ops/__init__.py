@@ -55,3 +55,4 @@ from .ctc import CTCLoss
 from .rnn import RNNLayer, LSTMLayer, GRULayer
 from .recompute import Reconnect
 from .attention import ScaledDotProductAttention
+from . import _tnp      # noqa: F401  the tensor namespace of backward bodies

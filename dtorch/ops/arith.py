@@ -9,7 +9,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
-    lift, grad_xp, is_float, const, keep_grad_t, unbroadcast_t, zero_link_t, promote_meta
+    grad_xp, is_float, const, keep_grad_t, unbroadcast_t, zero_link_t, promote_meta
 
 
 def _shape_error(op, x, y):
@@ -412,11 +412,9 @@ class Step(Op):
             raise RuntimeError(
                 f"derivative for aten::{ctx.undefined} is not implemented")
         xp = grad_xp(g)
-        return tuple(lift(g, xp.zeros(s, d)) if s is not None and n
+        return tuple(xp.zeros(s, d) if s is not None and n
                      else None for (s, d), n in
                      zip(ctx.meta, ctx.needs_input_grad))
-
-    backward_graph = backward       # lift() makes the zeros constants
 
 
 def int_division(name, a, b):

@@ -9,6 +9,7 @@ either NumPy or CuPy; ``get_array_module`` is the only device switch.
 import numpy as np
 
 from .._backend import from_np, result_type, get_default_dtype, device_of
+from .._backend import get_array_module
 from .._backend import is_bfloat16_np, on_bfloat16
 from ..autograd.function import Function
 
@@ -47,7 +48,10 @@ def broadcast_sums(gshape, shape):
 
 
 def unbroadcast(g, shape, dtype=None):
-    """Sum ``g`` down to ``shape``: the backward of NumPy broadcasting."""
+    """Sum ``g`` down to ``shape``: the backward of NumPy broadcasting (an
+    array, or a gradient tensor under create_graph)."""
+    if type(g) is not _ndarray and hasattr(g, "_make"):
+        return unbroadcast_t(g, shape, dtype)
     if g.shape != shape:
         lead, axes = broadcast_sums(g.shape, shape)
         if lead:
@@ -165,9 +169,9 @@ def keep_grad(xp, cond, g):
     product (measured 256x1024 float32: 2.2-3.0 ms against 0.19 ms), and
     the product is exact unless it made a NaN, which its max shows; only
     then the where() runs. CuPy's where costs what a product costs."""
-    zero = xp.zeros((), g.dtype)
     if xp is not np:
-        return xp.where(cond, g, zero)
+        return xp.where(cond, g, xp.zeros((), g.dtype))
+    zero = xp.zeros((), g.dtype)
     r = g * cond
     if is_float(r.dtype) and r.size and np.isnan(r.max()):
         r = np.where(cond, g, zero)
@@ -175,8 +179,19 @@ def keep_grad(xp, cond, g):
 
 
 def sgn(xp, x):
-    """PyTorch's sign for gradients: -1, 0 or 1, and 0 at NaN."""
+    """PyTorch's sign for gradients: -1, 0 or 1, and 0 at NaN (an array
+    of x's dtype; a constant: its derivative is 0)."""
+    x = getattr(x, "_data", x)
     return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def astype(a, dtype):
+    """``a`` (an array or a gradient tensor) in NumPy dtype ``dtype``, not
+    copied when it has it already."""
+    if type(a) is _ndarray or not hasattr(a, "_make"):
+        return a.astype(dtype, copy=False)
+    from_dt = a._data.dtype
+    return a if from_dt == dtype else _tensor_namespace(a).astype(a, dtype)
 
 
 def _float_input(x):
@@ -292,18 +307,31 @@ def const(like, a):
     return like._make(a, False, None)
 
 
-def lift(g, a):
-    """Array ``a`` beside gradient ``g``: ``a`` itself when ``g`` is an
-    array, a constant tensor when it is a tensor (create_graph=True), so
-    one backward body serves both paths (issue 30: one derivative per op;
-    such an op sets ``backward_graph = backward``)."""
-    return const(g, a) if hasattr(g, "_make") else a
+# dtorch/ops/_tnp.py's Namespace, set when it is imported (ops/__init__):
+# the tensor namespace sits above the op families it is written with
+_tensor_namespace = None
 
 
 def grad_xp(g):
-    """The array module of gradient ``g``, an array or a tensor."""
-    from .._backend import get_array_module
-    return get_array_module(getattr(g, "_data", g))
+    """The namespace a backward body computes with (issue 30: one
+    derivative per op): the array module of gradient ``g`` (NumPy or
+    CuPy) on the fast path; under create_graph=True, where ``g`` is a
+    tensor, the tensor namespace (``ops/_tnp.py``) with the same names,
+    which records the graph."""
+    if type(g) is _ndarray:
+        return np
+    if hasattr(g, "_make"):
+        return _tensor_namespace(g)
+    return get_array_module(g)
+
+
+def zero_link(ctx, g, i, shape, dtype):
+    """``g``, the gradient a backward returns for some input, joined to
+    input i by a zero derivative under create_graph (``zero_link_t``);
+    ``g`` itself on the fast path."""
+    if type(g) is _ndarray or not hasattr(g, "_make"):
+        return g
+    return zero_link_t(g, ctx, i, shape, dtype)
 
 
 def unbroadcast_t(g, shape, dtype=None):
@@ -317,16 +345,14 @@ def unbroadcast_t(g, shape, dtype=None):
         if tuple(g.shape) != tuple(shape):
             g = g.reshape(shape)
     if dtype is not None and g._data.dtype != dtype:
-        from .movement import Cast
-        g = Cast.apply(g, dtype)
+        g = _tensor_namespace(g).astype(g, dtype)
     return g
 
 
 def keep_grad_t(cond, g):
     """g where ``cond`` (an array), else 0, differentiable in g; NaN and
     inf in g are dropped where cond is False, as ``keep_grad``."""
-    from .arith import Where
-    return Where.apply(cond, g, 0.0)
+    return _tensor_namespace(g).where(cond, g, 0.0)
 
 
 class ZeroLink(Op):
@@ -344,7 +370,6 @@ class ZeroLink(Op):
 
     @staticmethod
     def backward(ctx, h):
-        from .._backend import get_array_module
         zero = get_array_module(h).zeros(ctx.xs, ctx.xd) \
             if ctx.needs_input_grad[1] else None
         return h, zero
@@ -361,7 +386,6 @@ def zero_link_t(g, ctx, i, shape, dtype):
     of piecewise-linear ops. Input i's value is not needed."""
     if ctx.next_edges[i] is None:
         return g
-    from .._backend import get_array_module
     xp = get_array_module(g._data)
     x = ctx.graph_input(i, xp.broadcast_to(xp.zeros((), dtype), shape))
     return ZeroLink.apply(g, x)

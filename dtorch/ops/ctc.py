@@ -12,6 +12,7 @@ copied to the host and the gradient back).
 import numpy as np
 
 from .._backend import get_array_module
+from ..autograd.function import once_differentiable
 from .base import Op
 
 _NEG = -np.inf
@@ -104,6 +105,7 @@ class CTCLoss(Op):
         return xp.asarray(out.astype(log_probs.dtype))
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
         lp, alpha, beta, ext, il, nll, zero_inf = ctx.saved
         xp = ctx.xp

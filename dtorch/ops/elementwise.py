@@ -13,8 +13,10 @@ import numpy as np
 
 from .. import _kernels
 from .._backend import get_array_module
+from ..autograd.function import once_differentiable
 from .base import Op, _float_input, _meta, keep_grad, promote, sgn, \
-    unbroadcast, const, keep_grad_t, unbroadcast_t, zero_link_t, lift
+    unbroadcast, const, keep_grad_t, unbroadcast_t, zero_link_t, \
+    grad_xp, zero_link
 
 
 class Neg(Op):
@@ -31,10 +33,6 @@ class Neg(Op):
     def backward(ctx, g):
         return -g
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        return -g
-
 
 class Exp(Op):
     @staticmethod
@@ -45,11 +43,7 @@ class Exp(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return g * ctx.to_save[0]
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return g * ctx.graph_output(ctx.to_save[0])
+        return g * ctx.output(ctx.to_save[0])
 
 
 class Log(Op):
@@ -62,11 +56,7 @@ class Log(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return g / ctx.to_save[0]
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return g / ctx.graph_input(0, ctx.to_save[0])
+        return g / ctx.input(0, ctx.to_save[0])
 
 
 class Sqrt(Op):
@@ -80,12 +70,7 @@ class Sqrt(Op):
     @staticmethod
     def backward(ctx, g):
         with np.errstate(divide="ignore"):
-            return g / (2 * ctx.to_save[0])
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        with np.errstate(divide="ignore"):
-            return g / (2 * ctx.graph_output(ctx.to_save[0]))
+            return g / (2 * ctx.output(ctx.to_save[0]))
 
 
 class StdSqrt(Sqrt):
@@ -94,15 +79,9 @@ class StdSqrt(Sqrt):
     @staticmethod
     def backward(ctx, g):
         out = ctx.to_save[0]
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return xp.where(out == 0, xp.zeros((), g.dtype), g / (2 * out))
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        out = ctx.to_save[0]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return keep_grad_t(out != 0, g / (2 * ctx.graph_output(out)))
+            return xp.where(out == 0, 0.0, g / (2 * ctx.output(out)))
 
 
 class Rsqrt(Op):
@@ -115,14 +94,8 @@ class Rsqrt(Op):
 
     @staticmethod
     def backward(ctx, g):
-        out = ctx.to_save[0]
+        out = ctx.output(ctx.to_save[0])
         # PyTorch's order: out^3 may overflow where g is 0 (NaN there too)
-        with np.errstate(over="ignore", invalid="ignore"):
-            return (-0.5 * g) * (out * out * out)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        out = ctx.graph_output(ctx.to_save[0])
         with np.errstate(over="ignore", invalid="ignore"):
             return (-0.5 * g) * (out * out * out)
 
@@ -135,15 +108,11 @@ class Abs(Op):
 
     @staticmethod
     def backward(ctx, g):
-        # a product, as in PyTorch (inf * 0 is NaN there too); sgn(NaN) = 0
-        return g * sgn(get_array_module(g), ctx.to_save[0])
-
-    @staticmethod
-    def backward_graph(ctx, g):
+        # a product, as in PyTorch (inf * 0 is NaN there too); sgn(NaN) = 0;
         # joined to x by a zero derivative, as PyTorch's (sgn's)
         x = ctx.to_save[0]
-        return zero_link_t(g * const(g, sgn(get_array_module(g._data), x)),
-                           ctx, 0, x.shape, x.dtype)
+        return zero_link(ctx, g * ctx.const(sgn(None, x)), 0, x.shape,
+                         x.dtype)
 
 
 class NanToNum(Op):
@@ -158,9 +127,7 @@ class NanToNum(Op):
     @staticmethod
     def backward(ctx, g):
         x = ctx.to_save[0]
-        return g * lift(g, get_array_module(x).isfinite(x))
-
-    backward_graph = backward       # lift() gives the mask as a constant
+        return g * ctx.const(get_array_module(x).isfinite(x))
 
 
 class Reciprocal(Op):
@@ -174,13 +141,7 @@ class Reciprocal(Op):
 
     @staticmethod
     def backward(ctx, g):
-        out = ctx.to_save[0]
-        with np.errstate(over="ignore", invalid="ignore"):
-            return -g * (out * out)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        out = ctx.graph_output(ctx.to_save[0])
+        out = ctx.output(ctx.to_save[0])
         with np.errstate(over="ignore", invalid="ignore"):
             return -g * (out * out)
 
@@ -366,6 +327,8 @@ def _unary(name, f, df, dt=None, saves="x"):
                "backward": staticmethod(backward)}
     if dt is not None:
         methods["backward_graph"] = staticmethod(backward_graph)
+    else:
+        once_differentiable(backward)
     return type(name, (Op,), methods)
 
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from ... import distributed as dist
 from ..._backend import get_array_module
+from ...autograd.function import once_differentiable
 from ...ops.base import Op
 from ...tensor import Tensor
 
@@ -176,6 +177,7 @@ class _SyncBN(Op):
         return out.astype(x.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
         xp = get_array_module(g)
         g64 = g.astype(np.float64)

@@ -34,6 +34,7 @@ import numpy as np
 from .... import distributed as dist
 from ...._backend import get_array_module
 from ....ops.attention import ScaledDotProductAttention as _SDPA
+from ....autograd.function import once_differentiable
 from ....ops.base import Op, float32_compute
 from ....tensor import Tensor
 
@@ -302,6 +303,7 @@ class RingAttention(Op):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
         q, k, v, out, lse, mask = ctx.to_save
         plan = ctx.plan
@@ -363,6 +365,7 @@ class HeadsToSequence(Op):
         return _a2a(x, group, split, cat)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
         group, split, cat = ctx.args
         return _a2a(g, group, cat, split)

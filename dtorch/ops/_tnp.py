@@ -1,0 +1,238 @@
+"""The tensor namespace: the NumPy names a backward body uses, over tensors.
+
+One derivative per op (issue 30). An op's ``backward`` is written once
+against an array namespace ``xp = grad_xp(g)``: on the fast path ``g`` is
+a NumPy/CuPy array and ``xp`` that array module; under
+``create_graph=True`` ``g`` is a tensor and ``xp`` is a ``Namespace``
+bound to it, whose functions have NumPy's names and signatures and record
+the graph with dtorch's own ops. The arrays that forward saved enter the
+body through ``ctx.input(i, a)`` / ``ctx.output(a)`` (connected to the
+graph on the tensor path, the array itself on the fast path) or
+``ctx.const(a)`` (a constant: masks, indices). So the body computes the
+same values, in the same order, on both paths: the create_graph gradient
+is bitwise the plain one.
+
+Each function here is one line over an existing op; a body that needs a
+NumPy name this namespace lacks gets an AttributeError naming it (never a
+silent array that would cut the graph): add the line here.
+"""
+import numpy as np
+
+from .._backend import from_np, get_array_module
+from . import base
+from .arith import Where, Maximum, Minimum
+from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid
+from .movement import Cast, Cat, Stack, Expand, Permute
+from .reduce import Sum
+from .matmul import MatMul
+from .selection import Cumsum, Cumprod
+
+
+def _np_dtype(dt):
+    """A NumPy dtype from a NumPy or a dtorch dtype."""
+    return getattr(dt, "np", None) or np.dtype(dt)
+
+
+class Namespace:
+    """NumPy's names over tensors made like ``like`` (a gradient tensor).
+    Arrays and Python numbers given to a function enter as constants."""
+    __slots__ = ("like", "am")
+
+    # NumPy constants and dtypes pass through
+    inf = np.inf
+    nan = np.nan
+    pi = np.pi
+    bool_ = np.bool_
+    float16, float32, float64 = np.float16, np.float32, np.float64
+    int32, int64 = np.int32, np.int64
+    errstate = staticmethod(np.errstate)
+    finfo = staticmethod(np.finfo)
+    iinfo = staticmethod(np.iinfo)
+
+    def __init__(self, like):
+        self.like = like
+        self.am = get_array_module(like._data)
+
+    def t(self, a):
+        """``a`` as a tensor: a tensor stays, an array or number becomes a
+        constant."""
+        if hasattr(a, "_make"):
+            return a
+        if not hasattr(a, "dtype"):
+            a = self.am.asarray(a, dtype=self.like._data.dtype)
+        return self.like._make(a, False, None)
+
+    # ----------------------------------------------------- creation --
+    def zeros(self, shape, dtype=None):
+        return self.t(self.am.zeros(shape, self._dt(dtype)))
+
+    def ones(self, shape, dtype=None):
+        return self.t(self.am.ones(shape, self._dt(dtype)))
+
+    empty = zeros
+
+    def full(self, shape, fill, dtype=None):
+        return self.t(self.am.full(shape, fill, self._dt(dtype)))
+
+    def zeros_like(self, a, dtype=None):
+        return self.zeros(a.shape, self._dt(dtype, a))
+
+    def ones_like(self, a, dtype=None):
+        return self.ones(a.shape, self._dt(dtype, a))
+
+    empty_like = zeros_like
+
+    def asarray(self, a, dtype=None):
+        a = self.t(a)
+        return a if dtype is None else self.astype(a, dtype)
+
+    def _dt(self, dtype, like=None):
+        if dtype is not None:
+            return _np_dtype(dtype)
+        return (like if like is not None else self.like)._data.dtype \
+            if hasattr(like if like is not None else self.like, "_data") \
+            else like.dtype
+
+    # --------------------------------------------------- arithmetic --
+    def add(self, a, b):
+        return self.t(a) + b
+
+    def subtract(self, a, b):
+        return self.t(a) - b
+
+    def multiply(self, a, b):
+        return self.t(a) * b
+
+    def divide(self, a, b):
+        return self.t(a) / b
+
+    true_divide = divide
+
+    def negative(self, a):
+        return -self.t(a)
+
+    def maximum(self, a, b):
+        return Maximum.apply(self.t(a), self.t(b))
+
+    def minimum(self, a, b):
+        return Minimum.apply(self.t(a), self.t(b))
+
+    def where(self, cond, a, b):
+        if hasattr(cond, "_data"):
+            cond = cond._data
+        return Where.apply(cond, self.t(a) if hasattr(a, "shape") else a,
+                           self.t(b) if hasattr(b, "shape") else b)
+
+    def matmul(self, a, b):
+        return MatMul.apply(self.t(a), self.t(b))
+
+    # ------------------------------------------------------- unary --
+    def exp(self, a):
+        return Exp.apply(self.t(a))
+
+    def log(self, a):
+        return Log.apply(self.t(a))
+
+    def sqrt(self, a):
+        return Sqrt.apply(self.t(a))
+
+    def abs(self, a):
+        return Abs.apply(self.t(a))
+
+    absolute = abs
+
+    def tanh(self, a):
+        return Tanh.apply(self.t(a))
+
+    def log1p(self, a):
+        return Log1p.apply(self.t(a))
+
+    def expm1(self, a):
+        return Expm1.apply(self.t(a))
+
+    def sigmoid(self, a):
+        return Sigmoid.apply(self.t(a))
+
+    def square(self, a):
+        a = self.t(a)
+        return a * a
+
+    # masks: constants, the same arrays on both paths
+    def isnan(self, a):
+        return self.t(self.am.isnan(getattr(a, "_data", a)))
+
+    def isfinite(self, a):
+        return self.t(self.am.isfinite(getattr(a, "_data", a)))
+
+    # --------------------------------------------- shape and dtype --
+    def astype(self, a, dtype, copy=False):
+        a = self.t(a)
+        dt = _np_dtype(dtype)
+        return a if a._data.dtype == dt else Cast.apply(a, dt)
+
+    def reshape(self, a, shape):
+        return self.t(a).reshape(shape)
+
+    def broadcast_to(self, a, shape):
+        return Expand.apply(self.t(a), tuple(shape))
+
+    def expand_dims(self, a, axis):
+        a = self.t(a)
+        axes = (axis,) if isinstance(axis, int) else axis
+        n = a.ndim + len(axes)
+        shape = iter(a.shape)
+        axes = {x % n for x in axes}
+        return a.reshape(tuple(1 if i in axes else next(shape)
+                               for i in range(n)))
+
+    def transpose(self, a, axes=None):
+        a = self.t(a)
+        if axes is None:
+            axes = tuple(range(a.ndim))[::-1]
+        return Permute.apply(a, tuple(axes))
+
+    def moveaxis(self, a, source, destination):
+        return self.t(a).movedim(source, destination)
+
+    def swapaxes(self, a, i, j):
+        return self.t(a).swapaxes(i, j)
+
+    def flip(self, a, axis=None):
+        a = self.t(a)
+        if axis is None:
+            axis = tuple(range(a.ndim))
+        return a.flip((axis,) if isinstance(axis, int) else tuple(axis))
+
+    def concatenate(self, arrays, axis=0):
+        return Cat.apply(*[self.t(a) for a in arrays], dim=axis)
+
+    def stack(self, arrays, axis=0):
+        return Stack.apply(*[self.t(a) for a in arrays], dim=axis)
+
+    def ascontiguousarray(self, a):
+        return self.t(a)
+
+    # --------------------------------------------------- reductions --
+    def sum(self, a, axis=None, keepdims=False, dtype=None):
+        return Sum.apply(self.t(a), axis, keepdims,
+                         None if dtype is None else _np_dtype(dtype))
+
+    def cumsum(self, a, axis=None):
+        a = self.t(a)
+        return Cumsum.apply(a.reshape(-1) if axis is None else a,
+                            0 if axis is None else axis)
+
+    def cumprod(self, a, axis=None):
+        a = self.t(a)
+        return Cumprod.apply(a.reshape(-1) if axis is None else a,
+                             0 if axis is None else axis)
+
+    def __getattr__(self, name):
+        raise AttributeError(
+            f"the tensor namespace of backward bodies (dtorch/ops/_tnp.py) "
+            f"has no {name!r}: add it there (one line over an existing op) "
+            f"so that this backward records its graph under "
+            f"create_graph=True")
+
+
+base._tensor_namespace = Namespace

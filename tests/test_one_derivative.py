@@ -1,0 +1,115 @@
+"""Issue 30 item 1: one derivative per op.
+
+An array op's ``backward`` is one body for both orders: on arrays on the
+fast path, on tensors through the tensor namespace (dtorch/ops/_tnp.py)
+under create_graph=True. The sweep (test_opinfo_sweep.py, check
+``create_graph``) requires the two to agree bitwise for every table entry;
+these tests hold the machinery and the counts.
+"""
+import ast
+import glob
+import os
+
+import numpy as np
+import pytest
+
+import dtorch
+from dtorch.autograd.function import once_differentiable
+from dtorch.ops import _tnp
+from dtorch.ops.base import Op, grad_xp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Ratchets: each may only go down (lower it when you remove one).
+BACKWARD_GRAPH_DEFS = 92
+
+
+def _backward_graph_defs():
+    n = 0
+    for f in glob.glob(os.path.join(ROOT, "dtorch", "**", "*.py"),
+                       recursive=True):
+        for node in ast.walk(ast.parse(open(f).read())):
+            if isinstance(node, ast.FunctionDef) and \
+                    node.name == "backward_graph":
+                n += 1
+            elif isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "backward_graph"
+                    for t in node.targets):
+                n += 1
+    return n
+
+
+def test_backward_graph_definitions_only_shrink():
+    n = _backward_graph_defs()
+    assert n <= BACKWARD_GRAPH_DEFS, (
+        f"{n} backward_graph definitions (budget {BACKWARD_GRAPH_DEFS}): "
+        f"write the op's derivative once, in backward, with grad_xp(g) "
+        f"and ctx.input/ctx.output/ctx.const (dtorch/ops/_tnp.py)")
+    assert n >= BACKWARD_GRAPH_DEFS - 200   # the count itself works
+
+
+@pytest.mark.parametrize("x", [np.nan, -2.0, 0.0, 3.0, np.inf])
+@pytest.mark.parametrize("op", ["exp", "log", "sqrt", "rsqrt", "abs",
+                                "reciprocal", "neg", "nan_to_num", "round",
+                                "std"])
+def test_one_body_gives_bitwise_equal_first_order(op, x):
+    def grad(create_graph):
+        t = dtorch.tensor([x, 0.5, x], requires_grad=True)
+        f = getattr(dtorch, op)
+        y = f(t) if op != "std" else dtorch.stack([t, t * 2]).std(0)
+        (gx,) = dtorch.autograd.grad(y.sum(), t, create_graph=create_graph)
+        return gx
+    plain, graph = grad(False), grad(True)
+    # bitwise: the sign of a zero and a NaN's payload included
+    assert plain.numpy().tobytes() == graph.detach().numpy().tobytes()
+
+
+def test_second_order_through_one_body_matches_finite_differences():
+    for op in ("exp", "log", "sqrt", "rsqrt", "reciprocal"):
+        x = dtorch.tensor([0.7, 1.3], dtype=dtorch.float64,
+                          requires_grad=True)
+        assert dtorch.autograd.gradgradcheck(getattr(dtorch, op), (x,)), op
+
+
+def test_grad_xp_is_the_array_module_or_the_tensor_namespace():
+    a = np.ones(3)
+    assert grad_xp(a) is np
+    t = dtorch.ones(3)
+    ns = grad_xp(t)
+    assert isinstance(ns, _tnp.Namespace)
+    w = ns.where(np.array([True, False, True]), t, 0.0)
+    assert isinstance(w, dtorch.Tensor) and w.tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(AttributeError, match="tensor namespace.*'polyval'"):
+        ns.polyval
+
+
+def test_once_differentiable_user_function():
+    class Cube(dtorch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * 3 * x ** 2
+
+    x = dtorch.tensor([2.0], requires_grad=True)
+    (g,) = dtorch.autograd.grad(Cube.apply(x).sum(), x, create_graph=True)
+    assert g.tolist() == [12.0] and g.requires_grad
+    with pytest.raises(RuntimeError, match="Cube"):
+        g.sum().backward()
+
+
+def test_array_ops_without_mark_have_one_body_or_a_graph_body():
+    """Every array op either runs its backward on tensors, keeps a
+    backward_graph, or is marked first-order only."""
+    def subs(c):
+        for s in c.__subclasses__():
+            yield s
+            yield from subs(s)
+    once = [c.__name__ for c in subs(Op)
+            if getattr(c.backward, "_once_differentiable", False)]
+    assert "CTCLoss" in once and "Digamma" in once
