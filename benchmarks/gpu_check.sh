@@ -127,7 +127,7 @@ else result gpu-tests FAIL "exit $rc: $counts (see gpu_check.log)"; fi
 # ---- 3. NCCL: one rank, then two ranks with DDP
 say "== one-rank NCCL"
 timeout "$(cap 90)" "$PY" -m pytest -q -p no:cacheprovider -rs \
-    "tests/test_collectives.py::test_nccl_imports_without_cupy" >> "$log" 2>&1
+    "tests/collectives/test_collectives.py::test_nccl_imports_without_cupy" >> "$log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && ! tail -3 "$log" | grep -q skipped; then
     result nccl-1rank PASS "all_reduce + broadcast on a one-rank communicator"
@@ -160,7 +160,7 @@ else result gpu-mlp FAIL "exit $rc"; fi
 # vs float16-autocast step time (goal: >= 1.5x on the GEMM-bound MLP)
 say "== AMP on the GPU"
 timeout "$(cap 60)" "$PY" -m pytest -q -p no:cacheprovider -m gpu \
-    tests/test_amp.py tests/test_amp_scaler.py >> "$log" 2>&1
+    tests/amp/test_autocast.py tests/amp/test_grad_scaler.py >> "$log" 2>&1
 rc=$?
 counts=$(tail -5 "$log" | grep -E "passed|failed|error" | tail -1)
 if [ $rc -eq 0 ]; then result amp-tests PASS "$counts"

@@ -7,10 +7,12 @@ runs as a script:
     python tests/collectives_helpers.py MODE RANK WORLD PORT TOKEN
 
 MODE: cases (print a JSON {case: 'ok' | error}), die (rank 1 exits after
-one collective), skip (the last rank skips a collective).
+one collective), skip (the last rank skips a collective). ``run_ranks``
+starts such a job (of this file or of another rank script).
 """
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -21,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
 import collectives  # noqa: E402
 from collectives import (CollectiveTimeoutError,  # noqa: E402
                          RankFailureError)
+from helpers import finish, free_port  # noqa: E402
 
 
 def _vals(g, dtype=np.float32, n=5):
@@ -403,6 +406,47 @@ def _slow_drain(seconds):
         time.sleep(seconds)
         return real(self, si, toks, 1)
     SocketTransport._recv_tokens = slow
+
+
+# ---- the tcp rank processes (this file, or another rank script)
+def run_ranks(mode, world, timeout=60, env=None, rank_env=None,
+              script=os.path.abspath(__file__), port=None):
+    """Start `world` processes of `script` (argv: mode rank world port
+    token); return their (parsed last JSON line, stderr, exit code).
+    rank_env: {rank: {VAR: value}} on top of env for single ranks.
+
+    free_port() only finds a port that was free: another process on the
+    machine (a concurrent test run) may bind it before rank 0 does. Rank 0
+    then cannot serve the store and the other ranks meet the stranger
+    (refused: wrong token), so the launch is retried on a fresh port."""
+    for attempt in range(5):
+        outs = _launch(mode, world, timeout, env, rank_env, script,
+                       port or free_port())
+        if "cannot serve the rendezvous store" not in outs[0][1]:
+            return outs
+        port = None
+    return outs
+
+
+def _launch(mode, world, timeout, env, rank_env, script, port):
+    token = os.urandom(8).hex()
+    e = dict(os.environ, OMP_NUM_THREADS='1', **(env or {}))
+    rank_env = rank_env or {}
+    procs = [subprocess.Popen(
+        [sys.executable, script, mode, str(r), str(world), str(port), token],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(e, **rank_env.get(r, {})))
+        for r in range(world)]
+    # rank 0 first: when it could not bind, the others need not be waited
+    # for (finish kills them)
+    outs = finish(procs, timeout, stop_when=lambda outs: (
+        "cannot serve the rendezvous store" in outs[0][2]))
+    return [(_last_json_line(out), err, rc) for rc, out, err in outs]
+
+
+def _last_json_line(out):
+    lines = [ln for ln in out.splitlines() if ln.startswith('{')]
+    return json.loads(lines[-1]) if lines else None
 
 
 def main(argv):

@@ -11,14 +11,27 @@ import sys
 
 import pytest
 
+# The tests live in packages (tests/core, tests/nn, tests/distributed, ...:
+# tests/project/test_test_layout.py lists them), plain directories without
+# __init__.py, imported in pytest's default "prepend" mode: a test module's
+# name is its file name, so file names are unique across packages (pytest
+# stops with "import file mismatch" otherwise; the layout test says which).
+# With __init__.py files, tests/collectives and tests/launch would shadow the
+# real collectives and launch packages. The shared modules (helpers,
+# torch_oracle, opinfo_table, collectives_helpers, netns_nodes,
+# launch_scripts) stay here and are imported by bare name: tests/ is on
+# sys.path (a test file that is also a rank script puts it there itself).
+TESTS = os.path.dirname(os.path.abspath(__file__))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
 # one BLAS thread per process keeps the 2-core CI machine predictable
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 FAKE_CUDA = os.environ.get("DTORCH_FAKE_CUDA", "") not in ("", "0")
 if FAKE_CUDA:
-    _fake = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                         "fakecupy")
+    _fake = os.path.join(TESTS, "fakecupy")
     if "cupy" in sys.modules and not getattr(sys.modules["cupy"], "_FAKE",
                                              False):
         raise RuntimeError("DTORCH_FAKE_CUDA=1 but the real CuPy is "

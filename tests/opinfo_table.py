@@ -1192,14 +1192,14 @@ for n in ("get_rank get_world_size is_initialized is_available "
 
 
 # ---------------------------------------------- names that are not ops
-# Every name of tests/test_api_coverage.py's TORCH / TENSOR / NN /
+# Every name of tests/core/test_api_coverage.py's TORCH / TENSOR / NN /
 # FUNCTIONAL lists is either an entry above or here, with the reason it is
 # not swept (a test elsewhere covers it).
 NOT_OPS = {
-    "dtypes and dtype objects (tests/test_reduced_precision_dtypes.py)":
+    "dtypes and dtype objects (tests/core/test_reduced_precision_dtypes.py)":
         "float32 float64 int64 bool float16 bfloat16 int32 uint8 int8 int16 "
         "half double int short long float dtype finfo iinfo",
-    "grad modes and autograd API (tests/test_autograd*.py)":
+    "grad modes and autograd API (tests/core/test_autograd*.py)":
         "no_grad set_grad_enabled inference_mode is_grad_enabled enable_grad "
         "autograd.grad autograd.Function autograd.backward "
         "autograd.gradcheck autograd.set_detect_anomaly "
@@ -1209,14 +1209,14 @@ NOT_OPS = {
         "autograd.functional.jvp autograd.functional.hvp "
         "autograd.functional.vhp Tensor.backward Tensor.retain_grad "
         "Tensor.register_hook Tensor.requires_grad_",
-    "RNG state (tests/test_nn_seeds.py, test_cuda_rng.py)":
+    "RNG state (tests/examples/test_seed_programs.py, core/test_cuda_rng.py)":
         "manual_seed Generator seed initial_seed get_rng_state set_rng_state "
         "default_generator random.manual_seed random.seed "
         "random.get_rng_state random.set_rng_state",
-    "files (tests/test_serialization*.py)":
+    "files (tests/serialization/)":
         "save load serialization.safe_globals",
-    "devices, backends, threads, settings (tests/test_issue14_devices.py, "
-    "test_api_behaviour.py)":
+    "devices, backends, threads, settings (tests/core/test_ops_on_devices.py, "
+    "core/test_api_behaviour.py)":
         "device cuda.is_available Tensor Size get_default_dtype "
         "set_default_dtype contiguous_format channels_last preserve_format "
         "memory_format get_num_threads set_num_threads "
@@ -1233,41 +1233,42 @@ NOT_OPS = {
         "cuda.is_bf16_supported Tensor.cuda Tensor.data_ptr Tensor.is_xpu "
         "is_autocast_enabled get_autocast_dtype "
         "is_deterministic_algorithms_warn_only_enabled",
-    "linear algebra outside linalg.* (tests/test_linalg.py, against torch; "
+    "linear algebra outside linalg.* (tests/core/test_linalg.py, against torch; "
     "the linalg.* entries here)":
         "Tensor.cholesky Tensor.cholesky_inverse Tensor.cholesky_solve "
         "Tensor.det Tensor.inverse Tensor.logdet Tensor.matrix_exp "
         "Tensor.matrix_power Tensor.pinverse Tensor.qr Tensor.slogdet "
         "Tensor.svd cholesky cholesky_inverse cholesky_solve det inverse "
         "logdet matrix_exp matrix_power pinverse qr slogdet svd",
-    "sparse COO tensors and layouts (tests/test_sparse.py)":
+    "sparse COO tensors and layouts (tests/core/test_sparse.py)":
         "Tensor._nnz Tensor.coalesce Tensor.dense_dim Tensor.indices "
         "Tensor.is_coalesced Tensor.layout Tensor.sparse_dim Tensor.to_dense "
         "Tensor.to_sparse Tensor.values layout sparse.addmm sparse.mm "
         "sparse.sum sparse_coo sparse_coo_tensor spmm strided",
     "memory: checkpointing, saved-tensor hooks, CUDA pool statistics "
-    "(tests/test_checkpoint.py, test_memory.py, test_memory_cuda.py)":
+    "(tests/core/test_activation_checkpoint.py, tools/test_memory*.py)":
         "autograd.graph.save_on_cpu autograd.graph.saved_tensors_hooks "
         "utils.checkpoint.CheckpointPolicy "
         "utils.checkpoint.checkpoint_sequential "
         "utils.checkpoint.create_selective_checkpoint_contexts "
         "cuda.max_memory_reserved cuda.memory_reserved cuda.memory_stats "
         "cuda.reset_peak_memory_stats",
-    "processes and tools (tests/test_data*.py, test_summary.py)":
+    "processes and tools (tests/data/, tools/test_summary.py)":
         "multiprocessing.spawn multiprocessing.Process multiprocessing.Queue "
         "multiprocessing.set_start_method multiprocessing.get_context "
         "multiprocessing.cpu_count utils.tensorboard.SummaryWriter "
         "utils.checkpoint.checkpoint",
     "legacy typed tensors and distributions "
-    "(tests/test_distributions_legacy.py)":
+    "(tests/core/test_distributions_legacy.py)":
         "LongTensor FloatTensor distributions.Categorical "
         "distributions.Normal distributions.Bernoulli "
         "distributions.kl_divergence",
-    "containers and parameters (tests/test_nn_module.py)":
+    "containers and parameters (tests/nn/test_nn_module.py)":
         "nn.Module nn.ModuleList nn.ModuleDict nn.ParameterList "
         "nn.ParameterDict nn.Parameter nn.Buffer",
-    "whole-module wrappers and utilities (tests/test_nn_utils_rnn.py, "
-    "test_nn_weight_spectral_norm.py, test_ddp.py, test_clip_global.py)":
+    "whole-module wrappers and utilities (tests/nn/test_nn_utils_rnn.py, "
+    "nn/test_nn_weight_spectral_norm.py, distributed/test_ddp.py, "
+    "distributed/test_clip_grad_norm_global.py)":
         "nn.SyncBatchNorm nn.TransformerEncoder nn.TransformerDecoder "
         "nn.utils.clip_grad_norm_ nn.utils.clip_grad_value_ "
         "nn.utils.parameters_to_vector nn.utils.vector_to_parameters "

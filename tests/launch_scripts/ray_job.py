@@ -1,5 +1,5 @@
 """Ray runner scenarios against a local 2-CPU Ray (run by
-tests/test_launch_ray.py in its own session, so that Ray's daemons are the
+tests/launch/test_launch_ray.py in its own session, so that Ray's daemons are the
 test's to clean up).
 
 usage: ray_job.py RESULTS.json

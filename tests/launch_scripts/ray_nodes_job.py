@@ -1,4 +1,4 @@
-"""Driver for tests/test_ray_nodes.py, run inside node0 of a two-node Ray
+"""Driver for tests/launch/test_ray_nodes.py, run inside node0 of a two-node Ray
 cluster (RAY_ADDRESS set): waits until both Ray nodes are up, then runs
 `dtorch-launch --runner ray` twice, with --nnodes 3 (more nodes than the
 cluster has: must fail at once) and with --nnodes 2 of two_nodes_job.py.

@@ -1,4 +1,4 @@
-"""A job for tests/test_two_nodes.py, run by dtorch-launch on each of two
+"""A job for tests/launch/test_two_nodes.py, run by dtorch-launch on each of two
 netns nodes (tcp backend).
 
     two_nodes_job.py check   collectives + 3 DDP steps, checked; prints
