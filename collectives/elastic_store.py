@@ -230,7 +230,6 @@ class Membership:
 
 def host_init(store, world, lo, hi):
     """The keys of a new elastic job of ``world`` ranks (uids 0..world-1)."""
-    store.set(key('minmax'), json.dumps([lo, hi]))
     store.set(key('first_joiner'), str(world))
     store.set(key('uid_next'), str(world))
     store.add(key('seats'), world)
@@ -239,6 +238,8 @@ def host_init(store, world, lo, hi):
          'joined': [], 'source': None, 'stop': None, 'join_seq': 0,
          'prev_world': world, 'done': 0}))
     store.set(key('latest'), '0')
+    # last: a client that sees it sees all of the above
+    store.set(key('minmax'), json.dumps([lo, hi]))
 
 
 def describe_round(dec):
@@ -299,6 +300,8 @@ def agent_main(argv=None):
         watch = store.clone()
         threading.Thread(target=_watch_rounds, args=(watch, out, lock),
                          daemon=True).start()
+    else:
+        store.get(key('minmax'))      # the host agent has set the job up
     with lock:
         out.write(f"ready {store.port}\n")
         out.flush()

@@ -52,7 +52,6 @@ import contextlib
 import io
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -195,7 +194,6 @@ class ElasticJob:
             "shuffle": self.shuffle, "seed": self.seed,
             "deterministic": are_deterministic_algorithms_enabled(),
             "ddp": {k: repr(v) for k, v in self.ddp_kwargs.items()},
-            "script arguments": sys.argv[1:],
         }
 
     @staticmethod

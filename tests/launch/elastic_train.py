@@ -36,6 +36,12 @@ def main():
     ap.add_argument("--slow", type=float, default=0.0,
                     help="seconds of sleep per step (gives joiners time)")
     ap.add_argument("--die-in-reform", type=int, default=-1)
+    ap.add_argument("--kill-after-join", default="",
+                    help="these uids SIGKILL themselves together at the "
+                         "second step of the first round with a joiner")
+    ap.add_argument("--hold", default="",
+                    help="STEP:join (wait there until a joiner registered) "
+                         "or STEP:PATH (until PATH exists), at most 60 s")
     ap.add_argument("--deterministic", action="store_true")
     args = ap.parse_args()
     if args.deterministic:
@@ -55,9 +61,20 @@ def main():
     uid = getattr(job, "uid", 0)
     kills = {int(a): int(b) for a, b in
              (k.split(":") for k in args.kill.split(",") if k)}
-    if args.die_in_reform == uid:
-        real = job.members.reform
+    after_join = {int(u) for u in args.kill_after_join.split(",") if u}
+    hold_step, _, hold_what = args.hold.partition(":")
 
+    def hold():
+        import time
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            if hold_what == "join":
+                if job.members.joins_waiting() > 0:
+                    return
+            elif os.path.exists(hold_what):
+                return
+            time.sleep(0.05)
+    if args.die_in_reform == uid:
         def dying(done):     # check in, then die before the group forms
             job.members.store.set(
                 f"el/here/{job.members.round + 1}/{uid}",
@@ -75,8 +92,15 @@ def main():
         for step in job.steps():
             if kills.get(uid) == job.done:
                 os.kill(os.getpid(), signal.SIGKILL)
+            dec = job.members.decision if job.elastic else {}
+            if uid in after_join and dec.get("joined") and \
+                    job.done == dec["done"] + 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if hold_step and job.done == int(hold_step):
+                hold()
             rnd = job.members.round if job.elastic else 0
-            note(event="begin", round=rnd, epoch=epoch, step=job.done,
+            at = job.done
+            note(event="begin", round=rnd, epoch=epoch, step=at,
                  world=job.world_size, ids=[int(i) for i in step.indices])
             with step:
                 if args.slow:
@@ -89,7 +113,7 @@ def main():
                 loss.backward()
                 opt.step()
             if step.error is None:
-                note(event="done", round=rnd, epoch=epoch, step=job.done - 1)
+                note(event="done", round=rnd, epoch=epoch, step=at)
     if job.rank == 0 and args.out:
         np.savez(args.out, **{k: v.numpy() for k, v in
                               model.state_dict().items()})
