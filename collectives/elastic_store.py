@@ -82,6 +82,7 @@ class Membership:
     def __init__(self, store: TCPStore, uid: int,
                  timeout: float | None = None) -> None:
         self.store, self.uid = store, int(uid)
+        store.tie(key('gone', self.uid))
         self.timeout = timeout or env_number('DTORCH_ELASTIC_TIMEOUT', 30.0)
         self.min, self.max = _loads(store.get(key('minmax')))
         self.decision = None
@@ -159,15 +160,31 @@ class Membership:
         raw = self.store.try_get(key('dead', uid))
         return None if raw is None else raw.decode()
 
+    def _gone(self, uid, since):
+        """The reason `uid` is lost, if it is: its launcher's report, or
+        (0.5 s after the store saw its connection close, time for a live
+        launcher to report) the closed connection itself: its node or
+        launcher went with it."""
+        why = self._dead(uid)
+        if why is not None:
+            return why
+        if self.store.try_get(key('gone', uid)) is None:
+            return None
+        first = since.setdefault(uid, time.monotonic())
+        if time.monotonic() - first < 0.5:
+            return None
+        return ("its connection to the store closed (its launcher did not "
+                "report it: node lost?)")
+
     def _lead(self, m):
         prev = self.decision['members']
-        here, dead = {}, {}
+        here, dead, since = {}, {}, {}
         end = time.monotonic() + self.timeout
         while True:
             for u in prev:
                 if u in here or u in dead:
                     continue
-                why = self._dead(u)
+                why = self._gone(u, since)
                 if why is not None:
                     dead[u] = why
                     continue
@@ -189,6 +206,8 @@ class Membership:
         time.sleep(0.05)
         for u in list(here):
             why = self._dead(u)
+            if why is None and self.store.try_get(key('gone', u)):
+                why = "its connection to the store closed"
             if why is not None:
                 dead[u] = why
                 del here[u]
@@ -199,6 +218,7 @@ class Membership:
                        int(self.store.get(key('uid_next')))):
             if u in prev or self.store.try_get(key('join', u)) is None \
                     or self._dead(u) is not None \
+                    or self.store.try_get(key('gone', u)) is not None \
                     or self.store.try_get(key('refused', u)) is not None:
                 continue
             if len(survivors) + len(joined) >= self.max:

@@ -52,6 +52,8 @@ import contextlib
 import io
 import json
 import os
+import sys
+import time
 
 import numpy as np
 
@@ -119,6 +121,7 @@ class Step:
         if lost is None:
             return False
         self.error = lost
+        self.job._t_fail = time.time()
         return True
 
 
@@ -147,6 +150,7 @@ class ElasticJob:
         self.model = self.group = self.sampler = None
         self.elastic = is_elastic()
         self.lost_total = 0
+        self._t_fail = self._t_formed = self._t_register = None
         self._stepped = False
         optimizer.register_step_post_hook(self._after_step)
         if not self.elastic:
@@ -170,6 +174,7 @@ class ElasticJob:
             if env.get("DTORCH_ELASTIC_JOIN") == "1":
                 self._check_config(mine, json.loads(
                     self.store.get(key("config"), timeout=self.timeout)))
+                self._t_register = time.time()
                 self.members.join(f"pid {os.getpid()}")
             else:
                 self.members.initial()
@@ -247,6 +252,7 @@ class ElasticJob:
                     blob = self._state_bytes() if self.rank == src else None
                     self._load_state(g.broadcast_object(blob, src))
                 self._wrap(sync=dec["source"] is None)
+                self._t_formed = time.time() if dec["round"] else None
                 if config is not None and dec["round"] == 0:
                     self._check_config(config, json.loads(self.store.get(
                         key("config"), timeout=self.timeout)))
@@ -256,6 +262,27 @@ class ElasticJob:
                     raise
                 self._drop_group()
                 self.members.reform(self.done)
+
+    def _trace(self, step):
+        """After the first step of a new membership: rank 0 says how long
+        the re-formation took; DTORCH_ELASTIC_TRACE=FILE gets a JSON line
+        per member (what benchmarks/elastic_recovery.py reads)."""
+        now, dec = time.time(), self.members.decision
+        rec = {"uid": self.uid, "round": dec["round"],
+               "world": self.world_size, "t_fail": self._t_fail,
+               "t_formed": self._t_formed, "t_step": now,
+               "joined": self.uid in dec["joined"],
+               "t_register": self._t_register}
+        self._t_formed = self._t_fail = None
+        path = os.environ.get("DTORCH_ELASTIC_TRACE")
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        if self.rank == 0 and rec["t_fail"] is not None:
+            print(f"dtorch.distributed.elastic: membership round "
+                  f"{rec['round']}: {self.world_size} ranks; first step "
+                  f"done {now - rec['t_fail']:.2f} s after the failure was "
+                  f"seen", file=sys.stderr, flush=True)
 
     def _drop_group(self):
         g, self.group = self.group, None
@@ -341,6 +368,8 @@ class ElasticJob:
                 continue
             self.consumed += n
             self.done += 1
+            if self._t_formed is not None:
+                self._trace(step)
             if step.error is not None:
                 self._reform()
             elif self.elastic:
@@ -350,6 +379,7 @@ class ElasticJob:
                 except Exception as e:
                     if _failure(e) is None:
                         raise
+                    self._t_fail = time.time()
                     self._reform()
 
     def _collate(self, indices):
@@ -380,6 +410,12 @@ def _stops():
         yield
     except ElasticStop as e:
         raise SystemExit(f"dtorch.distributed.elastic: {e}") from None
+    except _c.RendezvousError as e:
+        raise SystemExit(
+            f"dtorch.distributed.elastic: the job's store is gone ({e}); "
+            f"it is served by the launcher of node 0 (dtorch-launch "
+            f"--elastic): without it the ranks cannot agree on a "
+            f"membership, so this rank stops") from None
 
 
 def _rows0(batch):

@@ -216,6 +216,37 @@ def test_death_while_the_group_reforms(tmp_path):
     _check_exactly_once(ev, 48, 2)
 
 
+def test_a_whole_node_lost(tmp_path):
+    """Two launchers on loopback as two nodes; node 1 is SIGKILLed with
+    its launcher (nobody reports its ranks): node 0's ranks are told by
+    the store that the connections closed, and finish on 2 ranks."""
+    log, flag = tmp_path / "steps.jsonl", tmp_path / "go"
+    port, env = _port(), _env("t-node")
+    common = ["--elastic", "2:4", "--nnodes", "2", "--nproc-per-node", "2",
+              "--master-port", str(port)]
+    script = [SCRIPT, "--samples", "48", "--epochs", "2", "--log", str(log),
+              "--hold", f"1:{flag}"]
+    node0 = Launcher(common + ["--node-rank", "0"] + script, env)
+    node1 = Launcher(common + ["--node-rank", "1"] + script, env)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:      # every rank has done step 0
+        if log.exists() and sum(e["event"] == "done" and e["step"] == 0
+                                for e in _events(log)) == 4:
+            break
+        time.sleep(0.05)
+    node1.p.kill()                     # the launcher, without a word
+    node1.p.wait()
+    flag.write_text("go")              # its ranks die of PDEATHSIG/reaper
+    code, err, _ = node0.finish()
+    node1.finish()
+    assert code == 0, err
+    assert "connection to the store closed" in err, err
+    assert "new world size 2 (was 4)" in err, err
+    ev = _events(log)
+    assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 1]
+    _check_exactly_once(ev, 48, 2)
+
+
 # ------------------------------------------------ protocol, thread members
 
 @pytest.fixture
@@ -273,6 +304,21 @@ def test_round_below_min_and_a_silent_member(store):
     assert "only 1 rank(s) left after losing rank 1 (did not check in " \
         "within 0 s), rank 2 (was killed" in errs[0]
     assert "below the minimum 2 of --elastic 2:3" in errs[0]
+
+
+def test_a_member_whose_connection_closed_is_lost_at_once(store):
+    """A whole node gone (its launcher too: nobody reports it): the
+    store saw its connection close, which is enough, well before
+    DTORCH_ELASTIC_TIMEOUT."""
+    host_init(store, 3, 2, 3)
+    ms = _members(store, range(3), timeout=30)
+    ms[2].store._close_client()
+    t0 = time.monotonic()
+    res, errs = _reform_all(ms[:2], {0: 1, 1: 1})
+    assert time.monotonic() - t0 < 5
+    assert res[0]["members"] == [0, 1]
+    assert res[0]["lost"][0]["why"].startswith(
+        "its connection to the store closed")
 
 
 def test_joiners_admitted_up_to_max(store):
