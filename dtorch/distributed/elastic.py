@@ -140,6 +140,7 @@ class ElasticJob:
         if batch_size < 1:
             raise ValueError(f"ElasticJob: batch_size must be >= 1 (the "
                              f"global batch), got {batch_size}")
+        _refuse_sharded(model, optimizer)
         self.module, self.optimizer = model, optimizer
         self.dataset, self.batch_size = dataset, int(batch_size)
         self.shuffle, self.seed = shuffle, int(seed)
@@ -400,6 +401,30 @@ class ElasticJob:
                 self.store.set(key("finished"), "1")
             self._drop_group()
             self.store.close()
+
+
+def _refuse_sharded(model, optimizer):
+    """ZeRO and FSDP hold a shard of the state on each rank only: a lost
+    rank's shard would be gone (a buddy replica in a peer is not built)."""
+    from .fsdp import FSDPModule, FullyShardedDataParallel
+    from .optim import ZeroRedundancyOptimizer
+    what = None
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        what = "ZeroRedundancyOptimizer (ZeRO)"
+    elif isinstance(model, DistributedDataParallel):
+        raise TypeError("ElasticJob takes the plain module: it wraps it in "
+                        "DistributedDataParallel itself (job.model), once "
+                        "per membership")
+    elif any(isinstance(m, (FullyShardedDataParallel, FSDPModule))
+             for m in model.modules()):
+        what = "FSDP (fully_shard / FullyShardedDataParallel)"
+    if what:
+        raise NotImplementedError(
+            f"elastic training with {what} is not supported: each rank "
+            f"holds only its shard of the state, which a lost rank takes "
+            f"with it (buddy replicas are not built); use plain DDP "
+            f"(ElasticJob wraps the module) or restart from a checkpoint "
+            f"(dtorch-launch --max-restarts)")
 
 
 @contextlib.contextmanager

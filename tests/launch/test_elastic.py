@@ -387,3 +387,60 @@ def test_first_cause_names_the_rank_that_failed_on_its_own():
     assert [r.rank for r in first_cause([own, peer])] == [3, 2]
     a, b = _R(0, "x\n"), _R(1, "y\n")
     assert [r.rank for r in first_cause([a, b])] == [0, 1]   # order kept
+
+
+# ------------------------------------------- ElasticJob outside --elastic
+
+def test_elastic_job_on_a_fixed_group_and_refusals():
+    """The same loop on a fixed (thread) group: each sample once per epoch,
+    an uneven last step, identical replicas; ZeRO, FSDP and a DDP-wrapped
+    model are refused with the reason."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from dtorch.distributed import elastic
+    from dtorch.distributed.fsdp import fully_shard
+    from dtorch.distributed.optim import ZeroRedundancyOptimizer
+    from dtorch.nn.parallel import DistributedDataParallel as DDP
+    from dtorch.utils.data import TensorDataset
+
+    def body(rank, world):
+        torch.manual_seed(0)
+        n = 9                 # 4 + 5: the last sample joins a step
+        ds = TensorDataset(torch.arange(n * 2.0).reshape(n, 2),
+                           torch.arange(n))
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        job = elastic.ElasticJob(model, opt, ds, batch_size=4, seed=3)
+        seen, sizes = [], []
+        for epoch in job.epochs(2):
+            for step in job.steps():
+                with step:
+                    x, y = step.batch
+                    opt.zero_grad()
+                    (job.model(x).sum() * step.scale).backward()
+                    opt.step()
+                seen.append((epoch, [int(i) for i in y]))
+                sizes.append(step.total)
+        errs = []
+        for bad in (
+                lambda: elastic.ElasticJob(DDP(model), opt, ds, 4),
+                lambda: elastic.ElasticJob(model, ZeroRedundancyOptimizer(
+                    model.parameters(), torch.optim.SGD, lr=0.1), ds, 4),
+                lambda: elastic.ElasticJob(fully_shard(torch.nn.Sequential(
+                    torch.nn.Linear(2, 2))), opt, ds, 4)):
+            try:
+                bad()
+            except (TypeError, NotImplementedError) as e:
+                errs.append(str(e))
+        return seen, sizes, model.weight.detach().numpy().copy(), errs
+
+    res = dist.spawn_threads(body, 2)
+    for ep in (0, 1):
+        ids = sorted(i for r in res for e, b in r[0] if e == ep for i in b)
+        assert ids == list(range(9))
+    assert res[0][1] == [4, 5, 4, 5]            # the tail joins a step
+    assert res[0][2].tobytes() == res[1][2].tobytes()
+    errs = res[0][3]
+    assert "takes the plain module" in errs[0]
+    assert "ZeroRedundancyOptimizer (ZeRO) is not supported" in errs[1]
+    assert "FSDP" in errs[2] and "buddy replicas are not built" in errs[2]
