@@ -50,20 +50,6 @@ def key(*parts) -> str:
     return _P + '/'.join(str(p) for p in parts)
 
 
-def parse_range(text):
-    """'2:4' -> (2, 4); '3' -> (3, 3). Raises ValueError naming the
-    problem."""
-    lo, sep, hi = str(text).partition(':')
-    try:
-        lo, hi = int(lo), int(hi) if sep else int(lo)
-    except ValueError:
-        raise ValueError(f"--elastic {text!r}: expected MIN:MAX, two whole "
-                         f"numbers such as 2:4") from None
-    if lo < 1 or hi < lo:
-        raise ValueError(f"--elastic {text!r}: need 1 <= MIN <= MAX")
-    return lo, hi
-
-
 def _loads(raw):
     return json.loads(raw.decode())
 

@@ -40,8 +40,9 @@ def main():
                     help="these uids SIGKILL themselves together at the "
                          "second step of the first round with a joiner")
     ap.add_argument("--hold", default="",
-                    help="STEP:join (wait there until a joiner registered) "
-                         "or STEP:PATH (until PATH exists), at most 60 s")
+                    help="STEP:joinN (wait there until N joiners "
+                         "registered) or STEP:PATH (until PATH exists), at "
+                         "most 60 s; several, comma-separated")
     ap.add_argument("--deterministic", action="store_true")
     args = ap.parse_args()
     if args.deterministic:
@@ -62,16 +63,17 @@ def main():
     kills = {int(a): int(b) for a, b in
              (k.split(":") for k in args.kill.split(",") if k)}
     after_join = {int(u) for u in args.kill_after_join.split(",") if u}
-    hold_step, _, hold_what = args.hold.partition(":")
+    holds = dict((int(a), b) for a, b in
+                 (h.split(":", 1) for h in args.hold.split(",") if h))
 
-    def hold():
+    def hold(what):
         import time
         end = time.monotonic() + 60
         while time.monotonic() < end:
-            if hold_what == "join":
-                if job.members.joins_waiting() > 0:
+            if what.startswith("join"):
+                if job.members.joins_waiting() >= int(what[4:] or 1):
                     return
-            elif os.path.exists(hold_what):
+            elif os.path.exists(what):
                 return
             time.sleep(0.05)
     if args.die_in_reform == uid:
@@ -96,8 +98,8 @@ def main():
             if uid in after_join and dec.get("joined") and \
                     job.done == dec["done"] + 1:
                 os.kill(os.getpid(), signal.SIGKILL)
-            if hold_step and job.done == int(hold_step):
-                hold()
+            if job.done in holds:
+                hold(holds[job.done])
             rnd = job.members.round if job.elastic else 0
             at = job.done
             note(event="begin", round=rnd, epoch=epoch, step=at,
