@@ -41,7 +41,7 @@ import time
 
 from .env import env_number
 from .errors import CollectiveTimeoutError
-from .store import TCPStore
+from .store import TCPStore, _close_clients
 
 _P = 'el/'
 
@@ -334,8 +334,10 @@ def agent_main(argv=None):
         # the launcher's own ranks are done; ranks of other launchers
         # (joiners, other nodes) may still use the store: serve them until
         # they close their connections
-        store.timeout = env_number('DTORCH_ELASTIC_DRAIN', 3600.0)
-        store.close()
+        store._close_client()
+        _close_clients(store.port)
+        store.server.drain(env_number('DTORCH_ELASTIC_DRAIN', 7 * 86400.0))
+        store.server.close()
     return 0
 
 

@@ -268,8 +268,6 @@ class ElasticRunner(LocalRunner):
     def _exit_code(self):
         final = self.last["members"] if self.last else list(self.uids)
         mine = [r for u, r in self.uids.items() if u in final]
-        if self.last and self.last.get("stop"):
-            _say(self.last["stop"])
         bad = [r for r in (mine or list(self.uids.values()))
                if r.status != ("exit", 0)]
         if bad:

