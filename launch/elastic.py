@@ -123,6 +123,11 @@ class Agent:
         self.proc.wait()
 
 
+def _status(proc):
+    code = proc.returncode
+    return ("signal", -code) if code < 0 else ("exit", code)
+
+
 class ElasticRunner(LocalRunner):
     """LocalRunner whose ranks outlive each other's deaths (module
     docstring). ``elastic``: (MIN, MAX); ``join``: start joiners."""
@@ -236,9 +241,16 @@ class ElasticRunner(LocalRunner):
                 env["DTORCH_ELASTIC_JOIN"] = "1"
             what = "joining" if self.join else "elastic"
             self.uids[uid] = self._spawn(uid, local, env, what)
+        agent_said = False
         while True:
             if trap.signum is not None:
                 return self._on_signal(trap)
+            if not agent_said and self.agent.proc.poll() is not None:
+                agent_said = True
+                _say(f"the elastic store agent (pid {self.agent.proc.pid}) "
+                     f"{procs.describe_status(_status(self.agent.proc))}: "
+                     f"without the job's store the ranks cannot re-form "
+                     f"and stop at their next use of it")
             now = time.monotonic()
             running = 0
             for uid, r in self.uids.items():

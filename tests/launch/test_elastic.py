@@ -247,6 +247,48 @@ def test_a_whole_node_lost(tmp_path):
     _check_exactly_once(ev, 48, 2)
 
 
+def test_the_store_host_lost_ends_the_job_saying_so(tmp_path):
+    """The store agent (the node-0 launcher's) is SIGKILLed: the ranks
+    cannot agree on anything any more and stop with that reason."""
+    log, flag = tmp_path / "steps.jsonl", tmp_path / "go"
+    host = Launcher(["--elastic", "1:2", "--nproc-per-node", "2",
+                     "--master-port", str(_port()), SCRIPT, "--samples",
+                     "48", "--log", str(log), "--hold", f"1:{flag}"],
+                    _env("t-store"))
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not (log.exists() and sum(
+            e["event"] == "done" for e in _events(log)) == 2):
+        time.sleep(0.05)
+    agents = [int(p) for p in os.listdir("/proc") if p.isdigit()
+              and _ppid(int(p)) == host.p.pid
+              and b"collectives.elastic_store" in _cmdline(int(p))]
+    assert len(agents) == 1
+    os.kill(agents[0], 9)
+    flag.write_text("go")
+    code, err, _ = host.finish()
+    assert code != 0
+    assert "elastic store agent" in err and "SIGKILL" in err, err
+    assert "the job's store is gone" in err and \
+        "served by the launcher of node 0" in err, err
+
+
+def _ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2:].split()[1])
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 # ------------------------------------------------ protocol, thread members
 
 @pytest.fixture
