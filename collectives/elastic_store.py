@@ -265,8 +265,7 @@ def describe_round(dec):
             f"{len(dec['members'])} (was {dec['prev_world']})")
 
 
-def _watch_rounds(store, out, lock):
-    m = 1
+def _watch_rounds(store, out, lock, m):
     while True:
         try:
             # short waits: a closed connection is noticed by the server
@@ -287,6 +286,7 @@ def _watch_rounds(store, out, lock):
 def agent_main(argv=None):
     """``python -m collectives.elastic_store host HOST PORT WORLD MIN MAX``
     or ``... client HOST PORT``: the token comes from DTORCH_RDZV_TOKEN.
+    Each round decided while it runs is written as ``round JSON``.
     Commands on stdin: ``dead UID TEXT``, ``seats N`` (answers ``seats
     TOTAL``), ``uid`` (answers ``uid N``); end of input stops the agent
     (the host's store closes)."""
@@ -303,11 +303,13 @@ def agent_main(argv=None):
         return 1
     if mode == 'host':
         host_init(store, int(argv[3]), int(argv[4]), int(argv[5]))
-        watch = store.clone()
-        threading.Thread(target=_watch_rounds, args=(watch, out, lock),
-                         daemon=True).start()
     else:
         store.get(key('minmax'))      # the host agent has set the job up
+    # the rounds decided from now on, for the launcher to print
+    first = int(store.get(key('latest'))) + 1
+    threading.Thread(target=_watch_rounds,
+                     args=(store.clone(), out, lock, first),
+                     daemon=True).start()
     with lock:
         out.write(f"ready {store.port}\n")
         out.flush()

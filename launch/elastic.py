@@ -212,7 +212,8 @@ class ElasticRunner(LocalRunner):
                  f"{' '.join(self.cmd[1:])}")
         else:
             self.agent = Agent("client", self.master_addr,
-                               self.master_port, token)
+                               self.master_port, token,
+                               on_round=self._on_round)
         if self.join:
             self.lo, self.hi = map(int, self.agent.ask("minmax").split()[1:])
             total = int(self.agent.ask(f"seats {self.nproc}").split()[1])
