@@ -24,6 +24,7 @@ The change to a training loop::
                 loss.backward()
                 optimizer.step()
         scheduler.step()                      # per epoch, as usual
+    job.close()                               # the last membership agrees
 
 ``batch_size`` is the *global* batch: each of the W ranks gets
 ``batch_size // W`` samples of it. A step that fails because a peer died
@@ -401,6 +402,19 @@ class ElasticJob:
         """Leave the job's group and store (at the end of training;
         processes still waiting to join are told the job finished)."""
         if self.elastic:
+            # a last collective: a member lost since the last step (while
+            # the others evaluated) is dropped in a round of its own, so
+            # that the final membership is the ranks that finished
+            while True:
+                try:
+                    flag = np.ones(1, np.int64)
+                    if self.world_size > 1:
+                        self.group.all_reduce(flag, _c.ReduceOp.SUM)
+                    break
+                except Exception as e:
+                    if _failure(e) is None:
+                        raise
+                    self._reform()
             if self.rank == 0:
                 self.store.set(key("finished"), "1")
             self._drop_group()

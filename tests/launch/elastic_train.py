@@ -44,6 +44,9 @@ def main():
                          "registered) or STEP:PATH (until PATH exists), at "
                          "most 60 s; several, comma-separated")
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--kill-at-end", type=int, default=-1,
+                    help="this uid SIGKILLs itself after training, before "
+                         "job.close() (while the others evaluate)")
     args = ap.parse_args()
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -119,6 +122,8 @@ def main():
     if job.rank == 0 and args.out:
         np.savez(args.out, **{k: v.numpy() for k, v in
                               model.state_dict().items()})
+    if args.kill_at_end == uid:
+        os.kill(os.getpid(), signal.SIGKILL)
     note(event="end", world=job.world_size, rank=job.rank)
     job.close()
 
