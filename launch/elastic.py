@@ -184,6 +184,9 @@ class ElasticRunner(LocalRunner):
     # ------------------------------------------------------------------
     def _on_round(self, dec):
         self.last = dec
+        for uid, r in list(self.uids.items()):   # the console's [rank N]
+            if uid in dec["members"]:
+                r.rank = dec["members"].index(uid)
         _say(dec["text"])
 
     def _open_agent(self):

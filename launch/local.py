@@ -77,7 +77,6 @@ class _Rank:
             t.start()
 
     def _pump(self, pipe, console, stream, echo):
-        prefix = f"[rank {self.rank}] "
         for raw in iter(pipe.readline, b""):
             line = raw.decode("utf-8", "replace")
             if not line.endswith("\n"):
@@ -88,7 +87,8 @@ class _Rank:
                     self._log.write(line)
                     self._log.flush()
             if echo:
-                console.write(stream, prefix + line)
+                # the rank now: an elastic job renumbers its ranks
+                console.write(stream, f"[rank {self.rank}] " + line)
         pipe.close()
 
     def finish(self, timeout=2.0):
