@@ -52,8 +52,9 @@ def main():
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(0)
     g = np.random.default_rng(0)
-    x = torch.from_numpy(g.standard_normal((args.samples, 8)).astype(np.float32))
-    y = torch.from_numpy((g.standard_normal(args.samples) > 0).astype(np.int64))
+    n = args.samples
+    x = torch.from_numpy(g.standard_normal((n, 8)).astype(np.float32))
+    y = torch.from_numpy((g.standard_normal(n) > 0).astype(np.int64))
     model = nn.Sequential(nn.Linear(8, args.hidden), nn.Tanh(),
                           nn.Linear(args.hidden, 2))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)

@@ -3,14 +3,13 @@
 nodes -> SIGKILL one -> 3 -> two join -> 5 -> every process of node1
 SIGKILLed (its launcher too) -> 3 survivors, which keep their pids, train
 each sample once per epoch and exit 0."""
-import json
 import os
 import secrets
 import subprocess
 import sys
 import time
 
-from netns_nodes import start_nodes, skip_reason  # noqa: F401
+from netns_nodes import skip_reason, start_nodes
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
