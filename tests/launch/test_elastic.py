@@ -50,10 +50,12 @@ def _env(token):
 class Launcher:
     """A dtorch-launch process whose stderr is collected as it comes."""
 
-    def __init__(self, args, env):
+    def __init__(self, args, env, wrap=None):
+        cmd = [sys.executable, "-m", "launch"] + args
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "launch"] + args, env=env, cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            wrap(cmd) if wrap else cmd, env=env, cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
         self.err, self.out = [], []
         self._t = [threading.Thread(target=self._pump, args=(s, b),
                                     daemon=True)

@@ -5,7 +5,6 @@ SIGKILLed (its launcher too) -> 3 survivors, which keep their pids, train
 each sample once per epoch and exit 0."""
 import os
 import secrets
-import subprocess
 import sys
 import time
 
@@ -23,22 +22,9 @@ pytestmark = pytest.mark.skipif(skip_reason() is not None,
                                 reason=str(skip_reason()))
 
 
-class _NodeLauncher(Launcher):
-    def __init__(self, nodes, node, args, env):
-        self.nodes = nodes
-        cmd = nodes.command(node, [sys.executable, "-m", "launch"] + args)
-        self.p = subprocess.Popen(cmd, env=env, cwd=ROOT, text=True,
-                                  stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE,
-                                  start_new_session=True)
-        self.err, self.out = [], []
-        import threading
-        self._t = [threading.Thread(target=self._pump, args=(s, b),
-                                    daemon=True)
-                   for s, b in ((self.p.stderr, self.err),
-                                (self.p.stdout, self.out))]
-        for t in self._t:
-            t.start()
+def _on(nodes, node, args, env):
+    """A dtorch-launch inside a namespace node."""
+    return Launcher(args, env, wrap=lambda cmd: nodes.command(node, cmd))
 
 
 def test_schedule_across_namespace_nodes(tmp_path):
@@ -52,13 +38,13 @@ def test_schedule_across_namespace_nodes(tmp_path):
     common = ["--elastic", "2:5", "--nnodes", "2", "--nproc-per-node", "2",
               "--master-addr", "node0", "--master-port", str(port)]
     with start_nodes(2) as nodes:
-        n0 = _NodeLauncher(nodes, "node0",
-                           common + ["--node-rank", "0"] + script, env)
+        n0 = _on(nodes, "node0", common + ["--node-rank", "0"] + script,
+                 env)
         time.sleep(1.0)
-        n1 = _NodeLauncher(nodes, "node1",
-                           common + ["--node-rank", "1"] + script, env)
+        n1 = _on(nodes, "node1", common + ["--node-rank", "1"] + script,
+                 env)
         n0.wait_for("elastic round 1:", 90)
-        join = _NodeLauncher(nodes, "node0", [
+        join = _on(nodes, "node0", [
             "--join", "--master-addr", "node0", "--master-port", str(port),
             "--nproc-per-node", "2"] + script, env)
         n0.wait_for("elastic round 2:", 90)
