@@ -367,17 +367,24 @@ class _Server:
                          daemon=True).start()
 
     def _serve(self, conn):
+        ties = []      # keys to set when this connection closes
         try:
             conn.settimeout(None)
             while True:
                 cmd, key, val = _recv_frame(conn, (MAX_CMD, MAX_KEY,
                                                    MAX_VALUE))
+                if cmd == b'tie':
+                    ties.append(key.decode())
+                    _send_frame(conn, b'ok', b'')
+                    continue
                 _send_frame(conn, *self._do(cmd, key.decode(), val))
         except (OSError, ConnectionError, struct.error, ValueError):
             pass   # (UnicodeError is a ValueError: a bad key)
         finally:
             conn.close()
             with self.cond:
+                for k in ties:
+                    self.data[k] = b'closed'
                 self.live -= 1
                 self.cond.notify_all()
 
@@ -516,6 +523,12 @@ class TCPStore:
 
     def add(self, key: str, amount: int = 1) -> int:
         return int(self._request(b'add', key, struct.pack('<q', amount))[1])
+
+    def tie(self, key: str) -> None:
+        """Have the server set ``key`` (to b'closed') when this
+        connection closes: the process exited, was killed, or its host
+        went away (what elastic membership reads of a lost node)."""
+        self._request(b'tie', key)
 
     def delete(self, key: str) -> bool:
         return self._request(b'delete', key)[1] == b'1'

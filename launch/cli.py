@@ -6,6 +6,8 @@
     dtorch-launch --runner slurm train.py          # inside sbatch/salloc
     dtorch-launch --runner ray --nproc-per-node 2 -m mypkg.train
     dtorch-launch --dry-run --nproc-per-node 4 train.py   # one process
+    dtorch-launch --elastic 2:4 --nproc-per-node 3 train.py
+    dtorch-launch --join --master-port P train.py  # into a running job
 
 Everything after the script (or `-m module`) goes to the script.
 """
@@ -63,6 +65,17 @@ def build_parser():
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart the whole job up to M times after a "
                         "failure (default 0)")
+    p.add_argument("--elastic", default=None, metavar="MIN:MAX",
+                   help="elastic job on the tcp backend (torchrun's "
+                        "--nnodes MIN:MAX, counted in ranks): a rank that "
+                        "dies is dropped and the others go on, ranks "
+                        "started with --join are added, between MIN and "
+                        "MAX ranks (the script uses dtorch.distributed."
+                        "elastic)")
+    p.add_argument("--join", action="store_true",
+                   help="start --nproc-per-node ranks that join the "
+                        "running elastic job at --master-addr/--master-port "
+                        "(same DTORCH_RDZV_TOKEN)")
     p.add_argument("--log-dir", default=None,
                    help="write each rank's output to DIR/rankN.log")
     p.add_argument("--only-rank0-output", "--quiet-ranks",
@@ -129,10 +142,47 @@ def main(argv=None):
     sys.exit(code)
 
 
+def _check_elastic(args):
+    """--elastic/--join: only where ranks can leave and join a group."""
+    if args.join and args.elastic is None:
+        args.elastic = "1:1"      # the job's own MIN:MAX are used
+    if args.elastic is None:
+        return None
+    lo, _, hi = args.elastic.partition(":")
+    try:
+        lo, hi = int(lo), int(hi or lo)
+    except ValueError:
+        raise ValueError(f"--elastic {args.elastic!r}: expected MIN:MAX, "
+                         f"two whole numbers such as 2:4") from None
+    if lo < 1 or hi < lo:
+        raise ValueError(f"--elastic {args.elastic!r}: need 1 <= MIN <= MAX")
+    if args.runner == "mpi" or args.backend == "mpi":
+        raise ValueError(
+            "--elastic cannot run on MPI: an MPI communicator cannot shrink "
+            "portably when a process dies (ULFM is not standard MPI), so "
+            "the job would end with the rank; use the tcp backend "
+            "(--runner local, the default)")
+    if args.runner != "local":
+        raise ValueError(
+            f"--elastic works with --runner local (one launcher per node: "
+            f"on SLURM, one `srun --ntasks-per-node=1 dtorch-launch "
+            f"--elastic ...` per node, see slurm/README.md), not with "
+            f"--runner {args.runner}")
+    if args.backend not in ("auto", "tcp"):
+        raise ValueError(f"--elastic needs the tcp backend, not "
+                         f"--backend {args.backend}")
+    if args.dry_run:
+        raise ValueError("--dry-run and --elastic do not combine")
+    return lo, hi
+
+
 def run(args):
+    elastic = _check_elastic(args)
     if args.dry_run:
         return _run_dry(args)
     backend = None if args.backend == "auto" else args.backend
+    if elastic is not None:
+        return _run_local(args, "tcp", elastic)
     if args.runner == "local":
         return _run_local(args, backend)
     if args.runner == "ray":
@@ -159,15 +209,21 @@ def _run_dry(args):
                           env=env).returncode
 
 
-def _run_local(args, backend):
+def _run_local(args, backend, elastic=None):
     from launch.local import LocalRunner
     cmd = [sys.executable] + _target(args)
-    return LocalRunner(
-        cmd, nproc=args.nproc_per_node or 1, nnodes=args.nnodes,
-        node_rank=args.node_rank, master_addr=args.master_addr,
-        master_port=args.master_port, backend=backend,
-        log_dir=args.log_dir, only_rank0=args.only_rank0,
-        grace=args.grace_period, max_restarts=args.max_restarts).run()
+    kw = dict(nproc=args.nproc_per_node or 1, nnodes=args.nnodes,
+              node_rank=args.node_rank, master_addr=args.master_addr,
+              master_port=args.master_port, backend=backend,
+              log_dir=args.log_dir, only_rank0=args.only_rank0,
+              grace=args.grace_period, max_restarts=args.max_restarts)
+    if elastic is not None:
+        from launch.elastic import ElasticRunner
+        if args.join:
+            kw.pop("nnodes")
+        return ElasticRunner(cmd, elastic=elastic, join=args.join,
+                             **kw).run()
+    return LocalRunner(cmd, **kw).run()
 
 
 def _run_ray(args, backend):

@@ -77,7 +77,6 @@ class _Rank:
             t.start()
 
     def _pump(self, pipe, console, stream, echo):
-        prefix = f"[rank {self.rank}] "
         for raw in iter(pipe.readline, b""):
             line = raw.decode("utf-8", "replace")
             if not line.endswith("\n"):
@@ -88,7 +87,8 @@ class _Rank:
                     self._log.write(line)
                     self._log.flush()
             if echo:
-                console.write(stream, prefix + line)
+                # the rank now: an elastic job renumbers its ranks
+                console.write(stream, f"[rank {self.rank}] " + line)
         pipe.close()
 
     def finish(self, timeout=2.0):
@@ -101,6 +101,33 @@ class _Rank:
             if self._log:
                 self._log.close()
                 self._log = None
+
+
+PEER_FAILURE = "RankFailureError"
+
+
+def _caused_by_peer(r):
+    """True when the rank's last words are a collective that failed
+    because a peer went away (RankFailureError), not a failure of its
+    own."""
+    with r._lock:
+        lines = [ln for ln in r.tail if ln.strip()]
+    return bool(lines) and PEER_FAILURE in lines[-1]
+
+
+def first_cause(failed, drain_s=0.5):
+    """`failed` (ranks seen failing in the same poll) with the ones whose
+    failure was their own first: when rank 3 exits and rank 2's collective
+    fails because of it within one poll, rank 3 is the one to name. The
+    exited ranks' output is drained first (its readers may lag behind the
+    exit), for at most `drain_s` seconds in all."""
+    if len(failed) < 2:
+        return failed
+    end = time.monotonic() + drain_s
+    for r in failed:
+        for t in r._threads:
+            t.join(max(0.0, end - time.monotonic()))
+    return sorted(failed, key=_caused_by_peer)   # stable: poll order kept
 
 
 class JobResult:
@@ -211,18 +238,23 @@ class LocalRunner:
                 rank, world, local, self.nproc, self.master_addr, port,
                 token=token, restart_count=attempt, backend=self.backend,
                 cores=cores, base=self.base_env)
-            log_path = (os.path.join(self.log_dir, f"rank{rank}.log")
-                        if self.log_dir else None)
-            if log_path:
-                with open(log_path, "a", encoding="utf-8") as f:
-                    f.write(f"=== dtorch-launch: rank {rank}, restart "
-                            f"{attempt}, {time.ctime()} ===\n")
-            proc = procs.spawn(self.cmd, env)
-            if self._reaper is not None:
-                self._reaper.watch(proc.pid)
-            echo = not self.only_rank0 or rank == 0
-            self.ranks.append(
-                _Rank(rank, local, proc, log_path, self.console, echo))
+            self._spawn(rank, local, env, f"restart {attempt}")
+
+    def _spawn(self, rank, local, env, what):
+        """Start one rank with `env`; `what` goes into its log header."""
+        log_path = (os.path.join(self.log_dir, f"rank{rank}.log")
+                    if self.log_dir else None)
+        if log_path:
+            with open(log_path, "a", encoding="utf-8") as f:
+                f.write(f"=== dtorch-launch: rank {rank}, {what}, "
+                        f"{time.ctime()} ===\n")
+        proc = procs.spawn(self.cmd, env)
+        if self._reaper is not None:
+            self._reaper.watch(proc.pid)
+        echo = not self.only_rank0 or rank == 0
+        r = _Rank(rank, local, proc, log_path, self.console, echo)
+        self.ranks.append(r)
+        return r
 
     def _attempt(self, attempt, trap):
         try:
@@ -245,7 +277,7 @@ class LocalRunner:
                 if r.status is None:
                     running += 1
             if failed:
-                return self._on_failure(failed)
+                return self._on_failure(first_cause(failed))
             if running == 0:
                 self._stop(self.grace)  # leftovers of finished ranks
                 return JobResult()

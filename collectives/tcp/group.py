@@ -353,12 +353,17 @@ def tcp_group(rank: int, world_size: int, master_addr: str = '127.0.0.1',
               master_port: int = 29500, token: str | None = None,
               timeout: Timeout = None,
               store: TCPStore | None = None) -> TCPGroup:
-    """Rendezvous at master_addr:master_port (rank 0 serves the store)
-    and return the world TCPGroup."""
+    """Rendezvous at master_addr:master_port (rank 0 serves the store,
+    unless DTORCH_STORE_HOSTED=1: dtorch-launch --elastic serves it from an
+    agent process, collectives.elastic_store) and return the world
+    TCPGroup."""
     from ..group import as_seconds
     from ..store import TCPStore
     timeout = as_seconds(timeout)
     if store is None:
         store = TCPStore(master_addr, master_port, token,
-                         is_server=(rank == 0), timeout=timeout)
+                         is_server=(rank == 0
+                                    and not env_flag('DTORCH_STORE_HOSTED',
+                                                     False)),
+                         timeout=timeout)
     return TCPGroup(store, rank, world_size, 'world', timeout)

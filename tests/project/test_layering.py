@@ -72,6 +72,8 @@ LAYERS = {
     'dtorch.distributed.checkpoint': 7, 'dtorch.distributed.fsdp': 7,
     'dtorch.distributed.pipelining': 7, 'dtorch.distributed.optim': 7,
     'dtorch.distributed.tensor': 7,
+    # elastic training: re-wraps DDP over each new membership (issue 27)
+    'dtorch.distributed.elastic': 7,
     # 8 tools that read models, never change training
     'dtorch.onnx': 8, 'dtorch.ao': 8, 'dtorch.profiler': 8,
     'dtorch.quantization': 8,

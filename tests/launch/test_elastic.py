@@ -1,0 +1,494 @@
+"""dtorch-launch --elastic / --join and dtorch.distributed.elastic (issue 27):
+real launchers and rank processes on loopback, with the small script
+tests/launch/elastic_train.py (a tiny MLP) whose ranks log every step they
+start and complete; plus the membership protocol with thread members
+against an in-process store.
+
+The schedules: 4 ranks -> SIGKILL rank 0 -> 3 -> one joins -> 4 -> SIGKILL
+two at once -> 2, under use_deterministic_algorithms(True), ending bitwise
+equal to an uninterrupted one-process run; a refused joiner (above MAX, a
+different model) and a stop below MIN; a member dying while the group
+re-forms.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tests", "launch", "elastic_train.py")
+sys.path.insert(0, ROOT)
+
+from collectives.elastic_store import (ElasticStop, Membership,  # noqa
+                                       host_init, key)
+from collectives.store import TCPStore  # noqa: E402
+from launch import cli  # noqa: E402
+from launch.local import _caused_by_peer, first_cause  # noqa: E402
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(token):
+    env = dict(os.environ, PYTHONPATH=ROOT, DTORCH_RDZV_TOKEN=token,
+               DTORCH_ELASTIC_FORM_TIMEOUT="4", DTORCH_ELASTIC_TIMEOUT="20")
+    env.pop("DTORCH_ELASTIC", None)
+    return env
+
+
+class Launcher:
+    """A dtorch-launch process whose stderr is collected as it comes."""
+
+    def __init__(self, args, env, wrap=None):
+        cmd = [sys.executable, "-m", "launch"] + args
+        self.p = subprocess.Popen(
+            wrap(cmd) if wrap else cmd, env=env, cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        self.err, self.out = [], []
+        self._t = [threading.Thread(target=self._pump, args=(s, b),
+                                    daemon=True)
+                   for s, b in ((self.p.stderr, self.err),
+                                (self.p.stdout, self.out))]
+        for t in self._t:
+            t.start()
+
+    def _pump(self, stream, buf):
+        for line in stream:
+            buf.append(line)
+
+    def wait_for(self, text, timeout=60):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(text in ln for ln in self.err):
+                return
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill()
+        raise AssertionError(f"no {text!r} from the launcher:\n"
+                             + "".join(self.err))
+
+    def finish(self, timeout=120):
+        try:
+            self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        for t in self._t:
+            t.join(5)
+        return self.p.returncode, "".join(self.err), "".join(self.out)
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.terminate()      # the launcher stops its own ranks
+            self.p.wait(30)
+
+
+def _events(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _check_exactly_once(events, n, epochs):
+    """Every sample of every epoch in exactly one completed step."""
+    done = {(e["round"], e["step"]) for e in events if e["event"] == "done"}
+    got = defaultdict(list)
+    for e in events:
+        if e["event"] == "begin" and (e["round"], e["step"]) in done:
+            got[e["epoch"]] += e["ids"]
+    assert sorted(got) == list(range(epochs))
+    for ep, ids in got.items():
+        assert sorted(ids) == list(range(n)), (ep, len(ids))
+
+
+def _one_start_per_member(events):
+    """No process restarted: each member started once, kept its pid."""
+    pids = defaultdict(set)
+    starts = defaultdict(int)
+    for e in events:
+        pids[e["uid"]].add(e["pid"])
+        starts[e["uid"]] += e["event"] == "start"
+    assert all(len(p) == 1 for p in pids.values()), pids
+    assert all(c == 1 for c in starts.values()), starts
+    return {u: next(iter(p)) for u, p in pids.items()}
+
+
+def test_kill_rank0_join_kill_two_bitwise(tmp_path):
+    """4 -> SIGKILL rank 0 -> 3 -> +1 joiner -> 4 -> SIGKILL two at once
+    -> 2; deterministic, bitwise equal to one uninterrupted process."""
+    log, out = tmp_path / "steps.jsonl", tmp_path / "elastic.npz"
+    port, env = _port(), _env("t-bitwise")
+    common = [SCRIPT, "--deterministic", "--samples", "96", "--epochs", "2",
+              "--log", str(log), "--kill", "0:1", "--hold", "3:join",
+              "--kill-after-join", "2,4"]
+    host = Launcher(["--elastic", "2:5", "--nproc-per-node", "4",
+                     "--master-port", str(port)] + common
+                    + ["--out", str(out)], env)
+    host.wait_for("elastic round 1:")
+    joiner = Launcher(["--join", "--master-port", str(port)] + common, env)
+    jcode, jerr, _ = joiner.finish()
+    code, err, _ = host.finish()
+    assert code == 0, err + jerr
+    assert jcode != 0 and "member 4" in jerr, jerr   # the joiner was killed
+    assert ("elastic round 1: lost rank 0 (member 0: was killed by SIGKILL"
+            in err and "new world size 3 (was 4)" in err), err
+    assert "elastic round 2: 1 joined (member(s) 4); new world size 4" \
+        in err, err
+    assert "new world size 2 (was 4)" in err and "member 2:" in err, err
+    ev = _events(log)
+    pids = _one_start_per_member(ev)
+    assert sorted(pids) == [0, 1, 2, 3, 4]
+    ends = sorted(e["uid"] for e in ev if e["event"] == "end")
+    assert ends == [1, 3]                      # the survivors, to the end
+    assert {e["world"] for e in ev if e["event"] == "begin"} >= {4, 3, 2}
+    _check_exactly_once(ev, 96, 2)
+    # the same global batch in one process, never interrupted
+    ref = tmp_path / "ref.npz"
+    e1 = dict(env)
+    for k in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
+        e1.pop(k, None)
+    subprocess.run([sys.executable, SCRIPT, "--deterministic", "--samples",
+                    "96", "--epochs", "2", "--out", str(ref)], env=e1,
+                   check=True, cwd=ROOT, timeout=120)
+    a, b = np.load(out), np.load(ref)
+    assert sorted(a.files) == sorted(b.files)
+    for k in a.files:
+        assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_refused_joiners_and_stop_below_min(tmp_path):
+    """Above MAX and a different model are refused with the reason; the
+    job stops (non-zero, saying why) when fewer than MIN are left."""
+    log, flag = tmp_path / "steps.jsonl", tmp_path / "go"
+    port, env = _port(), _env("t-refuse")
+    common = [SCRIPT, "--samples", "48", "--epochs", "3", "--log", str(log)]
+    host = Launcher(["--elastic", "2:3", "--nproc-per-node", "3",
+                     "--master-port", str(port)] + common
+                    + ["--hold", f"3:{flag}", "--kill", "2:2,1:4"], env)
+    # full (3 of 3): refused before any rank starts
+    full = Launcher(["--join", "--master-port", str(port)] + common, env)
+    code, err, _ = full.finish()
+    assert code != 0 and "--join refused" in err \
+        and "maximum 3 (--elastic 2:3)" in err, err
+    host.wait_for("elastic round 1:")           # rank 2 died: 2 of 3
+    other = Launcher(["--join", "--master-port", str(port)] + common
+                     + ["--hidden", "32"], env)
+    code, err, _ = other.finish()
+    assert code != 0 and "cannot join the elastic job" in err
+    assert "parameters.0.weight is [[32, 8]" in err \
+        and "[[16, 8], 'dtorch.float32'] in the job" in err, err
+    flag.write_text("go")
+    code, err, _ = host.finish()
+    assert code != 0
+    assert "below the minimum 2 of --elastic 2:3; the job stops" in err, err
+    ev = _events(log)
+    _one_start_per_member(ev)
+    assert not [e for e in ev if e["event"] == "end"]
+
+
+def test_death_while_the_group_reforms(tmp_path):
+    """Rank 0 is killed; member 3 checks in for the new round and dies
+    before the group forms: the survivors form a further round and
+    finish; member 2 dies after the last step (while the others would
+    evaluate): the last collective of job.close() drops it, so the job's
+    final membership finished and the exit code is 0."""
+    log = tmp_path / "steps.jsonl"
+    port, env = _port(), _env("t-reform")
+    host = Launcher(["--elastic", "1:4", "--nproc-per-node", "4",
+                     "--master-port", str(port), SCRIPT, "--samples", "48",
+                     "--epochs", "2", "--log", str(log), "--kill", "0:1",
+                     "--die-in-reform", "3", "--kill-at-end", "2"], env)
+    code, err, _ = host.finish()
+    assert code == 0, err
+    assert "member 3 (pid" in err and "exited with code 7" in err, err
+    assert "new world size 2" in err, err
+    assert "lost rank 1 (member 2: was killed by SIGKILL (signal 9)); " \
+        "new world size 1 (was 2)" in err, err
+    ev = _events(log)
+    _one_start_per_member(ev)
+    assert sorted(e["uid"] for e in ev if e["event"] == "end") == [1]
+    _check_exactly_once(ev, 48, 2)
+
+
+def test_a_whole_node_lost(tmp_path):
+    """Two launchers on loopback as two nodes; node 1 is SIGKILLed with
+    its launcher (nobody reports its ranks): node 0's ranks are told by
+    the store that the connections closed, and finish on 2 ranks."""
+    log, flag = tmp_path / "steps.jsonl", tmp_path / "go"
+    port, env = _port(), _env("t-node")
+    common = ["--elastic", "2:4", "--nnodes", "2", "--nproc-per-node", "2",
+              "--master-port", str(port)]
+    script = [SCRIPT, "--samples", "48", "--epochs", "2", "--log", str(log),
+              "--hold", f"1:{flag}"]
+    node0 = Launcher(common + ["--node-rank", "0"] + script, env)
+    node1 = Launcher(common + ["--node-rank", "1"] + script, env)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:      # every rank has done step 0
+        if log.exists() and sum(e["event"] == "done" and e["step"] == 0
+                                for e in _events(log)) == 4:
+            break
+        time.sleep(0.05)
+    node1.p.kill()                     # the launcher, without a word
+    node1.p.wait()
+    flag.write_text("go")              # its ranks die of PDEATHSIG/reaper
+    code, err, _ = node0.finish()
+    node1.finish()
+    assert code == 0, err
+    assert "connection to the store closed" in err, err
+    assert "new world size 2 (was 4)" in err, err
+    ev = _events(log)
+    assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 1]
+    _check_exactly_once(ev, 48, 2)
+
+
+def test_the_store_host_lost_ends_the_job_saying_so(tmp_path):
+    """The store agent (the node-0 launcher's) is SIGKILLed: the ranks
+    cannot agree on anything any more and stop with that reason."""
+    log, flag = tmp_path / "steps.jsonl", tmp_path / "go"
+    host = Launcher(["--elastic", "1:2", "--nproc-per-node", "2",
+                     "--master-port", str(_port()), SCRIPT, "--samples",
+                     "48", "--log", str(log), "--hold", f"1:{flag}"],
+                    _env("t-store"))
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not (log.exists() and sum(
+            e["event"] == "done" for e in _events(log)) == 2):
+        time.sleep(0.05)
+    agents = [int(p) for p in os.listdir("/proc") if p.isdigit()
+              and _ppid(int(p)) == host.p.pid
+              and b"collectives.elastic_store" in _cmdline(int(p))]
+    assert len(agents) == 1
+    os.kill(agents[0], 9)
+    flag.write_text("go")
+    code, err, _ = host.finish()
+    assert code != 0
+    assert "elastic store agent" in err and "SIGKILL" in err, err
+    assert "the job's store is gone" in err and \
+        "served by the launcher of node 0" in err, err
+
+
+def _ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2:].split()[1])
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+# ------------------------------------------------ protocol, thread members
+
+@pytest.fixture
+def store():
+    s = TCPStore("127.0.0.1", 0, "tok", is_server=True, timeout=10)
+    yield s
+    s.server.close()
+
+
+def _members(store, uids, timeout=2.0):
+    out = []
+    for u in uids:
+        m = Membership(store.clone(), u, timeout=timeout)
+        m.initial()
+        out.append(m)
+    return out
+
+
+def _reform_all(ms, done):
+    res, errs = {}, {}
+
+    def go(m):
+        try:
+            res[m.uid] = m.reform(done[m.uid])
+        except ElasticStop as e:
+            errs[m.uid] = str(e)
+    ts = [threading.Thread(target=go, args=(m,)) for m in ms]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    return res, errs
+
+
+def test_round_two_dead_at_once_and_the_furthest_source(store):
+    host_init(store, 5, 2, 5)
+    ms = _members(store, range(5))
+    store.set(key("dead", 1), "was killed by SIGKILL (signal 9)")
+    store.set(key("dead", 3), "exited with code 1")
+    res, errs = _reform_all([ms[0], ms[2], ms[4]], {0: 7, 2: 8, 4: 7})
+    assert not errs
+    dec = res[0]
+    assert all(r == dec for r in res.values())
+    assert dec["members"] == [0, 2, 4] and dec["source"] == 2
+    assert dec["done"] == 8 and dec["stop"] is None
+    assert [(x["uid"], x["rank"]) for x in dec["lost"]] == [(1, 1), (3, 3)]
+
+
+def test_round_below_min_and_a_silent_member(store):
+    host_init(store, 3, 2, 3)
+    ms = _members(store, range(3), timeout=0.3)
+    store.set(key("dead", 2), "was killed by SIGKILL (signal 9)")
+    # member 1 never checks in (its node went with its launcher)
+    res, errs = _reform_all([ms[0]], {0: 3})
+    assert "only 1 rank(s) left after losing rank 1 (did not check in " \
+        "within 0 s), rank 2 (was killed" in errs[0]
+    assert "below the minimum 2 of --elastic 2:3" in errs[0]
+
+
+def test_a_member_whose_connection_closed_is_lost_at_once(store):
+    """A whole node gone (its launcher too: nobody reports it): the
+    store saw its connection close, which is enough, well before
+    DTORCH_ELASTIC_TIMEOUT."""
+    host_init(store, 3, 2, 3)
+    ms = _members(store, range(3), timeout=30)
+    ms[2].store._close_client()
+    t0 = time.monotonic()
+    res, errs = _reform_all(ms[:2], {0: 1, 1: 1})
+    assert time.monotonic() - t0 < 5
+    assert res[0]["members"] == [0, 1]
+    assert res[0]["lost"][0]["why"].startswith(
+        "its connection to the store closed")
+
+
+def test_joiners_admitted_up_to_max(store):
+    host_init(store, 2, 1, 3)
+    ms = _members(store, range(2))
+    joiners = []
+    for _ in range(2):
+        u = store.add(key("uid_next"), 1) - 1
+        joiners.append(Membership(store.clone(), u))
+    got = {}
+
+    def join(j):
+        try:
+            got[j.uid] = j.join()["members"]
+        except ElasticStop as e:
+            got[j.uid] = str(e)
+    ts = [threading.Thread(target=join, args=(j,)) for j in joiners]
+    for t in ts:
+        t.start()
+    while ms[0].joins_waiting() < 2:
+        time.sleep(0.01)
+    res, errs = _reform_all(ms, {0: 4, 1: 4})
+    for t in ts:
+        t.join(10)
+    assert res[0]["members"] == [0, 1, 2] and res[0]["joined"] == [2]
+    assert got[2] == [0, 1, 2]
+    assert got[3] == ("join refused: the job already has 3 ranks, the "
+                      "maximum of --elastic 1:3")
+
+
+# --------------------------------------------------------- the launcher
+
+def test_elastic_refused_with_mpi_and_bad_ranges(capsys):
+    for argv, text in (
+            (["--elastic", "2:4", "--runner", "mpi", SCRIPT],
+             "MPI communicator cannot shrink portably"),
+            (["--elastic", "2:4", "--backend", "nccl", SCRIPT],
+             "--elastic needs the tcp backend"),
+            (["--elastic", "4:2", SCRIPT], "need 1 <= MIN <= MAX"),
+            (["--elastic", "two", SCRIPT], "expected MIN:MAX"),
+            (["--elastic", "2:4", "--nproc-per-node", "5", SCRIPT],
+             "starts with 5 ranks"),
+            (["--elastic", "2:4", "--max-restarts", "1", SCRIPT],
+             "use one")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert text in str(e.value), (argv, e.value)
+
+
+class _R:
+    def __init__(self, rank, last):
+        import collections
+        self.rank, self._threads = rank, []
+        self._lock = threading.Lock()
+        self.tail = collections.deque([last])
+
+
+def test_first_cause_names_the_rank_that_failed_on_its_own():
+    """Ranks 2 and 3 end in one poll; rank 2's collective failed because
+    rank 3 exited: rank 3 is named (the flaky two-node restart test)."""
+    peer = _R(2, "collectives.errors.RankFailureError: connection with "
+                 "rank 1 (global 3) of group 'world' closed\n")
+    own = _R(3, "rank 3: failing on purpose\n")
+    assert _caused_by_peer(peer) and not _caused_by_peer(own)
+    assert [r.rank for r in first_cause([peer, own])] == [3, 2]
+    assert [r.rank for r in first_cause([own, peer])] == [3, 2]
+    a, b = _R(0, "x\n"), _R(1, "y\n")
+    assert [r.rank for r in first_cause([a, b])] == [0, 1]   # order kept
+
+
+# ------------------------------------------- ElasticJob outside --elastic
+
+def test_elastic_job_on_a_fixed_group_and_refusals():
+    """The same loop on a fixed (thread) group: each sample once per epoch,
+    an uneven last step, identical replicas; ZeRO, FSDP and a DDP-wrapped
+    model are refused with the reason."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from dtorch.distributed import elastic
+    from dtorch.distributed.fsdp import fully_shard
+    from dtorch.distributed.optim import ZeroRedundancyOptimizer
+    from dtorch.nn.parallel import DistributedDataParallel as DDP
+    from dtorch.utils.data import TensorDataset
+
+    def body(rank, world):
+        torch.manual_seed(0)
+        n = 9                 # 4 + 5: the last sample joins a step
+        ds = TensorDataset(torch.arange(n * 2.0).reshape(n, 2),
+                           torch.arange(n))
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        job = elastic.ElasticJob(model, opt, ds, batch_size=4, seed=3)
+        seen, sizes = [], []
+        for epoch in job.epochs(2):
+            for step in job.steps():
+                with step:
+                    x, y = step.batch
+                    opt.zero_grad()
+                    (job.model(x).sum() * step.scale).backward()
+                    opt.step()
+                seen.append((epoch, [int(i) for i in y]))
+                sizes.append(step.total)
+        errs = []
+        for bad in (
+                lambda: elastic.ElasticJob(DDP(model), opt, ds, 4),
+                lambda: elastic.ElasticJob(model, ZeroRedundancyOptimizer(
+                    model.parameters(), torch.optim.SGD, lr=0.1), ds, 4),
+                lambda: elastic.ElasticJob(fully_shard(torch.nn.Sequential(
+                    torch.nn.Linear(2, 2))), opt, ds, 4)):
+            try:
+                bad()
+            except (TypeError, NotImplementedError) as e:
+                errs.append(str(e))
+        return seen, sizes, model.weight.detach().numpy().copy(), errs
+
+    res = dist.spawn_threads(body, 2)
+    for ep in (0, 1):
+        ids = sorted(i for r in res for e, b in r[0] if e == ep for i in b)
+        assert ids == list(range(9))
+    assert res[0][1] == [4, 5, 4, 5]            # the tail joins a step
+    assert res[0][2].tobytes() == res[1][2].tobytes()
+    errs = res[0][3]
+    assert "takes the plain module" in errs[0]
+    assert "ZeroRedundancyOptimizer (ZeRO) is not supported" in errs[1]
+    assert "FSDP" in errs[2] and "buddy replicas are not built" in errs[2]
