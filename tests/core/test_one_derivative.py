@@ -18,7 +18,7 @@ from dtorch.autograd.function import once_differentiable
 from dtorch.ops import _tnp
 from dtorch.ops.base import Op, grad_xp
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Ratchets: each may only go down (lower it when you remove one).
 BACKWARD_GRAPH_DEFS = 92
@@ -45,7 +45,7 @@ def test_backward_graph_definitions_only_shrink():
         f"{n} backward_graph definitions (budget {BACKWARD_GRAPH_DEFS}): "
         f"write the op's derivative once, in backward, with grad_xp(g) "
         f"and ctx.input/ctx.output/ctx.const (dtorch/ops/_tnp.py)")
-    assert n >= BACKWARD_GRAPH_DEFS - 200   # the count itself works
+    assert os.path.isdir(os.path.join(ROOT, "dtorch")) and n > 0
 
 
 @pytest.mark.parametrize("x", [np.nan, -2.0, 0.0, 3.0, np.inf])
