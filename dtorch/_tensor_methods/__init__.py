@@ -8,7 +8,7 @@ from .selection import (  # noqa: F401
     index_add, index_copy, index_fill, index_add_, index_copy_,
     index_fill_, index_put, index_put_, masked_select, masked_scatter,
     unique, unique_consecutive, nonzero, mode, put_)
-from .scans import (  # noqa: F401
+from .reduce import (  # noqa: F401
     cumprod, cummax, cummin, logcumsumexp, diff)
 from .shape import (  # noqa: F401
     diagonal, diag, diag_embed, movedim, repeat_interleave, unfold,

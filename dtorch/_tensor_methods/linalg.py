@@ -6,6 +6,7 @@ of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
 """
 from .. import _backend as B
 from ..autograd import function as _function
+from ._common import methods
 
 
 @_function.autocast_op({"cpu": "fp32"})      # PyTorch's CPU fp32 list
@@ -139,3 +140,13 @@ def matrix_power(self, n):
 
 def matrix_exp(self):
     return _la.matrix_exp(self)
+
+
+# ================================================= the mixin =====
+
+@methods("trace outer mv addmm baddbmm addbmm addmv inverse det logdet "
+         "slogdet cholesky cholesky_solve cholesky_inverse qr svd pinverse "
+         "matrix_power matrix_exp cross")
+class LinalgMethods:
+    """Tensor's matrix products and torch.linalg's older method names."""
+    __slots__ = ()
