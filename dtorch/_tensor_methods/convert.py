@@ -14,6 +14,17 @@ _LEGACY_DTYPES = {
     "ByteTensor": B.uint8, "CharTensor": B.int8, "BoolTensor": B.bool_}
 
 
+def _cast(dtype):
+    """The method ``t.<name>()``, which is ``t.to(dtype)``."""
+    def cast(self):
+        return self.to(dtype)
+    cast.__name__ = cast.__qualname__ = {
+        "float32": "float", "float64": "double", "float16": "half",
+        "int64": "long", "int32": "int", "bool": "bool"}.get(dtype.name,
+                                                             dtype.name)
+    return cast
+
+
 class ConvertMethods:
     """Tensor's conversions to other dtypes and to Python values."""
     __slots__ = ()
@@ -66,26 +77,10 @@ class ConvertMethods:
             dtype = _LEGACY_DTYPES[dtype.rsplit(".", 1)[-1]]
         return self.to(getattr(dtype, "_legacy_dtype", dtype))
 
-    def float(self):
-        return self.to(B.float32)
-
-    def double(self):
-        return self.to(B.float64)
-
-    def half(self):
-        return self.to(B.float16)
-
-    def bfloat16(self):
-        return self.to(B.bfloat16)
-
-    def long(self):
-        return self.to(B.int64)
-
-    def int(self):
-        return self.to(B.int32)
-
-    def bool(self):
-        return self.to(B.bool_)
+    float, double, half = _cast(B.float32), _cast(B.float64), \
+        _cast(B.float16)
+    bfloat16, long, int = _cast(B.bfloat16), _cast(B.int64), _cast(B.int32)
+    bool = _cast(B.bool_)
 
     def type_as(self, other):
         return self.to(other.dtype)

@@ -10,6 +10,14 @@ from ..autograd.grad_mode import _state
 from ._common import _TensorBase, _arr, _operand
 
 
+def _unary(name):
+    """The in-place method ``t.<name>_()`` of the unary ``t.<name>()``."""
+    def method(self):
+        return self._unary_(name)
+    method.__name__ = method.__qualname__ = name + "_"
+    return method
+
+
 class InplaceMethods:
     """Tensor's in-place methods."""
     __slots__ = ()
@@ -132,26 +140,9 @@ class InplaceMethods:
         self._bump_version()
         return self
 
-    def neg_(self):
-        return self._unary_("neg")
-
-    def exp_(self):
-        return self._unary_("exp")
-
-    def log_(self):
-        return self._unary_("log")
-
-    def sqrt_(self):
-        return self._unary_("sqrt")
-
-    def abs_(self):
-        return self._unary_("abs")
-
-    def tanh_(self):
-        return self._unary_("tanh")
-
-    def sigmoid_(self):
-        return self._unary_("sigmoid")
+    neg_, exp_, log_, sqrt_, abs_, tanh_, sigmoid_ = (
+        _unary(n) for n in ("neg", "exp", "log", "sqrt", "abs", "tanh",
+                            "sigmoid"))
 
     @B.on_own_device
     def relu_(self):

@@ -102,17 +102,21 @@ class LRScheduler:
                 "PyTorch skipping the first value of the learning rate "
                 "schedule.", UserWarning, stacklevel=2)
         self._step_count += 1
+        if epoch is None:
+            self.last_epoch += 1
+            self._set_lrs(self.get_lr)
+        else:
+            warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning,
+                          stacklevel=2)
+            self.last_epoch = epoch
+            self._set_lrs(getattr(self, "_get_closed_form_lr", self.get_lr))
+
+    def _set_lrs(self, compute):
+        """Write ``compute()``'s rates into the groups (``get_lr`` called
+        from within ``step``: no warning)."""
         self._get_lr_called_within_step = True
         try:
-            if epoch is None:
-                self.last_epoch += 1
-                values = self.get_lr()
-            else:
-                warnings.warn(EPOCH_DEPRECATION_WARNING, UserWarning,
-                              stacklevel=2)
-                self.last_epoch = epoch
-                closed = getattr(self, "_get_closed_form_lr", None)
-                values = closed() if closed else self.get_lr()
+            values = compute()
         finally:
             self._get_lr_called_within_step = False
         for group, lr in zip(self.optimizer.param_groups, values):
