@@ -204,13 +204,6 @@ class Tensor(MathsMethods, ReduceMethods, ShapeMethods, SelectionMethods,
     def _wrap(cls, data):
         return cls._make(data, False, None)
 
-    def _alias(self):
-        """A new untracked tensor over the same memory and version counter."""
-        t = Tensor._make(self._data, False, None)
-        t._vc = self._vc
-        t._base = self if self._base is None else self._base
-        return t
-
     def _xp(self):
         return B.get_array_module(self._data)
 
@@ -374,10 +367,13 @@ class Tensor(MathsMethods, ReduceMethods, ShapeMethods, SelectionMethods,
         return P.Cast.apply(self, np_dtype=self._data.dtype)
 
     def detach(self):
+        """A new untracked tensor over the same memory and version counter."""
         t = Tensor._make(self._data, False, None)
         t._vc = self._vc
         t._base = self if self._base is None else self._base
         return t
+
+    _alias = detach     # (autograd's TensorBase protocol)
 
     def detach_(self):
         self.grad_fn = None

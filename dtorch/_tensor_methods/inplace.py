@@ -90,18 +90,19 @@ class InplaceMethods:
         return self
 
     def add_(self, other, alpha=1):
-        if self._tracked(other):
-            return self._rebase(lambda t: t.add(other, alpha=alpha))
-        if alpha != 1:
-            other = _arr(_operand(other, self)) * alpha
-        return self._ufunc_("add", other)
+        return self._scaled_("add", "add", other, alpha)
 
     def sub_(self, other, alpha=1):
+        return self._scaled_("sub", "subtract", other, alpha)
+
+    def _scaled_(self, method, ufunc, other, alpha):
+        """self = self <method> alpha * other, in memory (add_, sub_)."""
         if self._tracked(other):
-            return self._rebase(lambda t: t.sub(other, alpha=alpha))
+            return self._rebase(
+                lambda t: getattr(t, method)(other, alpha=alpha))
         if alpha != 1:
             other = _arr(_operand(other, self)) * alpha
-        return self._ufunc_("subtract", other)
+        return self._ufunc_(ufunc, other)
 
     def mul_(self, other):
         if self._tracked(other):
