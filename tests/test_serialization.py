@@ -718,8 +718,8 @@ def test_full_device_file_object_names_it():
 
 
 def _tmp_name(target, pid):
-    return (f".{target}.dtorch-{dtorch.serialization._files._host_tag()}-{pid}-"
-            "0123abcd.tmp")
+    host = dtorch.serialization._files._host_tag()
+    return f".{target}.dtorch-{host}-{pid}-0123abcd.tmp"
 
 
 def test_stale_temp_files_of_dead_savers_are_removed(tmp_path):

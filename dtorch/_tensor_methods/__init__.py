@@ -1,6 +1,9 @@
-"""Tensor methods by family, below dtorch/tensor.py: these modules import
-only ops, autograd and the backend, and know Tensor through autograd's
-TensorBase protocol, so dtorch/tensor.py imports them without a circle."""
+"""Tensor methods by family, below dtorch/tensor.py: each module holds one
+family's mixin class, which Tensor inherits (the rule is in tensor.py's
+docstring). They import only ops, autograd and the backend, and know Tensor
+through autograd's TensorBase protocol, so dtorch/tensor.py imports them
+without a circle. This package re-exports the functions that are also
+``dtorch.<name>``."""
 from .selection import (  # noqa: F401
     tril, triu, tril_, triu_, sort, argsort, msort, topk, kthvalue, median,
     quantile, nanquantile, gather, take_along_dim, take, scatter,

@@ -10,7 +10,7 @@ from ..autograd import function as _function
 
 
 # Tensor is known here through autograd's TensorBase protocol: this module
-# sits below dtorch/tensor.py (whose class body binds these functions), and
+# sits below dtorch/tensor.py (whose class inherits the families' mixins), and
 # new tensors are made by the _wrap of the tensor at hand.
 _TensorBase = _function.TensorBase
 _SCALARS = (int, float, bool)

@@ -1,8 +1,10 @@
 """Tensor methods of linear algebra: trace, outer, mv, addmm/baddbmm/addbmm/addmv,
 and torch.linalg's functions under their Tensor names (inverse, det, svd...).
 
-Each function takes the tensor first: it is a Tensor method (the class body
-of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
+Each function takes the tensor first: it is a Tensor method (this family's
+mixin, at the end, binds it; Tensor inherits the mixin) and, where PyTorch
+has one, ``dtorch.<name>``. Methods that are not functions are written in
+the mixin's body (the rule: dtorch/tensor.py's docstring).
 """
 from .. import _backend as B
 from ..autograd import function as _function

@@ -1,8 +1,10 @@
 """Tensor methods that sample: multinomial, bernoulli, the in-place
 exponential_/geometric_/log_normal_/cauchy_.
 
-Each function takes the tensor first: it is a Tensor method (the class body
-of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
+Each function takes the tensor first: it is a Tensor method (this family's
+mixin, at the end, binds it; Tensor inherits the mixin) and, where PyTorch
+has one, ``dtorch.<name>``. Methods that are not functions are written in
+the mixin's body (the rule: dtorch/tensor.py's docstring).
 """
 import numpy as np
 

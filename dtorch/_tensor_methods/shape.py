@@ -1,8 +1,10 @@
 """Tensor methods on shapes and matrices' layout: diagonal/diag, movedim,
 repeat_interleave, unfold, tile, in-place reshapes, predicates, resize_.
 
-Each function takes the tensor first: it is a Tensor method (the class body
-of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
+Each function takes the tensor first: it is a Tensor method (this family's
+mixin, at the end, binds it; Tensor inherits the mixin) and, where PyTorch
+has one, ``dtorch.<name>``. Methods that are not functions are written in
+the mixin's body (the rule: dtorch/tensor.py's docstring).
 """
 import builtins
 import math
