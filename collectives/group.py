@@ -629,24 +629,23 @@ class ProcessGroup:
         return done
 
     def _start_scatter(self, out, inp, src, deadline):
-        xp = get_array_module(out)
-        full = xp.empty((self.size,) + out.shape, out.dtype)
-        if self.rank == src:
-            for r in range(self.size):
-                full[r] = inp[r]
-        fin = self._start_broadcast(full, src, deadline)
-
-        def done(dl):
-            self._complete(fin, dl)
-            out[...] = full[self.rank]
-        return done
+        return self._via_rows(out, inp, self.rank == src, lambda full:
+                              self._start_broadcast(full, src, deadline))
 
     def _start_reduce_scatter(self, out, inp, op, deadline):
+        return self._via_rows(out, inp, True, lambda full:
+                              self._start_all_reduce(full, op, deadline))
+
+    def _via_rows(self, out, inp, fill, start):
+        """A scatter as a whole-buffer collective: the ``inp`` rows (when
+        ``fill``) stacked into one (size, ...) buffer, ``start(buffer)``,
+        then this rank's row into ``out``."""
         xp = get_array_module(out)
         full = xp.empty((self.size,) + out.shape, out.dtype)
-        for r in range(self.size):
-            full[r] = inp[r]
-        fin = self._start_all_reduce(full, op, deadline)
+        if fill:
+            for r in range(self.size):
+                full[r] = inp[r]
+        fin = start(full)
 
         def done(dl):
             self._complete(fin, dl)

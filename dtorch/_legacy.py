@@ -3,7 +3,8 @@
 ``LongTensor(2, 3)`` construct, ``isinstance(t, torch.FloatTensor)`` checks
 a CPU tensor's dtype, and ``t.type(torch.LongTensor)`` converts."""
 from ._creation import tensor, zeros
-from .tensor import Tensor, _LEGACY_DTYPES
+from ._tensor_methods.convert import _LEGACY_DTYPES
+from .tensor import Tensor
 
 __all__ = ["FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor",
            "LongTensor", "IntTensor", "ShortTensor", "ByteTensor",

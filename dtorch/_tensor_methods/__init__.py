@@ -1,6 +1,9 @@
-"""Tensor methods by family, below dtorch/tensor.py: these modules import
-only ops, autograd and the backend, and know Tensor through autograd's
-TensorBase protocol, so dtorch/tensor.py imports them without a circle."""
+"""Tensor methods by family, below dtorch/tensor.py: each module holds one
+family's mixin class, which Tensor inherits (the rule is in tensor.py's
+docstring). They import only ops, autograd and the backend, and know Tensor
+through autograd's TensorBase protocol, so dtorch/tensor.py imports them
+without a circle. This package re-exports the functions that are also
+``dtorch.<name>``."""
 from .selection import (  # noqa: F401
     tril, triu, tril_, triu_, sort, argsort, msort, topk, kthvalue, median,
     quantile, nanquantile, gather, take_along_dim, take, scatter,
@@ -8,7 +11,7 @@ from .selection import (  # noqa: F401
     index_add, index_copy, index_fill, index_add_, index_copy_,
     index_fill_, index_put, index_put_, masked_select, masked_scatter,
     unique, unique_consecutive, nonzero, mode, put_)
-from .scans import (  # noqa: F401
+from .reduce import (  # noqa: F401
     cumprod, cummax, cummin, logcumsumexp, diff)
 from .shape import (  # noqa: F401
     diagonal, diag, diag_embed, movedim, repeat_interleave, unfold,

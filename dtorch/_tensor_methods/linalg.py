@@ -1,11 +1,14 @@
 """Tensor methods of linear algebra: trace, outer, mv, addmm/baddbmm/addbmm/addmv,
 and torch.linalg's functions under their Tensor names (inverse, det, svd...).
 
-Each function takes the tensor first: it is a Tensor method (the class body
-of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
+Each function takes the tensor first: it is a Tensor method (this family's
+mixin, at the end, binds it; Tensor inherits the mixin) and, where PyTorch
+has one, ``dtorch.<name>``. Methods that are not functions are written in
+the mixin's body (the rule: dtorch/tensor.py's docstring).
 """
 from .. import _backend as B
 from ..autograd import function as _function
+from ._common import methods
 
 
 @_function.autocast_op({"cpu": "fp32"})      # PyTorch's CPU fp32 list
@@ -139,3 +142,13 @@ def matrix_power(self, n):
 
 def matrix_exp(self):
     return _la.matrix_exp(self)
+
+
+# ================================================= the mixin =====
+
+@methods("trace outer mv addmm baddbmm addbmm addmv inverse det logdet "
+         "slogdet cholesky cholesky_solve cholesky_inverse qr svd pinverse "
+         "matrix_power matrix_exp cross")
+class LinalgMethods:
+    """Tensor's matrix products and torch.linalg's older method names."""
+    __slots__ = ()

@@ -1,16 +1,19 @@
 """Tensor methods of elementwise maths: inverse trigonometry, special
 functions, remainder/fmod, bitwise and logical ops, nansum/nanmean.
 
-Each function takes the tensor first: it is a Tensor method (the class body
-of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
+Each function takes the tensor first: it is a Tensor method (this family's
+mixin, at the end, binds it; Tensor inherits the mixin) and, where PyTorch
+has one, ``dtorch.<name>``. Methods that are not functions are written in
+the mixin's body (the rule: dtorch/tensor.py's docstring).
 """
 import numpy as np
 
 from .. import _backend as B
 from .. import ops as P
+from ..autograd import function as _function
 from ..ops.base import is_float
 from ..ops import elementwise as E
-from ._common import _TensorBase, _arr, _operand
+from ._common import _TensorBase, _arr, _operand, methods
 
 
 # ========================================================= elementwise =====
@@ -225,3 +228,414 @@ def sgn(self):
     x)."""
     s = self.sign()
     return s.masked_fill(s != s, 0) if self.dtype.is_floating_point else s
+
+
+def _step_fn(name, decimals=0):
+    """The array function of a piecewise-constant op (``P.Step``)."""
+    if name == "round":
+        return lambda xp, x, y: xp.round(x, decimals)
+    if name == "sign":
+        return _sign
+    return lambda xp, x, y: getattr(xp, name)(x)
+
+
+def _sign(xp, x, y):
+    # PyTorch: sign(NaN) is 0
+    out = xp.sign(x)
+    return xp.where(xp.isnan(x), 0, out).astype(out.dtype) \
+        if out.dtype.kind == "f" else out
+
+
+def _floor_div(xp, x, y):
+    x, y = P.promote(x, y, "floor_divide")
+    if x.dtype.kind in "biu":
+        return xp.floor_divide(x, y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return P.arith._div_floor(xp, x, y)
+
+
+def _trunc_div(xp, x, y):
+    x, y = P.promote(x, y, "div")
+    if x.dtype.kind in "biu":     # exact: C's truncating division
+        q = xp.floor_divide(x, y)
+        return q + ((q < 0) & (q * y != x))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return xp.trunc(x / y).astype(x.dtype, copy=False)
+
+
+# ================================================= the mixin =====
+
+@methods("erf erfc erfinv asin acos atan sinh cosh asinh acosh atanh exp2 "
+         "frac sinc logit atan2 hypot xlogy remainder fmod floor_divide "
+         "float_power logical_xor bitwise_and bitwise_or bitwise_xor "
+         "bitwise_not signbit heaviside copysign nansum nanmean lgamma "
+         "digamma fmax fmin sgn")
+class MathsMethods:
+    """Tensor's elementwise maths: the functions above as methods, the
+    operators, comparisons and logical ops."""
+    __slots__ = ()
+
+    arctan2, arcsin, arccos, arctan = atan2, asin, acos, atan
+
+    # ------------------------------------------------------- arithmetic ---
+    # the other operand is most often a tensor: tested inline, as
+    # _operand's call costs more than the test on tiny tensors
+    def __add__(self, other):
+        return P.Add.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
+
+    def __radd__(self, other):
+        return P.Add.apply(_operand(other, self), self)
+
+    def __sub__(self, other):
+        return P.Sub.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
+
+    def __rsub__(self, other):
+        return P.Sub.apply(_operand(other, self), self)
+
+    def __mul__(self, other):
+        return P.Mul.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
+
+    def __rmul__(self, other):
+        return P.Mul.apply(_operand(other, self), self)
+
+    def __truediv__(self, other):
+        return P.Div.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
+
+    def __rtruediv__(self, other):
+        return P.Div.apply(_operand(other, self), self)
+
+    def __pow__(self, other):
+        return P.Pow.apply(self, other if isinstance(other, _TensorBase)
+                            else _operand(other, self))
+
+    def __rpow__(self, other):
+        return P.Pow.apply(_operand(other, self), self)
+
+    def __matmul__(self, other):
+        return P.MatMul.apply(self, other if isinstance(other, _TensorBase)
+                               else _operand(other, self))
+
+    def __rmatmul__(self, other):
+        return P.MatMul.apply(_operand(other, self), self)
+
+    def __neg__(self):
+        return P.Neg.apply(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return P.Abs.apply(self)
+
+    def __floordiv__(self, other):
+        return self._divide(other, "floor_divide")
+
+    def __rfloordiv__(self, other):
+        o = _operand(other, self)
+        if not isinstance(o, _TensorBase):      # a number: a 0-d operand
+            o = self._wrap(self._xp().asarray(o))
+        return o._divide(self, "floor_divide")
+
+    def __mod__(self, other):
+        return self.remainder(other)
+
+    @B.on_own_device
+    def _divide(self, other, mode):
+        """Division rounded down (``floor_divide``, ``floor``) or toward
+        zero (``trunc``): exact on integers (a zero divisor raises, as in
+        PyTorch), else PyTorch's float rounding with a zero derivative
+        (none at all for floor_divide, as there)."""
+        x, y = P.promote(self._data, _arr(_operand(other, self)), mode)
+        if x.dtype.kind in "biu":
+            P.int_division("div_floor" if mode != "trunc" else "div_trunc",
+                           x, y)
+        return P.Step.apply(self, other,
+                            _trunc_div if mode == "trunc" else _floor_div,
+                            "floor_divide" if mode == "floor_divide"
+                            else None, True)
+
+    def add(self, other, alpha=1):
+        if alpha != 1:
+            other = _operand(other, self) * alpha
+        return self + other
+
+    def sub(self, other, alpha=1):
+        if alpha != 1:
+            other = _operand(other, self)
+            P.arith.check_sub_operands(self, other)   # before bool * alpha
+            other = other * alpha
+        return self - other
+
+    subtract = sub
+
+    def mul(self, other):
+        return self * other
+
+    multiply = mul
+
+    @B.on_own_device
+    def div(self, other, rounding_mode=None):
+        if rounding_mode is None:
+            return self / other
+        if rounding_mode in ("floor", "trunc"):
+            return self._divide(other, rounding_mode)
+        raise ValueError(f"div expected rounding_mode to be one of None, "
+                         f"'trunc', or 'floor' but found '{rounding_mode}'")
+
+    divide = div
+    true_divide = div
+
+    def pow(self, exponent):
+        return self ** exponent
+
+    def matmul(self, other):
+        return self @ other
+
+    def mm(self, other):
+        if self.ndim != 2 or other.ndim != 2:
+            raise RuntimeError(f"mm: expected 2D tensors, got {self.ndim}D "
+                               f"and {other.ndim}D")
+        return self @ other
+
+    def bmm(self, other):
+        if self.ndim != 3 or other.ndim != 3:
+            raise RuntimeError(f"batch1 and batch2 must be 3D tensors, got "
+                               f"{self.ndim}D and {other.ndim}D")
+        return self @ other
+
+    @_function.autocast_op("none")      # not lowered (PyTorch's lists)
+    def dot(self, other):
+        if self.ndim != 1 or other.ndim != 1:
+            raise RuntimeError(f"1D tensors expected, but got {self.ndim}D "
+                               f"and {other.ndim}D tensors")
+        return self @ other
+
+    def neg(self):
+        return P.Neg.apply(self)
+
+    negative = neg
+
+    def exp(self):
+        return P.Exp.apply(self)
+
+    def log(self):
+        return P.Log.apply(self)
+
+    def log1p(self):
+        return P.Log1p.apply(self)
+
+    def log2(self):
+        return self.log() / float(np.log(2.0))
+
+    def log10(self):
+        return self.log() / float(np.log(10.0))
+
+    def expm1(self):
+        return P.Expm1.apply(self)
+
+    def sqrt(self):
+        return P.Sqrt.apply(self)
+
+    def rsqrt(self):
+        return P.Rsqrt.apply(self)
+
+    def square(self):
+        return self * self
+
+    def abs(self):
+        return P.Abs.apply(self)
+
+    absolute = abs
+
+    def reciprocal(self):
+        return P.Reciprocal.apply(self)
+
+    def sin(self):
+        return P.Sin.apply(self)
+
+    def cos(self):
+        return P.Cos.apply(self)
+
+    def tan(self):
+        return self.sin() / self.cos()
+
+    def tanh(self):
+        return P.Tanh.apply(self)
+
+    def sigmoid(self):
+        return P.Sigmoid.apply(self)
+
+    def relu(self):
+        return P.Relu.apply(self)
+
+    def clamp(self, min=None, max=None):
+        if min is None and max is None:
+            raise RuntimeError("torch.clamp: At least one of 'min' or 'max' "
+                               "must not be None")
+        if isinstance(min, _TensorBase) or isinstance(max, _TensorBase):
+            return P.ClampT.apply(
+                self, None if min is None else _operand(min, self),
+                None if max is None else _operand(max, self))
+        return P.Clamp.apply(self, min=min, max=max)
+
+    clip = clamp
+
+    def clamp_min(self, min):
+        return self.clamp(min=min)
+
+    def clamp_max(self, max):
+        return self.clamp(max=max)
+
+    def maximum(self, other):
+        return P.Maximum.apply(self, _operand(other, self))
+
+    def minimum(self, other):
+        return P.Minimum.apply(self, _operand(other, self))
+
+    def lerp(self, end, weight):
+        return P.Lerp.apply(self, _operand(end, self), _operand(weight, self))
+
+    def addcmul(self, t1, t2, value=1):
+        return self + t1 * t2 * value
+
+    def addcdiv(self, t1, t2, value=1):
+        return self + t1 / t2 * value
+
+    def sign(self):
+        if self.dtype is B.bool_:
+            return self.clone()
+        return P.Step.apply(self, None, _step_fn("sign"))
+
+    def floor(self):
+        return self._rounding("floor")
+
+    def ceil(self):
+        return self._rounding("ceil")
+
+    def round(self, decimals=0):
+        return self._rounding("round", decimals)
+
+    def trunc(self):
+        return self._rounding("trunc")
+
+    def _rounding(self, name, decimals=0):
+        # PyTorch has no bool kernel, nor an integer one with decimals
+        if self.dtype is B.bool_ or decimals and \
+                not self.dtype.is_floating_point:
+            raise NotImplementedError(
+                f'"{name}_cpu" not implemented for '
+                f'\'{"Bool" if self.dtype is B.bool_ else "Long"}\'')
+        if not self.dtype.is_floating_point:
+            return self.clone()
+        return P.Step.apply(self, None, _step_fn(name, decimals))
+
+    @B.on_own_device
+    def isnan(self):
+        return self._wrap(self._xp().isnan(self._data))
+
+    @B.on_own_device
+    def isinf(self):
+        return self._wrap(self._xp().isinf(self._data))
+
+    @B.on_own_device
+    def isfinite(self):
+        return self._wrap(self._xp().isfinite(self._data))
+
+    def nan_to_num(self, nan=0.0, posinf=None, neginf=None):
+        return P.NanToNum.apply(self, nan=nan, posinf=posinf, neginf=neginf)
+
+    # ------------------------------------------------------- comparison ---
+    @B.on_own_device
+    def _cmp(self, ufunc_name, other):
+        o = _operand(other, self)
+        x, y = P.promote(self._data, _arr(o), ufunc_name)
+        return self._wrap(getattr(self._xp(), ufunc_name)(x, y))
+
+    def __eq__(self, other):
+        if other is None:
+            return False
+        return self._cmp("equal", other)
+
+    def __ne__(self, other):
+        if other is None:
+            return True
+        return self._cmp("not_equal", other)
+
+    def __lt__(self, other):
+        return self._cmp("less", other)
+
+    def __le__(self, other):
+        return self._cmp("less_equal", other)
+
+    def __gt__(self, other):
+        return self._cmp("greater", other)
+
+    def __ge__(self, other):
+        return self._cmp("greater_equal", other)
+
+    eq = __eq__
+    ne = __ne__
+    lt = __lt__
+    le = __le__
+    gt = __gt__
+    ge = __ge__
+
+    def __hash__(self):
+        return id(self)
+
+    def equal(self, other):
+        return bool(self.shape == other.shape
+                    and (self._data == other._data).all())
+
+    @B.on_own_device
+    def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        return bool(self._xp().allclose(self._data, _arr(other), rtol, atol,
+                                        equal_nan))
+
+    @B.on_own_device
+    def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        if not isinstance(other, _TensorBase):
+            raise TypeError(f"isclose(): argument 'other' (position 1) must "
+                            f"be Tensor, not {type(other).__name__}")
+        if other.dtype is not self.dtype:
+            raise RuntimeError(f"{P.base.dtype_name(self._data.dtype)} did "
+                               f"not match "
+                               f"{P.base.dtype_name(other._data.dtype)}")
+        return self._wrap(self._xp().isclose(self._data, _arr(other), rtol,
+                                               atol, equal_nan))
+
+    @B.on_own_device
+    def _logical(self, name, other):
+        o = _arr(_operand(other, self))
+        return self._wrap(getattr(self._xp(), name)(self._data, o))
+
+    def __and__(self, other):
+        return self._logical("bitwise_and", other)
+
+    def __or__(self, other):
+        return self._logical("bitwise_or", other)
+
+    def __xor__(self, other):
+        return self._logical("bitwise_xor", other)
+
+    __rand__ = __and__
+    __ror__ = __or__
+    __rxor__ = __xor__
+
+    @B.on_own_device
+    def __invert__(self):
+        return self._wrap(~self._data)
+
+    @B.on_own_device
+    def logical_not(self):
+        return self._wrap(self._xp().logical_not(self._data))
+
+    def logical_and(self, other):
+        return self._logical("logical_and", other)
+
+    def logical_or(self, other):
+        return self._logical("logical_or", other)

@@ -1,14 +1,16 @@
 """Tensor methods that sample: multinomial, bernoulli, the in-place
 exponential_/geometric_/log_normal_/cauchy_.
 
-Each function takes the tensor first: it is a Tensor method (the class body
-of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
+Each function takes the tensor first: it is a Tensor method (this family's
+mixin, at the end, binds it; Tensor inherits the mixin) and, where PyTorch
+has one, ``dtorch.<name>``. Methods that are not functions are written in
+the mixin's body (the rule: dtorch/tensor.py's docstring).
 """
 import numpy as np
 
 from .. import _backend as B
 from ..random import draw, draw_into
-from ._common import _TensorBase
+from ._common import _TensorBase, _arr, methods
 
 
 # ============================================================ sampling ======
@@ -88,12 +90,16 @@ def bernoulli(self, p=None, generator=None):
 
 
 @B.on_own_device
-def _fill_random(self, method, *args, generator=None, scale=None):
-    # drawn on self's device by its generator, not on the host
-    self._check_inplace()
+def _fill_random(self, method, *args, generator=None, scale=None,
+                 dtype=None, check=True):
+    """Draw ``method(*args)`` into self in place (then ``scale[0] +
+    scale[1] * v``), on self's device by its generator, not on the host;
+    ``dtype`` is the dtype drawn in (None: the method's own)."""
+    if check:
+        self._check_inplace()
     draw_into(self._data, method, *args, device=self.device,
-              generator=generator, then=None if scale is None else
-              (lambda v: scale[0] + scale[1] * v))
+              generator=generator, dtype=dtype, then=None if scale is None
+              else (lambda v: scale[0] + scale[1] * v))
     self._bump_version()
     return self._overwritten()
 
@@ -114,3 +120,48 @@ def log_normal_(self, mean=1.0, std=2.0, generator=None):
 def cauchy_(self, median=0.0, sigma=1.0, generator=None):
     return _fill_random(self, "standard_cauchy", generator=generator,
                         scale=(median, sigma))
+
+
+# random_()'s bound by dtype: the integers a float holds exactly (PyTorch)
+_RANDOM_HIGH = {"float32": 2 ** 24 + 1, "float64": 2 ** 53 + 1,
+                "float16": 2 ** 11 + 1, "bfloat16": 2 ** 8 + 1, "bool": 2,
+                "uint8": 2 ** 8, "int8": 2 ** 7, "int16": 2 ** 15,
+                "int32": 2 ** 31, "int64": 2 ** 63 - 1}
+
+
+# ================================================= the mixin =====
+
+@methods("multinomial bernoulli exponential_ geometric_ log_normal_ cauchy_")
+class SamplingMethods:
+    """Tensor's random draws and in-place random fills."""
+    __slots__ = ()
+
+    # in-place random fills (nn.init builds on these)
+    # drawn on the tensor's device by its generator, not on the host
+    @B.on_own_device
+    def uniform_(self, a=0.0, b=1.0, generator=None):
+        return _fill_random(self, "uniform", a, b, generator=generator,
+                            dtype=self._data.dtype)
+
+    @B.on_own_device
+    def normal_(self, mean=0.0, std=1.0, generator=None):
+        return _fill_random(self, "normal", mean, std, generator=generator,
+                            dtype=self._data.dtype)
+
+    @B.on_own_device
+    def bernoulli_(self, p=0.5, generator=None):
+        self._check_inplace()
+        u = draw("random", size=self.shape, device=self.device,
+                 generator=generator)
+        self._data[...] = (u < _arr(p)).astype(self._data.dtype)
+        self._bump_version()
+        return self._overwritten()
+
+    @B.on_own_device
+    def random_(self, low=None, high=None, generator=None):
+        if low is None and high is None:     # the dtype's whole range
+            low, high = 0, _RANDOM_HIGH.get(self.dtype.name, 2 ** 24 + 1)
+        elif high is None:
+            low, high = 0, low
+        return _fill_random(self, "integers", low, high, generator=generator,
+                            dtype=self._data.dtype, check=False)

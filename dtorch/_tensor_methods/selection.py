@@ -1,8 +1,10 @@
 """Tensor methods that select: triangles, sorting (sort, topk, median,
 quantile), gather/scatter and index_*, masked_*, unique, nonzero, mode.
 
-Each function takes the tensor first: it is a Tensor method (the class body
-of dtorch/tensor.py binds it) and, where PyTorch has one, ``dtorch.<name>``.
+Each function takes the tensor first: it is a Tensor method (this family's
+mixin, at the end, binds it; Tensor inherits the mixin) and, where PyTorch
+has one, ``dtorch.<name>``. Methods that are not functions are written in
+the mixin's body (the rule: dtorch/tensor.py's docstring).
 """
 import numpy as np
 
@@ -11,7 +13,9 @@ from .. import ops as P
 from .. import return_types as R
 from ..ops import selection as S
 from ..autograd.function import autocast_op
-from ._common import _TensorBase, _arr, _index_array, _inplace
+from ..autograd.grad_mode import _state
+from ._common import _SCALARS, _TensorBase, _arr, _index_array, _inplace, \
+    methods
 
 
 # ================================================================ triangles ==
@@ -457,3 +461,79 @@ def put_(self, index, source, accumulate=False):
             scatter(flat, 0, i64, src)
         return out.reshape(t.shape)
     return _inplace(self, compute)
+
+
+# ================================================= the mixin =====
+
+@methods("tril triu tril_ triu_ sort argsort msort topk kthvalue median "
+         "quantile nanquantile gather take_along_dim take scatter "
+         "scatter_add scatter_ scatter_add_ scatter_reduce index_select "
+         "index_add index_copy index_fill index_add_ index_copy_ index_fill_ "
+         "index_put index_put_ masked_select masked_scatter unique "
+         "unique_consecutive nonzero mode put_")
+class SelectionMethods:
+    """Tensor's indexing, selection, sorting and scatter."""
+    __slots__ = ()
+
+    # --------------------------------------------------------- indexing ---
+    @B.on_own_device
+    def _key(self, key):
+        """Turn tensors and lists inside an index into arrays."""
+        if type(key) is tuple:
+            return tuple(self._key1(k) for k in key)
+        return self._key1(key)
+
+    def _key1(self, k):
+        if isinstance(k, _TensorBase):
+            if type(k._data) is not type(self._data):
+                raise RuntimeError(
+                    f"indices should be either on cpu or on the same device "
+                    f"as the indexed tensor ({self.device}), got {k.device}")
+            if k._data.dtype.kind == "f":
+                raise IndexError("tensors used as indices must be long, int, "
+                                 "byte or bool tensors")
+            return k._data
+        if isinstance(k, list):
+            return self._xp().asarray(k)
+        if isinstance(k, np.ndarray) and not isinstance(self._data,
+                                                        np.ndarray):
+            return self._xp().asarray(k)
+        return k
+
+    def __getitem__(self, key):
+        key = self._key(key)
+        if P._is_basic(key):
+            return P.IndexView.apply(self, key=key)
+        return P.Index.apply(self, key=key)
+
+    @B.on_own_device
+    def __setitem__(self, key, value):
+        key = self._key(key)
+        if isinstance(value, _TensorBase):
+            if type(value._data) is not type(self._data):
+                raise P._device_error("index_put_", self._data, value._data)
+            v = value
+        else:
+            v = self._xp().asarray(value, dtype=self._data.dtype) \
+                if not isinstance(value, _SCALARS) else value
+        if _state.enabled and (self.requires_grad or (
+                isinstance(v, _TensorBase) and v.requires_grad)):
+            if isinstance(v, _TensorBase) and v.dtype != self.dtype:
+                v = v.to(self.dtype)
+            self._rebase(lambda t: P.SetIndex.apply(t, v, key=key))
+            return
+        self._data[key] = _arr(v)
+        self._bump_version()
+
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __contains__(self, element):
+        return bool((self._data == _arr(element)).any())

@@ -23,6 +23,7 @@ from .. import _backend as B
 from ..autograd.function import Function
 from ..ops import Cat
 from ..ops.index import index_add0
+from ._common import methods
 
 
 class layout:
@@ -583,3 +584,16 @@ def sparse_dim(self):
 
 def dense_dim(self):
     return self.ndim
+
+
+# ================================================= the mixin =====
+
+@methods("coalesce indices values is_coalesced _nnz _indices _values "
+         "sparse_dim dense_dim")
+class SparseMethods:
+    """The sparse-only names on dense (strided) tensors: they raise."""
+    __slots__ = ()
+
+    # dense tensors are strided; SparseTensor is the COO layout
+    is_sparse = is_quantized = is_mkldnn = is_xpu = False
+    layout = strided

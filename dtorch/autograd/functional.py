@@ -79,17 +79,20 @@ def _grads(outs, ins, gouts, create_graph, strict, fn):
             gs = grad([o for o, _ in pairs], list(ins),
                       [g for _, g in pairs], retain_graph=True,
                       create_graph=create_graph, allow_unused=True)
-    res = []
-    for j, (g, x) in enumerate(zip(gs, ins)):
-        if g is None:
-            if strict:
-                raise RuntimeError(
-                    f"The output of the user-provided function is "
-                    f"independent of input {j}. This is not allowed in "
-                    f"strict mode.")
-            g = x.new_zeros(x.shape)
-        res.append(g)
-    return res
+    return [_or_zeros(g, x, strict, "The output", j)
+            for j, (g, x) in enumerate(zip(gs, ins))]
+
+
+def _or_zeros(g, x, strict, output, j):
+    """``g``, or zeros for an input ``x`` (number ``j``) that ``output``
+    does not depend on: PyTorch's error under strict."""
+    if g is None:
+        if strict:
+            raise RuntimeError(
+                f"{output} of the user-provided function is independent "
+                f"of input {j}. This is not allowed in strict mode.")
+        g = x.new_zeros(x.shape)
+    return g
 
 
 def _done(ts, create_graph, is_tuple):
@@ -121,14 +124,7 @@ def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False,
                     gs = grad(flat, list(ins), one, retain_graph=True,
                               create_graph=create_graph, allow_unused=True)
             for j, (g, x) in enumerate(zip(gs, ins)):
-                if g is None:
-                    if strict:
-                        raise RuntimeError(
-                            f"Output {i} of the user-provided function is "
-                            f"independent of input {j}. This is not allowed "
-                            f"in strict mode.")
-                    g = x.new_zeros(x.shape)
-                per_in[j].append(g)
+                per_in[j].append(_or_zeros(g, x, strict, f"Output {i}", j))
         jac = []
         for j, x in enumerate(ins):
             if per_in[j]:

@@ -2,18 +2,4 @@
 ``torch.cuda.amp.GradScaler``; ``dtorch.amp`` with device_type 'cuda'."""
 from .. import amp as _amp
 
-
-class autocast(_amp.autocast):
-    """``torch.cuda.amp.autocast(enabled=True, dtype=torch.float16,
-    cache_enabled=True)``."""
-
-    def __init__(self, enabled=True, dtype=None, cache_enabled=True):
-        super().__init__("cuda", dtype=dtype, enabled=enabled,
-                         cache_enabled=cache_enabled)
-
-
-class GradScaler(_amp.GradScaler):
-    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0,
-                 backoff_factor=0.5, growth_interval=2000, enabled=True):
-        super().__init__("cuda", init_scale, growth_factor, backoff_factor,
-                         growth_interval, enabled)
+autocast, GradScaler = _amp._device_spellings("cuda", __name__)

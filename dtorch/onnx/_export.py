@@ -561,10 +561,16 @@ def _tensor_patches(tr):
     mask or an index computed from the inputs becomes graph nodes."""
     from ..tensor import Tensor
     from .. import ops as N
-    cmp, logical = Tensor.__dict__["_cmp"], Tensor.__dict__["_logical"]
-    invert = Tensor.__dict__["__invert__"]
-    lnot = Tensor.__dict__["logical_not"]
-    arg = Tensor.__dict__["_arg"]
+    # each is defined by one of Tensor's family mixins (tensor.py), which
+    # is the class patched and restored
+    owner = {n: next(c for c in Tensor.__mro__ if n in vars(c))
+             for n in ("_cmp", "_logical", "__invert__", "logical_not",
+                       "_arg")}
+    cmp, logical = vars(owner["_cmp"])["_cmp"], \
+        vars(owner["_logical"])["_logical"]
+    invert = vars(owner["__invert__"])["__invert__"]
+    lnot = vars(owner["logical_not"])["logical_not"]
+    arg = vars(owner["_arg"])["_arg"]
 
     def mine():
         return threading.get_ident() == tr.thread and not tr.depth
@@ -633,8 +639,8 @@ def _tensor_patches(tr):
         tr.bind(out, Value(y, out.shape, np.dtype(np.int64)))
         return out
 
-    return [(Tensor, "_cmp", binary(cmp)), (Tensor, "_logical",
-                                           binary(logical)),
-            (Tensor, "__invert__", unary_not(invert)),
-            (Tensor, "logical_not", unary_not(lnot)),
-            (Tensor, "_arg", argfn)]
+    return [(owner["_cmp"], "_cmp", binary(cmp)),
+            (owner["_logical"], "_logical", binary(logical)),
+            (owner["__invert__"], "__invert__", unary_not(invert)),
+            (owner["logical_not"], "logical_not", unary_not(lnot)),
+            (owner["_arg"], "_arg", argfn)]

@@ -23,7 +23,8 @@ from ._weights_only import (add_safe_globals, clear_safe_globals,
 # and the benchmarks under these names
 from ._safetensors import (_CODES, _DTYPES, _HEADER_CRC_KEY, _LITTLE,  # noqa
                            _MAX_HEADER, _Checksums, _Decoder, _Encoder,
-                           _bytes_of, _fsync_dir, _pid_alive, _write)
+                           _bytes_of, _write)
+from ._files import _fsync_dir, _pid_alive  # noqa: F401
 
 __all__ = ["save", "load", "SerializationError", "ChecksumError",
            "WeightsOnlyError", "add_safe_globals", "get_safe_globals",

@@ -1,11 +1,12 @@
 """``save`` and ``load``: which format a call reads or writes (the
-formats themselves live in ``_safetensors`` and ``_torch_format``)."""
+formats themselves live in ``_safetensors``, ``_torch_format`` (reading
+PyTorch's files) and ``_torch_write``; the file plumbing in ``_files``)."""
 import os
 import warnings
 from typing import IO, Any, Callable, Union
 
 from .. import _backend as B
-from . import _safetensors, _torch_format
+from . import _files, _safetensors, _torch_format, _torch_write
 from ._errors import NotPlainError, SerializationError
 
 # the argument types of save/load, as PyTorch spells them
@@ -51,14 +52,14 @@ def save(obj: Any, f: FileLike, pickle_module: Any = None,
             plain = e
     if write is None:
         try:
-            write = _torch_format.writer(obj, pickle_module, pickle_protocol)
+            write = _torch_write.writer(obj, pickle_module, pickle_protocol)
         except SerializationError as e:
             if plain is None:
                 raise
             raise SerializationError(
                 f"dtorch.save cannot store the object: {plain}; and "
                 f"pickling it (PyTorch's format) fails: {e}") from e
-    _safetensors.write_to(f, write)
+    _files.write_to(f, write)
 
 
 def load(f: FileLike, map_location: MapLocation = None,
@@ -96,7 +97,7 @@ def load(f: FileLike, map_location: MapLocation = None,
     if pickle_load_args and weights_only:
         warnings.warn("pickle_load_args only works if `weights_only=False`.")
     pickle_load_args.setdefault("encoding", "utf-8")
-    with _safetensors.open_file(f, bool(mmap)) as src:
+    with _files.open_file(f, bool(mmap)) as src:
         if src.head.startswith(b"PK\x03\x04"):
             return _torch_format.load_zip(src, map_location, weights_only,
                                           pickle_module, pickle_load_args)

@@ -16,6 +16,7 @@ import os
 import re
 
 from . import _safetensors as S
+from ._files import write_to
 from ._api import load, save
 from ._errors import SerializationError
 
@@ -85,7 +86,7 @@ def save_torch_state_dict(state_dict, save_directory, *,
         path = os.path.join(save_directory, fname)
         if safe_serialization:
             part = {k: arrays[k] for k in names}
-            S.write_to(path, lambda fh, seekable, part=part: S._write(
+            write_to(path, lambda fh, seekable, part=part: S._write(
                 fh, part, {"format": "pt"}, seekable))
         else:
             save({k: state_dict[k] for k in names}, path, format="torch")
@@ -98,7 +99,7 @@ def save_torch_state_dict(state_dict, save_directory, *,
             "weight_map": {k: f for names, f in zip(shards, files)
                            for k in names}}
         text = json.dumps(body, indent=2, sort_keys=True).encode() + b"\n"
-        S.write_to(index, lambda fh, seekable: fh.write(text))
+        write_to(index, lambda fh, seekable: fh.write(text))
         keep.add(os.path.basename(index))
     _remove_stale(save_directory, filename_pattern, keep)
 

@@ -212,3 +212,26 @@ def test_plateau_against_torch():
         ts.step(m)
         ds.step(m)
         assert ds.get_last_lr() == ts.get_last_lr()
+
+
+def test_schedulers_live_in_lr_scheduler_by_name():
+    # split into family files, every scheduler keeps torch's home module
+    # (pickled names, reprs)
+    for name in S.__all__:
+        assert getattr(S, name).__module__ == "dtorch.optim.lr_scheduler"
+
+
+def test_per_group_length_mismatch_is_torchs_error():
+    torch = pytest.importorskip("torch")
+    msgs = []
+    for lib in (dtorch, torch):
+        w = lib.zeros(1, requires_grad=True)
+        opt = lib.optim.SGD([w], lr=0.1, momentum=0.9)
+        for make in (lambda: lib.optim.lr_scheduler.OneCycleLR(
+                         opt, max_lr=[0.1, 0.2], total_steps=10),
+                     lambda: lib.optim.lr_scheduler.CyclicLR(
+                         opt, base_lr=[0.1, 0.2], max_lr=1.0)):
+            with pytest.raises(ValueError) as e:
+                make()
+            msgs.append(str(e.value))
+    assert msgs[:2] == msgs[2:]

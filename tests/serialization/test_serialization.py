@@ -718,13 +718,13 @@ def test_full_device_file_object_names_it():
 
 
 def _tmp_name(target, pid):
-    return (f".{target}.dtorch-{dtorch.serialization._safetensors._host_tag()}-{pid}-"
-            "0123abcd.tmp")
+    host = dtorch.serialization._files._host_tag()
+    return f".{target}.dtorch-{host}-{pid}-0123abcd.tmp"
 
 
 def test_stale_temp_files_of_dead_savers_are_removed(tmp_path):
     # a save killed between writing and renaming leaves its temp file
-    script = ("import os, sys, dtorch, dtorch.serialization._safetensors as s\n"
+    script = ("import os, sys, dtorch, dtorch.serialization._files as s\n"
               "s.os.replace = lambda *a: os._exit(9)\n"
               "dtorch.save({'x': dtorch.ones(1000)}, sys.argv[1])\n")
     r = subprocess.run([sys.executable, "-c", script,
@@ -785,10 +785,10 @@ def test_a_cleaner_between_create_and_lock_costs_no_save(tmp_path,
     # that runs after a save created its temporary file but before it
     # locked it takes the file for a dead saver's and removes it; the
     # save must go on with another file, not fail at the rename.
-    cleaner = ("import sys, dtorch.serialization._safetensors as s\n"
+    cleaner = ("import sys, dtorch.serialization._files as s\n"
                "s._pid_alive = lambda pid: False\n"
                "s._remove_stale_tmps(sys.argv[1])\n")
-    real_lock = dtorch.serialization._safetensors._lock
+    real_lock = dtorch.serialization._files._lock
     calls = []
 
     def late_lock(fd):
@@ -800,7 +800,7 @@ def test_a_cleaner_between_create_and_lock_costs_no_save(tmp_path,
                         if n.endswith(".tmp")]       # it took ours
         calls.append(fd)
         real_lock(fd)
-    monkeypatch.setattr(dtorch.serialization._safetensors, "_lock", late_lock)
+    monkeypatch.setattr(dtorch.serialization._files, "_lock", late_lock)
     dtorch.save({"x": dtorch.arange(3.0)}, tmp_path / "c.pt")
     assert len(calls) == 2 and os.listdir(tmp_path) == ["c.pt"]
     assert dtorch.load(tmp_path / "c.pt")["x"].tolist() == [0, 1, 2]

@@ -10,7 +10,7 @@ from ...tensor import Tensor
 from ...autograd.function import autocast_op
 from .linear import linear
 from .activation import softmax
-from .dropout import dropout
+from .dropout import _check_p, dropout
 from ._common import _keep_mask
 
 
@@ -51,9 +51,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
         raise RuntimeError(
             f"scaled_dot_product_attention: query, key and value must have "
             f"at least 2 dimensions, got {q.ndim}, {k.ndim} and {v.ndim}")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, "
-                         f"but got {dropout_p}")
+    _check_p(dropout_p)
     if attn_mask is not None:
         if is_causal:
             raise RuntimeError(

@@ -12,12 +12,16 @@ def dropout(input, p=0.5, training=True, inplace=False):
     return _dropout(input, p, training, inplace, input.shape)
 
 
+def _check_p(p):
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, "
+                         f"but got {p}")
+
+
 def _dropout(input, p, training, inplace, mask_shape):
     """Dropout with one keep/zero draw per element of ``mask_shape``
     (broadcast over the rest of ``input``)."""
-    if p < 0.0 or p > 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, "
-                         f"but got {p}")
+    _check_p(p)
     if not training or p == 0.0:
         return input
     if inplace:
@@ -89,9 +93,7 @@ def dropout3d(input, p=0.5, training=True, inplace=False):
 
 
 def alpha_dropout(input, p=0.5, training=False, inplace=False):
-    if p < 0 or p > 1:
-        raise ValueError(f"dropout probability has to be between 0 and 1, "
-                         f"but got {p}")
+    _check_p(p)
     if not training or p == 0:
         return input
     if inplace:

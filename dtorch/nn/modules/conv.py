@@ -2,10 +2,9 @@
 im2col ops of ``dtorch/ops/conv.py``."""
 
 from .module import Module
-from ..parameter import Parameter
 from .. import functional as F
 from .. import init
-from ..._creation import empty
+from .linear import _weight_and_bias
 
 
 class _ConvNd(Module):
@@ -50,11 +49,7 @@ class _ConvNd(Module):
             shape = (in_channels, out_channels // groups) + k
         else:
             shape = (out_channels, in_channels // groups) + k
-        self.weight = Parameter(empty(shape, **fk))
-        if bias:
-            self.bias = Parameter(empty(out_channels, **fk))
-        else:
-            self.register_parameter("bias", None)
+        _weight_and_bias(self, shape, bias, fk, out_channels)
         self.reset_parameters()
 
     def reset_parameters(self):

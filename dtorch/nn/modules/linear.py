@@ -12,6 +12,18 @@ def _factory(device, dtype):
     return {"device": device, "dtype": dtype}
 
 
+def _weight_and_bias(module, shape, bias, fk, bias_size=None):
+    """``module.weight`` of ``shape`` and ``module.bias`` of
+    ``bias_size`` (default: the weight's first dim) or a None bias,
+    uninitialised: ``reset_parameters`` fills them."""
+    module.weight = Parameter(empty(shape, **fk))
+    if bias:
+        module.bias = Parameter(empty(shape[0] if bias_size is None
+                                      else bias_size, **fk))
+    else:
+        module.register_parameter("bias", None)
+
+
 class Identity(Module):
     """Returns its input; arguments are accepted and ignored."""
 
@@ -45,11 +57,7 @@ class Linear(Module):
         fk = _factory(device, dtype)
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = Parameter(empty((out_features, in_features), **fk))
-        if bias:
-            self.bias = Parameter(empty(out_features, **fk))
-        else:
-            self.register_parameter("bias", None)
+        _weight_and_bias(self, (out_features, in_features), bias, fk)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -84,12 +92,8 @@ class Bilinear(Module):
         self.in1_features = in1_features
         self.in2_features = in2_features
         self.out_features = out_features
-        self.weight = Parameter(
-            empty((out_features, in1_features, in2_features), **fk))
-        if bias:
-            self.bias = Parameter(empty(out_features, **fk))
-        else:
-            self.register_parameter("bias", None)
+        _weight_and_bias(self, (out_features, in1_features, in2_features),
+                         bias, fk)
         self.reset_parameters()
 
     def reset_parameters(self):

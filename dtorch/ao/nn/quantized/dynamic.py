@@ -19,6 +19,13 @@ def _buffer_of(arr):
     return Tensor._wrap(arr)
 
 
+
+def _check_dtype(dtype, what):
+    if dtype is not qint8:
+        raise NotImplementedError(
+            f"dynamic quantized {what} supports dtype=dtorch.qint8 only, "
+            f"got {dtype}")
+
 class Linear(Module):
     """``y = x W^T + b`` with W stored as int8 and per-channel scales
     (``torch.ao.nn.quantized.dynamic.Linear``)."""
@@ -27,10 +34,7 @@ class Linear(Module):
     def __init__(self, in_features, out_features, bias_=True,
                  dtype=qint8):
         super().__init__()
-        if dtype is not qint8:
-            raise NotImplementedError(
-                f"dynamic quantized Linear supports dtype=dtorch.qint8 "
-                f"only, got {dtype}")
+        _check_dtype(dtype, "Linear")
         self.in_features = in_features
         self.out_features = out_features
         self.dtype = dtype
@@ -98,10 +102,7 @@ class LSTM(Module):
                  batch_first=False, dropout=0.0, bidirectional=False,
                  dtype=qint8):
         super().__init__()
-        if dtype is not qint8:
-            raise NotImplementedError(
-                f"dynamic quantized LSTM supports dtype=dtorch.qint8 only, "
-                f"got {dtype}")
+        _check_dtype(dtype, "LSTM")
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers
