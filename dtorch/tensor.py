@@ -393,6 +393,8 @@ class Tensor(_function.TensorBase):
         its views): the one place that advances the version counter, so
         that backward detects a modified saved tensor."""
         self._vc[0] += 1
+        if _function._capture is not None:    # a dtorch.compile capture
+            _function._capture.mutated(self)
 
     def is_floating_point(self):
         return self.dtype.is_floating_point
@@ -428,11 +430,15 @@ class Tensor(_function.TensorBase):
             raise RuntimeError(
                 f"a Tensor with {self._data.size} elements cannot be "
                 f"converted to Scalar")
+        if _function._capture is not None:    # a graph break
+            _function._capture.host_read(self, "Tensor.item()")
         if B._pending_checks:
             B.flush_checks()    # a host sync: deferred device checks raise
         return self._data.reshape(()).item()
 
     def tolist(self):
+        if _function._capture is not None:
+            _function._capture.host_read(self, "Tensor.tolist()")
         if B.is_cupy_array(self._data):
             B.flush_checks()
             return self._data.get().tolist()
@@ -443,6 +449,8 @@ class Tensor(_function.TensorBase):
             raise RuntimeError(
                 "Can't call numpy() on Tensor that requires grad. Use "
                 "tensor.detach().numpy() instead.")
+        if _function._capture is not None:
+            _function._capture.host_read(self, "Tensor.numpy()")
         if B.is_cupy_array(self._data):
             if not force:
                 raise TypeError(
@@ -1452,6 +1460,8 @@ class Tensor(_function.TensorBase):
             raise RuntimeError(
                 "Boolean value of Tensor with more than one value is "
                 "ambiguous")
+        if _function._capture is not None:
+            _function._capture.host_read(self, "bool(Tensor)")
         return bool(self._data.reshape(()))
 
     def __float__(self):

@@ -72,6 +72,32 @@ _saved_hooks = None
 _sac = None
 
 
+# While a dtorch.compile capture runs (in any thread), its tracer
+# (dtorch/_compile/trace.py), else None. Ops reach it through the recorder
+# chain (rank 4); what happens outside ops reaches it here: Tensor methods
+# that read values to the host (.item(), .tolist(), bool(), .numpy()) call
+# _capture.host_read(tensor, what), Tensor._bump_version (an in-place
+# change) calls _capture.mutated(tensor), and a function marked
+# ``array_source`` (a random draw that feeds an op: dropout's mask, rand)
+# calls _capture.source(fn, args, kwargs, out), so that a replay draws it
+# again.
+_capture = None
+
+
+def array_source(fn):
+    """Decorator: ``fn`` makes an array (or an untracked tensor) from its
+    arguments' metadata and the RNG state alone; a dtorch.compile replay
+    calls it again instead of reusing what the capture drew."""
+    @functools.wraps(fn)
+    def source(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if _capture is not None:
+            _capture.source(source, args, kwargs, out)
+        return out
+    source._raw = fn
+    return source
+
+
 def _update_hook():
     global _hook
     first = _profile if _profile is not None else _autocast
