@@ -78,8 +78,11 @@ def _same_step(x, y):
                 and all(_same_spec(p, q) for (_, p), (_, q)
                         in zip(x[3], y[3])))
     if x[0] == "src":
-        return (x[1] is y[1] and x[4:] == y[4:]
-                and _same_args(x[2], y[2]) and _same_args(x[3], y[3]))
+        return (x[1] is y[1] and x[4:] == y[4:] and len(x[2]) == len(y[2])
+                and all(_same_spec(p, q) for p, q in zip(x[2], y[2]))
+                and [k for k, _ in x[3]] == [k for k, _ in y[3]]
+                and all(_same_spec(p, q) for (_, p), (_, q)
+                        in zip(x[3], y[3])))
     if x[0] == "ufunc":
         return x[1] is y[1] and x[2] == y[2] and _same_spec(x[3], y[3])
     return x == y
@@ -88,16 +91,6 @@ def _same_step(x, y):
 def _same_spec(p, q):
     return p[0] == q[0] and (p[1] == q[1] if p[0] == "s"
                              else same(p[1], q[1]))
-
-
-def _same_args(a, b):
-    # a random source's arguments: tensors only lend shape and device
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and _same_args(list(a.values()),
-                                                   list(b.values()))
-    return len(a) == len(b) and all(
-        same_meta(x, y) if isinstance(x, _T) and isinstance(y, _T)
-        else same(x, y) for x, y in zip(a, b))
 
 
 def _reader(steps, slot):
@@ -234,7 +227,7 @@ class Program:
 
     # ---------------------------------------------------------- codegen --
     def _gen_forward(self, consts):
-        ns = {"new": object.__new__, "fix": _fix}
+        ns = {"new": object.__new__, "fix": _fix, "wrap": Tensor._wrap}
         L = ["def forward(I, L):"]
         for k, s in enumerate(self.inputs):
             L.append(f"    v{s} = I[{k}]")
@@ -268,9 +261,13 @@ class Program:
                 L.append(f"    v{slot} = " + (f"fix({call})" if scalar
                                               else call))
             elif kind == "src":
-                _, fn, args, kwargs, slot, is_t = st
-                ns[f"S{i}"], ns[f"A{i}"], ns[f"W{i}"] = fn, args, kwargs
-                L.append(f"    v{slot} = S{i}(*A{i}, **W{i})"
+                # a function outside ops (a comparison, a random draw):
+                # called again on tensors over this replay's arrays
+                _, fn, specs, kw, slot, is_t = st
+                ns[f"S{i}"] = fn
+                args = [_targ(p, ns, f"a{i}_{j}") for j, p in enumerate(specs)]
+                args += [f"{k}={_targ(p, ns, f'k{i}_{k}')}" for k, p in kw]
+                L.append(f"    v{slot} = S{i}({', '.join(args)})"
                          + ("._data" if is_t else ""))
             elif kind == "ufunc":
                 _, uf, t, other = st
@@ -284,7 +281,8 @@ class Program:
                     L.append(f"    L[{live_idx[st[1]]}]._bump_version()")
             else:                                        # copy
                 L.append(f"    v{st[1]}[...] = v{st[2]}")
-            dead = [s for s in _reads(st) if last[s] == i and s not in keep]
+            dead = sorted({s for s in _reads(st)
+                           if last[s] == i and s not in keep})
             if dead:
                 L.append("    del " + ", ".join(f"v{s}" for s in dead))
         outs = [f"v{o[1]}" for o in self.outs if o[0] == "t"]
@@ -405,9 +403,13 @@ def _arg(p, ns, name):
     return name
 
 
+def _targ(p, ns, name):
+    return f"wrap(v{p[1]})" if p[0] == "s" else _arg(p, ns, name)
+
+
 def _reads(st):
     kind = st[0]
-    if kind == "op":
+    if kind in ("op", "src"):
         return [p[1] for p in st[2] if p[0] == "s"] + \
             [p[1] for _, p in st[3] if p[0] == "s"]
     if kind == "ufunc":

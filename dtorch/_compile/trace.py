@@ -121,13 +121,22 @@ class Trace:
         self.steps.append(("op", cls, specs, kw, slot, needs,
                            out._data.ndim == 0))
 
-    def source(self, fn, args, kwargs, out):
+    def source(self, fn, args, kwargs):
+        specs = tuple(self.spec(a) for a in args)
+        kw = tuple((k, self.spec(v)) for k, v in kwargs.items())
+        self.done = True        # what fn does inside is fn's
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            self.done = False
         t = isinstance(out, _T)
         if t and out.requires_grad:
-            return self.stop(f"{fn.__name__} made a tensor that requires "
-                             f"grad inside compiled code")
-        self.steps.append(("src", fn._raw, args, kwargs,
-                           self._new(out._data if t else out), t))
+            self.stop(f"{fn.__name__} made a tensor that requires grad "
+                      f"inside compiled code")
+        else:
+            self.steps.append(("src", fn, specs, kw,
+                               self._new(out._data if t else out), t))
+        return out
 
     def mutated(self, t):
         f = sys._getframe(3)   # mutated <- _Hooks.mutated <- _bump_version
@@ -211,10 +220,11 @@ class _Hooks:
             tr.mutated(t)
 
     @staticmethod
-    def source(fn, args, kwargs, out):
+    def source(fn, args, kwargs):
         tr = _tls.trace
         if tr is not None and not tr.done:
-            tr.source(fn, args, kwargs, out)
+            return tr.source(fn, args, kwargs)
+        return fn(*args, **kwargs)
 
 
 class _Recorder:

@@ -78,23 +78,22 @@ _sac = None
 # that read values to the host (.item(), .tolist(), bool(), .numpy()) call
 # _capture.host_read(tensor, what), Tensor._bump_version (an in-place
 # change) calls _capture.mutated(tensor), and a function marked
-# ``array_source`` (a random draw that feeds an op: dropout's mask, rand)
-# calls _capture.source(fn, args, kwargs, out), so that a replay draws it
-# again.
+# ``array_source`` runs as _capture.source(fn, args, kwargs), which records
+# it so that a replay calls it again.
 _capture = None
 
 
 def array_source(fn):
-    """Decorator: ``fn`` makes an array (or an untracked tensor) from its
-    arguments' metadata and the RNG state alone; a dtorch.compile replay
-    calls it again instead of reusing what the capture drew."""
+    """Decorator: ``fn`` makes an untracked array or tensor outside ops,
+    from its arguments (tensors' values and metadata) and the RNG state
+    alone: a comparison, a random draw (dropout's mask). A dtorch.compile
+    replay calls it again (fresh random numbers, current values) instead
+    of reusing what the capture saw."""
     @functools.wraps(fn)
     def source(*args, **kwargs):
-        out = fn(*args, **kwargs)
         if _capture is not None:
-            _capture.source(source, args, kwargs, out)
-        return out
-    source._raw = fn
+            return _capture.source(fn, args, kwargs)
+        return fn(*args, **kwargs)
     return source
 
 
