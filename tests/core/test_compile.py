@@ -175,7 +175,6 @@ def test_guards_recapture_and_cache_limit():
     m.eval()                                    # training
     c(x)
     m.train()
-    c(x.double()) if False else None
     e = stats(c)
     assert e.recaptures == 4 and e.fallbacks == 0
     # a replaced parameter: captured again, and used
@@ -575,3 +574,26 @@ def test_nanogpt_compile_unmodified():
     assert le == lc
     np.testing.assert_array_equal(ge, gc)
     assert_bitwise(se, sc)
+
+
+def test_compiled_step_on_device(device):
+    """cpu, and cuda on the CuPy stand-in (DTORCH_FAKE_CUDA=1, marker
+    gpu): the replay runs the ops' array bodies on the device's arrays."""
+    res = []
+    for compiled in (False, True):
+        dtorch.manual_seed(0)
+        m = Block().to(device)
+        opt = dtorch.optim.Adam(m.parameters(), lr=1e-2)
+        net = dtorch.compile(m) if compiled else m
+        for i in range(4):
+            dtorch.manual_seed(i)
+            x = dtorch.ones(2, 3, 8, device=device)
+            net(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        if compiled:
+            assert stats(net).replays == 2
+            assert net(x).device == x.device
+        res.append({k: v.detach().cpu().numpy().copy()
+                    for k, v in m.state_dict().items()})
+    assert_bitwise(*res)
