@@ -1519,8 +1519,9 @@ class Tensor(_function.TensorBase):
                 "dtorch does not support autograd through an in-place "
                 "operation on a view of a tensor that requires grad; use an "
                 "out-of-place operation or clone() the view first")
-        old = Tensor._make(self._data.copy(), self.requires_grad,
-                           self.grad_fn)
+        old = Tensor._make(_function.array_copy(self._data,
+                                                self.requires_grad),
+                           self.requires_grad, self.grad_fn)
         old._output_nr = self._output_nr
         res = compute(old)
         if res._data.dtype != self._data.dtype:

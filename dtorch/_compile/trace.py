@@ -138,6 +138,19 @@ class Trace:
                                self._new(out._data if t else out), t))
         return out
 
+    def copied(self, a, out, requires_grad):
+        s = self.slot_of.get(id(a))
+        if s is None:
+            return          # an outside array: its copy is an outside tensor
+        slot = self._new(out)
+        if requires_grad:
+            self.graph.add(slot)
+            self.steps.append(("op", Clone, (("s", s),), (), slot, (True,),
+                               False))
+        else:
+            self.steps.append(("op", Clone, (("s", s),), (), slot, None,
+                               False))
+
     def mutated(self, t):
         f = sys._getframe(3)   # mutated <- _Hooks.mutated <- _bump_version
         name = f.f_code.co_name
@@ -203,6 +216,20 @@ class Trace:
         self.done = True
 
 
+class Clone(_fn.Function):
+    """The copy Tensor._rebase keeps of a tensor it changes in place, as a
+    step of the program: its gradient is the incoming one."""
+    _array_api = True
+
+    @staticmethod
+    def forward(ctx, a):
+        return a.copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
 class _Hooks:
     """``autograd.function._capture`` while any thread captures: each call
     goes to this thread's Trace, if it records."""
@@ -212,6 +239,12 @@ class _Hooks:
         tr = _tls.trace
         if tr is not None and not tr.done:
             tr.brk(what)
+
+    @staticmethod
+    def copied(a, out, requires_grad):
+        tr = _tls.trace
+        if tr is not None and not tr.done:
+            tr.copied(a, out, requires_grad)
 
     @staticmethod
     def mutated(t):

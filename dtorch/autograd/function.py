@@ -97,6 +97,16 @@ def array_source(fn):
     return source
 
 
+def array_copy(a, requires_grad):
+    """``a.copy()`` for the old value an in-place op on a tracked tensor
+    keeps (Tensor._rebase): a capture records it as a step whose gradient
+    passes through to ``a``."""
+    out = a.copy()
+    if _capture is not None:
+        _capture.copied(a, out, requires_grad)
+    return out
+
+
 def _update_hook():
     global _hook
     first = _profile if _profile is not None else _autocast

@@ -597,3 +597,39 @@ def test_compiled_step_on_device(device):
         res.append({k: v.detach().cpu().numpy().copy()
                     for k, v in m.state_dict().items()})
     assert_bitwise(*res)
+
+
+class BasicBlock(nn.Module):
+    """ResNet's block: in-place ReLU and an in-place residual add."""
+
+    def __init__(self, c=3):
+        super().__init__()
+        self.c1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.b1, self.b2 = nn.BatchNorm2d(c), nn.BatchNorm2d(c)
+        self.c2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        out = self.relu(self.b1(self.c1(x)))
+        out = self.b2(self.c2(out))
+        out += x
+        return self.relu(out)
+
+
+def test_inplace_ops_on_tracked_tensors_replayed():
+    m = BasicBlock()
+    c = dtorch.compile(copy.deepcopy(m))
+    for _ in range(4):
+        x = dtorch.randn(2, 3, 4, 4, requires_grad=True)
+        ye, yc = m(x * 1), c(x * 1)         # non-leaf inputs
+        ge = dtorch.autograd.grad(ye.square().sum(), [x] + list(
+            m.parameters()))
+        gc = dtorch.autograd.grad(yc.square().sum(), [x] + list(
+            c.parameters()))
+        np.testing.assert_array_equal(ye.detach().numpy(),
+                                      yc.detach().numpy())
+        for a, b in zip(ge, gc):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert stats(c).replays == 2
+    assert_bitwise(state(m), {k.replace("_orig_mod.", ""): v
+                              for k, v in state(c).items()})
