@@ -310,7 +310,8 @@ class Program:
             L.append(f"    g{s} = None")
         for k, (s, h) in enumerate(zip(self.graph_outs, has)):
             if h:
-                L.append(f"    g{s} = G[{k}] if g{s} is None else g{s} + G[{k}]")
+                L.append(f"    g{s} = G[{k}] if g{s} is None "
+                         f"else g{s} + G[{k}]")
         for i in ops:
             _, cls, specs, _, slot, needs, _ = steps[i]
             ns[f"B{i}"] = cls.backward
@@ -327,7 +328,8 @@ class Program:
                          f"g{t} = x if g{t} is None else g{t} + x")
         ret = [f"g{s}" if s in reached else "None" for s, _ in self.leaves]
         L.append(f"    return ({''.join(r + ', ' for r in ret)})")
-        return self._compile("\n".join(L), ns, f"backward{len(self.backwards)}")
+        return self._compile("\n".join(L), ns,
+                             f"backward{len(self.backwards)}")
 
     def _compile(self, src, ns, what):
         self.source.append(src)
