@@ -8,7 +8,10 @@ every round times each variant once, and the ratios are taken per round):
   floats, forward + backward: the per-op cost of dispatch;
 - mlp: MLP 64-128-128-10, batch 32, SGD(momentum 0.9), cross-entropy step;
 - cnn: Conv2d(3,8,3,p=1)-BatchNorm2d-ReLU-MaxPool2d(2)-Flatten-Linear, batch
-  8 on 3x16x16, SGD step.
+  8 on 3x16x16, SGD step;
+- decoder: Embedding(256,64) + nn.TransformerEncoderLayer(64, 4 heads, ff
+  128, GELU, dropout 0.1, norm_first, causal) + Linear(64,256), batch 8,
+  seq 32, AdamW, cross-entropy.
 
 Variants: torch eager, torch.compile (inductor; skipped with
 --no-inductor, its compile time printed), dtorch eager, dtorch.compile.
@@ -62,6 +65,25 @@ def make_chain(lib, compiled):
     return call
 
 
+def Decoder(lib):
+    nn = lib.nn
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e = nn.Embedding(256, 64)
+            self.t = nn.TransformerEncoderLayer(
+                64, 4, 128, 0.1, activation="gelu", batch_first=True,
+                norm_first=True)
+            self.o = nn.Linear(64, 256)
+            self.mask = nn.Transformer.generate_square_subsequent_mask(32)
+
+        def forward(self, x):
+            h = self.t(self.e(x), src_mask=self.mask, is_causal=True)
+            return self.o(h).reshape(-1, 256)
+    return Decoder()
+
+
 def make_step(lib, kind, compiled):
     lib.manual_seed(0)
     nn = lib.nn
@@ -70,12 +92,16 @@ def make_step(lib, kind, compiled):
                               nn.Linear(128, 128), nn.ReLU(),
                               nn.Linear(128, 10))
         x, y = lib.randn(32, 64), lib.randint(0, 10, (32,))
+    elif kind == "decoder":
+        model = Decoder(lib)
+        x, y = lib.randint(0, 256, (8, 32)), lib.randint(0, 256, (8 * 32,))
     else:
         model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1),
                               nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
                               nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
         x, y = lib.randn(8, 3, 16, 16), lib.randint(0, 10, (8,))
-    opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = (lib.optim.AdamW(model.parameters(), lr=1e-3) if kind == "decoder"
+           else lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     net = compiled(model) if compiled else model
     loss_fn = nn.CrossEntropyLoss()
 
@@ -111,7 +137,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=30)
-    ap.add_argument("--only", default="chain,mlp,cnn")
+    ap.add_argument("--only", default="chain,mlp,cnn,decoder")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()

@@ -71,13 +71,7 @@ def _is_array(a):
 def _same_step(x, y):
     if x[0] != y[0] or len(x) != len(y):
         return False
-    if x[0] == "op":
-        return (x[1] is y[1] and x[4:] == y[4:] and len(x[2]) == len(y[2])
-                and all(_same_spec(p, q) for p, q in zip(x[2], y[2]))
-                and [k for k, _ in x[3]] == [k for k, _ in y[3]]
-                and all(_same_spec(p, q) for (_, p), (_, q)
-                        in zip(x[3], y[3])))
-    if x[0] == "src":
+    if x[0] in ("op", "src"):      # (kind, fn, arg specs, kw specs, ...)
         return (x[1] is y[1] and x[4:] == y[4:] and len(x[2]) == len(y[2])
                 and all(_same_spec(p, q) for p, q in zip(x[2], y[2]))
                 and [k for k, _ in x[3]] == [k for k, _ in y[3]]

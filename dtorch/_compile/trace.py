@@ -230,34 +230,34 @@ class Clone(_fn.Function):
         return g
 
 
+def _active():
+    tr = _tls.trace
+    return tr if tr is not None and not tr.done else None
+
+
 class _Hooks:
     """``autograd.function._capture`` while any thread captures: each call
     goes to this thread's Trace, if it records."""
 
     @staticmethod
     def host_read(t, what):
-        tr = _tls.trace
-        if tr is not None and not tr.done:
-            tr.brk(what)
+        tr = _active()
+        tr and tr.brk(what)
 
     @staticmethod
     def copied(a, out, requires_grad):
-        tr = _tls.trace
-        if tr is not None and not tr.done:
-            tr.copied(a, out, requires_grad)
+        tr = _active()
+        tr and tr.copied(a, out, requires_grad)
 
     @staticmethod
     def mutated(t):
-        tr = _tls.trace
-        if tr is not None and not tr.done:
-            tr.mutated(t)
+        tr = _active()
+        tr and tr.mutated(t)
 
     @staticmethod
     def source(fn, args, kwargs):
-        tr = _tls.trace
-        if tr is not None and not tr.done:
-            return tr.source(fn, args, kwargs)
-        return fn(*args, **kwargs)
+        tr = _active()
+        return tr.source(fn, args, kwargs) if tr else fn(*args, **kwargs)
 
 
 class _Recorder:
