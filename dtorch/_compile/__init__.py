@@ -51,6 +51,7 @@ double backward through a compiled call raises (naming it), as for any op
 without a second derivative.
 """
 import collections
+import copy
 import sys
 import threading
 import warnings
@@ -343,7 +344,7 @@ class _Compiled:
         self.fullgraph = fullgraph
         self.eager = eager
         self.name = name
-        self._mods = list(module.modules()) if module is not None else []
+        self._modlist = None       # module.modules(), at the first call
         self.segment = None        # a training step: its modules, compiled
         self.cache = collections.OrderedDict()
         self.log = []              # what explain() shows
@@ -355,6 +356,13 @@ class _Compiled:
             self.__doc__ = getattr(fn, "__doc__", None)
         except AttributeError:
             pass
+
+    @property
+    def _mods(self):
+        if self._modlist is None:
+            self._modlist = list(self.module.modules()) \
+                if self.module is not None else []
+        return self._modlist
 
     def __get__(self, obj, objtype=None):
         # a compiled method (decorated in a class body) binds like one
@@ -380,6 +388,13 @@ class _Compiled:
             return self.fn(*args, **kwargs)
         if self.segment is not None:
             return self._run_segment(args, kwargs)
+        if self._mods and _hooked(self._mods):
+            # a forward hook's Python would not run in a replay
+            if not self.stats["hooked"]:
+                self._note("fallbacks", f"{self.name} has forward hooks: "
+                           f"it runs eagerly while they are registered")
+            self.stats["hooked"] += 1
+            return self.fn(*args, **kwargs)
         leaves = []
         tree = _flatten((args, kwargs), leaves)
         tensors = [x for x in leaves if isinstance(x, _fn.TensorBase)]
@@ -461,6 +476,13 @@ class _Compiled:
                 self._note("programs", f"{self.name}: {res.n_ops} ops")
         return out
 
+    def __deepcopy__(self, memo):
+        # a copied module gets a compiled forward of its own (copy.deepcopy
+        # has put the module's copy in memo before copying its __dict__)
+        return _Compiled(copy.deepcopy(self.fn, memo),
+                         memo.get(id(self.module), self.module),
+                         self.fullgraph, self.eager, self.name)
+
     def _registrations(self, tensors):
         where = {}
         for m in self._mods:
@@ -482,6 +504,17 @@ class _Compiled:
         finally:
             for d in put:
                 d.pop("forward", None)
+
+
+def _hooked(mods):
+    nn = sys.modules.get("dtorch.nn.modules.module")
+    if nn is not None and (nn._global_forward_hooks
+                           or nn._global_forward_pre_hooks):
+        return True
+    for m in mods:
+        if m._forward_hooks or m._forward_pre_hooks:
+            return True
+    return False
 
 
 def _bind(c, obj):

@@ -715,3 +715,30 @@ def test_workloads_replay_bitwise(M, inp):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
     e = stats(c)
     assert e.replays == 2 and e.fallbacks == 0
+
+
+def test_forward_hooks_run_eagerly_and_deepcopy():
+    m = mlp()
+    c = dtorch.compile(m)
+    x = dtorch.randn(2, 5)
+    seen = []
+    h = m[1].register_forward_hook(lambda mod, i, o: seen.append(1))
+    for _ in range(3):
+        c(x)
+    assert len(seen) == 3 and stats(c).replays == 0
+    assert "forward hooks" in stats(c).fallback_reasons[0]
+    h.remove()
+    for _ in range(3):
+        c(x)
+    assert stats(c).replays == 1
+    # a deep copy compiles on its own, over its own parameters
+    m.compile()
+    m2 = copy.deepcopy(m)
+    with dtorch.no_grad():
+        m2[0].weight.zero_()
+    for _ in range(3):
+        y1, y2 = m(x), m2(x)
+    assert m2.__dict__["forward"] is not m.__dict__["forward"]
+    assert not np.array_equal(y1.detach().numpy(), y2.detach().numpy())
+    np.testing.assert_array_equal(y2.detach().numpy(), m2[2](m2[1](
+        m2[0](x))).detach().numpy())
