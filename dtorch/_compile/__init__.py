@@ -470,8 +470,8 @@ class _Compiled:
                 self._note("fallbacks", f"{self.name}: {res}")
             else:
                 e.program, e.tree = res, tree
-                e.meta = [(t, t._data.shape, t._data.dtype, t.requires_grad)
-                          for t in res.live_tensors]
+                e.meta = [(t, t._data.shape, t._data.dtype, type(t._data),
+                           t.requires_grad) for t in res.live_tensors]
                 e.reg = self._registrations(res.live_tensors)
                 self._note("programs", f"{self.name}: {res.n_ops} ops")
         return out
@@ -518,7 +518,7 @@ def _hooked(mods):
 
 
 def _bind(c, obj):
-    key = "_dtorch_compiled_" + c.name
+    key = "_dtorch_compiled_" + getattr(c.fn, "__name__", "method")
     d = getattr(obj, "__dict__", None)
     bound = d.get(key) if d is not None else None
     if bound is None:
@@ -570,6 +570,9 @@ def _compiled_of(obj):
             c = m.__dict__.get("forward") if m is not None else None
             if isinstance(c, _Compiled):
                 return c
+        # a method compiled in the class body, bound to this instance
+        return next((v for k, v in obj.__dict__.items()
+                     if k.startswith("_dtorch_compiled_")), None)
     return None
 
 

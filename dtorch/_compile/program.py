@@ -334,10 +334,12 @@ class Program:
     # ----------------------------------------------------------- replay --
     def guard(self, meta):
         """The outside tensors still have the metadata they had when
-        captured (``meta``: (tensor, shape, dtype, requires_grad) each)."""
-        for t, shp, dt, rg in meta:
+        captured (``meta``: (tensor, shape, dtype, array type,
+        requires_grad) each)."""
+        for t, shp, dt, typ, rg in meta:
             d = t._data
-            if d.shape != shp or d.dtype != dt or t.requires_grad != rg:
+            if d.shape != shp or d.dtype != dt or type(d) is not typ \
+                    or t.requires_grad != rg:
                 return False
         return True
 

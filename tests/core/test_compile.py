@@ -742,3 +742,28 @@ def test_forward_hooks_run_eagerly_and_deepcopy():
     assert not np.array_equal(y1.detach().numpy(), y2.detach().numpy())
     np.testing.assert_array_equal(y2.detach().numpy(), m2[2](m2[1](
         m2[0](x))).detach().numpy())
+
+
+def test_compiled_method_and_frozen_parameters():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        @dtorch.compile
+        def forward(self, x):
+            return self.fc(x).relu()
+    a, b = Net(), Net()
+    x = dtorch.randn(4, 3)
+    for _ in range(3):
+        ya, yb = a(x), b(x)               # each instance its own cache
+    np.testing.assert_array_equal(yb.detach().numpy(),
+                                  b.fc(x).relu().detach().numpy())
+    assert not np.array_equal(ya.detach().numpy(), yb.detach().numpy())
+    a.fc.weight.requires_grad_(False)     # a guard: captured again
+    for _ in range(3):
+        y = a(x)
+    y.sum().backward()
+    assert a.fc.weight.grad is None and a.fc.bias.grad is not None
+    e = stats(a)
+    assert e.recaptures == 1 and e.replays == 2
