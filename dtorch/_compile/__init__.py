@@ -57,6 +57,8 @@ import threading
 import warnings
 import weakref
 
+import numpy as np
+
 from ..autograd import function as _fn
 from ..autograd.grad_mode import _state
 from . import program as _program
@@ -281,6 +283,7 @@ class _Entry:
         self.meta = self.reg = ()
 
 
+_ndarray = np.ndarray
 _TLEAF = "T"
 _PLEAF = "P"
 
@@ -315,10 +318,11 @@ def _unflatten(tree, it):
 def _leaf_key(x):
     if isinstance(x, _fn.TensorBase):
         d = x._data
+        if type(d) is _ndarray:
+            return (d.shape, d.dtype, x.requires_grad, d.flags.c_contiguous)
         return (d.shape, d.dtype, type(d), x.requires_grad,
                 getattr(d, "flags", None) is None or d.flags.c_contiguous,
-                getattr(getattr(d, "data", None), "device_id", None)
-                if type(d).__module__.startswith("cupy") else None)
+                getattr(getattr(d, "data", None), "device_id", None))
     try:
         hash(x)
         return (type(x), x)
@@ -388,18 +392,25 @@ class _Compiled:
             return self.fn(*args, **kwargs)
         if self.segment is not None:
             return self._run_segment(args, kwargs)
-        if self._mods and _hooked(self._mods):
+        modes = _module_key(self._mods)
+        if modes is None:
             # a forward hook's Python would not run in a replay
             if not self.stats["hooked"]:
                 self._note("fallbacks", f"{self.name} has forward hooks: "
                            f"it runs eagerly while they are registered")
             self.stats["hooked"] += 1
             return self.fn(*args, **kwargs)
-        leaves = []
-        tree = _flatten((args, kwargs), leaves)
-        tensors = [x for x in leaves if isinstance(x, _fn.TensorBase)]
-        key = (tree, tuple(map(_leaf_key, leaves)), _state.enabled,
-               _autocast_key(), tuple(m.training for m in self._mods))
+        T = _fn.TensorBase
+        if not kwargs and all([isinstance(a, T) for a in args]):
+            tensors = args           # the common call: tensors only
+            tree = len(args)
+            leaf_keys = tuple(map(_leaf_key, args))
+        else:
+            leaves = []
+            tree = _flatten((args, kwargs), leaves)
+            tensors = [x for x in leaves if isinstance(x, T)]
+            leaf_keys = tuple(map(_leaf_key, leaves))
+        key = (tree, leaf_keys, _state.enabled, _autocast_key(), modes)
         e = self.cache.get(key)
         if e is None:
             if len(self.cache) >= config.cache_size_limit:
@@ -506,15 +517,20 @@ class _Compiled:
                 d.pop("forward", None)
 
 
-def _hooked(mods):
+def _module_key(mods):
+    """Each module's ``training``, or None where a forward hook is
+    registered (on one of them, or globally)."""
+    if not mods:
+        return ()
     nn = sys.modules.get("dtorch.nn.modules.module")
-    if nn is not None and (nn._global_forward_hooks
-                           or nn._global_forward_pre_hooks):
-        return True
+    if nn._global_forward_hooks or nn._global_forward_pre_hooks:
+        return None
+    key = []
     for m in mods:
         if m._forward_hooks or m._forward_pre_hooks:
-            return True
-    return False
+            return None
+        key.append(m.training)
+    return tuple(key)
 
 
 def _bind(c, obj):
@@ -629,7 +645,8 @@ def _explain(c):
 def disable(fn=None, recursive=True):
     """``torch.compiler.disable``: ``fn`` runs eagerly. Called while a
     capture records, it is a graph break (the capturing code runs eagerly;
-    under fullgraph=True it raises)."""
+    under fullgraph=True it raises), so what ``fn`` calls is eager too,
+    whatever ``recursive`` says."""
     def wrap(f):
         def eager(*args, **kwargs):
             tr = _trace._tls.trace
