@@ -29,7 +29,10 @@ The design, and why:
   is turned on.
 - **Guards** (``_Compiled._key``): every input tensor's shape, dtype,
   device, contiguity and requires_grad, Python arguments by value, grad
-  mode, autocast state, each submodule's ``training``; and per program:
+  mode, autocast state, each submodule's ``training`` and plain
+  attributes (numbers, strings: a ``self.scale`` a forward multiplies by
+  is baked into the program, so a new value captures again; a function's
+  globals and closure are not guarded); and per program:
   the parameters and buffers still registered as the same objects, with
   the same shape, dtype and requires_grad. A new key captures again, up to
   ``dtorch.compiler.config.cache_size_limit`` keys; past it, that call runs
@@ -349,6 +352,7 @@ class _Compiled:
         self.eager = eager
         self.name = name
         self._modlist = None       # module.modules(), at the first call
+        self._getters = ()
         self.segment = None        # a training step: its modules, compiled
         self.cache = collections.OrderedDict()
         self.log = []              # what explain() shows
@@ -366,6 +370,7 @@ class _Compiled:
         if self._modlist is None:
             self._modlist = list(self.module.modules()) \
                 if self.module is not None else []
+            self._getters = [_plain_getter(m) for m in self._modlist]
         return self._modlist
 
     def __get__(self, obj, objtype=None):
@@ -392,7 +397,7 @@ class _Compiled:
             return self.fn(*args, **kwargs)
         if self.segment is not None:
             return self._run_segment(args, kwargs)
-        modes = _module_key(self._mods)
+        modes = _module_key(self._mods, self._getters)
         if modes is None:
             # a forward hook's Python would not run in a replay
             if not self.stats["hooked"]:
@@ -420,8 +425,8 @@ class _Compiled:
                 return self.fn(*args, **kwargs)
             if self.cache:
                 self._note("recaptures", "a guard changed (input shapes, "
-                           "dtypes, requires_grad, grad mode, autocast or "
-                           "training)")
+                           "dtypes, requires_grad, grad mode, autocast, "
+                           "training or a module's plain attribute)")
             e = self.cache[key] = _Entry()
         p = e.program
         if p is not None:
@@ -517,20 +522,34 @@ class _Compiled:
                 d.pop("forward", None)
 
 
-def _module_key(mods):
-    """Each module's ``training``, or None where a forward hook is
-    registered (on one of them, or globally)."""
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _module_key(mods, getters):
+    """Each module's ``training`` and plain attributes (numbers, strings:
+    a forward may read them into an op's arguments, which a replay has
+    baked in), or None where a forward hook is registered (on one of
+    them, or globally). ``getters``: per module, what reads them."""
     if not mods:
         return ()
     nn = sys.modules.get("dtorch.nn.modules.module")
     if nn._global_forward_hooks or nn._global_forward_pre_hooks:
         return None
     key = []
-    for m in mods:
-        if m._forward_hooks or m._forward_pre_hooks:
+    for m, get in zip(mods, getters):
+        d = m.__dict__
+        if d["_forward_hooks"] or d["_forward_pre_hooks"]:
             return None
-        key.append(m.training)
+        key.append(get(d))
     return tuple(key)
+
+
+def _plain_getter(m):
+    names = [k for k, v in vars(m).items() if type(v) in _PLAIN]
+    if len(names) == 1:
+        k = names[0]
+        return lambda d: (d.get(k),)
+    return lambda d, names=tuple(names): tuple([d.get(k) for k in names])
 
 
 def _bind(c, obj):

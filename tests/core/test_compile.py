@@ -767,3 +767,22 @@ def test_compiled_method_and_frozen_parameters():
     assert a.fc.weight.grad is None and a.fc.bias.grad is not None
     e = stats(a)
     assert e.recaptures == 1 and e.replays == 2
+
+
+def test_module_plain_attribute_is_guarded():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.alpha = 2.0
+
+        def forward(self, x):
+            return x * self.alpha
+    m = Scale()
+    c = dtorch.compile(m)
+    x = dtorch.ones(2)
+    outs = []
+    for a in (2.0, 2.0, 2.0, 3.0, 3.0, 3.0):
+        m.alpha = a
+        outs.append(c(x).sum().item())
+    assert outs == [4.0] * 3 + [6.0] * 3
+    assert stats(c).recaptures == 1 and stats(c).replays == 2
