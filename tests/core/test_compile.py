@@ -786,3 +786,27 @@ def test_module_plain_attribute_is_guarded():
         outs.append(c(x).sum().item())
     assert outs == [4.0] * 3 + [6.0] * 3
     assert stats(c).recaptures == 1 and stats(c).replays == 2
+
+
+def test_explain_uncompiled_counters_and_dynamic():
+    def f(x):
+        y = x.exp()
+        return y * y.sum().item()
+    e = dtorch.compiler.explain(f)(dtorch.ones(2))
+    assert e.captures == 1 and e.graph_break_count == 1
+    assert "Tensor.item()" in str(e)
+    dtorch.compiler.reset()
+    g = dtorch.compile(lambda x: x + 1)
+    for _ in range(4):
+        g(dtorch.ones(2))
+    c = dtorch.compiler.counters
+    assert (c["captures"], c["programs"], c["replays"]) == (2, 1, 2)
+    dtorch._compile._dynamic_warned[0] = False      # warned once a process
+    with pytest.warns(UserWarning, match="no symbolic shapes"):
+        dtorch.compile(lambda x: x, dynamic=True)
+    assert not dtorch.compiler.is_compiling()
+    seen = []
+    h = dtorch.compile(lambda x: seen.append(
+        dtorch.compiler.is_compiling()) or x * 2)
+    h(dtorch.ones(1))
+    assert seen == [True]
