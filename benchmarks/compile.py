@@ -21,7 +21,11 @@ dtorch-compiled/torch-compiled as min-max over rounds, with the load
 average (``uptime``) before and after; ``--json F`` writes them too.
 
     python benchmarks/compile.py [--rounds 7] [--calls 30] [--only chain,mlp]
-        [--no-inductor] [--json F]
+        [--no-inductor] [--json F] [--replot F]
+
+With --json F a PNG of each variant's time over torch eager's (medians)
+is written next to it (when matplotlib is installed); --replot F redraws
+it from F. benchmarks/plots/compile.json is a run of this script.
 """
 import argparse
 import json
@@ -36,13 +40,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # step measured 8-12 ms of thread CPU instead of 0.3-0.5 ms without this
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(_HERE), _HERE]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import dtorch  # noqa: E402
+import _plot  # noqa: E402
 
 torch.set_num_threads(1)
 dtorch.set_num_threads(1)
@@ -133,6 +138,20 @@ def load():
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
+def plot(res, json_path):
+    names = list(res["workloads"])
+    variants = [k for k in ("dtorch", "dtorch.compile", "torch.compile")
+                if all(k in w["ms_per_call"]
+                       for w in res["workloads"].values())]
+    groups = {k: [res["workloads"][n]["ms_per_call"][k] /
+                  res["workloads"][n]["ms_per_call"]["torch"] for n in names]
+              for k in variants}
+    return _plot.bars(_plot.png_path(json_path), names, groups,
+                      "time / torch eager (median, 1 thread)",
+                      "dtorch.compile vs eager and torch.compile", hline=1.0,
+                      note=f"load average {res['load_before']} (2 cores)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -140,7 +159,12 @@ def main():
     ap.add_argument("--only", default="chain,mlp,cnn,decoder")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--replot")
     a = ap.parse_args()
+    if a.replot:
+        with open(a.replot) as f:
+            print(plot(json.load(f), a.replot))
+        return None
     res = {"load_before": load(), "threads": 1, "workloads": {}}
     print(f"load average before: {res['load_before']} "
           f"({os.cpu_count()} cores); CPU time per call, 1 thread")
@@ -183,6 +207,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+        plot(res, a.json)
     return res
 
 
