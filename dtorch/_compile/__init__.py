@@ -57,6 +57,7 @@ import collections
 import copy
 import sys
 import threading
+import types
 import warnings
 import weakref
 
@@ -241,8 +242,10 @@ def _referenced_modules(fn):
     self = getattr(fn, "__self__", None)
     if self is not None:
         objs.append(self)
-        objs += list(vars(self).values()) if hasattr(self, "__dict__") \
-            else []
+    # one attribute deep (trainer.model, self.net)
+    objs += [v for o in objs if not _is_module(o)
+             and not isinstance(o, (type, types.ModuleType))
+             and hasattr(o, "__dict__") for v in vars(o).values()]
     seen, out = set(), []
     for o in objs:
         if not _is_module(o) or id(o) in seen:

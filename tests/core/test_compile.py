@@ -810,3 +810,23 @@ def test_explain_uncompiled_counters_and_dynamic():
         dtorch.compiler.is_compiling()) or x * 2)
     h(dtorch.ones(1))
     assert seen == [True]
+
+
+def test_step_finds_modules_one_attribute_deep():
+    class Trainer:
+        def __init__(self):
+            self.model = mlp()
+            self.opt = dtorch.optim.SGD(self.model.parameters(), lr=0.1)
+
+        def step(self, x):
+            self.opt.zero_grad()
+            loss = self.model(x).square().mean()
+            loss.backward()
+            self.opt.step()
+            return loss
+    t = Trainer()
+    step = dtorch.compile(t.step)
+    for _ in range(4):
+        step(dtorch.ones(2, 5))
+    e = stats(step)
+    assert e.segmented and e.graph_count == 1 and e.replays == 1
