@@ -445,35 +445,42 @@ def test_autocast_bfloat16_under_compile():
     assert e.replays == 1 and e.recaptures == 1
 
 
-def _ddp_body(compiled):
+def _ddp_body(how):
     def body(rank, world):
         dtorch.manual_seed(0)
         m = mlp()
         model = DDP(m, bucket_cap_mb=0.0001)
-        net = dtorch.compile(model) if compiled else model
+        net = dtorch.compile(model) if how == "model" else model
         opt = dtorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         fired = []
         for p in m.parameters():
             p.register_post_accumulate_grad_hook(
                 lambda p: fired.append(id(p)))
         rng = np.random.default_rng(rank)
-        for _ in range(4):
-            x = dtorch.tensor(rng.standard_normal((3, 5)).astype(np.float32))
+
+        def step(x):
             opt.zero_grad()
             F.mse_loss(net(x), dtorch.zeros(3, 3)).backward()
             opt.step()
-        st = state(m)
-        rep = stats(net).replays if compiled else None
-        return st, len(fired), rep
+        if how == "step":
+            step = dtorch.compile(step)
+        for _ in range(5):
+            step(dtorch.tensor(rng.standard_normal((3, 5)).astype(
+                np.float32)))
+        rep = {"model": lambda: stats(net).replays,
+               "step": lambda: stats(step).replays}.get(how, lambda: 2)()
+        return state(m), len(fired), rep
     return body
 
 
-def test_ddp_thread_ranks_compiled_equals_eager():
-    ref = dist.spawn_threads(_ddp_body(False), 2, timeout=60)
-    res = dist.spawn_threads(_ddp_body(True), 2, timeout=60)
+@pytest.mark.parametrize("how", ["model", "step"])
+def test_ddp_thread_ranks_compiled_equals_eager(how):
+    ref = dist.spawn_threads(_ddp_body(None), 2, timeout=60)
+    res = dist.spawn_threads(_ddp_body(how), 2, timeout=60)
     for (se, ne, _), (sc, nc, rep) in zip(ref, res):
         assert_bitwise(se, sc)
-        assert ne == nc == 16 and rep == 2
+        # DDP's hooks fired for every parameter in every step, replayed too
+        assert ne == nc == 20 and rep == (3 if how == "model" else 2)
     assert_bitwise(res[0][0], res[1][0])       # ranks agree
 
 
