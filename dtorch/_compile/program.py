@@ -83,7 +83,7 @@ def _same_step(x, y):
 
 
 def _same_spec(p, q):
-    return p[0] == q[0] and (p[1] == q[1] if p[0] == "s"
+    return p[0] == q[0] and (p[1] == q[1] if p[0] in "sr"
                              else same(p[1], q[1]))
 
 
@@ -395,7 +395,7 @@ class Program:
 
 
 def _arg(p, ns, name):
-    if p[0] == "s":
+    if p[0] in "sr":
         return f"v{p[1]}"
     ns[name] = p[1]
     return name
@@ -408,10 +408,10 @@ def _targ(p, ns, name):
 def _reads(st):
     kind = st[0]
     if kind in ("op", "src"):
-        return [p[1] for p in st[2] if p[0] == "s"] + \
-            [p[1] for _, p in st[3] if p[0] == "s"]
+        return [p[1] for p in st[2] if p[0] in "sr"] + \
+            [p[1] for _, p in st[3] if p[0] in "sr"]
     if kind == "ufunc":
-        return [st[2]] + ([st[3][1]] if st[3][0] == "s" else [])
+        return [st[2]] + ([st[3][1]] if st[3][0] in "sr" else [])
     if kind == "copy":
         return [st[1], st[2]]
     return []

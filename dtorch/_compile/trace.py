@@ -90,14 +90,16 @@ class Trace:
         return s
 
     def spec(self, a):
-        """An op argument: ('s', slot) for arrays the program knows, ('c',
-        value) for the rest (compared between the two captures)."""
+        """An op argument: ('s', slot) for a tensor's array, ('r', slot)
+        for an array the program knows handed over raw (a buffer an op
+        updates in place), ('c', value) for the rest (compared between the
+        two captures)."""
         if isinstance(a, _T):
             return ("s", self.tensor_slot(a))
         if _is_array(a):
             s = self.slot_of.get(id(a))
             if s is not None:
-                return ("s", s)
+                return ("r", s)
             self.keep.append(a)
         return ("c", a)
 
@@ -178,13 +180,13 @@ class Trace:
             last = self._adopt(i, t)
         s = self.slot_of.get(id(t._data))
         if s is not None and last is not None and last[0] == "op" and (
-                ("s", s) in last[2] or any(p == ("s", s) for _, p in last[3])):
+                ("r", s) in last[2] or any(p == ("r", s) for _, p in last[3])):
             # the op just recorded changed it (BatchNorm's running
             # statistics) and its caller counts the version: so does the
             # replay
             self.steps.append(("bump", s))
             return
-        self.brk(f"in-place Tensor.{name.strip('_')}() outside an op")
+        self.brk(f"an in-place change by {name}() outside an op")
 
     def _adopt(self, i, t):
         """The last op step with t's array, which it was given raw (a
@@ -193,7 +195,7 @@ class Trace:
         st = self.steps[i]
 
         def fix(p):
-            return ("s", self.tensor_slot(t)) if p[0] == "c" and p[1] is d \
+            return ("r", self.tensor_slot(t)) if p[0] == "c" and p[1] is d \
                 else p
         st = st[:2] + (tuple(map(fix, st[2])),
                        tuple((k, fix(p)) for k, p in st[3])) + st[4:]

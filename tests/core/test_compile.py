@@ -837,3 +837,17 @@ def test_step_finds_modules_one_attribute_deep():
         step(dtorch.ones(2, 5))
     e = stats(step)
     assert e.segmented and e.graph_count == 1 and e.replays == 1
+
+
+def test_untracked_inplace_outside_an_op_is_a_break():
+    def f(x):
+        y = x * 2
+        y.clamp_(min=0)           # no graph: changes the array in place
+        return y + 1
+    c = dtorch.compile(f)
+    x = dtorch.randn(4)
+    for _ in range(3):
+        np.testing.assert_array_equal(c(x).numpy(), f(x).numpy())
+    assert "in-place change by clamp_()" in stats(c).break_reasons[0]
+    with pytest.raises(dtorch.compiler.Unsupported, match="clamp_"):
+        dtorch.compile(f, fullgraph=True)(x)
