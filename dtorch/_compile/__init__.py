@@ -15,7 +15,10 @@ The design, and why:
   replays): whatever the trace cannot see (a tensor built from Python
   data, a random draw outside ``array_source``, Python control flow that
   changes between calls) shows up as a difference between them, and the
-  call then runs eagerly with that reason recorded, never wrong.
+  call then runs eagerly with that reason recorded. The program is then
+  replayed once against the second capture (parameters, buffers, inputs
+  and RNG state put back): an array written outside ops without a version
+  bump shows up there (CPU; ``_validate``).
 - **A training step** (a function that calls ``loss.backward()`` or
   ``optimizer.step()``) is not replayed as a whole: its Python runs each
   call and the modules it calls (found in its globals and closure, DDP
@@ -63,6 +66,7 @@ import weakref
 
 import numpy as np
 
+from .. import random as _random
 from ..autograd import function as _fn
 from ..autograd.grad_mode import _state
 from . import program as _program
@@ -445,6 +449,7 @@ class _Compiled:
         return self._capture(e, tensors, args, kwargs)
 
     def _capture(self, e, tensors, args, kwargs):
+        snap = _snapshot(e.trace, tensors) if e.trace is not None else None
         out, tr = _trace.capture(self.fn, args, kwargs, tensors,
                                  self.fullgraph, self.name)
         self._note("captures", None)
@@ -484,6 +489,8 @@ class _Compiled:
                    if tree == e.tree else
                    f"{self.name} returned different structures")
             e.trace = e.outs = None
+            if not isinstance(res, str) and snap is not None:
+                res = _validate(res, snap, tensors, leaves) or res
             if isinstance(res, str):
                 e.reason = res
                 self._note("fallbacks", f"{self.name}: {res}")
@@ -526,6 +533,56 @@ class _Compiled:
 
 
 _PLAIN = (int, float, bool, str, type(None))
+
+
+# ------------------------------------------------------- validation --
+# The second capture is checked once against a replay of itself: the
+# outside tensors' arrays (parameters, buffers) and the inputs are put back
+# as they were before it, with the RNG state, the program replays the same
+# call, and its outputs and the arrays it changed must equal the eager
+# run's bit for bit. What the trace cannot see (an array written outside
+# ops without a version bump) shows up here, and the call runs eagerly.
+# On the CPU with the default generator only: elsewhere it is skipped.
+
+def _snapshot(tr, tensors):
+    arrays = [t._data for _, t in tr.live] + [t._data for t in tensors]
+    if any(type(a) is not _ndarray for a in arrays) or any(
+            st[0] == "src" and any(k == "generator" and p[1] is not None
+                                   for k, p in st[3]) for st in tr.steps):
+        return None
+    return [(a, a.copy()) for a in arrays], _random.get_rng_state()
+
+
+def _validate(prog, snap, tensors, leaves):
+    """None if replaying the call just captured gives what it gave, else
+    the reason."""
+    saved, rng = snap
+    after = [(a, a.copy()) for a, _ in saved]
+    rng_after = _random.get_rng_state()
+    outs = [x._data.copy() if isinstance(x, _fn.TensorBase) else x
+            for x in leaves]
+    for a, c in saved:
+        a[...] = c
+    _random.set_rng_state(rng)
+    try:
+        res = prog.run(tensors)
+    except Exception as err:       # noqa: BLE001 - reported as the reason
+        res = err
+    ok = not isinstance(res, Exception) and len(res) == len(outs) and all(
+        _program.same(r._data if isinstance(r, _fn.TensorBase) else r, o)
+        for r, o in zip(res, outs)) and all(
+        _program.same(a, c) for a, c in after) and _program.same(
+        _random.get_rng_state(), rng_after)
+    if ok:
+        return None
+    for a, c in after:
+        a[...] = c
+    _random.set_rng_state(rng_after)
+    return (f"a replay of {prog.name} does not reproduce its eager call "
+            f"({res!r} )" if isinstance(res, Exception) else
+            f"a replay of {prog.name} does not reproduce its eager call bit "
+            f"for bit: something changes arrays outside ops without a "
+            f"version bump, or is not deterministic")
 
 
 def _module_key(mods, getters):

@@ -851,3 +851,25 @@ def test_untracked_inplace_outside_an_op_is_a_break():
     assert "in-place change by clamp_()" in stats(c).break_reasons[0]
     with pytest.raises(dtorch.compiler.Unsupported, match="clamp_"):
         dtorch.compile(f, fullgraph=True)(x)
+
+
+def test_unseen_write_is_caught_by_the_validation_replay():
+    """An array written outside ops without a version bump is invisible
+    to the trace; the replay that checks the second capture catches it."""
+    class Sneaky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+        def forward(self, x):
+            y = self.fc(x)
+            y._data[0] = 7.0             # not an op, no version bump
+            return y * 2
+    m = Sneaky()
+    c = dtorch.compile(m)
+    x = dtorch.randn(2, 2)
+    for _ in range(3):
+        np.testing.assert_array_equal(c(x).detach().numpy(),
+                                      m(x).detach().numpy())
+    e = stats(c)
+    assert e.replays == 0 and "bit for bit" in e.fallback_reasons[0]
