@@ -111,6 +111,8 @@ from . import accelerator, backends, multiprocessing, distributions  # noqa
 from .utils import checkpoint as _ckpt  # noqa: E402,F401
 from . import nn  # noqa: E402
 from . import amp, cpu  # noqa: E402
+from ._compile import compile  # noqa: E402  (dtorch/_compile)
+from . import compiler  # noqa: E402
 from .amp import autocast, is_autocast_enabled, get_autocast_dtype  # noqa
 from .cuda import amp as _cuda_amp  # noqa: E402,F401  (dtorch.cuda.amp)
 from ._einops_hook import install as _einops_install  # noqa: E402

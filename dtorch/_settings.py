@@ -16,7 +16,7 @@ __all__ = [
     "get_num_interop_threads", "set_num_interop_threads",
     "use_deterministic_algorithms", "are_deterministic_algorithms_enabled",
     "is_deterministic_algorithms_warn_only_enabled",
-    "set_printoptions", "compile", "is_complex", "is_nonzero",
+    "set_printoptions", "is_complex", "is_nonzero",
     "memory_format", "contiguous_format", "channels_last",
     "channels_last_3d", "preserve_format", "layout", "strided", "sparse_coo",
     "set_float32_matmul_precision", "get_float32_matmul_precision",
@@ -163,26 +163,6 @@ def set_printoptions(precision=None, threshold=None, edgeitems=None,
     if sci_mode is not None:
         kw["suppress"] = not sci_mode
     np.set_printoptions(**kw)
-
-
-_compile_warned = [False]
-
-
-def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
-            mode=None, options=None, disable=False):
-    """``torch.compile``'s signature, without a compiler yet: the model (or
-    function) is returned as it is and runs eagerly (the same results, none
-    of the speed), and the first call in a process warns so. With
-    ``disable=True`` (PyTorch's "run eagerly") it says nothing."""
-    if not disable and not _compile_warned[0]:
-        _compile_warned[0] = True
-        import warnings
-        warnings.warn("dtorch.compile: dtorch has no compiler yet; the model "
-                      "runs eagerly (same results, no speed-up)",
-                      UserWarning, stacklevel=2)
-    if model is None:
-        return lambda m: m
-    return model
 
 
 def is_complex(input):

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _backend as B
 from .. import ops as P
+from ..autograd import function as _function
 from ..autograd.grad_mode import _state
 from ._common import _TensorBase, _arr, _operand
 
@@ -39,8 +40,9 @@ class InplaceMethods:
                 "dtorch does not support autograd through an in-place "
                 "operation on a view of a tensor that requires grad; use an "
                 "out-of-place operation or clone() the view first")
-        old = self._make(self._data.copy(), self.requires_grad,
-                           self.grad_fn)
+        old = self._make(_function.array_copy(self._data,
+                                              self.requires_grad),
+                         self.requires_grad, self.grad_fn)
         old._output_nr = self._output_nr
         res = compute(old)
         if res._data.dtype != self._data.dtype:

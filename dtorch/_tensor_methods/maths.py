@@ -550,6 +550,7 @@ class MathsMethods:
 
     # ------------------------------------------------------- comparison ---
     @B.on_own_device
+    @_function.array_source      # a dtorch.compile replay compares again
     def _cmp(self, ufunc_name, other):
         o = _operand(other, self)
         x, y = P.promote(self._data, _arr(o), ufunc_name)

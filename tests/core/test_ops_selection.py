@@ -404,21 +404,3 @@ def test_issue_14_call_forms():
     assert not x.is_sparse and not dtorch.is_complex(x) and \
         not x.is_complex()
     assert dtorch.compile(x.sum, disable=True) == x.sum
-
-
-def test_compile_says_it_runs_eagerly(monkeypatch):
-    """No compiler yet: dtorch.compile returns its argument, and says so
-    once per process rather than pretending to compile."""
-    from dtorch import _settings
-    monkeypatch.setattr(_settings, "_compile_warned", [False])
-    f = dtorch.randn(2).sum
-    with pytest.warns(UserWarning, match="no compiler yet"):
-        assert dtorch.compile(f) is f
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert dtorch.compile()(f) is f              # once per process
-    m = dtorch.nn.Linear(2, 2)
-    monkeypatch.setattr(_settings, "_compile_warned", [False])
-    with pytest.warns(UserWarning, match="no compiler yet"):
-        assert m.compile() is None                   # in place, as torch

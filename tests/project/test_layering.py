@@ -59,6 +59,8 @@ LAYERS = {
     'dtorch.serialization': 4, 'dtorch.amp': 4, 'dtorch.distributions': 4,
     'dtorch.utils.checkpoint': 4, 'dtorch.multiprocessing': 4,
     'dtorch.cpu': 4, 'dtorch.cuda.amp': 4,
+    # dtorch.compile (capture and replay of array programs) and its controls
+    'dtorch._compile': 4, 'dtorch.compiler': 4,
     # the einops backend (imported after einops) and the hook that loads it
     'dtorch._einops': 4, 'dtorch._einops_hook': 4,
     # 5 torch.distributed-style facade over collectives/, its comm hooks

@@ -6,6 +6,7 @@ import numpy as np
 
 from ... import _backend as B
 from ...tensor import Tensor
+from ...autograd.function import array_source
 from ...random import draw
 from .padding import pad
 
@@ -64,6 +65,7 @@ def _legacy_reduction(size_average, reduce, reduction):
     return "mean" if size_average else "sum"
 
 
+@array_source
 def _keep_mask(x, p, generator=None, shape=None):
     """A boolean array of ``shape`` (default x's), True with probability
     1 - p, on x's device."""

@@ -444,11 +444,10 @@ class Module:
         return self._apply(convert)
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
-        """``torch.nn.Module.compile``: compiles in place through
-        ``dtorch.compile``, which has no compiler yet (it warns; the module
-        keeps running eagerly)."""
-        from ..._settings import compile as _compile
-        _compile(self, *args, **kwargs)
+        """``torch.nn.Module.compile``: this module's calls run compiled
+        from now on, in place (``dtorch.compile``'s arguments)."""
+        from ..._compile import compile_in_place
+        compile_in_place(self, *args, **kwargs)
 
     def to_empty(self: _M, *, device: Any, recurse: bool = True) -> _M:
         """Parameters and buffers as new uninitialised tensors of the same
