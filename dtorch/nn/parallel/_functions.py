@@ -6,8 +6,10 @@ import numpy as np
 
 from ... import distributed as dist
 from ..._backend import get_array_module
+from ...autograd.function import Function
 from ...ops.base import Op
 from ...tensor import Tensor
+from ._fixed_point import fixed_point_sum
 
 
 # ================================================================ arrays ==
@@ -195,3 +197,46 @@ class _SyncBN(Op):
         return (gx.astype(ctx.xd),
                 gw.astype(w.dtype) if w is not None else None,
                 gb.astype(w.dtype) if w is not None else None)
+
+
+class _ShardStats(Function):
+    """Deterministic SyncBatchNorm's statistics (nn/parallel/_lockstep.py):
+    from the inputs of a rank's k virtual shards, the global batch's mean
+    and 1/std per channel, by exact fixed-point sums over all V shards of
+    every rank, as one (2, C) float64 tensor per shard. Backward sums the
+    shards' gradients of them the same way, so every shard's input
+    gradient sees all V shards', in the same bits on any world size."""
+
+    @staticmethod
+    def forward(ctx, eps, group, shards, stats, *xs):
+        a = [x._data.astype(np.float64) for x in xs]
+        axes = (0,) + tuple(range(2, a[0].ndim))
+        s1, s2 = fixed_point_sum([[x.sum(axis=axes) for x in a],
+                                  [(x * x).sum(axis=axes) for x in a]],
+                                 shards, group)
+        xp = get_array_module(s1)
+        n = a[0].size // a[0].shape[1] * shards
+        mean = s1 / n
+        var = xp.maximum(s2 / n - mean * mean, 0.0)
+        invstd = 1.0 / xp.sqrt(var + eps)
+        ctx.a, ctx.axes, ctx.n, ctx.group, ctx.shards = a, axes, n, group, \
+            shards
+        ctx.mean, ctx.var_eps = mean, var + eps
+        ctx.dtypes = [x._data.dtype for x in xs]
+        stats.update(mean=mean, var=var, n=n)
+        out = xp.stack([mean, invstd])
+        return tuple(Tensor._wrap(out.copy()) for _ in xs)
+
+    @staticmethod
+    def backward(ctx, *gs):
+        gm, gi = fixed_point_sum([[g._data[0] for g in gs],
+                                  [g._data[1] for g in gs]],
+                                 ctx.shards, ctx.group)
+        shape = (1, -1) + (1,) * (ctx.a[0].ndim - 2)
+        # d mean / dx = 1/n; d invstd / dx = -(var + eps)^-3/2 (x - mean)/n
+        c0 = (gm / ctx.n).reshape(shape)
+        c1 = (-gi * ctx.var_eps ** -1.5 / ctx.n).reshape(shape)
+        mean = ctx.mean.reshape(shape)
+        return (None, None, None, None) + tuple(
+            (c0 + c1 * (x - mean)).astype(dt)
+            for x, dt in zip(ctx.a, ctx.dtypes))
