@@ -40,7 +40,6 @@ is removed here:
 
 Measured figures: benchmarks/determinism.py.
 """
-import math
 import warnings
 
 import numpy as np
@@ -152,11 +151,9 @@ class DeterministicStep:
             self.key = self._step_key()
         key, first = self.key, self.micro * self.shards if training else 0
         if training:
-            sync = self.ddp.require_backward_grad_sync
+            sync = self._sync()
             self.micro = 0 if sync else self.micro + 1
-        params = [(m, name, p) for m in self.ddp.module.modules()
-                  for name, p in m._parameters.items()
-                  if p is not None and p.requires_grad]
+        params = self._params()
         # per-shard leaves sharing the parameters' storage: the engine
         # sums a shard's own uses of a weight in its graph (the same on
         # every layout), never two shards' gradients
@@ -166,7 +163,7 @@ class DeterministicStep:
         def install(u):
             if training:
                 for (m, name, _), a in zip(params, taps[u]):
-                    m._parameters[name] = a
+                    self._install(m, name, a)
 
         def shard(u):
             sl = slice(u, None, k)
@@ -175,7 +172,7 @@ class DeterministicStep:
             # the global shard index keys the shard's random stream
             with _random.keyed_streams(key, first + u * self.world
                                        + self.rank):
-                return self.ddp.module(*args, **kw)
+                return self._call(args, kw)
 
         try:
             if any(m.training or not m.track_running_stats
@@ -190,9 +187,9 @@ class DeterministicStep:
         finally:
             if training:
                 for m, name, p in params:
-                    m._parameters[name] = p
+                    self._install(m, name, p)
         if training:
-            self.pending = (params, taps, self.ddp.require_backward_grad_sync)
+            self.pending = (params, taps, self._sync())
             self._queued = False
             for a in taps[0]:
                 a.register_post_accumulate_grad_hook(self._queue)
@@ -216,9 +213,7 @@ class DeterministicStep:
             return
         params, taps, sync = self.pending
         self.pending = None
-        order = self.ddp._params
-        if self.zero is not None:
-            order = [p for b in self.ddp._reducer.buckets for p in b.params]
+        order = self._order()
         # a tied weight has one alias per module that holds it: its shard
         # gradient is their sum, in module order (the same on every layout)
         mine = {id(p): [] for p in order}
@@ -234,14 +229,45 @@ class DeterministicStep:
             return
         self.held = []
         steps = len(grads[0]) // len(taps)
-        regions = None
+        self._store(order, fixed_point_sum(grads, self.shards * steps,
+                                           self.group, self._regions()))
+
+    # ---------------------------------- what a wrapper (FSDP) overrides
+    def _params(self):
+        """(owner module, name, tensor) of every trainable parameter, as
+        the forward reads them (a tied one once per owner)."""
+        return [(m, name, p) for m in self.ddp.module.modules()
+                for name, p in m._parameters.items()
+                if p is not None and p.requires_grad]
+
+    @staticmethod
+    def _install(m, name, t):
+        m._parameters[name] = t
+
+    def _call(self, args, kwargs):
+        return self.ddp.module(*args, **kwargs)
+
+    def _sync(self):
+        return self.ddp.require_backward_grad_sync
+
+    def _order(self):
+        """The parameters in the order of the sum's buffer."""
         if self.zero is not None:
-            for b in self.ddp._reducer.buckets:
-                self.zero._note_bucket(b.index, b.params)
-            regions = [sum(p.numel() for p in b.params)
-                       for b in self.ddp._reducer.buckets]
-        for p, g in zip(order, fixed_point_sum(
-                grads, self.shards * steps, self.group, regions)):
+            return [p for b in self.ddp._reducer.buckets for p in b.params]
+        return self.ddp._params
+
+    def _regions(self):
+        """None (all-reduce), or ZeRO-2's buckets (reduce-scatter)."""
+        if self.zero is None:
+            return None
+        for b in self.ddp._reducer.buckets:
+            self.zero._note_bucket(b.index, b.params)
+        return [sum(p.numel() for p in b.params)
+                for b in self.ddp._reducer.buckets]
+
+    @staticmethod
+    def _store(order, sums):
+        for p, g in zip(order, sums):
             g = g.astype(p._data.dtype, copy=False)
             if p._grad is None:
                 p._grad = Tensor._wrap(g)
