@@ -451,34 +451,21 @@ def test_layouts_that_cannot_be_identical_fail_before_the_step(
         dist.spawn_threads(body, world)
 
 
-@pytest.mark.parametrize("sync", [False, True])
-def test_batch_norm_in_training_is_refused_eval_is_not(sync):
+def test_batch_norm_in_training_is_refused_eval_is_not():
+    # SyncBatchNorm is deterministic (test_determinism_syncbn.py); plain
+    # batch norm normalises over the rank's batch
     def bn(rank, n):
         torch.use_deterministic_algorithms(True)
-        m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-        if sync:
-            m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
-        ddp = DDP(m)
+        ddp = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
         ddp.eval()
         with torch.no_grad():
             out = ddp(torch.randn(12, 4))
         ddp.train()
         ddp(torch.randn(12, 4))
         return out
-    name = "SyncBatchNorm" if sync else "BatchNorm1d"
-    with pytest.raises(RuntimeError, match=f"{name} '1' in training mode"):
+    with pytest.raises(RuntimeError, match="BatchNorm1d '1' in training "
+                       "mode normalises over the rank's batch"):
         dist.spawn_threads(bn, 2)
-
-
-def test_fsdp_training_is_refused():
-    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    def body(rank, n):
-        torch.use_deterministic_algorithms(True)
-        FSDP(nn.Linear(4, 4))(torch.randn(2, 4))
-    with pytest.raises(RuntimeError, match="FullyShardedDataParallel does "
-                       "not have a deterministic implementation"):
-        dist.spawn_threads(body, 2)
 
 
 def test_comm_hooks_and_join_are_refused():

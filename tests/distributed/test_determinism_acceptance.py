@@ -1,0 +1,199 @@
+"""Issue 26's acceptance: under ``use_deterministic_algorithms(True)`` the
+hash of the full training state after 20 steps (parameters, gradients,
+AdamW state, BatchNorm statistics, RNG state and every sample's loss) is
+the same on 1, 2, 3 and 4 thread ranks, on 2 and 3 tcp processes, under
+mpiexec -n 2 / 3, and after a save by 2 ranks resumed by 3 mid-epoch:
+with dropout, SyncBatchNorm, gradient accumulation, clipping and AdamW
+for a classifier and for a padded token LM with variable lengths
+normalised by the global token count (``train``).
+
+This file is also the tcp ranks' script (``dtorch-launch --nproc-per-node
+N test_determinism_acceptance.py OUT [save|resume CKPT]``: rank r writes
+OUT.r)."""
+import hashlib
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+
+import dtorch as torch  # noqa: E402
+import dtorch.distributed as dist  # noqa: E402
+import dtorch.distributed.checkpoint as dcp  # noqa: E402
+import dtorch.nn.functional as F  # noqa: E402
+from dtorch import nn  # noqa: E402
+from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
+                               TensorDataset)
+from test_determinism_ddp import _checkpoint, state_digest  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+STEPS, BATCH, ACCUM = 20, 48, 2      # 240 samples: 5 steps an epoch
+
+
+def _classifier():
+    g = torch.Generator().manual_seed(1)
+    ds = TensorDataset(torch.randn(240, 10, generator=g),
+                       torch.randint(0, 3, (240,), generator=g))
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(
+        nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2),
+        nn.Linear(16, 3)))
+
+    def loss(out, y, group):
+        per = F.cross_entropy(out, y, reduction="none")
+        return per.mean() / ACCUM, per
+    return ds, model, loss
+
+
+def _token_lm():
+    """Padded sequences of lengths 2-8; the loss of a step is the sum
+    over its valid tokens (all ranks, both micro-batches) over their
+    count, written as a mean over the rank's samples of each sample's
+    token sum times (global micro-batch / count): every factor of the
+    gradient is then the same on any world size (a per-rank mean of
+    means is not, and is not the global token mean either)."""
+    g = torch.Generator().manual_seed(2)
+    n, seq, vocab = 240, 8, 16
+    tok = torch.randint(0, vocab, (n, seq + 1), generator=g)
+    lengths = torch.randint(2, seq + 1, (n,), generator=g)
+    tgt = tok[:, 1:].clone()
+    tgt[torch.arange(seq)[None, :] >= lengths[:, None]] = -100
+    model = nn.Sequential(nn.Embedding(vocab, 12), nn.Dropout(0.1),
+                          nn.Linear(12, vocab))
+
+    def loss(out, y, group):
+        count = sum((b != -100).sum() for _, b in group)
+        dist.all_reduce(count)          # integers: exact in any order
+        per = F.cross_entropy(out.transpose(1, 2), y, ignore_index=-100,
+                              reduction="none").sum(1)
+        return (per * (BATCH / ACCUM / count.item())).mean(), per
+    return TensorDataset(tok[:, :-1], tgt), model, loss
+
+
+def _gathered(per, world):
+    """Per-sample values of all ranks in global batch order."""
+    parts = [torch.zeros_like(per) for _ in range(world)]
+    dist.all_gather(parts, per.detach())
+    return torch.stack(parts, 1).reshape(-1)
+
+
+def train(rank, world, job=_classifier, steps=STEPS, save=None,
+          resume=None):
+    """``job``'s model under DDP, ACCUM micro-batches per step (no_sync),
+    clip_grad_norm_, AdamW; the sha256 of the whole state at ``steps``
+    (``save=(path, step)``: checkpoint there and stop)."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.manual_seed(0)
+        ds, model, loss_of = job()
+        ddp = DDP(model)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+        sampler = DistributedSampler(ds, shuffle=True, seed=3)
+        loader = DataLoader(ds, batch_size=BATCH // world // ACCUM,
+                            sampler=sampler,
+                            generator=torch.Generator().manual_seed(9))
+        step, losses = 0, []
+        if resume is not None:
+            step = _checkpoint(dcp.load, resume, ddp, opt, sampler, step)
+        for epoch in range(sampler.epoch, 10):
+            if resume is None or epoch > sampler.epoch:
+                sampler.set_epoch(epoch)
+            resume = None
+            it = iter(loader)
+            for group in zip(*[it] * ACCUM):
+                for i, (x, y) in enumerate(group):
+                    with (ddp.no_sync() if i < ACCUM - 1 else _Null()):
+                        loss, per = loss_of(ddp(x), y, group)
+                        if step >= 14:   # the resumed runs see these too
+                            losses.append(_gathered(per, world))
+                        loss.backward()
+                nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+                opt.step()
+                step += 1
+                if save is not None and step == save[1]:
+                    return _checkpoint(dcp.save, save[0], ddp, opt,
+                                       sampler, step)
+                if step == steps:
+                    h = hashlib.sha256(state_digest(model, opt, losses)
+                                       .encode())
+                    for b in model.buffers():
+                        h.update(b.numpy().tobytes())
+                    return h.hexdigest()
+                opt.zero_grad()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _lm(rank, world):
+    return train(rank, world, job=_token_lm)
+
+
+_ONE = {}
+
+
+def one_rank(fn):
+    """The 1-rank digest of ``fn`` (computed once per session)."""
+    if fn not in _ONE:
+        _ONE[fn] = dist.spawn_threads(fn, 1)[0]
+    return _ONE[fn]
+
+
+@pytest.mark.parametrize("fn", [train, _lm], ids=["syncbn", "token_lm"])
+def test_one_hash_on_1_2_3_4_thread_ranks(fn):
+    one = one_rank(fn)
+    for world in (2, 3, 4):
+        assert set(dist.spawn_threads(fn, world)) == {one}, world
+
+
+def test_resume_of_a_2_rank_checkpoint_on_3_ranks_mid_epoch(tmp_path):
+    """Saved by 2 ranks at step 7 (2 steps into the second epoch),
+    resumed by 3: the bits of the uninterrupted 1-rank run."""
+    path = str(tmp_path / "ck")
+    dist.spawn_threads(lambda r, n: train(r, n, save=(path, 7)), 2)
+    res = dist.spawn_threads(lambda r, n: train(r, n, resume=path), 3)
+    assert set(res) == {one_rank(train)}
+
+
+@pytest.mark.timeout(240)
+def test_tcp_processes_give_the_thread_ranks_bits(tmp_path):
+    from launch_scripts.harness import launch
+
+    def run(world, *mode):
+        out = str(tmp_path / f"h{world}")
+        rc, _, err, _ = launch(["--nproc-per-node", str(world),
+                                "--backend", "tcp", HERE, out, *mode],
+                               timeout=200)
+        assert rc == 0, err[-3000:]
+        return {open(f"{out}.{r}").read() for r in range(world)}
+    one = one_rank(train)
+    assert run(2) == {one}
+    ck = str(tmp_path / "ck")
+    run(2, "save", ck)
+    assert run(3, "resume", ck) == {one}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fn", [train, _lm], ids=["syncbn", "token_lm"])
+def test_mpi_world_gives_the_thread_ranks_bits(mpi_world, fn):
+    one = dist.spawn_threads(fn, 1)[0]
+    assert fn(dist.get_rank(), dist.get_world_size()) == one
+
+
+if __name__ == "__main__":
+    dist.init_process_group("tcp")
+    mode = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+    h = train(dist.get_rank(), dist.get_world_size(),
+              save=(mode["save"], 7) if "save" in mode else None,
+              resume=mode.get("resume"))
+    with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
+        f.write(str(h))

@@ -1,0 +1,139 @@
+"""FSDP under ``use_deterministic_algorithms(True)`` (issue 26): the bits of
+deterministic DDP on one rank, on 1-4 ranks, as one unit, with nested
+units (auto_wrap_policy) and with fully_shard (distributed/fsdp/
+_deterministic.py)."""
+import hashlib
+
+import numpy as np
+import pytest
+
+import dtorch as torch
+import dtorch.distributed as dist
+import dtorch.nn.functional as F
+from dtorch import nn
+from dtorch.distributed.fsdp import (FullyShardedDataParallel as FSDP,
+                                     MixedPrecision, ModuleWrapPolicy,
+                                     fully_shard)
+from dtorch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.lin(x)))
+
+
+def _model(sync_bn=False):
+    m = nn.Sequential(nn.Linear(10, 16), Block(), Block(), nn.Linear(16, 3))
+    if sync_bn:
+        m.insert(1, nn.SyncBatchNorm(16))
+    return m
+
+
+def _wrap(model, kind):
+    if kind == "ddp":
+        return DDP(model)
+    if kind == "fsdp":
+        return FSDP(model)
+    if kind == "nested":
+        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    for b in model:
+        if isinstance(b, Block):
+            fully_shard(b)
+    return fully_shard(model)
+
+
+def train(rank, world, kind, steps=4, sync_bn=False):
+    """4 AdamW steps with clipping on global batches of 24: the sha256 of
+    the full state dict, every loss and the RNG state."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.manual_seed(0)
+        model = _model(sync_bn)
+        w = _wrap(model, kind)
+        opt = torch.optim.AdamW(w.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        X = torch.randn(steps, 24, 10, generator=g)
+        Y = torch.randint(0, 3, (steps, 24), generator=g)
+        h = hashlib.sha256()
+        for s in range(steps):
+            loss = F.cross_entropy(w(X[s][rank::world]), Y[s][rank::world])
+            loss.backward()
+            if kind == "ddp":
+                nn.utils.clip_grad_norm_(w.parameters(), 0.5)
+            else:
+                w.clip_grad_norm_(0.5)
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():             # evaluation: no gradient kept
+            out = w(X[0][rank::world])
+        parts = [torch.zeros_like(out) for _ in range(world)]
+        dist.all_gather(parts, out)       # in global batch order
+        h.update(torch.stack(parts, 1).numpy().tobytes())
+        sd = (w.module if kind == "ddp" else w).state_dict()
+        for k in sorted(sd):
+            h.update(k.encode() + sd[k].numpy().tobytes())
+        h.update(repr(torch.get_rng_state()).encode())
+        return h.hexdigest()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "nested", "fully_shard"])
+def test_bits_of_deterministic_ddp_on_one_rank(kind):
+    one = dist.spawn_threads(lambda r, n: train(r, n, "ddp"), 1)[0]
+    for world in (1, 2, 3, 4):
+        got = dist.spawn_threads(lambda r, n: train(r, n, kind), world)
+        assert set(got) == {one}, (kind, world)
+
+
+def test_sync_batch_norm_inside_fsdp():
+    one = dist.spawn_threads(lambda r, n: train(r, n, "ddp", 2, True), 1)
+    got = dist.spawn_threads(lambda r, n: train(r, n, "nested", 2, True), 3)
+    assert set(got) == set(one)
+
+
+def test_gathered_parameters_are_freed_and_shards_stay():
+    def body(rank, world):
+        torch.use_deterministic_algorithms(True)
+        try:
+            w = FSDP(_model(), auto_wrap_policy=ModuleWrapPolicy({Block}))
+            shard = [p.numel() for p in w.parameters()]
+            w(torch.randn(12, 10)).sum().backward()
+            # outside the step every unit's parameters are placeholders
+            assert all(u.__dict__.get("_full") is None for u in w._units())
+            assert w.module[0].weight.numel() == 0
+            assert [p.grad.numel() for p in w.parameters()] == shard
+            return [p.grad.numpy().copy() for p in w.parameters()]
+        finally:
+            torch.use_deterministic_algorithms(False)
+    two = dist.spawn_threads(body, 2)
+    # rank r holds chunk r of each unit's flat gradient: the chunks differ
+    assert not all(np.array_equal(a, b) for a, b in zip(*two))
+
+
+def test_mixed_precision_and_a_nested_unit_alone_are_refused():
+    def mp(rank, world):
+        torch.use_deterministic_algorithms(True)
+        try:
+            FSDP(_model(), mixed_precision=MixedPrecision(
+                param_dtype=torch.bfloat16))(torch.randn(12, 10))
+        finally:
+            torch.use_deterministic_algorithms(False)
+    with pytest.raises(RuntimeError, match="mixed precision under use_"):
+        dist.spawn_threads(mp, 2)
+
+    def nested(rank, world):
+        torch.use_deterministic_algorithms(True)
+        try:
+            w = FSDP(_model(), auto_wrap_policy=ModuleWrapPolicy({Block}))
+            w.module[1](torch.randn(12, 16))
+        finally:
+            torch.use_deterministic_algorithms(False)
+    with pytest.raises(RuntimeError, match="nested unit runs inside its "
+                       "root's forward only"):
+        dist.spawn_threads(nested, 2)

@@ -1,0 +1,114 @@
+"""SyncBatchNorm under ``use_deterministic_algorithms(True)`` (issue 26):
+a rank's virtual shards meet at each SyncBatchNorm in lockstep
+(nn/parallel/_lockstep.py), which normalises over the global batch with
+exact sums; the bits do not depend on the world size, the numbers are
+those of normal-mode SyncBatchNorm (itself checked against PyTorch in
+test_sync_batchnorm) up to rounding. Whole training runs:
+test_determinism_acceptance.py."""
+import threading
+
+import numpy as np
+import pytest
+
+import dtorch as torch
+import dtorch.distributed as dist
+import dtorch.nn.functional as F
+from dtorch import nn
+from dtorch.nn.parallel import DistributedDataParallel as DDP
+
+
+def _cnn():
+    return nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.Flatten(), nn.Linear(4 * 25, 6), nn.BatchNorm1d(6), nn.ReLU(),
+        nn.Linear(6, 3)))
+
+
+def _one_step(rank, world, det, dtype=torch.float64):
+    """Gradients and running statistics after one step of a CNN with two
+    SyncBatchNorms, global batch 24."""
+    torch.use_deterministic_algorithms(det)
+    try:
+        torch.manual_seed(0)
+        model = _cnn().to(dtype)
+        ddp = DDP(model)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(24, 2, 5, 5, generator=g, dtype=dtype)
+        y = torch.randint(0, 3, (24,), generator=g)
+        F.cross_entropy(ddp(x[rank::world]), y[rank::world]).backward()
+        return ([p.grad.numpy().copy() for p in model.parameters()]
+                + [b.numpy().copy() for b in model.buffers()])
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_bits_on_1_to_4_ranks_and_numbers_of_normal_sync_batchnorm():
+    runs = {w: dist.spawn_threads(lambda r, n: _one_step(r, n, True,
+                                                         torch.float32), w)
+            for w in (1, 2, 3, 4)}
+    ref = runs[1][0]
+    for w, res in runs.items():
+        for got in res:
+            assert all(np.array_equal(a, b) for a, b in zip(got, ref)), w
+    det = dist.spawn_threads(lambda r, n: _one_step(r, n, True), 2)[0]
+    normal = dist.spawn_threads(lambda r, n: _one_step(r, n, False), 2)[0]
+    for a, b in zip(det, normal):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    # the running statistics took one step (not one per shard)
+    assert det[-1] == normal[-1] == 1
+
+
+def test_eval_mode_needs_no_lockstep_and_errors_reach_the_caller():
+    def body(rank, n):
+        torch.use_deterministic_algorithms(True)
+        try:
+            ddp = DDP(nn.SyncBatchNorm(3))
+            ddp.eval()
+            before = threading.active_count()
+            ddp(torch.randn(12 // n, 3))
+            assert threading.active_count() == before
+            ddp.train()
+            # raised in a shard's thread, re-raised here; no thread stays
+            with pytest.raises(ValueError, match="expected 3 channels"):
+                ddp(torch.randn(12 // n, 4))
+            assert threading.active_count() == before
+        finally:
+            torch.use_deterministic_algorithms(False)
+    # one rank: the thread count is the process's
+    dist.spawn_threads(body, 1)
+
+
+class _Odd(nn.Module):
+    """Sends only the shards with a positive first input through its
+    SyncBatchNorm: shards that disagree on the path."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.SyncBatchNorm(2)
+
+    def forward(self, x):
+        return self.bn(x) if float(x[0, 0]) > 0 else x
+
+
+def test_shards_on_different_paths_and_own_groups_are_refused():
+    def odd(rank, n):
+        torch.use_deterministic_algorithms(True)
+        try:
+            x = torch.ones(12, 2)
+            x[1::4, 0] = -1
+            DDP(_Odd())(x)
+        finally:
+            torch.use_deterministic_algorithms(False)
+    with pytest.raises(RuntimeError, match="took different paths"):
+        dist.spawn_threads(odd, 1)
+
+    def own(rank, n):
+        torch.use_deterministic_algorithms(True)
+        try:
+            group = dist.new_group([0, 1])
+            DDP(nn.SyncBatchNorm(2, process_group=group))(torch.ones(6, 2))
+        finally:
+            torch.use_deterministic_algorithms(False)
+    with pytest.raises(RuntimeError, match="SyncBatchNorm with its own "
+                       "process_group"):
+        dist.spawn_threads(own, 2)
