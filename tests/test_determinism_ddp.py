@@ -92,10 +92,7 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
     step, micro, losses = 0, 0, []
     if resume is not None:
         step = _checkpoint(dcp.load, resume, ddp, opt, sampler, step)
-    for epoch in range(sampler.epoch, 10):
-        if resume is None or epoch > sampler.epoch:
-            sampler.set_epoch(epoch)
-        resume = None
+    for _ in epochs(sampler, resume is not None):
         for x, y in loader:
             micro += 1
             last = micro % accum == 0
@@ -137,6 +134,28 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
                 keep = opt_state and not zero
                 return state_digest(model, opt if keep else None, losses)
             opt.zero_grad()
+
+
+def epochs(sampler, resumed):
+    """The epochs from the sampler's on, each set on it, except a resumed
+    one, which goes on from its place."""
+    for epoch in range(sampler.epoch, 10):
+        if not resumed or epoch > sampler.epoch:
+            sampler.set_epoch(epoch)
+        resumed = False
+        yield epoch
+
+
+def deterministic(fn):
+    """``fn`` (a rank's body) under use_deterministic_algorithms(True),
+    switched off after it."""
+    def body(*args, **kwargs):
+        torch.use_deterministic_algorithms(True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.use_deterministic_algorithms(False)
+    return body
 
 
 def _checkpoint(fn, path, ddp, opt, sampler, step):
@@ -434,6 +453,27 @@ def test_fixed_point_sum_nonfinite_and_zero():
     assert np.isnan(out[2]) and np.isnan(out[3]) and out[4] == 0.0
     z = fixed_point_sum([[np.zeros(3, np.float32)] * 2], 2, None)[0]
     assert (z == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fixed_point_kernel_gives_the_numpy_bits(dtype):
+    """The compiled rounding (dtorch/_kernels: one pass) and NumPy's three
+    passes: the same bits, tiny, huge, subnormal and non-finite values
+    included (large enough arrays that the kernel runs threaded)."""
+    from dtorch import _kernels
+    rng = np.random.default_rng(1)
+    n = _kernels.PARALLEL_MIN + 3
+    parts = [(rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n))
+             .astype(dtype) for _ in range(4)]
+    parts[0][:4] = [np.inf, np.nan, 1e-45, -0.0]
+    parts[2][5] = -np.inf
+    if not _kernels.enabled():
+        pytest.skip("numba is not installed (or DTORCH_NUMBA=0)")
+    assert _kernels.kernels(parts[0]) is not None
+    fast = fixed_point_sum([parts], 4, None)[0]
+    with _kernels.forced(False):
+        slow = fixed_point_sum([parts], 4, None)[0]
+    assert fast.tobytes() == slow.tobytes()
 
 
 @pytest.mark.parametrize("world,shards,batch,match", [

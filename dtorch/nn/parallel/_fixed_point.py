@@ -8,6 +8,7 @@ import numpy as np
 
 from ... import distributed as dist
 from ..._backend import get_array_module
+from ..._kernels import kernels
 from ...tensor import Tensor
 
 
@@ -62,12 +63,19 @@ def fixed_point_sum(grads, shards, group, regions=None):
         # it, and float32 passes cost half the memory traffic
         dt = np.float32 if gs[0].dtype == np.float32 and -e <= 126 \
             else np.float64
-        t = xp.empty(n, dt)
+        t = None
         scale = dt(math.ldexp(1.0, -e))
         for g in gs:
+            g = g.reshape(-1)
             # exact: a power-of-two scaling (inf and nan are put right by
-            # _nonfinite)
-            xp.multiply(g.reshape(-1), scale, out=t, dtype=dt)
+            # _nonfinite); the compiled kernel fuses the three passes
+            k = kernels(g) if g.dtype == dt else None
+            if k is not None:
+                k.fixed_point_add(acc, g, scale)
+                continue
+            if t is None:
+                t = xp.empty(n, dt)
+            xp.multiply(g, scale, out=t, dtype=dt)
             xp.rint(t, out=t)
             with np.errstate(invalid="ignore"):
                 acc += t
