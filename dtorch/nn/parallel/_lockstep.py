@@ -35,18 +35,24 @@ def current():
     return None if step is None else (step, _here.u)
 
 
+_found = [(), -1]        # the threading.locals, len(sys.modules) then
+
+
 def _snapshot():
     """The calling thread's value of every module-level threading.local of
-    dtorch (except this module's and the rank-value table, handled apart)."""
-    out = []
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not name.startswith("dtorch"):
-            continue
-        for v in list(vars(mod).values()):
-            if isinstance(v, threading.local) and v is not _here \
-                    and v is not _rank_local._tls:
-                out.append((v, dict(v.__dict__)))
-    return out
+    dtorch (except this module's and the rank-value table, handled apart;
+    the list is found again when modules were imported since)."""
+    if _found[1] != len(sys.modules):
+        tls = []
+        for name, mod in list(sys.modules.items()):
+            if mod is None or not name.startswith("dtorch"):
+                continue
+            for v in list(vars(mod).values()):
+                if isinstance(v, threading.local) and v is not _here \
+                        and v is not _rank_local._tls:
+                    tls.append(v)
+        _found[:] = [tls, len(sys.modules)]
+    return [(tl, dict(tl.__dict__)) for tl in _found[0]]
 
 
 class _Abort(BaseException):
