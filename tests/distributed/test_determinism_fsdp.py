@@ -49,16 +49,16 @@ def _wrap(model, kind):
 
 
 @deterministic
-def train(rank, world, kind, steps=4, sync_bn=False):
+def train(rank, world, kind, steps=4, sync_bn=False, device="cpu"):
     """4 AdamW steps with clipping on global batches of 24: the sha256 of
-    the full state dict, every loss and the RNG state."""
+    the full state dict, the evaluation outputs and the RNG state."""
     torch.manual_seed(0)
-    model = _model(sync_bn)
+    model = _model(sync_bn).to(device)
     w = _wrap(model, kind)
     opt = torch.optim.AdamW(w.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
-    X = torch.randn(steps, 24, 10, generator=g)
-    Y = torch.randint(0, 3, (steps, 24), generator=g)
+    X = torch.randn(steps, 24, 10, generator=g).to(device)
+    Y = torch.randint(0, 3, (steps, 24), generator=g).to(device)
     h = hashlib.sha256()
     for s in range(steps):
         loss = F.cross_entropy(w(X[s][rank::world]), Y[s][rank::world])
@@ -73,10 +73,10 @@ def train(rank, world, kind, steps=4, sync_bn=False):
         out = w(X[0][rank::world])
     parts = [torch.zeros_like(out) for _ in range(world)]
     dist.all_gather(parts, out)       # in global batch order
-    h.update(torch.stack(parts, 1).numpy().tobytes())
+    h.update(torch.stack(parts, 1).cpu().numpy().tobytes())
     sd = (w.module if kind == "ddp" else w).state_dict()
     for k in sorted(sd):
-        h.update(k.encode() + sd[k].numpy().tobytes())
+        h.update(k.encode() + sd[k].cpu().numpy().tobytes())
     h.update(repr(torch.get_rng_state()).encode())
     return h.hexdigest()
 
@@ -89,6 +89,14 @@ def test_bits_of_deterministic_ddp_on_one_rank(kind, worlds):
     for world in worlds:
         got = dist.spawn_threads(lambda r, n: train(r, n, kind), world)
         assert set(got) == {one}, (kind, world)
+
+
+def test_same_bits_on_the_device(device):
+    one = dist.spawn_threads(lambda r, n: train(r, n, "ddp", 2,
+                                                device=device), 1)
+    two = dist.spawn_threads(lambda r, n: train(r, n, "nested", 2,
+                                                device=device), 2)
+    assert set(two) == set(one)
 
 
 def test_sync_batch_norm_inside_fsdp():

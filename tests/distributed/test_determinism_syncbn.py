@@ -25,22 +25,28 @@ def _cnn():
         nn.Linear(6, 3)))
 
 
-def _one_step(rank, world, det, dtype=torch.float64):
+def _one_step(rank, world, det, dtype=torch.float64, device="cpu"):
     """Gradients and running statistics after one step of a CNN with two
     SyncBatchNorms, global batch 24."""
     torch.use_deterministic_algorithms(det)
     try:
         torch.manual_seed(0)
-        model = _cnn().to(dtype)
+        model = _cnn().to(device, dtype)
         ddp = DDP(model)
         g = torch.Generator().manual_seed(1)
-        x = torch.randn(24, 2, 5, 5, generator=g, dtype=dtype)
-        y = torch.randint(0, 3, (24,), generator=g)
+        x = torch.randn(24, 2, 5, 5, generator=g, dtype=dtype).to(device)
+        y = torch.randint(0, 3, (24,), generator=g).to(device)
         F.cross_entropy(ddp(x[rank::world]), y[rank::world]).backward()
-        return ([p.grad.numpy().copy() for p in model.parameters()]
-                + [b.numpy().copy() for b in model.buffers()])
+        return ([p.grad.cpu().numpy().copy() for p in model.parameters()]
+                + [b.cpu().numpy().copy() for b in model.buffers()])
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_same_bits_on_the_device(device):
+    one, two = (dist.spawn_threads(lambda r, n: _one_step(
+        r, n, True, torch.float32, device), w)[0] for w in (1, 2))
+    assert all(np.array_equal(a, b) for a, b in zip(one, two))
 
 
 def test_bits_on_1_and_3_ranks_and_numbers_of_normal_sync_batchnorm():
