@@ -181,6 +181,20 @@ def test_mpi_world_gives_the_thread_ranks_bits(mpi_world, fn):
     assert fn(dist.get_rank(), dist.get_world_size()) == one
 
 
+@pytest.mark.mpi(min_size=2)
+def test_mpi_world_resumes_a_2_rank_checkpoint(mpi_world, tmp_path):
+    """Rank 0 saves a checkpoint with 2 thread ranks; the MPI world
+    (2 or 3 processes) resumes it: the bits of the 1-rank run."""
+    box = [str(tmp_path / "ck")]
+    dist.broadcast_object_list(box, 0)        # rank 0's directory
+    if dist.get_rank() == 0:
+        dist.spawn_threads(lambda r, n: train(r, n, save=(box[0], 7)), 2)
+    dist.barrier()
+    got = train(dist.get_rank(), dist.get_world_size(), resume=box[0])
+    assert got == dist.spawn_threads(train, 1)[0]
+    dist.barrier()                            # before rank 0's tmp goes
+
+
 if __name__ == "__main__":
     dist.init_process_group("tcp")
     h = train(dist.get_rank(), dist.get_world_size(), resume=sys.argv[2])
