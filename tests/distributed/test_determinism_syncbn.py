@@ -15,23 +15,26 @@ import dtorch.distributed as dist
 import dtorch.nn.functional as F
 from dtorch import nn
 from dtorch.nn.parallel import DistributedDataParallel as DDP
+from dtorch.nn.parallel import _lockstep
 from test_determinism_ddp import deterministic
 
 
-def _cnn():
+def _cnn(affine=True):
     return nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(
-        nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-        nn.Flatten(), nn.Linear(4 * 25, 6), nn.BatchNorm1d(6), nn.ReLU(),
+        nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4, affine=affine),
+        nn.ReLU(), nn.Flatten(), nn.Linear(4 * 25, 6),
+        nn.BatchNorm1d(6, affine=affine), nn.ReLU(),
         nn.Linear(6, 3)))
 
 
-def _one_step(rank, world, det, dtype=torch.float64, device="cpu"):
+def _one_step(rank, world, det, dtype=torch.float64, device="cpu",
+              affine=True):
     """Gradients and running statistics after one step of a CNN with two
     SyncBatchNorms, global batch 24."""
     torch.use_deterministic_algorithms(det)
     try:
         torch.manual_seed(0)
-        model = _cnn().to(device, dtype)
+        model = _cnn(affine).to(device, dtype)
         ddp = DDP(model)
         g = torch.Generator().manual_seed(1)
         x = torch.randn(24, 2, 5, 5, generator=g, dtype=dtype).to(device)
@@ -58,29 +61,40 @@ def test_bits_on_1_and_3_ranks_and_numbers_of_normal_sync_batchnorm():
     for w, res in runs.items():
         for got in res:
             assert all(np.array_equal(a, b) for a, b in zip(got, ref)), w
-    det = dist.spawn_threads(lambda r, n: _one_step(r, n, True), 2)[0]
-    normal = dist.spawn_threads(lambda r, n: _one_step(r, n, False), 2)[0]
-    for a, b in zip(det, normal):
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    for affine in (True, False):
+        det, normal = (dist.spawn_threads(lambda r, n: _one_step(
+            r, n, mode, affine=affine), 2)[0] for mode in (True, False))
+        for a, b in zip(det, normal):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
     # the running statistics took one step (not one per shard)
     assert det[-1] == normal[-1] == 1
 
 
-def test_eval_mode_needs_no_lockstep_and_errors_reach_the_caller():
+def _shard_threads():
+    return [t for t in threading.enumerate()
+            if t.name.startswith("dtorch-shard-")]
+
+
+def test_eval_mode_needs_no_lockstep_and_errors_reach_the_caller(
+        monkeypatch):
+    runs = []
+    real = _lockstep.Lockstep.run
+    monkeypatch.setattr(_lockstep.Lockstep, "run", lambda self, *a: (
+        runs.append(self.k), real(self, *a))[1])
+
     @deterministic
     def body(rank, n):
         ddp = DDP(nn.SyncBatchNorm(3))
         ddp.eval()
-        before = threading.active_count()
         ddp(torch.randn(12 // n, 3))
-        assert threading.active_count() == before
+        assert runs == []
         ddp.train()
         # raised in a shard's thread, re-raised here; no thread stays
         with pytest.raises(ValueError, match="expected 3 channels"):
             ddp(torch.randn(12 // n, 4))
-        assert threading.active_count() == before
-    # one rank: the thread count is the process's
-    dist.spawn_threads(body, 1)
+        assert runs == [12]
+    dist.spawn_threads(body, 1)     # one rank: the list is the process's
+    assert _shard_threads() == []
 
 
 class _Odd(nn.Module):

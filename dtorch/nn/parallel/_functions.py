@@ -240,3 +240,36 @@ class _ShardStats(Function):
         return (None, None, None, None) + tuple(
             (c0 + c1 * (x - mean)).astype(dt)
             for x, dt in zip(ctx.a, ctx.dtypes))
+
+
+class _ShardNorm(Op):
+    """One virtual shard's normalisation by the global statistics
+    (``_ShardStats``' (2, C) mean and 1/std), in float64, as one op: its
+    backward gives the shard's own gradients of the statistics."""
+
+    @staticmethod
+    def forward(ctx, x, stats, w, b):
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        mean, invstd = stats[0].reshape(shape), stats[1].reshape(shape)
+        centred = x.astype(np.float64) - mean
+        xhat = centred * invstd
+        out = xhat if w is None else xhat * w.reshape(shape) \
+            + b.reshape(shape)
+        ctx.centred, ctx.xhat, ctx.invstd, ctx.w = centred, xhat, invstd, w
+        ctx.shape, ctx.xd = shape, x.dtype
+        return out.astype(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        axes = (0,) + tuple(range(2, g.ndim))
+        g64 = g.astype(np.float64)
+        w = ctx.w
+        gxhat = g64 if w is None else g64 * w.reshape(ctx.shape)
+        gstats = xp.stack([-(gxhat * ctx.invstd).sum(axis=axes),
+                           (gxhat * ctx.centred).sum(axis=axes)])
+        gx = (gxhat * ctx.invstd).astype(ctx.xd)
+        if w is None:
+            return gx, gstats, None, None
+        return (gx, gstats, (g64 * ctx.xhat).sum(axis=axes).astype(w.dtype),
+                g64.sum(axis=axes).astype(w.dtype))

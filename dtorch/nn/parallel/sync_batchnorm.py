@@ -9,7 +9,7 @@ from ... import distributed as dist
 from ..modules.module import Module
 from ..parameter import Parameter
 from ... import _creation as C
-from ._functions import _ShardStats, _SyncBN
+from ._functions import _ShardNorm, _ShardStats, _SyncBN
 from . import _lockstep
 
 
@@ -103,12 +103,7 @@ class SyncBatchNorm(Module):
         # one virtual shard of deterministic DDP: the statistics of all
         # shards (``_combine``), then this shard's normalisation in float64
         stats = step.barrier(u, self._combine, x)
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        y = (x.double() - stats[0].view(shape)) * stats[1].view(shape)
-        if self.affine:
-            y = y * self.weight.double().view(shape) \
-                + self.bias.double().view(shape)
-        return y.to(x.dtype)
+        return _ShardNorm.apply(x, stats, self.weight, self.bias)
 
     def _combine(self, step, xs):
         st = {}
