@@ -35,11 +35,11 @@ def _model(sync_bn=False):
     return m
 
 
-def _wrap(model, kind):
+def _wrap(model, kind, shards=None):
     if kind == "ddp":
-        return DDP(model)
+        return DDP(model, virtual_shards=shards)
     if kind == "fsdp":
-        return FSDP(model)
+        return FSDP(model, virtual_shards=shards)
     if kind == "nested":
         return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
     for b in model:
@@ -49,12 +49,13 @@ def _wrap(model, kind):
 
 
 @deterministic
-def train(rank, world, kind, steps=4, sync_bn=False, device="cpu"):
+def train(rank, world, kind, steps=4, sync_bn=False, device="cpu",
+          shards=None):
     """4 AdamW steps with clipping on global batches of 24: the sha256 of
     the full state dict, the evaluation outputs and the RNG state."""
     torch.manual_seed(0)
     model = _model(sync_bn).to(device)
-    w = _wrap(model, kind)
+    w = _wrap(model, kind, shards)
     opt = torch.optim.AdamW(w.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     X = torch.randn(steps, 24, 10, generator=g).to(device)
@@ -97,6 +98,17 @@ def test_same_bits_on_the_device(device):
     two = dist.spawn_threads(lambda r, n: train(r, n, "nested", 2,
                                                 device=device), 2)
     assert set(two) == set(one)
+
+
+def test_virtual_shards_as_ddp_and_layouts_it_refuses():
+    one = dist.spawn_threads(lambda r, n: train(r, n, "ddp", 2,
+                                                shards=4), 1)
+    assert set(dist.spawn_threads(lambda r, n: train(
+        r, n, "fsdp", 2, shards=4), 2)) == set(one)
+    with pytest.raises(RuntimeError, match=r"world size 3 does not divide "
+                       r"the 8 virtual shards .*FullyShardedDataParallel\("
+                       r"virtual_shards=\)"):
+        dist.spawn_threads(lambda r, n: train(r, n, "fsdp", 1, shards=8), 3)
 
 
 def test_sync_batch_norm_inside_fsdp():

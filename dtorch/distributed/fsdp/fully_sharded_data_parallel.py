@@ -59,6 +59,13 @@ reduce-scattered in ``reduce_dtype`` (default ``param_dtype``; divided
 before and after the sum, as PyTorch, so float16 does not overflow) and
 cast back to the shard's dtype unless ``keep_low_precision_grads``.
 Auto-wrapped units inherit the configuration.
+
+Under ``dtorch.use_deterministic_algorithms(True)`` the root runs the step
+as deterministic DDP, with every unit gathered (``_deterministic.py``;
+``virtual_shards=`` as DistributedDataParallel's): the same bits on any
+world size. This file is the wrapper (forward, backward, clipping,
+``fully_shard``); the flat-parameter sharding is ``_flat_param.py``, the
+state dicts ``_state_dict.py``.
 """
 import weakref
 
@@ -164,7 +171,8 @@ class FullyShardedDataParallel(_StateDicts, _Sharding, Module):
                  ignored_modules=None, param_init_fn=None, device_id=None,
                  sync_module_states=False, forward_prefetch=False,
                  limit_all_gathers=True, use_orig_params=False,
-                 ignored_states=None, device_mesh=None):
+                 ignored_states=None, device_mesh=None,
+                 virtual_shards=None):
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"FullyShardedDataParallel expects an "
@@ -199,6 +207,9 @@ class FullyShardedDataParallel(_StateDicts, _Sharding, Module):
                             f"must be a MixedPrecision, got "
                             f"{type(mixed_precision).__name__}")
         object.__setattr__(self, "_mp", mixed_precision)
+        # dtorch's, as DistributedDataParallel's: the number of shards of
+        # the global batch under use_deterministic_algorithms(True)
+        object.__setattr__(self, "virtual_shards", virtual_shards)
         object.__setattr__(self, "_is_root", True)
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -294,7 +305,7 @@ class FullyShardedDataParallel(_StateDicts, _Sharding, Module):
             return self._call_inner(args, kwargs)
         det = self.__dict__.get("_det")
         if det is None:
-            det = FSDPDeterministicStep(self)
+            det = FSDPDeterministicStep(self, self.virtual_shards)
             object.__setattr__(self, "_det", det)
         return det.forward(args, kwargs)
 

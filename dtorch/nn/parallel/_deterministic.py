@@ -88,7 +88,7 @@ class DeterministicStep:
         if self.shards < 1 or self.shards % self.world:
             _refuse(f"deterministic DDP: the world size {self.world} does "
                     f"not divide the {self.shards} virtual shards of the "
-                    f"global batch; pass DistributedDataParallel("
+                    f"global batch; pass {type(ddp).__name__}("
                     f"virtual_shards=) a multiple of {self.world} (the "
                     f"same on every world size to compare)")
         # plain batch norm in training normalises over the rank's batch,
