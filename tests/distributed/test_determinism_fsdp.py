@@ -9,11 +9,12 @@ import pytest
 
 import dtorch as torch
 import dtorch.distributed as dist
+import dtorch.distributed.checkpoint as dcp
 import dtorch.nn.functional as F
 from dtorch import nn
 from dtorch.distributed.fsdp import (FullyShardedDataParallel as FSDP,
                                      MixedPrecision, ModuleWrapPolicy,
-                                     fully_shard)
+                                     StateDictType, fully_shard)
 from dtorch.nn.parallel import DistributedDataParallel as DDP
 from test_determinism_ddp import deterministic
 
@@ -50,9 +51,11 @@ def _wrap(model, kind, shards=None):
 
 @deterministic
 def train(rank, world, kind, steps=4, sync_bn=False, device="cpu",
-          shards=None):
+          shards=None, save=None, resume=None):
     """4 AdamW steps with clipping on global batches of 24: the sha256 of
-    the full state dict, the evaluation outputs and the RNG state."""
+    the full state dict, the evaluation outputs and the RNG state.
+    ``save=(path, step)``: a sharded dcp checkpoint there, and stop;
+    ``resume``: go on from one (FSDP)."""
     torch.manual_seed(0)
     model = _model(sync_bn).to(device)
     w = _wrap(model, kind, shards)
@@ -61,7 +64,10 @@ def train(rank, world, kind, steps=4, sync_bn=False, device="cpu",
     X = torch.randn(steps, 24, 10, generator=g).to(device)
     Y = torch.randint(0, 3, (steps, 24), generator=g).to(device)
     h = hashlib.sha256()
-    for s in range(steps):
+    start = 0 if resume is None else _sharded(dcp.load, resume, w, opt)
+    for s in range(start, steps):
+        if save is not None and s == save[1]:
+            return _sharded(dcp.save, save[0], w, opt, s)
         loss = F.cross_entropy(w(X[s][rank::world]), Y[s][rank::world])
         loss.backward()
         if kind == "ddp":
@@ -80,6 +86,25 @@ def train(rank, world, kind, steps=4, sync_bn=False, device="cpu",
         h.update(k.encode() + sd[k].cpu().numpy().tobytes())
     h.update(repr(torch.get_rng_state()).encode())
     return h.hexdigest()
+
+
+def _sharded(fn, path, w, opt, step=None):
+    """dcp.save / dcp.load of FSDP's sharded model and optimizer state
+    and the RNG state; the step."""
+    if fn is dcp.load:
+        for p in w.parameters():      # AdamW's state entries to fill
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad()
+    with w.state_dict_type(StateDictType.SHARDED_STATE_DICT):
+        st = {"model": w.state_dict(), "optim": w.optim_state_dict(opt),
+              "rng": dcp.RNGState(), "step": step}
+    fn(st, checkpoint_id=path)
+    if fn is dcp.load:
+        with w.state_dict_type(StateDictType.SHARDED_STATE_DICT):
+            w.load_state_dict(st["model"])
+        opt.load_state_dict(w.optim_state_dict_to_load(opt, st["optim"]))
+    return st["step"]
 
 
 @pytest.mark.parametrize("kind,worlds", [("fsdp", (1, 2, 3, 4)),
@@ -109,6 +134,16 @@ def test_virtual_shards_as_ddp_and_layouts_it_refuses():
                        r"the 8 virtual shards .*FullyShardedDataParallel\("
                        r"virtual_shards=\)"):
         dist.spawn_threads(lambda r, n: train(r, n, "fsdp", 1, shards=8), 3)
+
+
+def test_sharded_checkpoint_of_2_ranks_resumed_on_3(tmp_path):
+    path = str(tmp_path / "ck")
+    one = dist.spawn_threads(lambda r, n: train(r, n, "ddp"), 1)[0]
+    dist.spawn_threads(lambda r, n: train(r, n, "nested",
+                                          save=(path, 2)), 2)
+    got = dist.spawn_threads(lambda r, n: train(r, n, "nested",
+                                                resume=path), 3)
+    assert set(got) == {one}
 
 
 def test_sync_batch_norm_inside_fsdp():
