@@ -20,6 +20,7 @@ autocast, saved-tensor hooks, the thread rank's process group and RNG ...)
 and the rank's RankLocal values. The RNG state each shard's keyed stream
 sets is put back at every hand-over, and the caller's after the run.
 """
+import contextlib
 import sys
 import threading
 
@@ -93,7 +94,7 @@ class Lockstep:
         _here.step, _here.u = self, u
         try:
             with _rank_local.rank_scope(values) if values is not None \
-                    else _null():
+                    else contextlib.nullcontext():
                 self._state[u] = ("done", fn(u))
         except _Abort:
             return
@@ -142,10 +143,3 @@ class Lockstep:
             for t in threads:
                 t.join()
 
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
