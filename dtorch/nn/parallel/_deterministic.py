@@ -18,8 +18,10 @@ is removed here:
 2. **Sums.** Shard gradients are combined by an exact, order-free sum: each
    is rounded once onto a fixed-point grid (integers below 2^53 held in
    float64, quantum 2^(e - P), e the global maximum exponent of that
-   parameter's gradients, P = 52 - log2 V), and such integers add exactly, so the local sum and the all-reduce (any
-   algorithm, any backend) give the same integers whatever the grouping.
+   parameter's gradients, P = 52 - log2 V), and such integers add
+   exactly, so the local sum and the all-reduce (any algorithm, any
+   backend) give the same integers whatever the grouping
+   (``_fixed_point.py``).
    Chosen over a fixed reduction tree of the V shards: a tree needs every
    shard's gradient gathered (V / W times the bytes) or a fixed schedule
    per layout, while the fixed-point sum moves 8 bytes per float32 gradient
@@ -37,6 +39,11 @@ is removed here:
    from generators keyed by (a per-step key from rank 0's default
    generator, the global shard index), so a sample's mask does not depend
    on which rank holds it, and every rank's generator advances alike.
+
+SyncBatchNorm needs all shards at once: a rank's shards then run in
+lockstep threads and meet at each one (``_lockstep.py``). FSDP reuses this
+step through the hooks at the end of ``DeterministicStep``
+(distributed/fsdp/_deterministic.py).
 
 Measured figures: benchmarks/determinism.py.
 """
