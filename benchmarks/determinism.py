@@ -13,7 +13,7 @@ ranks, and what it costs.
     given per step per rank (counted at the process group).
 
     python benchmarks/determinism.py [--steps 50] [--repeats 3]
-        [--only hashes,mlp,cnn,gpt] [--virtual-shards 12]
+        [--only hashes,mlp,cnn,cnn_bn,gpt] [--virtual-shards 12]
 
 CPU time, not wall time: the machine this runs on is shared and loaded
 (the load average is printed); the thread ranks of one process share its
@@ -68,6 +68,16 @@ def cnn():
                          nn.Linear(64, 10))
 
 
+def cnn_bn():
+    """The CNN with a SyncBatchNorm after each convolution (deterministic
+    mode runs a rank's shards in lockstep threads: _lockstep.py)."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10)))
+
+
 class GPT(nn.Module):
     """2 pre-LN causal blocks, d 64, 4 heads, seq 32, vocab 128."""
 
@@ -92,14 +102,14 @@ def data(kind, n, g):
     if kind == "mlp":
         return torch.randn(n, 64, generator=g), torch.randint(
             0, 10, (n,), generator=g)
-    if kind == "cnn":
+    if kind in ("cnn", "cnn_bn"):
         return torch.randn(n, 1, 28, 28, generator=g), torch.randint(
             0, 10, (n,), generator=g)
     tok = torch.randint(0, 128, (n, 33), generator=g)
     return tok[:, :-1], tok[:, 1:]
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "gpt": GPT}
+MODELS = {"mlp": mlp, "cnn": cnn, "cnn_bn": cnn_bn, "gpt": GPT}
 
 
 # ------------------------------------------------------------ training --
@@ -170,7 +180,7 @@ def hashes(steps):
 
 
 def cost(kinds, steps, repeats, shards):
-    batch = {"mlp": 96, "cnn": 24, "gpt": 24}
+    batch = {"mlp": 96, "cnn": 24, "cnn_bn": 24, "gpt": 24}
     print(f"\n(b) ms of CPU per step and rank (over {steps - 1} steps; "
           f"range over {repeats} runs, interleaved), bytes per step per "
           f"rank; virtual shards {shards or 12}")
@@ -198,7 +208,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="hashes,mlp,cnn,gpt")
+    ap.add_argument("--only", default="hashes,mlp,cnn,cnn_bn,gpt")
     ap.add_argument("--virtual-shards", type=int, default=None)
     a = ap.parse_args(argv)
     only = a.only.split(",")

@@ -594,3 +594,16 @@ def index_add_rows(idx, src, out):
             else:
                 for j in range(j0, j1):
                     out[r, j] += src[i, j]
+
+
+# ======================================================= deterministic ==
+
+@_jit
+def fixed_point_add(acc, g, scale):
+    """acc (float64) += rint(g * scale): deterministic data parallelism's
+    rounding of a shard gradient onto its fixed-point grid
+    (nn/parallel/_fixed_point.py), the NumPy path's bits in one pass
+    instead of three (``scale`` a power of two in the multiply's dtype:
+    the product is exact, rint rounds half to even, the add is exact)."""
+    for i in prange(g.size):
+        acc[i] += np.float64(np.rint(g[i] * scale))

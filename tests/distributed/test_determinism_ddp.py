@@ -92,10 +92,7 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
     step, micro, losses = 0, 0, []
     if resume is not None:
         step = _checkpoint(dcp.load, resume, ddp, opt, sampler, step)
-    for epoch in range(sampler.epoch, 10):
-        if resume is None or epoch > sampler.epoch:
-            sampler.set_epoch(epoch)
-        resume = None
+    for _ in epochs(sampler, resume is not None):
         for x, y in loader:
             micro += 1
             last = micro % accum == 0
@@ -137,6 +134,28 @@ def train_mlp(rank, world, det=True, steps=12, accum=1, dropout=0.2,
                 keep = opt_state and not zero
                 return state_digest(model, opt if keep else None, losses)
             opt.zero_grad()
+
+
+def epochs(sampler, resumed):
+    """The epochs from the sampler's on, each set on it, except a resumed
+    one, which goes on from its place."""
+    for epoch in range(sampler.epoch, 10):
+        if not resumed or epoch > sampler.epoch:
+            sampler.set_epoch(epoch)
+        resumed = False
+        yield epoch
+
+
+def deterministic(fn):
+    """``fn`` (a rank's body) under use_deterministic_algorithms(True),
+    switched off after it."""
+    def body(*args, **kwargs):
+        torch.use_deterministic_algorithms(True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.use_deterministic_algorithms(False)
+    return body
 
 
 def _checkpoint(fn, path, ddp, opt, sampler, step):
@@ -436,6 +455,27 @@ def test_fixed_point_sum_nonfinite_and_zero():
     assert (z == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fixed_point_kernel_gives_the_numpy_bits(dtype):
+    """The compiled rounding (dtorch/_kernels: one pass) and NumPy's three
+    passes: the same bits, tiny, huge, subnormal and non-finite values
+    included (large enough arrays that the kernel runs threaded)."""
+    from dtorch import _kernels
+    rng = np.random.default_rng(1)
+    n = _kernels.PARALLEL_MIN + 3
+    parts = [(rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n))
+             .astype(dtype) for _ in range(4)]
+    parts[0][:4] = [np.inf, np.nan, 1e-45, -0.0]
+    parts[2][5] = -np.inf
+    if not _kernels.enabled():
+        pytest.skip("numba is not installed (or DTORCH_NUMBA=0)")
+    assert _kernels.kernels(parts[0]) is not None
+    fast = fixed_point_sum([parts], 4, None)[0]
+    with _kernels.forced(False):
+        slow = fixed_point_sum([parts], 4, None)[0]
+    assert fast.tobytes() == slow.tobytes()
+
+
 @pytest.mark.parametrize("world,shards,batch,match", [
     (3, 8, 24, "world size 3 does not divide the 8 virtual shards"),
     (2, 12, 20, "local batch of 10 samples on rank .* 6 virtual shards"),
@@ -451,34 +491,21 @@ def test_layouts_that_cannot_be_identical_fail_before_the_step(
         dist.spawn_threads(body, world)
 
 
-@pytest.mark.parametrize("sync", [False, True])
-def test_batch_norm_in_training_is_refused_eval_is_not(sync):
+def test_batch_norm_in_training_is_refused_eval_is_not():
+    # SyncBatchNorm is deterministic (test_determinism_syncbn.py); plain
+    # batch norm normalises over the rank's batch
     def bn(rank, n):
         torch.use_deterministic_algorithms(True)
-        m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-        if sync:
-            m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
-        ddp = DDP(m)
+        ddp = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
         ddp.eval()
         with torch.no_grad():
             out = ddp(torch.randn(12, 4))
         ddp.train()
         ddp(torch.randn(12, 4))
         return out
-    name = "SyncBatchNorm" if sync else "BatchNorm1d"
-    with pytest.raises(RuntimeError, match=f"{name} '1' in training mode"):
+    with pytest.raises(RuntimeError, match="BatchNorm1d '1' in training "
+                       "mode normalises over the rank's batch"):
         dist.spawn_threads(bn, 2)
-
-
-def test_fsdp_training_is_refused():
-    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    def body(rank, n):
-        torch.use_deterministic_algorithms(True)
-        FSDP(nn.Linear(4, 4))(torch.randn(2, 4))
-    with pytest.raises(RuntimeError, match="FullyShardedDataParallel does "
-                       "not have a deterministic implementation"):
-        dist.spawn_threads(body, 2)
 
 
 def test_comm_hooks_and_join_are_refused():

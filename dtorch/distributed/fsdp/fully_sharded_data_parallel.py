@@ -59,11 +59,14 @@ reduce-scattered in ``reduce_dtype`` (default ``param_dtype``; divided
 before and after the sum, as PyTorch, so float16 does not overflow) and
 cast back to the shard's dtype unless ``keep_low_precision_grads``.
 Auto-wrapped units inherit the configuration.
+
+Under ``dtorch.use_deterministic_algorithms(True)`` the root runs the step
+as deterministic DDP, with every unit gathered (``_deterministic.py``;
+``virtual_shards=`` as DistributedDataParallel's): the same bits on any
+world size. This file is the wrapper (forward, backward, clipping,
+``fully_shard``); the flat-parameter sharding is ``_flat_param.py``, the
+state dicts ``_state_dict.py``.
 """
-import contextlib
-import hashlib
-import threading
-import time
 import weakref
 
 from ... import distributed as dist
@@ -75,41 +78,20 @@ from ...autograd import engine as _engine
 from ...autograd.grad_mode import is_grad_enabled, no_grad
 from ...nn.modules.module import Module
 from ...nn.parallel._straggler import StragglerDetector
-from ...nn.parameter import Parameter
 from ... import random as _random
 from ...tensor import Tensor
 from ...utils.checkpoint import ForwardState
 from ..clip_grad import global_norm
+from ._deterministic import FSDPDeterministicStep
+from ._flat_param import (_Sharding, _Stats, _init_lock, _join,
+                          _materialize, _numel_unwrapped, _unit_of, _walk,
+                          reset_parameters_by_name)  # noqa: F401
+from ._state_dict import StateDictType, _StateDicts
 from .api import MixedPrecision, MixedPrecisionPolicy
 
 __all__ = ["FullyShardedDataParallel", "StateDictType", "fully_shard",
            "FSDPModule"]
 
-_WRAPPED = "_fsdp_wrapped_module"
-
-
-class StateDictType:
-    FULL_STATE_DICT = "FULL_STATE_DICT"
-    SHARDED_STATE_DICT = "SHARDED_STATE_DICT"
-
-
-class _Stats:
-    """Bytes of parameters this rank holds: the shards always, a unit's
-    gathered flat array while it runs; ``peak`` of the sum. ``freed``:
-    weak references to gathered arrays after their free (a test checks
-    that nothing else keeps them)."""
-
-    def __init__(self):
-        self.shard_bytes = 0
-        self.wait_s = 0.0    # seconds in (blocking) all-gathers and
-        # reduce-scatters: straggler detection's communication wait
-        self.live = 0
-        self.peak = 0
-        self.freed = []
-
-    def add(self, n):
-        self.live += n
-        self.peak = max(self.peak, self.shard_bytes + self.live)
 
 
 class _UnitFunction(Function):
@@ -177,7 +159,7 @@ class _UnitFunction(Function):
         return (None, shard_grad, None, *in_grads)
 
 
-class FullyShardedDataParallel(Module):
+class FullyShardedDataParallel(_StateDicts, _Sharding, Module):
     """PyTorch's ``FullyShardedDataParallel(module, process_group=None,
     sharding_strategy=None, cpu_offload=None, auto_wrap_policy=None, ...)``
     (see the module doc). Every rank must build the same model (or pass
@@ -189,7 +171,8 @@ class FullyShardedDataParallel(Module):
                  ignored_modules=None, param_init_fn=None, device_id=None,
                  sync_module_states=False, forward_prefetch=False,
                  limit_all_gathers=True, use_orig_params=False,
-                 ignored_states=None, device_mesh=None):
+                 ignored_states=None, device_mesh=None,
+                 virtual_shards=None):
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"FullyShardedDataParallel expects an "
@@ -224,6 +207,9 @@ class FullyShardedDataParallel(Module):
                             f"must be a MixedPrecision, got "
                             f"{type(mixed_precision).__name__}")
         object.__setattr__(self, "_mp", mixed_precision)
+        # dtorch's, as DistributedDataParallel's: the number of shards of
+        # the global batch under use_deterministic_algorithms(True)
+        object.__setattr__(self, "virtual_shards", virtual_shards)
         object.__setattr__(self, "_is_root", True)
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -266,120 +252,6 @@ class FullyShardedDataParallel(Module):
                 if u._flat_param is not None else 0
         object.__setattr__(self, "_stats", stats)
 
-    # ---------------------------------------------------------- sharding --
-    def _shard_params(self, sync):
-        """Own parameters -> one flat array, keep chunk ``rank``."""
-        own, seen = [], {}
-        nested = {}
-        for u in self._units()[1:]:
-            for p, places in getattr(u, "_own", ()):
-                nested[id(p)] = places[0][1]
-        for owner, name, p in _own_params(self._fsdp_wrapped_module):
-            if id(p) in nested:
-                raise ValueError(
-                    f"FullyShardedDataParallel: parameter {name!r} of "
-                    f"{type(owner).__name__} is shared with a nested unit "
-                    f"(its {nested[id(p)]!r}), which has sharded it: wrap "
-                    f"the modules that share a parameter in one unit")
-            if id(p) in seen:              # a tied parameter: one copy
-                seen[id(p)][1].append((owner, name))
-                continue
-            entry = (p, [(owner, name)])
-            seen[id(p)] = entry
-            own.append(entry)
-        for _, places in own:
-            for owner, name in places:
-                del owner._parameters[name]
-        object.__setattr__(self, "_own", own)
-        self.register_parameter("_flat_param", None)
-        if not own:
-            object.__setattr__(self, "_numel", 0)
-            return
-        p0 = own[0][0]
-        for p, places in own:
-            if p._data.dtype != p0._data.dtype or type(p._data) is not \
-                    type(p0._data):
-                raise ValueError(
-                    f"FullyShardedDataParallel: parameter "
-                    f"{places[0][1]!r} is {p.dtype} on {p.device}, unlike "
-                    f"{p0.dtype} on {p0.device}: a unit flattens its "
-                    f"parameters into one array (wrap them apart)")
-            if p.requires_grad != p0.requires_grad:
-                raise ValueError("FullyShardedDataParallel: a unit mixes "
-                                 "frozen and trainable parameters")
-        shapes = [p.shape for p, _ in own]
-        sizes = [p.numel() for p, _ in own]
-        n = sum(sizes)
-        chunk = -(-n // self.world_size)
-        xp = p0._xp()
-        r = self.rank
-        if sync and self.world_size > 1:
-            flat = xp.zeros(chunk * self.world_size, p0._data.dtype)
-            o = 0
-            for (p, _), k in zip(own, sizes):
-                flat[o:o + k] = p._data.reshape(-1)
-                o += k
-            src = dist.get_global_rank(self.process_group, 0)
-            dist.broadcast(Tensor._wrap(flat), src, group=self.process_group)
-            flat = flat[r * chunk:(r + 1) * chunk]
-        else:
-            # only this rank's chunk: a unit never exists twice in full
-            flat = _chunk_of([p for p, _ in own], sizes, r * chunk, chunk,
-                             xp.zeros(chunk, p0._data.dtype))
-        object.__setattr__(self, "_numel", n)
-        object.__setattr__(self, "_chunk", chunk)
-        object.__setattr__(self, "_shapes", shapes)
-        object.__setattr__(self, "_sizes", sizes)
-        self._flat_param = Parameter(
-            Tensor._wrap(flat.copy() if flat.base is not None else flat),
-            requires_grad=p0.requires_grad)
-        # the original parameters give up their arrays: only the shard
-        # stays (a caller holding them sees empty tensors, as in PyTorch)
-        for p, _ in own:
-            p._data = p._data.reshape(-1)[:0].copy()
-        self._placeholders()
-
-    def _placeholders(self):
-        """Outside the unit's forward its parameters are empty tensors (as
-        PyTorch's), so that repr and attribute access still work."""
-        for p, places in self._own:
-            empty = Tensor._wrap(p._data.reshape(-1)[:0])
-            for owner, name in places:
-                owner.__dict__[name] = empty
-
-    def _units(self):
-        """This wrapper and every nested one, pre-order."""
-        out = [self]
-        stack = [self._fsdp_wrapped_module]
-        while stack:
-            m = stack.pop()
-            for c in reversed(list(m._modules.values())):
-                if c is None:
-                    continue
-                if _unit_of(c) is not None:
-                    out.extend(_unit_of(c)._units())
-                else:
-                    stack.append(c)
-        return out
-
-    def _cast_buffers(self):
-        """Floating buffers of this unit's modules (not nested units') to
-        ``buffer_dtype``; their original dtypes are what ``state_dict``
-        saves."""
-        object.__setattr__(self, "_buf_dtypes", {})
-        dt = getattr(self._mp, "buffer_dtype", None)
-        if dt is None:
-            return
-        for _, m in _walk(self._fsdp_wrapped_module, ""):
-            for b in m._buffers.values():
-                if b is not None and b.dtype.is_floating_point \
-                        and b.dtype != dt:
-                    self._buf_dtypes[id(b)] = b.dtype
-                    b._data = b._data.astype(dt.np)
-
-    def _param_dtype(self):
-        return getattr(self._mp, "param_dtype", None)
-
     def _cast_inputs(self, args, kwargs):
         """PyTorch's input casting: floating-point tensors (nested in
         lists, tuples and dicts) to ``param_dtype``, through autograd."""
@@ -395,35 +267,6 @@ class FullyShardedDataParallel(Module):
             return args, kwargs
         return _map_float(args, dt), _map_float(kwargs, dt)
 
-    def _accumulate(self, g):
-        """Add a shard gradient to ``_flat_param.grad`` as it is (a
-        low-precision one stays low precision)."""
-        fp = self._flat_param
-        if fp._grad is None:
-            fp._grad = g
-        else:
-            fp._grad._data += g._data
-            fp._grad._bump_version()
-
-    def _all_gather_flat(self, dtype=None):
-        shard = self._flat_param._data
-        if dtype is not None:          # cast before: less to send
-            shard = shard.astype(dtype.np)
-        xp = self._flat_param._xp()
-        full = xp.empty(self._chunk * self.world_size, shard.dtype)
-        if self.world_size == 1:
-            full[...] = shard
-        else:
-            self._collective(dist.all_gather_into_tensor, full, shard)
-        return full
-
-    def _collective(self, fn, out, inp):
-        """fn(out, inp) on the group, its time added to the step's
-        communication wait."""
-        t0 = time.perf_counter()
-        fn(Tensor._wrap(out), Tensor._wrap(inp), group=self.process_group)
-        self._stats.wait_s += time.perf_counter() - t0
-
     @property
     def straggler_reports(self):
         """The slow ranks straggler detection named so far (as
@@ -434,90 +277,13 @@ class FullyShardedDataParallel(Module):
         self._straggler.backward_end(self._stats.wait_s,
                                      device=self._flat_param.device)
 
-    def _gather(self, requires_grad, compute=False):
-        """Make the own parameters exist in full (views of one gathered
-        array) as plain attributes of their modules; with requires_grad
-        each is a fresh leaf whose .grad the recomputation fills. With
-        ``compute`` they are in the mixed precision ``param_dtype``."""
-        prev = self.__dict__.get("_full")
-        if prev is not None:     # kept by an earlier forward's leaves
-            self._stats.live -= prev.nbytes
-            self._stats.freed.append(weakref.ref(prev))
-        full = self._all_gather_flat(self._param_dtype() if compute
-                                     else None)
-        object.__setattr__(self, "_full", full)
-        self._stats.add(full.nbytes)
-        leaves, o = [], 0
-        for (p, places), shape, k in zip(self._own, self._shapes,
-                                         self._sizes):
-            t = Tensor._wrap(full[o:o + k].reshape(shape))
-            if requires_grad:
-                t.requires_grad_(True)
-            leaves.append(t)
-            for owner, name in places:
-                owner.__dict__[name] = t
-            o += k
-        return leaves
-
-    def _free(self):
-        full = self.__dict__.pop("_full", None)
-        if full is None:
-            return
-        self._placeholders()
-        self._stats.live -= full.nbytes
-        self._stats.freed.append(weakref.ref(full))
-        del self._stats.freed[:-64]
-
-    def _reduce_scatter_grads(self, leaves):
-        full = self._full
-        xp = self._flat_param._xp()
-        mp = self._mp
-        rdt = full.dtype
-        if mp is not None and (mp.reduce_dtype or mp.param_dtype):
-            rdt = (mp.reduce_dtype or mp.param_dtype).np
-        g = xp.zeros(full.size, rdt)
-        o = 0
-        for t, k in zip(leaves, self._sizes):
-            if t is not None and t.grad is not None:
-                g[o:o + k] = t.grad._data.reshape(-1)
-            o += k
-        mine = xp.empty(self._chunk, rdt)
-        if self.world_size == 1:
-            mine[...] = g
-        elif mp is None:
-            self._collective(dist.reduce_scatter_tensor, mine, g)
-            mine /= self.world_size
-        else:
-            # a low-precision sum can overflow (float16): divide part of
-            # the way before it and the rest after, as PyTorch's FSDP
-            pre = 1
-            while self.world_size % pre == 0 \
-                    and self.world_size / pre > pre:
-                pre *= 2
-            if pre > 1:
-                g /= rdt.type(pre)
-            self._collective(dist.reduce_scatter_tensor, mine, g)
-            if self.world_size // pre > 1:
-                mine /= rdt.type(self.world_size // pre)
-        keep = isinstance(mp, MixedPrecision) and mp.keep_low_precision_grads
-        if not keep and mine.dtype != self._flat_param._data.dtype:
-            mine = mine.astype(self._flat_param._data.dtype)
-        return Tensor._wrap(mine)
-
     # ----------------------------------------------------------- forward --
     def _call_inner(self, args, kwargs):
         return self._fsdp_wrapped_module(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        if is_grad_enabled() and are_deterministic_algorithms_enabled():
-            # its gradient reduce-scatter sums in an order set by the world
-            # size (nn/parallel/_deterministic.py has the DDP path)
-            raise RuntimeError(
-                "FullyShardedDataParallel does not have a deterministic "
-                "implementation for training under use_deterministic_"
-                "algorithms(True): its reduce-scatter depends on the world "
-                "size; use DistributedDataParallel with "
-                "ZeroRedundancyOptimizer (ZeRO-1), or turn the mode off")
+        if are_deterministic_algorithms_enabled():
+            return self._deterministic(args, kwargs)
         if self._straggler is not None and is_grad_enabled():
             self._straggler.forward()
         if self._mp is not None:
@@ -525,6 +291,23 @@ class FullyShardedDataParallel(Module):
         out = self._forward(args, kwargs)
         odt = getattr(self._mp, "output_dtype", None)
         return out if odt is None else _map_float(out, odt)
+
+    def _deterministic(self, args, kwargs):
+        """The root runs the step as deterministic DDP
+        (``_deterministic``); nested units, gathered by it, run their
+        modules as they are."""
+        if not self._is_root:
+            if not self.__dict__.get("_det_running"):
+                raise RuntimeError(
+                    "FullyShardedDataParallel: under use_deterministic_"
+                    "algorithms(True) a nested unit runs inside its root's "
+                    "forward only")
+            return self._call_inner(args, kwargs)
+        det = self.__dict__.get("_det")
+        if det is None:
+            det = FSDPDeterministicStep(self, self.virtual_shards)
+            object.__setattr__(self, "_det", det)
+        return det.forward(args, kwargs)
 
     def _forward(self, args, kwargs):
         if self._flat_param is None:
@@ -598,24 +381,6 @@ class FullyShardedDataParallel(Module):
     def module(self):
         return self._fsdp_wrapped_module
 
-    @contextlib.contextmanager
-    def summon_full_params(self, writeback=True):
-        """The full parameters of every unit, as plain tensors of their
-        modules, inside the block (a collective); with ``writeback``,
-        changes made there go back into the shards."""
-        units = [u for u in self._units() if u._flat_param is not None]
-        for u in units:
-            u._gather(requires_grad=False)
-        try:
-            yield
-        finally:
-            for u in units:
-                if writeback:
-                    c, r = u._chunk, u.rank
-                    u._flat_param._data[...] = u._full[r * c:(r + 1) * c]
-                    u._flat_param._bump_version()
-                u._free()
-
     # ---------------------------------------------------------- clipping --
     def clip_grad_norm_(self, max_norm, norm_type=2.0,
                         error_if_nonfinite=False):
@@ -636,327 +401,6 @@ class FullyShardedDataParallel(Module):
                               total)
         return total
 
-    # -------------------------------------------------------- state dict --
-    @contextlib.contextmanager
-    def state_dict_type(self, state_dict_type):
-        """PyTorch's ``FSDP.state_dict_type(model, type)`` as a method:
-        ``state_dict()`` inside the block returns that type."""
-        prev = self._state_dict_type
-        object.__setattr__(self, "_state_dict_type", state_dict_type)
-        try:
-            yield
-        finally:
-            object.__setattr__(self, "_state_dict_type", prev)
-
-    def _named_pieces(self, prefix=""):
-        """(unit, full name, offset in the flat, size, shape) of every
-        parameter, nested units included."""
-        out = []
-        pre = {}
-        for owner_prefix, m in _walk(self._fsdp_wrapped_module, prefix):
-            pre[id(m)] = owner_prefix
-        o = 0
-        for (p, places), shape, k in zip(self._own, getattr(
-                self, "_shapes", []), getattr(self, "_sizes", [])):
-            owner, name = places[0]
-            out.append((self, _join(pre[id(owner)], name), o, k, shape))
-            o += k
-        for owner_prefix, m in _walk(self._fsdp_wrapped_module, prefix):
-            for cname, c in m._modules.items():
-                if _unit_of(c) is not None:
-                    out += _unit_of(c)._named_pieces(
-                        _join(owner_prefix, cname))
-        return out
-
-    def _aliases(self, prefix=""):
-        """{other name: first name} of parameters registered under more
-        than one name (tied weights), nested units included."""
-        pre = {id(m): p for p, m in _walk(self._fsdp_wrapped_module,
-                                          prefix)}
-        out = {}
-        for p, places in self._own:
-            first = _join(pre[id(places[0][0])], places[0][1])
-            for owner, name in places[1:]:
-                out[_join(pre[id(owner)], name)] = first
-        for owner_prefix, m in _walk(self._fsdp_wrapped_module, prefix):
-            for cname, c in m._modules.items():
-                if _unit_of(c) is not None:
-                    out.update(_unit_of(c)._aliases(
-                        _join(owner_prefix, cname)))
-        return out
-
-    def _buffers_named(self):
-        out = {}
-        for name, b in self._fsdp_wrapped_module.named_buffers():
-            out[name.replace(_WRAPPED + ".", "")] = b
-        return out
-
-    def _piece_range(self, u, o, k):
-        c, r = u._chunk, u.rank
-        lo, hi = max(o, r * c), min(o + k, (r + 1) * c)
-        return lo, max(lo, hi)
-
-    def optim_state_dict(self, optim):
-        """``optim``'s state (an optimizer over ``self.parameters()``)
-        keyed by the unsharded parameters' names, as this model's
-        ``state_dict`` type says: FULL (gathered: what the unsharded
-        optimizer holds, on every rank) or SHARDED (each rank's pieces as
-        ``dcp.shard_of`` boxes of the flattened state, for dcp on any world
-        size). A collective in FULL mode. PyTorch's
-        ``FSDP.optim_state_dict(model, optim)``."""
-        from ..checkpoint import shard_of
-        sharded = self._state_dict_type == StateDictType.SHARDED_STATE_DICT
-        pieces = self._named_pieces()
-        by_unit = {}
-        for u, name, o, k, shape in pieces:
-            by_unit.setdefault(id(u), []).append((u, name, o, k, shape))
-        state, names_of = {}, {}
-        for u in self._units():
-            if u._flat_param is None:
-                continue
-            names_of[id(u._flat_param)] = [n for _, n, _, _, _ in
-                                           by_unit.get(id(u), [])]
-            st = optim.state.get(u._flat_param) or {}
-            for key, v in st.items():
-                elementwise = isinstance(v, Tensor) and v.dim() == 1 \
-                    and v.numel() == u._chunk
-                full = None
-                if elementwise and not sharded:
-                    full = _gather_array(u, v._data)
-                for _, name, o, k, shape in by_unit.get(id(u), []):
-                    ent = state.setdefault(name, {})
-                    if not elementwise:
-                        ent[key] = v.detach().clone() \
-                            if isinstance(v, Tensor) else v
-                    elif sharded:
-                        lo, hi = self._piece_range(u, o, k)
-                        a = v._data[lo - u.rank * u._chunk:
-                                    hi - u.rank * u._chunk].copy()
-                        ent[key] = shard_of(Tensor._wrap(a), (k,),
-                                            (min(lo - o, k),))
-                    else:
-                        ent[key] = Tensor._wrap(
-                            full[o:o + k].reshape(shape).copy())
-        groups = []
-        for g in optim.param_groups:
-            packed = {k: v for k, v in g.items() if k != "params"}
-            packed["params"] = [n for p in g["params"]
-                                for n in names_of.get(id(p), [])]
-            groups.append(packed)
-        return {"state": state, "param_groups": groups}
-
-    def optim_state_dict_to_load(self, optim, optim_state_dict):
-        """The inverse: a state dict for ``optim.load_state_dict`` from
-        one of ``optim_state_dict``'s (full, or sharded and filled by
-        ``dcp.load``; saved with any world size and wrapping when full or
-        loaded through dcp)."""
-        saved = optim_state_dict["state"]
-        group_of_name = {}
-        for sg in optim_state_dict["param_groups"]:
-            for n in sg["params"]:
-                group_of_name[n] = sg
-        pieces = self._named_pieces()
-        index = {}
-        for g in optim.param_groups:
-            for p in g["params"]:
-                index.setdefault(id(p), len(index))
-        state, group_opts = {}, {}
-        for u, name, o, k, shape in pieces:
-            fp = u._flat_param
-            if name not in saved or id(fp) not in index:
-                continue
-            i = index[id(fp)]
-            ent = state.setdefault(i, {})
-            if name in group_of_name:
-                group_opts.setdefault(i, group_of_name[name])
-            lo, hi = self._piece_range(u, o, k)
-            base = u.rank * u._chunk
-            for key, v in saved[name].items():
-                box = getattr(v, "_dcp_shard", None) \
-                    if isinstance(v, Tensor) else None
-                if box is None and not (isinstance(v, Tensor)
-                                        and tuple(v.shape) == tuple(shape)
-                                        and v.dim() > 0 and key != "step"):
-                    ent.setdefault(key, v.detach().clone()
-                                   if isinstance(v, Tensor) else v)
-                    continue
-                if key not in ent:
-                    ent[key] = Tensor._wrap(fp._xp().zeros(
-                        u._chunk, fp._data.dtype))
-                if lo >= hi:
-                    continue
-                if box is not None:
-                    if box != ((k,), (lo - o,)):
-                        raise ValueError(
-                            f"optim_state_dict_to_load: {name!r}/{key} is "
-                            f"the box {box} but rank {u.rank} holds "
-                            f"[{lo - o}, {hi - o}) of {k}; dcp.load it "
-                            f"into this model's sharded optim_state_dict")
-                    src = v._data
-                else:
-                    src = v._data.reshape(-1)[lo - o:hi - o]
-                ent[key]._data[lo - base:hi - base] = fp.device.send(src)
-        groups = []
-        for gi, g in enumerate(optim.param_groups):
-            packed = {k: v for k, v in g.items() if k != "params"}
-            ids = [index[id(p)] for p in g["params"]]
-            for i in ids:
-                if i in group_opts:
-                    packed.update({k: v for k, v in group_opts[i].items()
-                                   if k != "params"})
-                    break
-            packed["params"] = ids
-            groups.append(packed)
-        return {"state": state, "param_groups": groups}
-
-    def state_dict(self, destination=None, prefix="", keep_vars=False):
-        sd = {} if destination is None else destination
-        sharded = self._state_dict_type == StateDictType.SHARDED_STATE_DICT
-        if sharded:
-            from ..checkpoint import shard_of
-            for u, name, o, k, shape in self._named_pieces():
-                c, r = u._chunk, u.rank
-                lo, hi = max(o, r * c), min(o + k, (r + 1) * c)
-                hi = max(lo, hi)
-                piece = u._flat_param._data[lo - r * c:hi - r * c].copy()
-                # the flattened parameter's elements [lo - o, hi - o): a
-                # 1-D box that dcp saves and loads on any world size
-                sd[prefix + name] = shard_of(Tensor._wrap(piece), (k,),
-                                             (min(lo - o, k),))
-        else:
-            fulls = {}
-            for u in self._units():
-                if u._flat_param is not None:
-                    fulls[id(u)] = u._all_gather_flat()
-            for u, name, o, k, shape in self._named_pieces():
-                sd[prefix + name] = Tensor._wrap(
-                    fulls[id(u)][o:o + k].reshape(shape).copy())
-        for alias, first in self._aliases().items():
-            sd[prefix + alias] = sd[prefix + first]   # tied: one tensor
-        orig = {}
-        for u in self._units():
-            orig.update(u._buf_dtypes)
-        for name, b in self._buffers_named().items():
-            if id(b) in orig:          # saved in full precision
-                sd[prefix + name] = b.detach().to(orig[id(b)])
-            else:
-                sd[prefix + name] = b if keep_vars else b.detach()
-        return sd
-
-    def load_state_dict(self, state_dict, strict=True, assign=False):
-        """A full state dict (the unsharded model's) or a sharded one from
-        the same world size."""
-        pieces = self._named_pieces()
-        names = {n for _, n, _, _, _ in pieces}
-        bufs = self._buffers_named()
-        want = names | set(bufs) | set(self._aliases())
-        missing = sorted(want - set(state_dict))
-        unexpected = sorted(set(state_dict) - want)
-        if strict and (missing or unexpected):
-            raise RuntimeError(
-                f"Error(s) in loading state_dict for "
-                f"FullyShardedDataParallel: missing keys {missing}, "
-                f"unexpected keys {unexpected}")
-        with no_grad():
-            for u, name, o, k, shape in pieces:
-                if name not in state_dict:
-                    continue
-                v = state_dict[name]
-                c, r = u._chunk, u.rank
-                lo, hi = max(o, r * c), min(o + k, (r + 1) * c)
-                if lo >= hi:
-                    continue
-                dst = u._flat_param._data[lo - r * c:hi - r * c]
-                box = getattr(v, "_dcp_shard", None)
-                if box is not None:
-                    if box != ((k,), (lo - o,)) or v.numel() != hi - lo:
-                        raise ValueError(
-                            f"FullyShardedDataParallel.load_state_dict: "
-                            f"{name!r} is a shard of elements "
-                            f"[{box[1][0]}, {box[1][0] + v.numel()}) but "
-                            f"rank {r} holds [{lo - o}, {hi - o}); load it "
-                            f"with dcp.load into this model's sharded "
-                            f"state dict to change the world size")
-                    dst[...] = v._data
-                else:
-                    if tuple(v.shape) != tuple(shape):
-                        raise RuntimeError(
-                            f"size mismatch for {name}: copying a param "
-                            f"with shape {list(v.shape)}, the shape in "
-                            f"current model is {list(shape)}")
-                    dst[...] = u._flat_param.device.send(
-                        v._data.reshape(-1)[lo - o:hi - o])
-                u._flat_param._bump_version()
-            for name, b in bufs.items():
-                if name in state_dict:
-                    b._data[...] = state_dict[name]._data.astype(
-                        b._data.dtype)
-        return _Keys(missing, unexpected)
-
-
-class _Keys(tuple):
-    def __new__(cls, missing, unexpected):
-        self = super().__new__(cls, (missing, unexpected))
-        self.missing_keys, self.unexpected_keys = missing, unexpected
-        return self
-
-
-def _gather_array(u, shard):
-    """The unit-sized array from every rank's chunk (a collective)."""
-    xp = u._flat_param._xp()
-    out = xp.empty(u._chunk * u.world_size, shard.dtype)
-    if u.world_size == 1:
-        out[...] = shard
-    else:
-        dist.all_gather_into_tensor(Tensor._wrap(out), Tensor._wrap(
-            xp.ascontiguousarray(shard)), group=u.process_group)
-    return out
-
-
-def _unit_of(m):
-    """The FSDP unit that ``m`` is (a wrapper, or a module given to
-    ``fully_shard``), else None."""
-    if isinstance(m, FullyShardedDataParallel):
-        return m
-    return m.__dict__.get("_fsdp_state")
-
-
-def _join(a, b):
-    return f"{a}.{b}" if a else b
-
-
-def _walk(module, prefix):
-    """(prefix, module) of ``module`` and its descendants, not entering
-    nested FSDP wrappers."""
-    out, stack = [], [(prefix, module)]
-    while stack:
-        pre, m = stack.pop()
-        out.append((pre, m))
-        for name, c in m._modules.items():
-            if c is not None and _unit_of(c) is None:
-                stack.append((_join(pre, name), c))
-    return out
-
-
-def _own_params(module):
-    """(owner module, name, parameter) of the parameters not inside a
-    nested FSDP wrapper, in registration order."""
-    out = []
-
-    def visit(m):
-        for name, p in m._parameters.items():
-            if p is not None:
-                out.append((m, name, p))
-        for c in m._modules.values():
-            if c is not None and _unit_of(c) is None:
-                visit(c)
-    visit(module)
-    return out
-
-
-def _numel_unwrapped(module):
-    return sum(p.numel() for _, _, p in _own_params(module))
-
 
 def _map_float(obj, dtype):
     """``obj`` with its floating-point tensors (in lists, tuples, dicts)
@@ -971,65 +415,6 @@ def _map_float(obj, dtype):
     if isinstance(obj, dict):
         return {k: _map_float(v, dtype) for k, v in obj.items()}
     return obj
-
-
-def _chunk_of(params, sizes, lo, n, out):
-    """Elements [lo, lo + n) of the parameters laid end to end, into
-    ``out`` (zeros: the padding)."""
-    o = 0
-    for p, k in zip(params, sizes):
-        a, b = max(o, lo), min(o + k, lo + n)
-        if a < b:
-            out[a - lo:b - lo] = p._data.reshape(-1)[a - o:b - o]
-        o += k
-    return out
-
-
-def _name_seed(seed, name):
-    h = hashlib.sha256(f"{seed}/{name}".encode()).digest()
-    return int.from_bytes(h[:8], "little") >> 1
-
-
-# thread ranks share the default generator: one materialises at a time
-_init_lock = threading.RLock()
-
-
-def reset_parameters_by_name(module, seed, prefix=""):
-    """Call ``reset_parameters()`` of ``module`` and its submodules (not
-    inside FSDP units), each with the default generator seeded from
-    (``seed``, its qualified name under ``prefix``), then put the
-    generator back. A model so initialised has the same values however
-    it is built or sharded: FSDP initialises a meta-device model this
-    way (seed: ``dtorch.initial_seed()`` when it is wrapped), and a
-    one-rank reference gets them with ``reset_parameters_by_name(model,
-    seed)``."""
-    _reset_by_name(_walk(module, prefix), seed)
-
-
-def _reset_by_name(named, seed):
-    with _init_lock:
-        state = _random.get_rng_state()
-        try:
-            for name, m in sorted(named, key=lambda e: e[0]):
-                reset = getattr(m, "reset_parameters", None)
-                if callable(reset):
-                    _random.default_generator.manual_seed(
-                        _name_seed(seed, name))
-                    reset()
-        finally:
-            _random.set_rng_state(state)
-
-
-def _materialize(module, prefix, device, seed):
-    """Modules of this unit still on the meta device: storage on
-    ``device`` (``to_empty``), values from ``reset_parameters_by_name``."""
-    metas = [(n, m) for n, m in _walk(module, prefix)
-             if any(t is not None and t.is_meta
-                    for t in (*m._parameters.values(),
-                              *m._buffers.values()))]
-    for _, m in metas:
-        m.to_empty(device=device, recurse=False)
-    _reset_by_name(metas, seed)
 
 
 def _auto_wrap(module, policy, group, sync, mp, prefix, target, seed):

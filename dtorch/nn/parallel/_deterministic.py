@@ -18,8 +18,10 @@ is removed here:
 2. **Sums.** Shard gradients are combined by an exact, order-free sum: each
    is rounded once onto a fixed-point grid (integers below 2^53 held in
    float64, quantum 2^(e - P), e the global maximum exponent of that
-   parameter's gradients, P = 52 - log2 V), and such integers add exactly, so the local sum and the all-reduce (any
-   algorithm, any backend) give the same integers whatever the grouping.
+   parameter's gradients, P = 52 - log2 V), and such integers add
+   exactly, so the local sum and the all-reduce (any algorithm, any
+   backend) give the same integers whatever the grouping
+   (``_fixed_point.py``).
    Chosen over a fixed reduction tree of the V shards: a tree needs every
    shard's gradient gathered (V / W times the bytes) or a fixed schedule
    per layout, while the fixed-point sum moves 8 bytes per float32 gradient
@@ -38,9 +40,13 @@ is removed here:
    generator, the global shard index), so a sample's mask does not depend
    on which rank holds it, and every rank's generator advances alike.
 
+SyncBatchNorm needs all shards at once: a rank's shards then run in
+lockstep threads and meet at each one (``_lockstep.py``). FSDP reuses this
+step through the hooks at the end of ``DeterministicStep``
+(distributed/fsdp/_deterministic.py).
+
 Measured figures: benchmarks/determinism.py.
 """
-import math
 import warnings
 
 import numpy as np
@@ -55,6 +61,8 @@ from ...autograd import engine as _engine
 from ...autograd.grad_mode import is_grad_enabled
 from ...tensor import Tensor
 from ..modules.normalization import _BatchNorm
+from ._fixed_point import fixed_point_sum
+from ._lockstep import Lockstep
 from .sync_batchnorm import SyncBatchNorm
 
 DEFAULT_SHARDS = 12     # divisible by every world size from 1 to 4
@@ -87,13 +95,22 @@ class DeterministicStep:
         if self.shards < 1 or self.shards % self.world:
             _refuse(f"deterministic DDP: the world size {self.world} does "
                     f"not divide the {self.shards} virtual shards of the "
-                    f"global batch; pass DistributedDataParallel("
+                    f"global batch; pass {type(ddp).__name__}("
                     f"virtual_shards=) a multiple of {self.world} (the "
                     f"same on every world size to compare)")
-        # batch statistics in training: each shard's own would depend on
-        # V, and SyncBatchNorm's all-reduce on the world size
+        # plain batch norm in training normalises over the rank's batch,
+        # whose split depends on the world size; SyncBatchNorm's shards
+        # meet in lockstep (``_lockstep``) and normalise over the global one
         self.norms = [(name, m) for name, m in ddp.module.named_modules()
-                      if isinstance(m, (_BatchNorm, SyncBatchNorm))]
+                      if isinstance(m, _BatchNorm)]
+        self.syncs = [m for m in ddp.module.modules()
+                      if isinstance(m, SyncBatchNorm)]
+        for m in self.syncs:
+            g = m.process_group
+            if g is not None and g is not self.group:
+                _refuse("deterministic DDP: a SyncBatchNorm with its own "
+                        "process_group; under the switch it normalises "
+                        "over DDP's global batch (process_group=None)")
         self.pending = None       # the step whose gradients are reduced
         self.held = []            # shard gradients of no_sync micro-steps
         self.micro, self.key = 0, None   # micro-batches since the sync
@@ -121,10 +138,11 @@ class DeterministicStep:
         for name, m in self.norms:
             if m.training:
                 _refuse(f"deterministic DDP: {type(m).__name__} '{name}' "
-                        f"in training mode normalises over a batch whose "
-                        f"split depends on the world size; it has no "
-                        f"deterministic implementation yet (eval mode, "
-                        f"LayerNorm or GroupNorm do)")
+                        f"in training mode normalises over the rank's "
+                        f"batch, whose split depends on the world size; "
+                        f"use nn.SyncBatchNorm.convert_sync_batchnorm (the "
+                        f"global batch's statistics, deterministic), eval "
+                        f"mode, LayerNorm or GroupNorm")
         if training and not (_is_pow2(self.world) or _is_pow2(n)):
             _refuse(f"deterministic DDP: neither the world size "
                     f"{self.world} nor the local batch {n} is a power of "
@@ -140,35 +158,45 @@ class DeterministicStep:
             self.key = self._step_key()
         key, first = self.key, self.micro * self.shards if training else 0
         if training:
-            sync = self.ddp.require_backward_grad_sync
+            sync = self._sync()
             self.micro = 0 if sync else self.micro + 1
-        params = [(m, name, p) for m in self.ddp.module.modules()
-                  for name, p in m._parameters.items()
-                  if p is not None and p.requires_grad]
-        outs, taps = [], []
-        for u in range(k):
-            v = first + u * self.world + self.rank  # global shard index
+        params = self._params()
+        # per-shard leaves sharing the parameters' storage: the engine
+        # sums a shard's own uses of a weight in its graph (the same on
+        # every layout), never two shards' gradients
+        taps = [[p.detach().requires_grad_() for _, _, p in params]
+                if training else None for _ in range(k)]
+
+        def install(u):
+            if training:
+                for (m, name, _), a in zip(params, taps[u]):
+                    self._install(m, name, a)
+
+        def shard(u):
             sl = slice(u, None, k)
             args = [_rows(a, n, sl) for a in inputs]
             kw = {name: _rows(a, n, sl) for name, a in kwargs.items()}
-            alias = None
+            # the global shard index keys the shard's random stream
+            with _random.keyed_streams(key, first + u * self.world
+                                       + self.rank):
+                return self._call(args, kw)
+
+        try:
+            if any(m.training or not m.track_running_stats
+                   for m in self.syncs):
+                outs = Lockstep(k, self.group, self.shards).run(shard,
+                                                                install)
+            else:
+                outs = []
+                for u in range(k):
+                    install(u)
+                    outs.append(shard(u))
+        finally:
             if training:
-                # per-shard leaves sharing the parameters' storage: the
-                # engine sums a shard's own uses of a weight in its graph
-                # (the same on every layout), never two shards' gradients
-                alias = [p.detach().requires_grad_() for _, _, p in params]
-                for (m, name, _), a in zip(params, alias):
-                    m._parameters[name] = a
-            try:
-                with _random.keyed_streams(key, v):
-                    outs.append(self.ddp.module(*args, **kw))
-            finally:
-                if alias is not None:
-                    for m, name, p in params:
-                        m._parameters[name] = p
-            taps.append(alias)
+                for m, name, p in params:
+                    self._install(m, name, p)
         if training:
-            self.pending = (params, taps, self.ddp.require_backward_grad_sync)
+            self.pending = (params, taps, self._sync())
             self._queued = False
             for a in taps[0]:
                 a.register_post_accumulate_grad_hook(self._queue)
@@ -192,9 +220,7 @@ class DeterministicStep:
             return
         params, taps, sync = self.pending
         self.pending = None
-        order = self.ddp._params
-        if self.zero is not None:
-            order = [p for b in self.ddp._reducer.buckets for p in b.params]
+        order = self._order()
         # a tied weight has one alias per module that holds it: its shard
         # gradient is their sum, in module order (the same on every layout)
         mine = {id(p): [] for p in order}
@@ -210,14 +236,45 @@ class DeterministicStep:
             return
         self.held = []
         steps = len(grads[0]) // len(taps)
-        regions = None
+        self._store(order, fixed_point_sum(grads, self.shards * steps,
+                                           self.group, self._regions()))
+
+    # ---------------------------------- what a wrapper (FSDP) overrides
+    def _params(self):
+        """(owner module, name, tensor) of every trainable parameter, as
+        the forward reads them (a tied one once per owner)."""
+        return [(m, name, p) for m in self.ddp.module.modules()
+                for name, p in m._parameters.items()
+                if p is not None and p.requires_grad]
+
+    @staticmethod
+    def _install(m, name, t):
+        m._parameters[name] = t
+
+    def _call(self, args, kwargs):
+        return self.ddp.module(*args, **kwargs)
+
+    def _sync(self):
+        return self.ddp.require_backward_grad_sync
+
+    def _order(self):
+        """The parameters in the order of the sum's buffer."""
         if self.zero is not None:
-            for b in self.ddp._reducer.buckets:
-                self.zero._note_bucket(b.index, b.params)
-            regions = [sum(p.numel() for p in b.params)
-                       for b in self.ddp._reducer.buckets]
-        for p, g in zip(order, fixed_point_sum(
-                grads, self.shards * steps, self.group, regions)):
+            return [p for b in self.ddp._reducer.buckets for p in b.params]
+        return self.ddp._params
+
+    def _regions(self):
+        """None (all-reduce), or ZeRO-2's buckets (reduce-scatter)."""
+        if self.zero is None:
+            return None
+        for b in self.ddp._reducer.buckets:
+            self.zero._note_bucket(b.index, b.params)
+        return [sum(p.numel() for p in b.params)
+                for b in self.ddp._reducer.buckets]
+
+    @staticmethod
+    def _store(order, sums):
+        for p, g in zip(order, sums):
             g = g.astype(p._data.dtype, copy=False)
             if p._grad is None:
                 p._grad = Tensor._wrap(g)
@@ -238,139 +295,6 @@ def _grad_of(alias, p):
         return get_array_module(p._data).zeros(p._data.shape,
                                                p._data.dtype)
     return alias.grad._data
-
-
-# --------------------------------------------------------- the exact sum --
-
-def fixed_point_sum(grads, shards, group, regions=None):
-    """[sum over all ranks' shards of grads[i]] as float64 arrays, exact
-    on a fixed-point grid and so independent of the order and grouping of
-    the additions. ``grads[i]``: this rank's shard gradients of parameter
-    i; ``shards``: the global number of shards (bounds the sum).
-    ``regions``: element counts that tile the parameters laid end to end
-    (ZeRO-2's buckets): each is reduce-scattered, so this rank gets the sum
-    on its chunk of each (chunk ceil(n / world), rank r's r-th) and zeros
-    elsewhere, for half the bytes of an all-reduce.
-
-    The grid points are integers held in float64: below 2^53 every sum of
-    them is exact in any order, here, in the all-reduce of any backend, so
-    no int64 conversion is needed (measured: 3 passes over a gradient per
-    shard instead of 7). Two all-reduces: the per-parameter maximum
-    exponent (and whether any shard is not finite), then one float64
-    buffer of all parameters."""
-    # one process with no group: the sum of its own shards (get_world_size
-    # raises before init_process_group, as PyTorch's)
-    world = 1 if group is None and not dist.is_initialized() \
-        else dist.get_world_size(group)
-    prec = 52 - max(1, math.ceil(math.log2(shards)))
-    top = np.empty(2 * len(grads), np.float64)
-    for i, gs in enumerate(grads):
-        m = 0.0
-        for g in gs:
-            if g.size:
-                m = max(m, float(g.max()), -float(g.min()))
-        bad = not math.isfinite(m)       # nan propagates through max/min
-        if bad:
-            m = max([float(get_array_module(g).where(
-                get_array_module(g).isfinite(g), abs(g), 0).max())
-                for g in gs if g.size])
-        top[2 * i] = math.frexp(m)[1] if m > 0 else -1100
-        top[2 * i + 1] = bad
-    if world > 1:
-        dist.all_reduce(Tensor._wrap(top), op=dist.ReduceOp.MAX, group=group)
-    # the exponent of the grid's unit (all-zero parameters: any will do;
-    # float64 gradients below 2^-971 would need a scale beyond 2^1023)
-    exps = [max(int(e) - prec, -1023) if e > -1100 else 0
-            for e in top[0::2]]
-    sizes = [gs[0].size for gs in grads]
-    xp = get_array_module(grads[0][0]) if grads else np
-    flat = xp.zeros(sum(sizes), np.float64)
-    off = 0
-    for gs, e, n in zip(grads, exps, sizes):
-        acc = flat[off:off + n]
-        # the scaled values stay below 2^52: float32 holds them (and their
-        # rounding to integers) exactly unless the scale itself overflows
-        # it, and float32 passes cost half the memory traffic
-        dt = np.float32 if gs[0].dtype == np.float32 and -e <= 126 \
-            else np.float64
-        t = xp.empty(n, dt)
-        scale = dt(math.ldexp(1.0, -e))
-        for g in gs:
-            # exact: a power-of-two scaling (inf and nan are put right by
-            # _nonfinite)
-            xp.multiply(g.reshape(-1), scale, out=t, dtype=dt)
-            xp.rint(t, out=t)
-            with np.errstate(invalid="ignore"):
-                acc += t
-        off += n
-    if top[1::2].any():
-        flat[~xp.isfinite(flat)] = 0.0
-    owned = None
-    if regions is not None:
-        owned = _reduce_scatter(flat, regions, group, world)
-    elif world > 1:
-        dist.all_reduce(Tensor._wrap(flat), group=group)
-    out, off = [], 0
-    for gs, e, n in zip(grads, exps, sizes):
-        out.append((flat[off:off + n] * math.ldexp(1.0, e))
-                   .reshape(gs[0].shape))
-        off += n
-    if top[1::2].any():
-        _nonfinite(grads, out, top[1::2], group, world)
-    if owned is not None:
-        off = 0
-        for o in out:
-            o.reshape(-1)[~owned[off:off + o.size]] = 0.0
-            off += o.size
-    return out
-
-
-def _reduce_scatter(flat, regions, group, world):
-    """In place: each region of ``flat`` becomes the sum over ranks on this
-    rank's chunk of it and zero elsewhere; returns the mask of the chunks
-    (as ZeRO-2's hook cuts a bucket)."""
-    xp = get_array_module(flat)
-    rank = dist.get_rank(group) if world > 1 else 0
-    owned = xp.zeros(flat.size, bool)
-    off = 0
-    for n in regions:
-        seg = flat[off:off + n]
-        chunk = -(-n // world)
-        send = xp.zeros(chunk * world, flat.dtype)
-        send[:n] = seg
-        part = send[rank * chunk:(rank + 1) * chunk].copy()
-        if world > 1:
-            dist.reduce_scatter_tensor(Tensor._wrap(part), Tensor._wrap(send),
-                                       group=group)
-        lo, hi = min(rank * chunk, n), min((rank + 1) * chunk, n)
-        seg[...] = 0.0
-        seg[lo:hi] = part[:hi - lo]
-        owned[off + lo:off + hi] = True
-        off += n
-    return owned
-
-
-def _nonfinite(grads, out, bad, group, world):
-    """Elements where some shard is nan or inf take IEEE's order-free
-    answer: nan if any nan or both infinities, else the infinity."""
-    idx = [i for i in range(len(grads)) if bad[i]]
-    xp = get_array_module(grads[0][0])
-    counts = xp.concatenate([xp.stack([
-        sum((xp.isnan(g) for g in grads[i])),
-        sum((xp.isinf(g) & (g > 0) for g in grads[i])),
-        sum((xp.isinf(g) & (g < 0) for g in grads[i]))]).astype(
-            np.int64).ravel() for i in idx])
-    if world > 1:
-        dist.all_reduce(Tensor._wrap(counts), group=group)
-    off = 0
-    for i in idx:
-        n = out[i].size
-        c = counts[off:off + 3 * n].reshape(3, *out[i].shape)
-        off += 3 * n
-        o = out[i]
-        o[c[1] > 0] = math.inf
-        o[c[2] > 0] = -math.inf
-        o[(c[0] > 0) | ((c[1] > 0) & (c[2] > 0))] = math.nan
 
 
 # ------------------------------------------------------ batch plumbing --

@@ -6,9 +6,10 @@ import numpy as np
 
 from ... import distributed as dist
 from ..._backend import get_array_module
-from ...autograd.function import once_differentiable
+from ...autograd.function import Function, once_differentiable
 from ...ops.base import Op
 from ...tensor import Tensor
+from ._fixed_point import fixed_point_sum
 
 
 # ================================================================ arrays ==
@@ -197,3 +198,80 @@ class _SyncBN(Op):
         return (gx.astype(ctx.xd),
                 gw.astype(w.dtype) if w is not None else None,
                 gb.astype(w.dtype) if w is not None else None)
+
+
+class _ShardStats(Function):
+    """Deterministic SyncBatchNorm's statistics (nn/parallel/_lockstep.py):
+    from the inputs of a rank's k virtual shards, the global batch's mean
+    and 1/std per channel, by exact fixed-point sums over all V shards of
+    every rank, as one (2, C) float64 tensor per shard. Backward sums the
+    shards' gradients of them the same way, so every shard's input
+    gradient sees all V shards', in the same bits on any world size."""
+
+    @staticmethod
+    def forward(ctx, eps, group, shards, stats, *xs):
+        a = [x._data.astype(np.float64) for x in xs]
+        axes = (0,) + tuple(range(2, a[0].ndim))
+        s1, s2 = fixed_point_sum([[x.sum(axis=axes) for x in a],
+                                  [(x * x).sum(axis=axes) for x in a]],
+                                 shards, group)
+        xp = get_array_module(s1)
+        n = a[0].size // a[0].shape[1] * shards
+        mean = s1 / n
+        var = xp.maximum(s2 / n - mean * mean, 0.0)
+        invstd = 1.0 / xp.sqrt(var + eps)
+        ctx.a, ctx.axes, ctx.n, ctx.group, ctx.shards = a, axes, n, group, \
+            shards
+        ctx.mean, ctx.var_eps = mean, var + eps
+        ctx.dtypes = [x._data.dtype for x in xs]
+        stats.update(mean=mean, var=var, n=n)
+        out = xp.stack([mean, invstd])
+        return tuple(Tensor._wrap(out.copy()) for _ in xs)
+
+    @staticmethod
+    def backward(ctx, *gs):
+        gm, gi = fixed_point_sum([[g._data[0] for g in gs],
+                                  [g._data[1] for g in gs]],
+                                 ctx.shards, ctx.group)
+        shape = (1, -1) + (1,) * (ctx.a[0].ndim - 2)
+        # d mean / dx = 1/n; d invstd / dx = -(var + eps)^-3/2 (x - mean)/n
+        c0 = (gm / ctx.n).reshape(shape)
+        c1 = (-gi * ctx.var_eps ** -1.5 / ctx.n).reshape(shape)
+        mean = ctx.mean.reshape(shape)
+        return (None, None, None, None) + tuple(
+            (c0 + c1 * (x - mean)).astype(dt)
+            for x, dt in zip(ctx.a, ctx.dtypes))
+
+
+class _ShardNorm(Op):
+    """One virtual shard's normalisation by the global statistics
+    (``_ShardStats``' (2, C) mean and 1/std), in float64, as one op: its
+    backward gives the shard's own gradients of the statistics."""
+
+    @staticmethod
+    def forward(ctx, x, stats, w, b):
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        mean, invstd = stats[0].reshape(shape), stats[1].reshape(shape)
+        centred = x.astype(np.float64) - mean
+        xhat = centred * invstd
+        out = xhat if w is None else xhat * w.reshape(shape) \
+            + b.reshape(shape)
+        ctx.centred, ctx.xhat, ctx.invstd, ctx.w = centred, xhat, invstd, w
+        ctx.shape, ctx.xd = shape, x.dtype
+        return out.astype(x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        xp = get_array_module(g)
+        axes = (0,) + tuple(range(2, g.ndim))
+        g64 = g.astype(np.float64)
+        w = ctx.w
+        gxhat = g64 if w is None else g64 * w.reshape(ctx.shape)
+        gstats = xp.stack([-(gxhat * ctx.invstd).sum(axis=axes),
+                           (gxhat * ctx.centred).sum(axis=axes)])
+        gx = (gxhat * ctx.invstd).astype(ctx.xd)
+        if w is None:
+            return gx, gstats, None, None
+        return (gx, gstats, (g64 * ctx.xhat).sum(axis=axes).astype(w.dtype),
+                g64.sum(axis=axes).astype(w.dtype))

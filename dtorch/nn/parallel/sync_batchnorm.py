@@ -1,12 +1,16 @@
 """SyncBatchNorm: batch normalisation whose statistics are those of the
 global batch (all ranks), so N ranks with batch b equal BatchNorm on the
 concatenated batch of N b. One all-reduce in forward (sums and counts), one
-in backward (the two gradient sums)."""
+in backward (the two gradient sums). Under deterministic DDP the rank's
+virtual shards run in lockstep and meet at each SyncBatchNorm
+(``_lockstep``), whose statistics and their gradients are exact sums over
+all shards (``_functions._ShardStats``): the same bits on any world size."""
 from ... import distributed as dist
 from ..modules.module import Module
 from ..parameter import Parameter
 from ... import _creation as C
-from ._functions import _SyncBN
+from ._functions import _ShardNorm, _ShardStats, _SyncBN
+from . import _lockstep
 
 
 class SyncBatchNorm(Module):
@@ -65,6 +69,9 @@ class SyncBatchNorm(Module):
             if self.affine:
                 y = y * self.weight.view(shape) + self.bias.view(shape)
             return y
+        shard = _lockstep.current()
+        if shard is not None:
+            return self._shard_forward(x, *shard)
         # None: a single process with no process group, plain batch norm
         group = self.process_group if self.process_group is not None \
             else dist.group.WORLD
@@ -75,6 +82,12 @@ class SyncBatchNorm(Module):
         st = {}
         y = _SyncBN.apply(x, self.weight, self.bias, eps=self.eps,
                           group=group, stats=st)
+        self._track(st)
+        return y
+
+    def _track(self, st):
+        """The running statistics take one step from the batch's (the
+        global batch's mean, its biased variance, its count)."""
         if self.training and self.track_running_stats:
             mean, var, n = st["mean"], st["var"], st["n"]
             m = self.momentum
@@ -85,7 +98,18 @@ class SyncBatchNorm(Module):
             self.num_batches_tracked._data += 1
             for t in (rm, rv, self.num_batches_tracked):
                 t._bump_version()
-        return y
+
+    def _shard_forward(self, x, step, u):
+        # one virtual shard of deterministic DDP: the statistics of all
+        # shards (``_combine``), then this shard's normalisation in float64
+        stats = step.barrier(u, self._combine, x)
+        return _ShardNorm.apply(x, stats, self.weight, self.bias)
+
+    def _combine(self, step, xs):
+        st = {}
+        out = _ShardStats.apply(self.eps, step.group, step.shards, st, *xs)
+        self._track(st)
+        return out
 
     @classmethod
     def convert_sync_batchnorm(cls, module, process_group=None):
