@@ -25,7 +25,7 @@ from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid
 from .movement import Cast, Cat, Stack, Expand, Permute
 from .reduce import Sum, Prod
 from .matmul import MatMul
-from .selection import Cumsum, Cumprod, Tril
+from .selection import Cumsum, Cumprod, Tril, Gather
 
 
 def _np_dtype(dt):
@@ -249,6 +249,10 @@ class Namespace:
 
     def prod(self, a, axis=None, keepdims=False):
         return Prod.apply(self.t(a), axis, keepdims)
+
+    def take_along_axis(self, a, idx, axis):
+        return Gather.apply(self.t(a), idx=getattr(idx, "_data", idx),
+                            dim=axis)
 
     # ---- end of deriv-b's names
 

@@ -16,6 +16,27 @@ from ..autograd._api import grad as _grad
 from .base import Op
 
 
+class Pin(Op):
+    """``value`` (an array) standing for tensor ``t``: its value, with t's
+    derivative (identity backward). How a one-body backward under
+    create_graph uses what forward saved of an intermediate (LayerNorm's
+    xhat, a softmax) or what a compiled kernel computed: ``t`` recomputes
+    it from the op's inputs as a graph, the pinned value keeps the
+    first-order gradient bitwise the fast path's."""
+    @staticmethod
+    def forward(ctx, t, value=None):
+        return value
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def pin(t, value):
+    """``Pin``: array ``value`` with the derivative of tensor ``t``."""
+    return Pin.apply(t, value=value)
+
+
 class Reconnect(Op):
     """``out`` (a tensor of a private graph whose leaves are ``leaves``)
     as a function of the real tensors ``qs``, leaf j standing for qs[j]
