@@ -239,7 +239,7 @@ class BinaryCrossEntropyWithLogits(Op):
         out = [None] * 4
         with np.errstate(over="ignore", invalid="ignore"):
             if n[0]:
-                s = 1 / (1 + xp.exp(-x))
+                s = _sigmoid(xp, x)
                 if pw is None:
                     gx = s - t
                 else:
@@ -308,6 +308,13 @@ class Huber(Op):
         n = ctx.needs_input_grad
         return (unbroadcast(gd, ctx.shapes[0]) if n[0] else None,
                 unbroadcast(-gd, ctx.shapes[1]) if n[1] else None)
+
+
+def _sigmoid(xp, x):
+    """PyTorch's 1 / (1 + e^-x); on a tensor (create_graph) the Sigmoid
+    op: the same values, and a derivative that does not overflow."""
+    f = getattr(xp, "sigmoid", None)     # the tensor namespace's
+    return 1 / (1 + xp.exp(-x)) if f is None else f(x)
 
 
 def _dtype(g):

@@ -7,7 +7,7 @@ import numpy as np
 from .. import _kernels
 from .._backend import get_array_module
 from .base import Op, is_float, grad_xp
-from .recompute import pin
+from .recompute import pin, pin_all
 
 
 class LayerNorm(Op):
@@ -62,7 +62,7 @@ class LayerNorm(Op):
         if need[0]:
             gh = g * w if w is not None else g
             gx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat))
-        return _pinned((gx, gw, gb), fast)
+        return pin_all((gx, gw, gb), fast)
 
 
 def _layer_norm_kernel(k, ctx, x, w, b, axes, eps):
@@ -171,7 +171,7 @@ class BatchNorm(Op):
             scale = rstd if w is None else rstd * w.reshape(ctx.shape)
             gx = scale * (g - (gsum.reshape(ctx.shape)
                                + xhat * gxh.reshape(ctx.shape)) / m)
-        return _pinned((gx, gw, gb), fast)
+        return pin_all((gx, gw, gb), fast)
 
 
 def _batch_norm_kernel(k, x, w, b, eps):
@@ -245,18 +245,6 @@ def _contiguous_for_kernel(g, xhat, rstd, w, reduces):
     if k is None or type(ga) is not np.ndarray or ga.dtype != xhat.dtype:
         return ga, None
     return np.ascontiguousarray(ga), k
-
-
-def _pinned(grads, fast):
-    """The tensor gradients of a one-body backward under create_graph
-    pinned (``recompute.pin``) to what the compiled kernel computed on
-    the fast path (``fast``, None where the kernel did not apply): the
-    kernel sums in its own order, and both orders must give the same
-    first-order values."""
-    if not fast:
-        return grads
-    return tuple(None if t is None else pin(t, a)
-                 for t, a in zip(grads, fast))
 
 
 def _saved_stats(ctx, g, axes):

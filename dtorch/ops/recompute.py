@@ -37,6 +37,17 @@ def pin(t, value):
     return Pin.apply(t, value=value)
 
 
+def pin_all(grads, fast):
+    """The gradient tensors of a backward under create_graph pinned to
+    the arrays the fast path computed (``fast``; None: nothing to pin):
+    for a body that works in place or in a compiled kernel (which sums
+    in its own order), so that both orders give the same values."""
+    if not fast:
+        return grads
+    return tuple(None if t is None else pin(t, a)
+                 for t, a in zip(grads, fast))
+
+
 class Reconnect(Op):
     """``out`` (a tensor of a private graph whose leaves are ``leaves``)
     as a function of the real tensors ``qs``, leaf j standing for qs[j]
@@ -48,16 +59,15 @@ class Reconnect(Op):
 
     @staticmethod
     def backward(ctx, h):
-        gs = _grad([ctx.sub], list(ctx.leaves),
-                   [ctx.sub._make(h, False, None)], retain_graph=True,
-                   allow_unused=True)
-        return tuple(None if g is None else g._data for g in gs)
-
-    @staticmethod
-    def backward_graph(ctx, h):
-        hl = h._make(h._data, True, None)
+        # autograd.grad over the private graph; under create_graph again a
+        # Reconnect of what it records, so any order works
+        graph = ctx._gmake is not None
+        hl = h._make(h._data, True, None) if graph else \
+            ctx.sub._make(h, False, None)
         gs = _grad([ctx.sub], list(ctx.leaves), [hl], retain_graph=True,
-                   create_graph=True, allow_unused=True)
+                   create_graph=graph, allow_unused=True)
+        if not graph:
+            return tuple(None if g is None else g._data for g in gs)
         qs = [ctx.graph_input(i, q) for i, q in enumerate(ctx.qs)]
         leaves = tuple(ctx.leaves) + (hl,)
         return tuple(None if g is None or not g.requires_grad else
