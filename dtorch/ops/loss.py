@@ -266,48 +266,44 @@ class BinaryCrossEntropyWithLogits(Op):
 
 class SmoothL1(Op):
     """|d| < beta: d^2 / (2 beta), else |d| - beta / 2 (d = x - t); the
-    gradient is d / beta inside, sign(d) from the kinks on (PyTorch)."""
+    gradient is d / beta inside, sign(d) from the kinks on (PyTorch).
+    With ``delta`` it is huber_loss: |d| < delta: d^2 / 2, else delta (|d|
+    - delta / 2), gradient d inside, delta sign(d) from the kinks on (each
+    by PyTorch's own formula: huber = delta * smooth_l1 only up to
+    rounding)."""
     @staticmethod
-    def forward(ctx, x, t, beta=1.0):
+    def forward(ctx, x, t, beta=1.0, delta=None):
         xp = get_array_module(x, t)
         d = x - t
         z = abs(d)
-        ctx.d, ctx.beta = d, beta
+        ctx.d, ctx.beta, ctx.delta = d, beta, delta
         ctx.shapes = (getattr(x, "shape", ()), getattr(t, "shape", ()))
+        if delta is not None:
+            return xp.where(z < delta, 0.5 * z * z,
+                            delta * (z - 0.5 * delta))
         return xp.where(z < beta, (0.5 / beta) * z * z, z - 0.5 * beta)
-
-    @staticmethod
-    def backward(ctx, g):
-        d, b = ctx.d, ctx.beta
-        xp = grad_xp(g)
-        gd = xp.where(d <= -b, -g, xp.where(d >= b, g,
-                                            _diff(ctx, d) * g / b))
-        n = ctx.needs_input_grad
-        return (unbroadcast(gd, ctx.shapes[0]) if n[0] else None,
-                unbroadcast(-gd, ctx.shapes[1]) if n[1] else None)
-
-
-class Huber(Op):
-    """|d| < delta: d^2 / 2, else delta (|d| - delta / 2); the gradient is
-    d inside, delta sign(d) from the kinks on (PyTorch)."""
-    @staticmethod
-    def forward(ctx, x, t, delta=1.0):
-        xp = get_array_module(x, t)
-        d = x - t
-        z = abs(d)
-        ctx.d, ctx.delta = d, delta
-        ctx.shapes = (getattr(x, "shape", ()), getattr(t, "shape", ()))
-        return xp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta))
 
     @staticmethod
     def backward(ctx, g):
         d, c = ctx.d, ctx.delta
         xp = grad_xp(g)
-        gd = xp.where(d <= -c, -c * g, xp.where(d >= c, c * g,
-                                                _diff(ctx, d) * g))
+        if c is None:
+            b = ctx.beta
+            gd = xp.where(d <= -b, -g, xp.where(d >= b, g,
+                                                _diff(ctx, d) * g / b))
+        else:
+            gd = xp.where(d <= -c, -c * g, xp.where(d >= c, c * g,
+                                                    _diff(ctx, d) * g))
         n = ctx.needs_input_grad
         return (unbroadcast(gd, ctx.shapes[0]) if n[0] else None,
                 unbroadcast(-gd, ctx.shapes[1]) if n[1] else None)
+
+
+class Huber(SmoothL1):
+    """huber_loss: SmoothL1 with ``delta`` (its own grad_fn name)."""
+    @staticmethod
+    def forward(ctx, x, t, delta=1.0):
+        return SmoothL1.forward(ctx, x, t, delta=delta)
 
 
 def _sigmoid(xp, x):

@@ -78,40 +78,6 @@ def _sort_indices(xp, x, axis, descending):
     return xp.argsort(key, axis=axis, kind="stable")
 
 
-class Select(Op):
-    """Values picked along ``axis`` at ``idx`` (a precomputed int64 array,
-    as sort/topk/kthvalue/median produce); backward scatters the gradient
-    back to those positions. ``ctx.indices`` holds the indices."""
-    @staticmethod
-    def forward(ctx, x, idx=None, axis=0, keepdim=True):
-        xp = get_array_module(x)
-        ctx.shape, ctx.axis, ctx.idx = x.shape, axis, idx
-        ctx.xd = x.dtype
-        out = xp.take_along_axis(x, idx, axis) if x.ndim else x.copy()
-        if not keepdim and x.ndim:
-            out = xp.squeeze(out, axis)
-            ctx.indices = xp.squeeze(idx, axis)
-        else:
-            ctx.indices = idx
-        ctx.keepdim = keepdim
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        if not ctx.shape:
-            return g
-        return _scatter_along(ctx, g.reshape(ctx.idx.shape))
-
-
-def _scatter_along(ctx, g):
-    """zeros(ctx.shape) with g added where ``take_along_axis(_, ctx.idx,
-    ctx.axis)`` read (repeats sum): the backward of Select/CumExtreme."""
-    am = get_array_module(ctx.idx)
-    lin = flat_along(am, ctx.shape, ctx.idx, ctx.axis)
-    return scatter_add_flat(am, int(np.prod(ctx.shape)), lin, g,
-                            ctx.xd).reshape(ctx.shape)
-
-
 def sort_indices(x, dim=-1, descending=False):
     xp = get_array_module(x)
     if x.ndim == 0:
@@ -189,6 +155,19 @@ class Gather(Op):
         gx = scatter_to(grad_xp(g), ctx.shape, ctx.xd, ctx.sl,
                         gs.reshape(sub))
         return gx.reshape(ctx.xshape)
+
+
+class Select(Gather):
+    """sort/topk/kthvalue/median's values: Gather at ``idx`` (a
+    precomputed int64 array) along ``axis``, squeezed there unless
+    ``keepdim`` (in forward: the result is no view, so an in-place op on
+    it stays legal). Gather's backward (it reshapes g itself)."""
+    @staticmethod
+    def forward(ctx, x, idx=None, axis=0, keepdim=True):
+        out = Gather.forward(ctx, x, idx=idx, dim=axis)
+        if not keepdim and x.ndim:
+            out = get_array_module(out).squeeze(out, axis)
+        return out
 
 
 def _scatter_positions(xp, x, idx, dim, op):
@@ -420,45 +399,30 @@ class Cumprod(Op):
         return xp.moveaxis(gi, -1, ax)
 
 
-class CumExtreme(Op):
-    """cummax/cummin values; the gradient goes to the index that holds the
-    running extreme (the last one among ties, as PyTorch)."""
-    @staticmethod
-    def forward(ctx, x, dim=0, is_min=False):
-        xp = get_array_module(x)
-        if x.ndim == 0:
-            ctx.axis = None
-            ctx.indices = xp.zeros((), np.int64)
-            return x.copy()
-        axis = axis_of(dim, x.ndim)
-        n = x.shape[axis]
-        # the running scans are NumPy's (CuPy has no ufunc.accumulate for
-        # maximum): a CuPy input is scanned on the host, then sent back
-        h = x if xp is np else x.get()
-        acc = (np.minimum if is_min else np.maximum).accumulate(h, axis=axis)
-        if is_float(h.dtype):
-            # NaN propagates: once seen, it is the running value
-            seen = np.logical_or.accumulate(np.isnan(h), axis=axis)
-            # NaN of the input's dtype: a Python nan widens bfloat16
-            acc = np.where(seen, np.array(np.nan, h.dtype), acc)
-            hit = (h == acc) | (np.isnan(h) & seen)
-        else:
-            hit = h == acc
-        shape = [1] * h.ndim
-        shape[axis] = n
-        pos = np.where(hit, np.arange(n).reshape(shape), -1)
-        idx = np.maximum.accumulate(pos, axis=axis).astype(np.int64)
-        if xp is not np:
-            acc, idx = xp.asarray(acc), xp.asarray(idx)
-        ctx.axis, ctx.shape, ctx.idx = axis, x.shape, idx
-        ctx.indices, ctx.xd = idx, x.dtype
-        return acc
-
-    @staticmethod
-    def backward(ctx, g):
-        if ctx.axis is None:
-            return g
-        return _scatter_along(ctx, g)
+def cum_extreme_indices(x, dim=0, is_min=False):
+    """cummax/cummin's indices: where the running extreme is, the last one
+    among ties and NaN once seen (as PyTorch); the values are the input
+    gathered there (``Gather``, whose gradient goes to those indices)."""
+    xp = get_array_module(x)
+    if x.ndim == 0:
+        return xp.zeros((), np.int64)
+    axis = axis_of(dim, x.ndim)
+    n = x.shape[axis]
+    # the running scans are NumPy's (CuPy has no ufunc.accumulate for
+    # maximum): a CuPy input is scanned on the host, then sent back
+    h = x if xp is np else x.get()
+    acc = (np.minimum if is_min else np.maximum).accumulate(h, axis=axis)
+    if is_float(h.dtype):
+        # NaN propagates: once seen, it is the running value
+        seen = np.logical_or.accumulate(np.isnan(h), axis=axis)
+        hit = (h == acc) | (np.isnan(h) & seen)
+    else:
+        hit = h == acc
+    shape = [1] * h.ndim
+    shape[axis] = n
+    pos = np.where(hit, np.arange(n).reshape(shape), -1)
+    idx = np.maximum.accumulate(pos, axis=axis).astype(np.int64)
+    return idx if xp is np else xp.asarray(idx)
 
 
 def _logcumsumexp(xp, x, axis):
