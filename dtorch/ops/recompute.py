@@ -4,6 +4,18 @@ runs a composite form of the op (differentiable tensor ops) on leaves of
 its own, differentiates that with create_graph=True, and hands the
 results back as ``Reconnect`` tensors joined to the real inputs.
 
+Why it stays beside the one-body rule (issue 30): an RNN layer's fast
+backward is a time loop over preallocated buffers written in place, one
+fused kernel per step (on CUDA 21 elementwise launches per LSTM step
+become one); the same body on tensors would record T steps of a dozen
+ops each on the fast path's code and slow it down. So the loop stays the
+fast path, and under create_graph the composite is recomputed and its
+gradients pinned (``pin_all``) to the loop's values: the create_graph
+gradient is bitwise the plain one, and its derivative is autograd's of
+the composite. ``Pin`` serves the same purpose for other bodies whose
+fast path no tensor can run (compiled kernels, in-place buffers:
+LayerNorm, BatchNorm, cross_entropy, SDPA).
+
 The composite graph is kept apart from the real one: autograd.grad walks
 every node reachable from its outputs, so a recomputation on the real
 inputs' tensors would walk (and free) the whole model below the op. Its
