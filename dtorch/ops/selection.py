@@ -12,7 +12,7 @@ import numpy as np
 from .._backend import get_array_module
 from .base import Op, _axes, axis_of, is_float, grad_xp, astype
 from .index import index_add0, scatter_add_flat, scatter_to, zero_at
-from .recompute import backward_by_recompute
+from .recompute import backward_by_recompute, pin_all
 
 
 def flat_along(xp, shape, idx, axis):
@@ -367,36 +367,43 @@ class Cumprod(Op):
             # d out_j / d x_i = out_j / x_i for j >= i
             r = xp.flip(xp.cumsum(xp.flip(g * ctx.output(out), ax), ax), ax)
             return r / ctx.input(0, x)
-        if ctx._gmake is not None:
-            # with zeros, the O(n) form below treats the zeros' positions
-            # as constants and misses second-order terms through them;
-            # PyTorch, too, switches to a differentiable O(n^2) form under
-            # grad mode: here the products recomputed one by one
-            return backward_by_recompute(ctx, g, lambda x: _cumprod_steps(
-                x, ax), [x])
-        # with zeros (anywhere: PyTorch's test is global), per slice as
-        # PyTorch: before the first zero z1, the reversed cumsum of out * g
-        # over [0, z1) divided by x; at z1, the product before it times
-        # sum_j g_j prod_(z1, j] x over [z1, z2); after z1, 0. Terms that
-        # are exactly 0 are dropped, never multiplied by g. O(n).
-        xm = xp.moveaxis(x, ax, -1)
-        gm = xp.moveaxis(g, ax, -1)
-        om = xp.moveaxis(out, ax, -1)
-        isz = xm == 0
-        cs = xp.cumsum(isz, -1)
-        before = cs == 0
-        one = xp.ones((), x.dtype)
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            w = xp.where(before, om * gm, 0)
-            rc = xp.flip(xp.cumsum(xp.flip(w, -1), -1), -1)
-            gi = xp.where(before, rc / xm, 0)
-            first = isz & (cs == 1)
-            seg = cs == 1
-            pre = xp.where(before, xm, one).prod(-1, keepdims=True)
-            c = xp.cumprod(xp.where(seg & ~first, xm, one), -1)
-            at_z1 = pre * xp.where(seg, c * gm, 0).sum(-1, keepdims=True)
-            gi = xp.where(first, at_z1, gi).astype(g.dtype, copy=False)
-        return xp.moveaxis(gi, -1, ax)
+        if ctx._gmake is None:
+            return _cumprod_zeros_grad(xp, x, out, g, ax)
+        # under create_graph, the O(n) form treats the zeros' positions as
+        # constants and misses second-order terms through them; PyTorch,
+        # too, switches to a differentiable O(n^2) form under grad mode:
+        # here the products recomputed one by one, pinned to the O(n)
+        # form's values
+        return pin_all(backward_by_recompute(
+            ctx, g, lambda x: _cumprod_steps(x, ax), [x]),
+            (_cumprod_zeros_grad(get_array_module(x), x, out, g._data, ax),))
+
+
+def _cumprod_zeros_grad(xp, x, out, g, ax):
+    """Cumprod's gradient (arrays) where x has zeros (anywhere: PyTorch's
+    test is global), per slice as PyTorch: before the first zero z1, the
+    reversed cumsum of out * g over [0, z1) divided by x; at z1, the
+    product before it times sum_j g_j prod_(z1, j] x over [z1, z2); after
+    z1, 0. Terms that are exactly 0 are dropped, never multiplied by g.
+    O(n)."""
+    xm = xp.moveaxis(x, ax, -1)
+    gm = xp.moveaxis(g, ax, -1)
+    om = xp.moveaxis(out, ax, -1)
+    isz = xm == 0
+    cs = xp.cumsum(isz, -1)
+    before = cs == 0
+    one = xp.ones((), x.dtype)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        w = xp.where(before, om * gm, 0)
+        rc = xp.flip(xp.cumsum(xp.flip(w, -1), -1), -1)
+        gi = xp.where(before, rc / xm, 0)
+        first = isz & (cs == 1)
+        seg = cs == 1
+        pre = xp.where(before, xm, one).prod(-1, keepdims=True)
+        c = xp.cumprod(xp.where(seg & ~first, xm, one), -1)
+        at_z1 = pre * xp.where(seg, c * gm, 0).sum(-1, keepdims=True)
+        gi = xp.where(first, at_z1, gi).astype(g.dtype, copy=False)
+    return xp.moveaxis(gi, -1, ax)
 
 
 def cum_extreme_indices(x, dim=0, is_min=False):
