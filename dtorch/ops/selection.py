@@ -434,17 +434,18 @@ def cum_extreme_indices(x, dim=0, is_min=False):
 
 def _logcumsumexp(xp, x, axis):
     """Running log-add-exp along ``axis`` (PyTorch's scan: exact for
-    entries far below the running maximum, +-inf handled). NumPy has it
-    as one ufunc accumulate; elsewhere shift by the slice's finite max.
-    On a tensor (a backward body under create_graph): the op."""
+    entries far below the running maximum, +-inf handled): NumPy's ufunc
+    accumulate. CuPy has no ufunc accumulate: a CuPy array is scanned on
+    the host (as cummax's indices), since a shift by the slice's maximum
+    loses the entries far below it (its backward, itself a logcumsumexp
+    of log|g| - out, needs them). On a tensor (a backward body under
+    create_graph): the op."""
     if type(x) is not np.ndarray and hasattr(x, "_make"):
         return LogCumSumExp.apply(x, dim=axis)    # a gradient tensor
-    if xp is np:
-        with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
+        if xp is np:
             return np.logaddexp.accumulate(x, axis=axis)
-    m = xp.max(x, axis=axis, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)
-    return xp.log(xp.cumsum(xp.exp(x - m), axis=axis)) + m
+        return xp.asarray(np.logaddexp.accumulate(x.get(), axis=axis))
 
 
 class LogCumSumExp(Op):
@@ -472,7 +473,7 @@ class LogCumSumExp(Op):
         x, out = ctx.input(0, xa), ctx.output(oa)
         xp = grad_xp(g)
         ax = ctx.axis
-        low = np.finfo(xa.dtype).min
+        low = float(np.finfo(xa.dtype).min)   # a weak scalar: any device
 
         def rev(v):     # under create_graph: the LogCumSumExp op itself
             return xp.flip(_logcumsumexp(xp, xp.flip(v, ax), ax), ax)
