@@ -178,24 +178,29 @@ class Copy(Op):
 
 
 class Cast(Op):
+    """A dtype cast and/or a device move, as PyTorch's one ``_to_copy``:
+    backward casts the gradient back to the input's dtype and sends it
+    back to its device."""
     @staticmethod
-    def forward(ctx, x, np_dtype=None):
-        ctx.src = x.dtype
-        return x.astype(np_dtype)
+    def forward(ctx, x, np_dtype=None, device=None):
+        ctx.src, ctx.dev = x.dtype, None
+        if device is not None:
+            ctx.dev = device_of(x)
+            x = device.send(x)
+        return x if np_dtype is None else x.astype(np_dtype)
 
     @staticmethod
     def backward(ctx, g):
-        return astype(g, ctx.src)
+        g = astype(g, ctx.src)
+        if ctx.dev is None:
+            return g
+        if ctx._gmake is None:
+            return ctx.dev.send(g)
+        return ToDevice.apply(g, device=ctx.dev)   # a tensor: the op
 
 
-class ToDevice(Op):
+class ToDevice(Cast):
+    """``Cast`` to a device only (its own grad_fn name)."""
     @staticmethod
     def forward(ctx, x, device=None):
-        ctx.src = device_of(x)
-        return device.send(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        if ctx._gmake is None:
-            return ctx.src.send(g)
-        return ToDevice.apply(g, device=ctx.src)   # a tensor: the op
+        return Cast.forward(ctx, x, device=device)
