@@ -24,15 +24,8 @@ def cumprod(self, dim, dtype=None):
 
 
 def _cumext(self, dim, is_min):
-    vals = S.CumExtreme.apply(self, dim=dim, is_min=is_min)
-    fn = vals.grad_fn
-    if fn is not None:
-        ind = fn.indices
-    else:
-        # untracked: the same forward, for its indices
-        ctx = S.CumExtreme.__new__(S.CumExtreme)
-        S.CumExtreme.forward(ctx, self._data, dim, is_min)
-        ind = ctx.indices
+    ind = S.cum_extreme_indices(self._data, dim, is_min)
+    vals = S.Gather.apply(self, idx=ind, dim=dim)
     return MinMax(vals, self._wrap(ind))
 
 

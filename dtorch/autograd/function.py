@@ -356,20 +356,16 @@ class Function:
     # gradients are tensors and grad mode is on, so what backward computes
     # is recorded and can be differentiated again.
     #
-    # dtorch's primitives compute first-order gradients on arrays. One that
-    # can be differentiated twice also defines
-    #
-    #     @staticmethod
-    #     def backward_graph(ctx, *grads):    # tensors in, tensors out
-    #
-    # written with differentiable dtorch ops (or returning NotImplemented
-    # for arguments it does not cover); ``ctx.graph_input(i, a)`` and
-    # ``ctx.graph_output(a)`` turn the arrays that forward saved back into
-    # tensors connected to the graph (PyTorch's SavedVariable): a gradient
-    # taken through them flows to input i, or through this node. A
-    # primitive without backward_graph still gives its first-order
-    # gradient, as a tensor whose own backward raises: differentiating it
-    # again is an error that names the op, never a silent zero.
+    # An array op's ``backward`` runs here on tensors (below), unless
+    # marked ``@once_differentiable`` (then its gradient is a tensor whose
+    # own backward raises, naming the op: never a silent zero). Returning
+    # NotImplemented under create_graph means the same for one call (an
+    # argument combination it does not cover). A legacy ``backward_graph``
+    # (tensors in, tensors out) still takes precedence where one is left.
+    # A body whose fast path does what no tensor can (a compiled kernel,
+    # in-place ``out=`` buffers) branches on ``ctx._gmake is None`` and,
+    # under create_graph, pins its tensor form to the fast path's values
+    # (ops/recompute.py ``pin_all``).
 
     # One derivative per op (issue 30): an array op's ``backward`` is one
     # body for both paths, computing with ``xp = ops.base.grad_xp(g)``
@@ -428,7 +424,12 @@ class Function:
                 if getattr(bg, "_once_differentiable", False):
                     return _first_order_only(self, grads, make)
             self._gmake = make
-            out = bg(self, *grads)
+            try:
+                out = bg(self, *grads)
+            finally:
+                # a later plain backward through this node (retain_graph)
+                # takes the fast path again
+                self._gmake = None
             if out is NotImplemented:    # not for these arguments
                 return _first_order_only(self, grads, make)
             return out if type(out) is tuple else (out,)

@@ -23,9 +23,9 @@ from . import base
 from .arith import Where, Maximum, Minimum
 from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid
 from .movement import Cast, Cat, Stack, Expand, Permute
-from .reduce import Sum
+from .reduce import Sum, Prod
 from .matmul import MatMul
-from .selection import Cumsum, Cumprod
+from .selection import Cumsum, Cumprod, Tril, Gather
 
 
 def _np_dtype(dt):
@@ -226,6 +226,35 @@ class Namespace:
         a = self.t(a)
         return Cumprod.apply(a.reshape(-1) if axis is None else a,
                              0 if axis is None else axis)
+
+    # ---- deriv-b's names (movement, selection, index, loss, norm, rnn,
+    # ---- attention, conv, pool backward bodies)
+    def split(self, a, indices, axis=0):
+        a = self.t(a)
+        bounds = [0, *indices, a.shape[axis]]
+        return list(a.split([e - b for b, e in zip(bounds, bounds[1:])],
+                            dim=axis))
+
+    def take(self, a, i, axis=None):
+        a = self.t(a)
+        if axis is None:
+            return a.reshape(-1)[i]
+        return a[(slice(None),) * (axis % a.ndim) + (i,)]
+
+    def tril(self, a, k=0):
+        return Tril.apply(self.t(a), diagonal=k, upper=False)
+
+    def triu(self, a, k=0):
+        return Tril.apply(self.t(a), diagonal=k, upper=True)
+
+    def prod(self, a, axis=None, keepdims=False):
+        return Prod.apply(self.t(a), axis, keepdims)
+
+    def take_along_axis(self, a, idx, axis):
+        return Gather.apply(self.t(a), idx=getattr(idx, "_data", idx),
+                            dim=axis)
+
+    # ---- end of deriv-b's names
 
     def __getattr__(self, name):
         raise AttributeError(

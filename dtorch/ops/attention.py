@@ -19,7 +19,9 @@ import numpy as np
 
 from .. import _kernels
 from .._backend import get_array_module
-from .base import Op, unbroadcast, float32_compute, const, unbroadcast_t
+from .activation import Softmax
+from .base import Op, unbroadcast, float32_compute
+from .recompute import pin_all
 
 
 def _grouped(x, groups):
@@ -106,104 +108,112 @@ class ScaledDotProductAttention(Op):
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, P, out = ctx.to_save
-        xp = get_array_module(g)
-        G, need = ctx.groups, ctx.needs_input_grad
-        L = q.shape[-2]
-        dt = P.dtype.type
-        gg = _grouped(g, G)
-        dv = None
-        if not ctx.dropped:
-            if need[2]:
-                dv = xp.matmul(_mT(P), gg)
-            dS = xp.matmul(gg, _mT(v))
-            # (a merged block's row sums come from the merged output: the
-            # fused kernel would take them from this block's P alone)
-            kern = _kernels.kernels(P, dS) if xp is np and \
-                ctx.lse is None else None
-            if kern is not None:
-                # dS = P (dP - rowsum(dP P)) in one fused pass (measured
-                # 0.25 against NumPy's 0.51 ms on 4096x128 float32)
-                kern.softmax_bwd(_rows(P), _rows(dS), _rows(dS))
-            else:
-                dS -= _delta(g, out, G)
-                dS *= P
-        else:
-            gs = gg * dt(ctx.sd)      # the dropout scale, on (.., L, Ev)
-            kept = xp.maximum(P, dt(0))           # P * keep
-            if need[2]:
-                dv = xp.matmul(_mT(kept), gs)
-            dPd = xp.matmul(gs, _mT(v))
-            # dS = P * (dPd * keep * sd - delta)
-            kept *= dPd
-            xp.abs(P, out=dPd)
-            dPd *= _delta(g, out, G)
-            kept -= dPd
-            dS = kept
-        dq = dk = dmask = None
-        if need[0]:
-            dq = xp.matmul(dS, k)
-            dq *= dt(ctx.scale)
-            dq = unbroadcast(_heads(dq, G, L), q.shape)
-        if need[1]:
-            dk = xp.matmul(_mT(dS), _grouped(q, G))
-            dk *= dt(ctx.scale)
-            dk = unbroadcast(dk, k.shape)
-        if dv is not None:
-            dv = unbroadcast(dv, v.shape)
-        if need[3] and ctx.mask_shape is not None:
-            dmask = unbroadcast(_heads(dS, G, L), ctx.mask_shape)
-        return dq, dk, dv, dmask, None
-
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        """The same gradients from differentiable tensor ops (double
-        backward). The probabilities are recomputed as softmax(s + c) with
-        s = q k^T * scale from the graph's q and k and the constant
-        c = log P - s: equal to the saved P, with the softmax's derivative
-        in s, and no need to keep the mask (a masked score has P = 0 and
-        c = -inf)."""
-        from .activation import Softmax
+        if ctx._gmake is None:
+            return _grads(ctx, g)
         if ctx.__dict__.get("_lowp"):
             return NotImplemented      # float16/bfloat16: first order only
-        q, k, v, Pa, _ = ctx.to_save
-        xp = get_array_module(Pa)
-        G, need, L = ctx.groups, ctx.needs_input_grad, q.shape[-2]
-        qt, kt, vt = (ctx.graph_input(i, a) for i, a in enumerate((q, k, v)))
+        # create_graph: the array body works in place on its (.., L, S)
+        # buffers and in the fused kernel, which no tensor can; its values
+        # are pinned to the differentiable form's graph
+        return pin_all(_graph_grads(ctx, g), _grads(ctx, g._data))
 
-        def grouped(t):
-            return t.reshape(_grouped(t._data, G).shape)
 
-        def heads(t):
-            return t.reshape(_heads(t._data, G, L).shape)
-        s = (grouped(qt) * ctx.scale) @ kt.transpose(-1, -2)
-        with np.errstate(divide="ignore"):
-            c = xp.log(xp.abs(Pa)) - s._data
-        s = s + const(g, c)
-        if need[3] and ctx.mask_shape is not None:
-            # the float mask's own derivative: it enters s like q k^T
-            m = ctx.graph_input(3, xp.zeros(ctx.mask_shape, Pa.dtype))
-            s = grouped(heads(s) + m)
-        Pt = Softmax.apply(s, dim=s.ndim - 1, safe=True)
-        gg = grouped(g)
-        A, dP = Pt, gg @ vt.transpose(-1, -2)
-        if ctx.dropped:
-            kd = const(g, xp.where(xp.signbit(Pa), Pa.dtype.type(0),
-                                   Pa.dtype.type(ctx.sd)))
-            A, dP = Pt * kd, dP * kd
-        dS = Pt * (dP - (dP * Pt).sum(-1, keepdim=True))
-        dq = dk = dv = dmask = None
-        if need[0]:
-            dq = unbroadcast_t(heads(dS @ kt) * ctx.scale, q.shape)
-        if need[1]:
-            dk = unbroadcast_t((dS.transpose(-1, -2) @ grouped(qt))
-                               * ctx.scale, k.shape)
+def _grads(ctx, g):
+    """The gradients on arrays (the fast path)."""
+    q, k, v, P, out = ctx.to_save
+    xp = get_array_module(g)
+    G, need = ctx.groups, ctx.needs_input_grad
+    L = q.shape[-2]
+    dt = P.dtype.type
+    gg = _grouped(g, G)
+    dv = None
+    if not ctx.dropped:
         if need[2]:
-            dv = unbroadcast_t(A.transpose(-1, -2) @ gg, v.shape)
-        if need[3] and ctx.mask_shape is not None:
-            dmask = unbroadcast_t(heads(dS), ctx.mask_shape)
-        return dq, dk, dv, dmask, None
+            dv = xp.matmul(_mT(P), gg)
+        dS = xp.matmul(gg, _mT(v))
+        # (a merged block's row sums come from the merged output: the
+        # fused kernel would take them from this block's P alone)
+        kern = _kernels.kernels(P, dS) if xp is np and \
+            ctx.lse is None else None
+        if kern is not None:
+            # dS = P (dP - rowsum(dP P)) in one fused pass (measured
+            # 0.25 against NumPy's 0.51 ms on 4096x128 float32)
+            kern.softmax_bwd(_rows(P), _rows(dS), _rows(dS))
+        else:
+            dS -= _delta(g, out, G)
+            dS *= P
+    else:
+        gs = gg * dt(ctx.sd)      # the dropout scale, on (.., L, Ev)
+        kept = xp.maximum(P, dt(0))           # P * keep
+        if need[2]:
+            dv = xp.matmul(_mT(kept), gs)
+        dPd = xp.matmul(gs, _mT(v))
+        # dS = P * (dPd * keep * sd - delta)
+        kept *= dPd
+        xp.abs(P, out=dPd)
+        dPd *= _delta(g, out, G)
+        kept -= dPd
+        dS = kept
+    dq = dk = dmask = None
+    if need[0]:
+        dq = xp.matmul(dS, k)
+        dq *= dt(ctx.scale)
+        dq = unbroadcast(_heads(dq, G, L), q.shape)
+    if need[1]:
+        dk = xp.matmul(_mT(dS), _grouped(q, G))
+        dk *= dt(ctx.scale)
+        dk = unbroadcast(dk, k.shape)
+    if dv is not None:
+        dv = unbroadcast(dv, v.shape)
+    if need[3] and ctx.mask_shape is not None:
+        dmask = unbroadcast(_heads(dS, G, L), ctx.mask_shape)
+    return dq, dk, dv, dmask, None
+
+
+def _graph_grads(ctx, g):
+    """The same gradients from differentiable tensor ops (double
+    backward). The probabilities are recomputed as softmax(s + c) with
+    s = q k^T * scale from the graph's q and k and the constant
+    c = log P - s: equal to the saved P, with the softmax's derivative
+    in s, and no need to keep the mask (a masked score has P = 0 and
+    c = -inf)."""
+    q, k, v, Pa, _ = ctx.to_save
+    xp = get_array_module(Pa)
+    G, need, L = ctx.groups, ctx.needs_input_grad, q.shape[-2]
+    qt, kt, vt = (ctx.graph_input(i, a) for i, a in enumerate((q, k, v)))
+
+    def grouped(t):
+        return t.reshape(_grouped(t._data, G).shape)
+
+    def heads(t):
+        return t.reshape(_heads(t._data, G, L).shape)
+    s = (grouped(qt) * ctx.scale) @ kt.transpose(-1, -2)
+    with np.errstate(divide="ignore"):
+        c = xp.log(xp.abs(Pa)) - s._data
+    s = s + ctx.const(c)
+    if need[3] and ctx.mask_shape is not None:
+        # the float mask's own derivative: it enters s like q k^T
+        m = ctx.graph_input(3, xp.zeros(ctx.mask_shape, Pa.dtype))
+        s = grouped(heads(s) + m)
+    Pt = Softmax.apply(s, dim=s.ndim - 1, safe=True)
+    gg = grouped(g)
+    A, dP = Pt, gg @ vt.transpose(-1, -2)
+    if ctx.dropped:
+        kd = ctx.const(xp.where(xp.signbit(Pa), Pa.dtype.type(0),
+                               Pa.dtype.type(ctx.sd)))
+        A, dP = Pt * kd, dP * kd
+    dS = Pt * (dP - (dP * Pt).sum(-1, keepdim=True))
+    dq = dk = dv = dmask = None
+    if need[0]:
+        dq = unbroadcast(heads(dS @ kt) * ctx.scale, q.shape)
+    if need[1]:
+        dk = unbroadcast((dS.transpose(-1, -2) @ grouped(qt))
+                           * ctx.scale, k.shape)
+    if need[2]:
+        dv = unbroadcast(A.transpose(-1, -2) @ gg, v.shape)
+    if need[3] and ctx.mask_shape is not None:
+        dmask = unbroadcast(heads(dS), ctx.mask_shape)
+    return dq, dk, dv, dmask, None
 
 
 def _rows(a):

@@ -284,6 +284,8 @@ def float32_compute(cls):
         grads = [g.astype(np.float32) if g is not None and g.dtype in low
                  else g for g in grads]
         res = bwd(ctx, *grads)
+        if res is NotImplemented:    # create_graph: first order only
+            return res
         single = type(res) is not tuple
         res = (res,) if single else res
         with np.errstate(over="ignore"):

@@ -100,6 +100,8 @@ class Conv2d(Op):
 
     @staticmethod
     def backward_graph(ctx, g):
+        # kept: the array backward's chunked column GEMMs accumulate in
+        # place (gw +=), which no tensor op can; this is its graph form.
         # gx is a transposed convolution of g, gw the bilinear
         # Conv2dWeightGrad of (x, g): both differentiable ops, whose own
         # gradients are convolutions again (any order)
@@ -319,6 +321,8 @@ class ConvTranspose2d(Op):
 
     @staticmethod
     def backward_graph(ctx, g):
+        # kept: the array backward shares its window view of g between gx
+        # and gw (one pad, no ops); this is its graph form.
         # ConvTranspose2d(x, w) is Conv2d's input gradient: its gradients
         # are Conv2d(g, w) for x and Conv2dWeightGrad(g, x) for w
         x, w = ctx.to_save
@@ -365,34 +369,23 @@ class Conv2dWeightGrad(Op):
 
     @staticmethod
     def backward(ctx, h):
-        x, g = ctx.to_save
+        # the other two convolution maps: their forwards on arrays, the
+        # ops themselves (recorded, the same values) on a gradient tensor
+        xa, ga = ctx.to_save
+        x, g = ctx.input(0, xa), ctx.input(1, ga)
+        run = _call if ctx._gmake is None else \
+            (lambda op, *a, **kw: op.apply(*a, **kw))
         need = ctx.needs_input_grad
         conf = ctx.conf
-        gx = _call(ConvTranspose2d, g, h, None, output_padding=_out_pad(
-            x.shape, g.shape[2:], h.shape, **conf), **conf) \
+        gx = run(ConvTranspose2d, g, h, None, output_padding=_out_pad(
+            xa.shape, ga.shape[2:], tuple(h.shape), **conf), **conf) \
             if need[0] else None
         gg = None
         if need[1]:
             # windows past g's extent (a transposed convolution with
             # output_padding >= stride) are not g's: cut them off
-            gg = _call(Conv2d, x, h, None, **conf)[
-                :, :, :g.shape[2], :g.shape[3]]
-        return gx, gg
-
-    @staticmethod
-    def backward_graph(ctx, h):
-        x, g = ctx.to_save
-        need = ctx.needs_input_grad
-        conf = ctx.conf
-        gx = ConvTranspose2d.apply(
-            ctx.graph_input(1, g), h, None, output_padding=_out_pad(
-                x.shape, g.shape[2:], h.shape, **conf), **conf) \
-            if need[0] else None
-        gg = None
-        if need[1]:
-            gg = Conv2d.apply(ctx.graph_input(0, x), h, None, **conf)
-            if tuple(gg.shape) != g.shape:
-                gg = gg[:, :, :g.shape[2], :g.shape[3]]
+            gg = run(Conv2d, x, h, None, **conf)[
+                :, :, :ga.shape[2], :ga.shape[3]]
         return gx, gg
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import _kernels
 from .._backend import get_array_module
-from .base import Op, unbroadcast, const, keep_grad_t, unbroadcast_t
+from .base import Op, unbroadcast, is_float, grad_xp
 
 
 def _is_basic(key):
@@ -40,9 +40,16 @@ def _int_axis0(key):
     return None
 
 
+def _is_tensor(a):
+    return type(a) is not np.ndarray and hasattr(a, "_make")
+
+
 def index_add0(xp, shape, dtype, idx, src):
     """out = zeros(shape); out[idx] += src along axis 0, repeats summed,
-    by sorting + add.reduceat instead of slow ``add.at``."""
+    by sorting + add.reduceat instead of slow ``add.at``. ``src`` may be a
+    gradient tensor (create_graph): then the ``AddAt`` op, same values."""
+    if _is_tensor(src):
+        return AddAt.apply(src, idx=idx, shape=tuple(shape), dtype=dtype)
     out = xp.zeros(shape, dtype)
     idx = idx.reshape(-1)
     if idx.size == 0:
@@ -72,6 +79,64 @@ def index_add0(xp, shape, dtype, idx, src):
     return out
 
 
+def scatter_add_flat(xp, size, lin, vals, dtype):
+    """zeros(size) with vals added at the flat positions lin (repeats sum;
+    ``bincount`` on the CPU). ``vals`` may be a gradient tensor: then the
+    ``AddAt`` op, same values."""
+    if _is_tensor(vals):
+        return AddAt.apply(vals, idx=lin, shape=(size,), dtype=dtype,
+                           flat=True)
+    lin = lin.reshape(-1)
+    vals = vals.reshape(-1)
+    if xp is np and is_float(vals.dtype):
+        out = np.bincount(lin, weights=vals, minlength=size)
+        return out.astype(dtype, copy=False)
+    out = xp.zeros(size, dtype)
+    xp.add.at(out, lin, vals)
+    return out
+
+
+class AddAt(Op):
+    """The scatter-adds of backward bodies as an op (their create_graph
+    form): ``index_add0`` (rows of ``src`` added at ``idx`` along axis 0
+    of zeros(shape)) or, ``flat``, ``scatter_add_flat``. Forward is the
+    array helper itself, so both orders give the same values; backward is
+    the gather at ``idx``."""
+    @staticmethod
+    def forward(ctx, src, idx=None, shape=(), dtype=None, flat=False):
+        ctx.idx, ctx.ss = idx.reshape(-1), src.shape
+        dtype = getattr(dtype, "np", None) or src.dtype
+        xp = get_array_module(src)
+        if flat:
+            return scatter_add_flat(xp, shape[0], idx, src, dtype)
+        return index_add0(xp, shape, dtype, idx, src)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g[ctx.const(ctx.idx)].reshape(ctx.ss)
+
+
+def scatter_to(xp, shape, dtype, key, g):
+    """zeros(shape) with ``g`` at ``key`` (no repeats): an array, or the
+    ``SetIndex`` op on a gradient tensor."""
+    if _is_tensor(g):
+        return SetIndex.apply(xp.zeros(shape, g._data.dtype), g, key=key)
+    out = xp.zeros(shape, dtype)
+    out[key] = g
+    return out
+
+
+def zero_at(g, key, own=False):
+    """``g`` with zeros at ``key``: a copy (``g`` itself, changed, when
+    the caller ``own``s the array), or the ``SetIndex`` op on a tensor."""
+    if _is_tensor(g):
+        return SetIndex.apply(g, 0, key=key)
+    if not own:
+        g = g.copy()
+    g[key] = 0
+    return g
+
+
 class Index(Op):
     @staticmethod
     def forward(ctx, x, key=None):
@@ -84,30 +149,20 @@ class Index(Op):
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         key = ctx.key
         if _is_basic(key) or _is_mask_only(key):
-            gx = xp.zeros(ctx.shape, g.dtype)
-            gx[key] = g          # no repeats possible: plain assignment
-            return gx
+            # no repeats possible: plain assignment
+            return scatter_to(xp, ctx.shape, ctx.xd, key, g)
         idx = _int_axis0(key)
         if idx is not None:
-            return index_add0(xp, ctx.shape, g.dtype, idx, g)
-        gx = xp.zeros(ctx.shape, g.dtype)
-        xp.add.at(gx, key, g)    # general advanced indexing, repeats summed
-        return gx
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        xp = get_array_module(g._data)
-        key = ctx.key
-        zeros = const(g, xp.zeros(ctx.shape, g._data.dtype))
-        if _is_basic(key) or _is_mask_only(key):
-            return SetIndex.apply(zeros, g, key=key)
-        # any other key: the flat positions it reads, repeats summed
-        from .selection import scatter_flat_t
-        lin = xp.arange(int(np.prod(ctx.shape))).reshape(ctx.shape)[key]
-        return scatter_flat_t(g, lin, ctx.shape)
+            return index_add0(xp, ctx.shape, ctx.xd, idx, g)
+        # general advanced indexing: the flat positions it reads, repeats
+        # summed
+        am = get_array_module(getattr(g, "_data", g))
+        size = int(np.prod(ctx.shape))
+        lin = am.arange(size).reshape(ctx.shape)[key]
+        return scatter_add_flat(am, size, lin, g, ctx.xd).reshape(ctx.shape)
 
 
 class IndexView(Index):
@@ -132,22 +187,9 @@ class SetIndex(Op):
         n = ctx.needs_input_grad
         gx = gv = None
         if n[0]:
-            gx = g.copy()
-            gx[ctx.key] = 0
+            gx = zero_at(g, ctx.key)
         if n[1]:
             gv = unbroadcast(g[ctx.key], ctx.vs, ctx.vd)
-        return gx, gv
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        n = ctx.needs_input_grad
-        gx = gv = None
-        if n[0]:
-            keep = get_array_module(g._data).ones(g.shape, bool)
-            keep[ctx.key] = False
-            gx = keep_grad_t(keep, g)
-        if n[1]:
-            gv = unbroadcast_t(Index.apply(g, key=ctx.key), ctx.vs, ctx.vd)
         return gx, gv
 
 
@@ -158,6 +200,7 @@ class Embedding(Op):
     @staticmethod
     def forward(ctx, w, idx, padding_idx=None, scale_grad_by_freq=False):
         ctx.idx, ctx.shape, ctx.pad = idx, w.shape, padding_idx
+        ctx.wd = w.dtype
         ctx.freq = scale_grad_by_freq
         try:
             return w[idx]
@@ -166,30 +209,12 @@ class Embedding(Op):
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
-        gw = index_add0(xp, ctx.shape, g.dtype, ctx.idx, g)
+        am = get_array_module(ctx.idx)
+        gw = index_add0(grad_xp(g), ctx.shape, ctx.wd, ctx.idx, g)
         if ctx.freq:
-            n = xp.bincount(ctx.idx.reshape(-1), minlength=ctx.shape[0])
-            gw /= xp.maximum(n, 1).astype(gw.dtype).reshape(
-                (-1,) + (1,) * (gw.ndim - 1))
+            n = am.bincount(ctx.idx.reshape(-1), minlength=ctx.shape[0])
+            gw = gw / ctx.const(am.maximum(n, 1).astype(ctx.wd).reshape(
+                (-1,) + (1,) * (len(ctx.shape) - 1)))
         if ctx.pad is not None:
-            gw[ctx.pad] = 0
-        return gw, None
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        from .selection import IndexAdd
-        xp = get_array_module(ctx.idx)
-        idx = ctx.idx.reshape(-1)
-        zeros = const(g, xp.zeros(ctx.shape, g._data.dtype))
-        gw = IndexAdd.apply(zeros, g.reshape((idx.size,) + ctx.shape[1:]),
-                            idx=idx, dim=0)
-        if ctx.freq:
-            cnt = xp.bincount(idx, minlength=ctx.shape[0])
-            gw = gw / const(g, xp.maximum(cnt, 1).astype(
-                g._data.dtype).reshape((-1,) + (1,) * (gw.ndim - 1)))
-        if ctx.pad is not None:
-            keep = xp.ones(ctx.shape, bool)
-            keep[ctx.pad] = False
-            gw = keep_grad_t(keep, gw)
+            gw = zero_at(gw, ctx.pad, own=True)
         return gw, None

@@ -5,8 +5,7 @@ replicate, circular), contiguous copies, dtype casts and device moves.
 import numpy as np
 
 from .._backend import get_array_module, from_np, result_type, device_of
-from .base import Op, _axes, _device_error, unbroadcast, \
-    unbroadcast_t
+from .base import Op, _axes, _device_error, unbroadcast, grad_xp, astype
 from .index import index_add0
 
 
@@ -29,10 +28,6 @@ class Reshape(Op):
     def backward(ctx, g):
         return g.reshape(ctx.shape)
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        return g.reshape(ctx.shape)
-
 
 class Permute(Op):
     _is_view = True
@@ -50,11 +45,9 @@ class Permute(Op):
         inv = [0] * len(dims)
         for i, d in enumerate(dims):
             inv[d] = i
-        return g.transpose(inv)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return g.permute(*np.argsort(ctx.dims).tolist())
+        if ctx._gmake is None:      # the method: half np.transpose's cost
+            return g.transpose(inv)
+        return grad_xp(g).transpose(g, inv)
 
 
 class Expand(Op):
@@ -68,10 +61,6 @@ class Expand(Op):
     @staticmethod
     def backward(ctx, g):
         return unbroadcast(g, ctx.shape)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return unbroadcast_t(g, ctx.shape)
 
 
 # =============================================== joining and padding ==
@@ -105,17 +94,9 @@ class Cat(Op):
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
         splits = np.cumsum(ctx.sizes)[:-1]
-        parts = xp.split(g, splits.tolist(), axis=ctx.axis)
-        return tuple(p.astype(d, copy=False)
-                     for p, d in zip(parts, ctx.dtypes))
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        parts = g.split(list(ctx.sizes), dim=ctx.axis)
-        return tuple(p if p._data.dtype == d else Cast.apply(p, d)
-                     for p, d in zip(parts, ctx.dtypes))
+        parts = grad_xp(g).split(g, splits.tolist(), axis=ctx.axis)
+        return tuple(astype(p, d) for p, d in zip(parts, ctx.dtypes))
 
 
 class Stack(Op):
@@ -137,14 +118,9 @@ class Stack(Op):
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
-        return tuple(xp.take(g, i, axis=ctx.axis).astype(d, copy=False)
+        xp = grad_xp(g)
+        return tuple(astype(xp.take(g, i, axis=ctx.axis), d)
                      for i, d in enumerate(ctx.dtypes))
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return tuple(p if p._data.dtype == d else Cast.apply(p, d)
-                     for p, d in zip(g.unbind(ctx.axis), ctx.dtypes))
 
 
 _NP_PAD_MODES = {"reflect": "reflect", "replicate": "edge",
@@ -175,33 +151,17 @@ class Pad(Op):
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         if ctx.mode == "constant":
             key = tuple(slice(lo, g.shape[i] - hi)
                         for i, (lo, hi) in enumerate(ctx.pads))
             return g[key]
         for ax, idx in reversed(ctx.idxs):
             gm = xp.moveaxis(g, ax, 0)
-            gm = index_add0(xp, (ctx.shape[ax],) + gm.shape[1:], g.dtype,
-                            idx, gm)
+            gm = index_add0(xp, (ctx.shape[ax],) + tuple(gm.shape[1:]),
+                            gm.dtype, idx, gm)
             g = xp.moveaxis(gm, 0, ax)
         return g
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        if ctx.mode != "constant":
-            # backward's index_add0 per padded axis, as IndexAdd ops
-            from .selection import IndexAdd
-            shape = list(g.shape)
-            for ax, idx in reversed(ctx.idxs):
-                shape[ax] = ctx.shape[ax]
-                zeros = get_array_module(g._data).zeros(shape, g._data.dtype)
-                g = IndexAdd.apply(g._make(zeros, False, None), g, idx=idx,
-                                   dim=ax)
-            return g
-        key = tuple(slice(lo, g.shape[i] - hi)
-                    for i, (lo, hi) in enumerate(ctx.pads))
-        return g[key]
 
 
 # ============================================================ copies ==
@@ -216,36 +176,31 @@ class Copy(Op):
     def backward(ctx, g):
         return g
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        return g
-
 
 class Cast(Op):
+    """A dtype cast and/or a device move, as PyTorch's one ``_to_copy``:
+    backward casts the gradient back to the input's dtype and sends it
+    back to its device."""
     @staticmethod
-    def forward(ctx, x, np_dtype=None):
-        ctx.src = x.dtype
-        return x.astype(np_dtype)
+    def forward(ctx, x, np_dtype=None, device=None):
+        ctx.src, ctx.dev = x.dtype, None
+        if device is not None:
+            ctx.dev = device_of(x)
+            x = device.send(x)
+        return x if np_dtype is None else x.astype(np_dtype)
 
     @staticmethod
     def backward(ctx, g):
-        return g.astype(ctx.src)
+        g = astype(g, ctx.src)
+        if ctx.dev is None:
+            return g
+        if ctx._gmake is None:
+            return ctx.dev.send(g)
+        return ToDevice.apply(g, device=ctx.dev)   # a tensor: the op
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        return Cast.apply(g, ctx.src)
 
-
-class ToDevice(Op):
+class ToDevice(Cast):
+    """``Cast`` to a device only (its own grad_fn name)."""
     @staticmethod
     def forward(ctx, x, device=None):
-        ctx.src = device_of(x)
-        return device.send(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return ctx.src.send(g)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return ToDevice.apply(g, device=ctx.src)
+        return Cast.forward(ctx, x, device=device)

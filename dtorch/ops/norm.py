@@ -6,11 +6,16 @@ import numpy as np
 
 from .. import _kernels
 from .._backend import get_array_module
-from .base import Op, is_float, const
+from .base import Op, is_float, grad_xp
+from .recompute import pin, pin_all
 
 
 class LayerNorm(Op):
-    """Normalise over the last ``nd`` axes, then ``* w + b`` (optional)."""
+    """Normalise over the last ``nd`` axes, then ``* w + b`` (optional).
+    One op, not a composition of mean/sub/mul (eight nodes): its compiled
+    kernels do statistics and affine in one pass each way (measured
+    256x1024 float32 forward + backward, process CPU time, load 14: 0.87
+    ms against NumPy's 1.13 ms for the same op, medians of 30)."""
     @staticmethod
     def forward(ctx, x, w=None, b=None, nd=1, eps=1e-5):
         xp = get_array_module(x)
@@ -40,22 +45,28 @@ class LayerNorm(Op):
         w, = ctx.to_save
         xhat, rstd, axes = ctx.xhat, ctx.rstd, ctx.axes
         need = ctx.needs_input_grad
+        ga, kern = _contiguous_for_kernel(g, xhat, rstd, w, False)
+        fast = kern and _layer_norm_grads(kern, ga, xhat, rstd, w, axes,
+                                          need)
+        if ctx._gmake is None and fast:
+            return fast
+        xp = grad_xp(g)
+        if ctx._gmake is not None:
+            xhat, rstd = _saved_stats(ctx, g, axes)
+        w = ctx.input(1, w)
         lead = tuple(range(g.ndim - len(axes)))
-        k = _kernels.kernels(g, xhat, rstd, *(() if w is None else (w,)))
-        if k is not None:
-            return _layer_norm_grads(k, g, xhat, rstd, w, axes, need)
-        gw = (g * xhat).sum(axis=lead) if len(need) > 1 and need[1] else None
-        gb = g.sum(axis=lead) if len(need) > 2 and need[2] else None
+        n = int(np.prod([g.shape[a] for a in axes]))
+
+        def mean(a):
+            return xp.sum(a, axis=axes, keepdims=True) / n
+        gw = xp.sum(g * xhat, axis=lead) if len(need) > 1 and need[1] \
+            else None
+        gb = xp.sum(g, axis=lead) if len(need) > 2 and need[2] else None
         gx = None
         if need[0]:
             gh = g * w if w is not None else g
-            gx = rstd * (gh - gh.mean(axis=axes, keepdims=True)
-                         - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
-        return gx, gw, gb
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return _norm_backward_graph(ctx, g, ctx.axes, None)
+            gx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat))
+        return pin_all((gx, gw, gb), fast)
 
 
 def _layer_norm_kernel(k, ctx, x, w, b, axes, eps):
@@ -93,6 +104,9 @@ def _layer_norm_grads(k, g, xhat, rstd, w, axes, need):
 
 class BatchNorm(Op):
     """Training-mode batch norm over all axes but 1, with batch statistics.
+    A fused op (measured 32x64x16x16 float32 forward + backward, process
+    CPU time, load 14: 1.27 ms with the compiled kernels against 1.88 ms
+    on NumPy's path, medians of 30).
 
     ``running_mean`` / ``running_var`` (arrays, optional) are updated in
     place with ``momentum`` and the unbiased batch variance, as in PyTorch;
@@ -140,29 +154,31 @@ class BatchNorm(Op):
         w, = ctx.to_save
         xhat, rstd, axes = ctx.xhat, ctx.rstd, ctx.axes
         need = ctx.needs_input_grad
-        gw = gb = gx = None
-        k = _kernels.kernels(g, xhat, rstd, *(() if w is None else (w,)),
-                             reduces=True)
+        ga, k = _contiguous_for_kernel(g, xhat, rstd, w, True)
+        fast = None
         if k is not None:
-            gx, gsum, gxh = _batch_norm_grads(k, g, xhat, rstd, w, need[0])
-            need = (False,) + tuple(need[1:])   # gx is done
-        else:
-            gsum = g.sum(axis=axes)
-            gxh = (g * xhat).sum(axis=axes)
+            gx, gsum, gxh = _batch_norm_grads(k, ga, xhat, rstd, w, need[0])
+            fast = (gx, gxh if len(need) > 1 and need[1] else None,
+                    gsum if len(need) > 2 and need[2] else None)
+            if ctx._gmake is None:
+                return fast
+        xp = grad_xp(g)
+        if ctx._gmake is not None:
+            xhat, rstd = _saved_stats(ctx, g, axes)
+        w = ctx.input(1, w)
+        gw = gb = gx = None
+        gsum = xp.sum(g, axis=axes)
+        gxh = xp.sum(g * xhat, axis=axes)
         if len(need) > 1 and need[1]:
             gw = gxh
         if len(need) > 2 and need[2]:
             gb = gsum
         if need[0]:
-            m = g.size // g.shape[1]
+            m = ga.size // ga.shape[1]
             scale = rstd if w is None else rstd * w.reshape(ctx.shape)
             gx = scale * (g - (gsum.reshape(ctx.shape)
                                + xhat * gxh.reshape(ctx.shape)) / m)
-        return gx, gw, gb
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return _norm_backward_graph(ctx, g, ctx.axes, ctx.shape)
+        return pin_all((gx, gw, gb), fast)
 
 
 def _batch_norm_kernel(k, x, w, b, eps):
@@ -204,17 +220,15 @@ class Dropout(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return _mask_scale(g, ctx.keep, ctx.scale), None
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        keep = const(g, ctx.keep.astype(g._data.dtype))
-        return g * keep * float(ctx.scale), None
+        return _mask_scale(g, ctx.const(ctx.keep), ctx.scale), None
 
 
 def _mask_scale(x, keep, scale):
     """x * keep * scale: one threaded pass (the compiled kernel) when keep
-    is a boolean array of x's shape, else NumPy's two."""
+    is a boolean array of x's shape, else NumPy's two (the same values;
+    also on a gradient tensor under create_graph)."""
+    if type(x) is not np.ndarray and hasattr(x, "_make"):
+        return x * keep * float(scale)
     k = _kernels.kernels(x) if (
         type(keep) is np.ndarray and keep.dtype == bool
         and keep.shape == x.shape and keep.flags.c_contiguous
@@ -227,38 +241,36 @@ def _mask_scale(x, keep, scale):
     return out
 
 
-def _norm_backward_graph(ctx, g, axes, wshape):
-    """LayerNorm's / BatchNorm's backward on tensors (create_graph=True),
-    over the normalised ``axes``; the affine weight is reshaped to
-    ``wshape`` (None: it broadcasts as it is). Forward keeps xhat and rstd,
-    not x: x - mean(x) = xhat / rstd stands for x, as both ops are
-    invariant to a shift of x along the normalised axes (their gradients
-    are the same at both points), and rstd is rebuilt as
-    (var + c)^-1/2 with c = 1 / rstd^2 - var, eps up to rounding."""
-    w, = ctx.to_save
-    need = ctx.needs_input_grad
-    xhat_a, rstd_a = ctx.__dict__.get("xhat"), ctx.__dict__.get("rstd")
-    if xhat_a is None or rstd_a is None:
-        return NotImplemented      # a forward path that keeps neither
-    xc_a = xhat_a / rstd_a          # rstd is finite and > 0
-    c = 1 / (rstd_a * rstd_a) - (xc_a * xc_a).mean(axis=axes, keepdims=True)
-    x = ctx.graph_input(0, xc_a)
-    xc = x - x.mean(axes, keepdim=True)
-    rstd = ((xc * xc).mean(axes, keepdim=True) + const(g, c)).rsqrt()
-    xhat = xc * rstd
-    lead = tuple(i for i in range(g.ndim) if i in axes) \
-        if wshape is not None else tuple(range(g.ndim - len(axes)))
-    gx = gw = gb = None
-    if len(need) > 1 and need[1]:
-        gw = g * xhat
-        gw = gw.sum(lead) if lead else gw
-    if len(need) > 2 and need[2]:
-        gb = g.sum(lead) if lead else g
-    if need[0]:
-        gh = g
-        if w is not None:
-            wt = ctx.graph_input(1, w)
-            gh = g * (wt if wshape is None else wt.reshape(wshape))
-        gx = rstd * (gh - gh.mean(axes, keepdim=True)
-                     - xhat * (gh * xhat).mean(axes, keepdim=True))
-    return gx, gw, gb
+def _contiguous_for_kernel(g, xhat, rstd, w, reduces):
+    """(g's array, the compiled kernels or None): whether the kernel
+    applies is decided on what forward saved, not on g's layout (a
+    broadcast gradient is made contiguous), so that both orders take the
+    same path and give the same values."""
+    ga = getattr(g, "_data", g)
+    k = _kernels.kernels(xhat, rstd, *(() if w is None else (w,)),
+                         reduces=reduces)
+    if k is None or type(ga) is not np.ndarray or ga.dtype != xhat.dtype:
+        return ga, None
+    return np.ascontiguousarray(ga), k
+
+
+def _saved_stats(ctx, g, axes):
+    """LayerNorm's / BatchNorm's saved xhat and rstd under create_graph:
+    their saved values (``pin``) with the derivatives of their
+    recomputation from x. Forward keeps xhat and rstd, not x: x - mean(x)
+    = xhat / rstd stands for x, as both ops are invariant to a shift of x
+    along the normalised axes (their gradients are the same at both
+    points), and rstd is rebuilt as (var + c)^-1/2 with c = 1 / rstd^2 -
+    var, eps up to rounding."""
+    xhat_a, rstd_a = ctx.xhat, ctx.rstd
+    xp = grad_xp(g)
+    n = int(np.prod([xhat_a.shape[a] for a in axes]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xc_a = xhat_a / rstd_a          # rstd is finite and > 0
+        c = 1 / (rstd_a * rstd_a) - (xc_a * xc_a).mean(axis=axes,
+                                                       keepdims=True)
+    x = ctx.input(0, xc_a)
+    xc = x - xp.sum(x, axis=axes, keepdims=True) / n
+    var = xp.sum(xc * xc, axis=axes, keepdims=True) / n + ctx.const(c)
+    rstd = pin(1 / xp.sqrt(var), rstd_a)
+    return pin(xc * rstd, xhat_a), rstd

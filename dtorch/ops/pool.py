@@ -210,6 +210,8 @@ class MaxPool2d(Op):
 
     @staticmethod
     def backward_graph(ctx, g):
+        # kept: the array backward assigns g to the winners in place, pass
+        # by pass over the window offsets, which no tensor op can.
         # piecewise linear: g goes to each window's winner, a scatter that
         # is differentiable in g (its gradient gathers at the winners)
         lin, pshape, pads = _max_winners(ctx)
@@ -285,6 +287,11 @@ class AvgPool2d(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx._gmake is not None:
+            # the same body as an op of g (linear: its gradient is the
+            # pool), joined to x by a zero derivative as PyTorch's
+            return zero_link_t(AvgPool2dGrad.apply(g, meta=ctx.meta), ctx,
+                               0, ctx.meta[0], g._data.dtype)
         xp = get_array_module(g)
         shape, k, stride, pads, ohw, divisor = ctx.meta
         n, c = shape[:2]
@@ -293,11 +300,6 @@ class AvgPool2d(Op):
         pshape = (n, c, shape[2] + sum(pads[0]), shape[3] + sum(pads[1]))
         return _unpad2d(_col2im(xp, cols, pshape, k, stride, (1, 1), ohw),
                         pads)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return zero_link_t(AvgPool2dGrad.apply(g, meta=ctx.meta), ctx, 0,
-                           ctx.meta[0], g._data.dtype)
 
 
 class AvgPool2dGrad(Op):
@@ -310,16 +312,12 @@ class AvgPool2dGrad(Op):
 
     @staticmethod
     def backward(ctx, h):
+        # the pool: its forward on arrays, the op (recorded) on a tensor
         shape, k, stride, pads, ohw, divisor = ctx.meta
-        return AvgPool2d.forward(AvgPool2d.__new__(AvgPool2d), h, k=k,
-                                 stride=stride, pads=pads, out_hw=ohw,
-                                 divisor=divisor)
-
-    @staticmethod
-    def backward_graph(ctx, h):
-        shape, k, stride, pads, ohw, divisor = ctx.meta
-        return AvgPool2d.apply(h, k=k, stride=stride, pads=pads, out_hw=ohw,
-                               divisor=divisor)
+        pool = AvgPool2d.forward if ctx._gmake is None else \
+            (lambda c, *a, **kw: AvgPool2d.apply(*a, **kw))
+        return pool(AvgPool2d.__new__(AvgPool2d), h, k=k, stride=stride,
+                    pads=pads, out_hw=ohw, divisor=divisor)
 
 
 def _max_winners(ctx):

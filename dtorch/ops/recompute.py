@@ -4,6 +4,18 @@ runs a composite form of the op (differentiable tensor ops) on leaves of
 its own, differentiates that with create_graph=True, and hands the
 results back as ``Reconnect`` tensors joined to the real inputs.
 
+Why it stays beside the one-body rule (issue 30): an RNN layer's fast
+backward is a time loop over preallocated buffers written in place, one
+fused kernel per step (on CUDA 21 elementwise launches per LSTM step
+become one); the same body on tensors would record T steps of a dozen
+ops each on the fast path's code and slow it down. So the loop stays the
+fast path, and under create_graph the composite is recomputed and its
+gradients pinned (``pin_all``) to the loop's values: the create_graph
+gradient is bitwise the plain one, and its derivative is autograd's of
+the composite. ``Pin`` serves the same purpose for other bodies whose
+fast path no tensor can run (compiled kernels, in-place buffers:
+LayerNorm, BatchNorm, cross_entropy, SDPA).
+
 The composite graph is kept apart from the real one: autograd.grad walks
 every node reachable from its outputs, so a recomputation on the real
 inputs' tensors would walk (and free) the whole model below the op. Its
@@ -14,6 +26,38 @@ Reconnect of that, so any order works.
 """
 from ..autograd._api import grad as _grad
 from .base import Op
+
+
+class Pin(Op):
+    """``value`` (an array) standing for tensor ``t``: its value, with t's
+    derivative (identity backward). How a one-body backward under
+    create_graph uses what forward saved of an intermediate (LayerNorm's
+    xhat, a softmax) or what a compiled kernel computed: ``t`` recomputes
+    it from the op's inputs as a graph, the pinned value keeps the
+    first-order gradient bitwise the fast path's."""
+    @staticmethod
+    def forward(ctx, t, value=None):
+        return value
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def pin(t, value):
+    """``Pin``: array ``value`` with the derivative of tensor ``t``."""
+    return Pin.apply(t, value=value)
+
+
+def pin_all(grads, fast):
+    """The gradient tensors of a backward under create_graph pinned to
+    the arrays the fast path computed (``fast``; None: nothing to pin):
+    for a body that works in place or in a compiled kernel (which sums
+    in its own order), so that both orders give the same values."""
+    if not fast:
+        return grads
+    return tuple(None if t is None else pin(t, a)
+                 for t, a in zip(grads, fast))
 
 
 class Reconnect(Op):
@@ -27,16 +71,15 @@ class Reconnect(Op):
 
     @staticmethod
     def backward(ctx, h):
-        gs = _grad([ctx.sub], list(ctx.leaves),
-                   [ctx.sub._make(h, False, None)], retain_graph=True,
-                   allow_unused=True)
-        return tuple(None if g is None else g._data for g in gs)
-
-    @staticmethod
-    def backward_graph(ctx, h):
-        hl = h._make(h._data, True, None)
+        # autograd.grad over the private graph; under create_graph again a
+        # Reconnect of what it records, so any order works
+        graph = ctx._gmake is not None
+        hl = h._make(h._data, True, None) if graph else \
+            ctx.sub._make(h, False, None)
         gs = _grad([ctx.sub], list(ctx.leaves), [hl], retain_graph=True,
-                   create_graph=True, allow_unused=True)
+                   create_graph=graph, allow_unused=True)
+        if not graph:
+            return tuple(None if g is None else g._data for g in gs)
         qs = [ctx.graph_input(i, q) for i, q in enumerate(ctx.qs)]
         leaves = tuple(ctx.leaves) + (hl,)
         return tuple(None if g is None or not g.requires_grad else

@@ -9,7 +9,7 @@ import numpy as np
 from .._backend import get_array_module
 from .base import Op
 from .movement import Stack
-from .recompute import backward_by_recompute
+from .recompute import backward_by_recompute, pin_all
 
 
 def _sigmoid(xp, x):
@@ -189,6 +189,15 @@ class RNNLayer(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx._gmake is None:
+            return RNNLayer._grads(ctx, g)
+        # create_graph: the time loop's values (its fused kernels work in
+        # place, step by step) pinned to the graph of the composite
+        # recomputed by ops/recompute.py
+        return pin_all(RNNLayer._recompute(ctx, g), RNNLayer._grads(ctx, g._data))
+
+    @staticmethod
+    def _grads(ctx, g):
         h0, w_hh = ctx.to_save
         xp = get_array_module(g)
         if xp is not np:
@@ -210,7 +219,7 @@ class RNNLayer(Op):
         return _rnn_grads(ctx, xp, da, dh, (out[:T], h0, reverse))
 
     @staticmethod
-    def backward_graph(ctx, g):
+    def _recompute(ctx, g):
         # by recomputation (ops/recompute.py); xw is not kept by forward:
         # the pre-activations come back from the outputs, and xw + b_hh
         # from them (the layer sees xw and b_hh only through their sum)
@@ -397,6 +406,15 @@ class LSTMLayer(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx._gmake is None:
+            return LSTMLayer._grads(ctx, g)
+        # create_graph: the time loop's values (its fused kernels work in
+        # place, step by step) pinned to the graph of the composite
+        # recomputed by ops/recompute.py
+        return pin_all(LSTMLayer._recompute(ctx, g), LSTMLayer._grads(ctx, g._data))
+
+    @staticmethod
+    def _grads(ctx, g):
         h0, c0, w_hh = ctx.to_save
         xp = get_array_module(g)
         if xp is not np:
@@ -452,7 +470,7 @@ class LSTMLayer(Op):
         return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
 
     @staticmethod
-    def backward_graph(ctx, g):
+    def _recompute(ctx, g):
         # by recomputation, the gate pre-activations rebuilt from the saved
         # activations (as RNNLayer's)
         h0, c0, w_hh = ctx.to_save
@@ -555,6 +573,15 @@ class GRULayer(Op):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx._gmake is None:
+            return GRULayer._grads(ctx, g)
+        # create_graph: the time loop's values (its fused kernels work in
+        # place, step by step) pinned to the graph of the composite
+        # recomputed by ops/recompute.py
+        return pin_all(GRULayer._recompute(ctx, g), GRULayer._grads(ctx, g._data))
+
+    @staticmethod
+    def _grads(ctx, g):
         h0, w_hh = ctx.to_save
         xp = get_array_module(g)
         if xp is not np:
@@ -584,7 +611,7 @@ class GRULayer(Op):
         return _gru_grads(ctx, xp, dx, dhh, dh, (out[:T], h0, reverse))
 
     @staticmethod
-    def backward_graph(ctx, g):
+    def _recompute(ctx, g):
         # by recomputation: r and z pre-activations fold b_hh's r, z part
         # into xw; b_hh's n part is multiplied by r, so it is rebuilt from
         # the saved h @ w_hn.T + b_hn

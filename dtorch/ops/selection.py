@@ -10,20 +10,9 @@ with ``scatter_add_flat`` (``bincount`` on the CPU), never a Python loop.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, _axes, axis_of, is_float, const, keep_grad_t
-from .index import index_add0
-
-
-def scatter_add_flat(xp, size, lin, vals, dtype):
-    """zeros(size) with vals added at the flat positions lin (repeats sum)."""
-    lin = lin.reshape(-1)
-    vals = vals.reshape(-1)
-    if xp is np and is_float(vals.dtype):
-        out = np.bincount(lin, weights=vals, minlength=size)
-        return out.astype(dtype, copy=False)
-    out = xp.zeros(size, dtype)
-    xp.add.at(out, lin, vals)
-    return out
+from .base import Op, _axes, axis_of, is_float, grad_xp, astype
+from .index import index_add0, scatter_add_flat, scatter_to, zero_at
+from .recompute import backward_by_recompute, pin_all
 
 
 def flat_along(xp, shape, idx, axis):
@@ -60,13 +49,9 @@ class Tril(Op):
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         return xp.triu(g, ctx.diagonal) if ctx.upper else \
             xp.tril(g, ctx.diagonal)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return Tril.apply(g, diagonal=ctx.diagonal, upper=ctx.upper)
 
 
 # =========================================================== sorting ==
@@ -91,43 +76,6 @@ def _sort_indices(xp, x, axis, descending):
     else:
         key = -x.astype(np.int64)
     return xp.argsort(key, axis=axis, kind="stable")
-
-
-class Select(Op):
-    """Values picked along ``axis`` at ``idx`` (a precomputed int64 array,
-    as sort/topk/kthvalue/median produce); backward scatters the gradient
-    back to those positions. ``ctx.indices`` holds the indices."""
-    @staticmethod
-    def forward(ctx, x, idx=None, axis=0, keepdim=True):
-        xp = get_array_module(x)
-        ctx.shape, ctx.axis, ctx.idx = x.shape, axis, idx
-        out = xp.take_along_axis(x, idx, axis) if x.ndim else x.copy()
-        if not keepdim and x.ndim:
-            out = xp.squeeze(out, axis)
-            ctx.indices = xp.squeeze(idx, axis)
-        else:
-            ctx.indices = idx
-        ctx.keepdim = keepdim
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        xp = get_array_module(g)
-        if not ctx.shape:
-            return g
-        idx = ctx.idx
-        g = g.reshape(idx.shape)
-        lin = flat_along(xp, ctx.shape, idx, ctx.axis)
-        size = int(np.prod(ctx.shape))
-        return scatter_add_flat(xp, size, lin, g, g.dtype).reshape(ctx.shape)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        if not ctx.shape:
-            return g
-        xp = get_array_module(ctx.idx)
-        lin = flat_along(xp, ctx.shape, ctx.idx, ctx.axis)
-        return scatter_flat_t(g, lin, ctx.shape)
 
 
 def sort_indices(x, dim=-1, descending=False):
@@ -194,27 +142,32 @@ class Gather(Op):
         src = x1[sl]
         i1 = xp.where(i1 < 0, i1 + x1.shape[axis], i1)
         ctx.shape, ctx.axis, ctx.idx, ctx.sl = x1.shape, axis, i1, sl
-        ctx.xshape = x.shape
+        ctx.xshape, ctx.xd = x.shape, x.dtype
         out = xp.take_along_axis(src, i1, axis)
         return out.reshape(idx.shape)
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
-        sub = xp.empty(ctx.shape)[ctx.sl].shape
-        lin = flat_along(xp, sub, ctx.idx, ctx.axis)
-        gs = scatter_add_flat(xp, int(np.prod(sub)), lin, g, g.dtype)
-        gx = xp.zeros(ctx.shape, g.dtype)
-        gx[ctx.sl] = gs.reshape(sub)
+        am = get_array_module(ctx.idx)
+        sub = tuple(len(range(n)[s]) for n, s in zip(ctx.shape, ctx.sl))
+        lin = flat_along(am, sub, ctx.idx, ctx.axis)
+        gs = scatter_add_flat(am, int(np.prod(sub)), lin, g, ctx.xd)
+        gx = scatter_to(grad_xp(g), ctx.shape, ctx.xd, ctx.sl,
+                        gs.reshape(sub))
         return gx.reshape(ctx.xshape)
 
+
+class Select(Gather):
+    """sort/topk/kthvalue/median's values: Gather at ``idx`` (a
+    precomputed int64 array) along ``axis``, squeezed there unless
+    ``keepdim`` (in forward: the result is no view, so an in-place op on
+    it stays legal). Gather's backward (it reshapes g itself)."""
     @staticmethod
-    def backward_graph(ctx, g):
-        # idx is no larger than x off the gather axis: its positions are
-        # those of the full shape
-        xp = get_array_module(ctx.idx)
-        lin = flat_along(xp, ctx.shape, ctx.idx, ctx.axis)
-        return scatter_flat_t(g, lin, ctx.shape).reshape(ctx.xshape)
+    def forward(ctx, x, idx=None, axis=0, keepdim=True):
+        out = Gather.forward(ctx, x, idx=idx, dim=axis)
+        if not keepdim and x.ndim:
+            out = get_array_module(out).squeeze(out, axis)
+        return out
 
 
 def _scatter_positions(xp, x, idx, dim, op):
@@ -264,12 +217,12 @@ class Scatter(Op):
             flat[lin] = xp.broadcast_to(xp.asarray(s, x.dtype),
                                         idx.shape).reshape(-1)
         ctx.lin, ctx.add, ctx.idx_shape = lin, add, idx.shape
+        ctx.xd = x.dtype
         ctx.src_shape = getattr(src, "shape", None)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
         n = ctx.needs_input_grad
         gx = gs = None
         flat = g.reshape(-1)
@@ -277,39 +230,14 @@ class Scatter(Op):
             if ctx.add:
                 gx = g
             else:
-                gx = g.copy()
-                gx.reshape(-1)[ctx.lin] = 0
+                gx = zero_at(flat, ctx.lin).reshape(g.shape)
         if n[1] and ctx.src_shape is not None:
             # with duplicate indices in scatter the last write wins; the
             # gradient goes to every source element that was written, as
             # PyTorch's backward (a gather) does
-            part = flat[ctx.lin].reshape(ctx.idx_shape)
-            gs = xp.zeros(ctx.src_shape, g.dtype)
-            gs[tuple(slice(0, k) for k in ctx.idx_shape)] = part
-        return gx, gs
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        n = ctx.needs_input_grad
-        gx = gs = None
-        if n[0]:
-            if ctx.add:
-                gx = g
-            else:
-                xp = get_array_module(ctx.lin)
-                keep = xp.ones(g.shape, bool)
-                keep.reshape(-1)[ctx.lin] = False
-                gx = keep_grad_t(keep, g)
-        if n[1] and ctx.src_shape is not None:
-            gs = IndexSelect.apply(g.reshape(-1), idx=ctx.lin,
-                                   dim=0).reshape(ctx.idx_shape)
-            if tuple(ctx.src_shape) != tuple(ctx.idx_shape):
-                # src larger than the index: zeros where it was not read
-                from .index import SetIndex
-                zeros = get_array_module(ctx.lin).zeros(ctx.src_shape,
-                                                        g._data.dtype)
-                gs = SetIndex.apply(const(g, zeros), gs, key=tuple(
-                    slice(0, k) for k in ctx.idx_shape))
+            part = flat[ctx.const(ctx.lin)].reshape(ctx.idx_shape)
+            gs = scatter_to(grad_xp(g), ctx.src_shape, ctx.xd, tuple(
+                slice(0, k) for k in ctx.idx_shape), part)
         return gx, gs
 
 
@@ -329,27 +257,19 @@ class IndexSelect(Op):
         _check_index(idx, x1.shape[axis], "index_select", axis)
         ctx.shape, ctx.axis, ctx.idx, ctx.xshape = x1.shape, axis, idx, \
             x.shape
+        ctx.xd = x.dtype
         out = xp.take(x1, idx, axis=axis)
         return out.reshape(x.shape) if x.ndim == 0 else out
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
-        moved = xp.moveaxis(g.reshape(xp.take(
-            xp.empty(ctx.shape, bool), ctx.idx, ctx.axis).shape), ctx.axis, 0)
-        shp = (ctx.shape[ctx.axis],) + tuple(
-            s for i, s in enumerate(ctx.shape) if i != ctx.axis)
-        gx = index_add0(xp, shp, g.dtype, ctx.idx, moved)
-        return xp.moveaxis(gx, 0, ctx.axis).reshape(ctx.xshape)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        shape = list(ctx.shape)
-        shape[ctx.axis] = ctx.idx.size
-        zeros = const(g, get_array_module(ctx.idx).zeros(ctx.shape,
-                                                         g._data.dtype))
-        return IndexAdd.apply(zeros, g.reshape(shape), idx=ctx.idx,
-                              dim=ctx.axis).reshape(ctx.xshape)
+        xp = grad_xp(g)
+        ax, shape = ctx.axis, ctx.shape
+        moved = xp.moveaxis(g.reshape(
+            shape[:ax] + (ctx.idx.size,) + shape[ax + 1:]), ax, 0)
+        shp = (shape[ax],) + shape[:ax] + shape[ax + 1:]
+        gx = index_add0(xp, shp, ctx.xd, ctx.idx, moved)
+        return xp.moveaxis(gx, 0, ax).reshape(ctx.xshape)
 
 
 class IndexAdd(Op):
@@ -384,42 +304,21 @@ class IndexAdd(Op):
 
     @staticmethod
     def backward(ctx, g):
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         n = ctx.needs_input_grad
-        gm = xp.moveaxis(g, ctx.axis, 0) if ctx.nd else g.reshape(1)
         gx = gs = None
         if n[0]:
             if ctx.copy:
-                gx = g.copy()
-                (xp.moveaxis(gx, ctx.axis, 0) if ctx.nd
-                 else gx.reshape(1))[ctx.idx] = 0
+                gx = zero_at(g, (slice(None),) * ctx.axis + (ctx.idx,)) \
+                    if ctx.nd else zero_at(g.reshape(1), ctx.idx).reshape(())
             else:
                 gx = g
         if n[1]:
-            gs = gm[ctx.idx]
+            gm = xp.moveaxis(g, ctx.axis, 0) if ctx.nd else g.reshape(1)
+            gs = gm[ctx.const(ctx.idx)]
             if not ctx.copy and ctx.alpha != 1:
                 gs = gs * ctx.alpha
             gs = xp.moveaxis(gs, 0, ctx.axis) if ctx.nd else gs.reshape(())
-        return gx, gs
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        if not ctx.nd:
-            return NotImplemented
-        n = ctx.needs_input_grad
-        gx = gs = None
-        if n[0]:
-            if ctx.copy:
-                xp = get_array_module(ctx.idx)
-                keep = xp.ones(g.shape, bool)
-                xp.moveaxis(keep, ctx.axis, 0)[ctx.idx] = False
-                gx = keep_grad_t(keep, g)
-            else:
-                gx = g
-        if n[1]:
-            gs = IndexSelect.apply(g, idx=ctx.idx, dim=ctx.axis)
-            if not ctx.copy and ctx.alpha != 1:
-                gs = gs * ctx.alpha
         return gx, gs
 
 
@@ -440,16 +339,8 @@ class Cumsum(Op):
     def backward(ctx, g):
         if ctx.axis is None:
             return g
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         return xp.flip(xp.cumsum(xp.flip(g, ctx.axis), ctx.axis), ctx.axis)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        if ctx.axis is None:
-            return g
-        # the reversed cumulative sum, as total - cumsum + g
-        return g.sum(ctx.axis, keepdim=True) - Cumsum.apply(
-            g, dim=ctx.axis) + g
 
 
 class Cumprod(Op):
@@ -470,115 +361,91 @@ class Cumprod(Op):
         if ctx.axis is None:
             return g
         x, out = ctx.to_save
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         ax = ctx.axis
         if not (x == 0).any():
             # d out_j / d x_i = out_j / x_i for j >= i
-            r = xp.flip(xp.cumsum(xp.flip(g * out, ax), ax), ax)
-            return r / x
-        # with zeros (anywhere: PyTorch's test is global), per slice as
-        # PyTorch: before the first zero z1, the reversed cumsum of out * g
-        # over [0, z1) divided by x; at z1, the product before it times
-        # sum_j g_j prod_(z1, j] x over [z1, z2); after z1, 0. Terms that
-        # are exactly 0 are dropped, never multiplied by g. O(n).
-        xm = xp.moveaxis(x, ax, -1)
-        gm = xp.moveaxis(g, ax, -1)
-        om = xp.moveaxis(out, ax, -1)
-        isz = xm == 0
-        cs = xp.cumsum(isz, -1)
-        before = cs == 0
-        one = xp.ones((), x.dtype)
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            w = xp.where(before, om * gm, 0)
-            rc = xp.flip(xp.cumsum(xp.flip(w, -1), -1), -1)
-            gi = xp.where(before, rc / xm, 0)
-            first = isz & (cs == 1)
-            seg = cs == 1
-            pre = xp.where(before, xm, one).prod(-1, keepdims=True)
-            c = xp.cumprod(xp.where(seg & ~first, xm, one), -1)
-            at_z1 = pre * xp.where(seg, c * gm, 0).sum(-1, keepdims=True)
-            gi = xp.where(first, at_z1, gi).astype(g.dtype, copy=False)
-        return xp.moveaxis(gi, -1, ax)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        if ctx.axis is None:
-            return g
-        xa, oa = ctx.to_save
-        ax = ctx.axis
-        if bool((xa == 0).any()):
-            # zeros: out / x is undefined; recompute the products one by
-            # one (a running Mul along the axis) and differentiate that
-            from .recompute import backward_by_recompute
-            return backward_by_recompute(ctx, g, lambda x: _cumprod_steps(
-                x, ax), [xa])
-        go = g * ctx.graph_output(oa)
-        r = go.sum(ax, keepdim=True) - Cumsum.apply(go, dim=ax) + go
-        return r / ctx.graph_input(0, xa)
+            r = xp.flip(xp.cumsum(xp.flip(g * ctx.output(out), ax), ax), ax)
+            return r / ctx.input(0, x)
+        if ctx._gmake is None:
+            return _cumprod_zeros_grad(xp, x, out, g, ax)
+        # under create_graph, the O(n) form treats the zeros' positions as
+        # constants and misses second-order terms through them; PyTorch,
+        # too, switches to a differentiable O(n^2) form under grad mode:
+        # here the products recomputed one by one, pinned to the O(n)
+        # form's values
+        return pin_all(backward_by_recompute(
+            ctx, g, lambda x: _cumprod_steps(x, ax), [x]),
+            (_cumprod_zeros_grad(get_array_module(x), x, out, g._data, ax),))
 
 
-class CumExtreme(Op):
-    """cummax/cummin values; the gradient goes to the index that holds the
-    running extreme (the last one among ties, as PyTorch)."""
-    @staticmethod
-    def forward(ctx, x, dim=0, is_min=False):
-        xp = get_array_module(x)
-        if x.ndim == 0:
-            ctx.axis = None
-            ctx.indices = xp.zeros((), np.int64)
-            return x.copy()
-        axis = axis_of(dim, x.ndim)
-        n = x.shape[axis]
-        # the running scans are NumPy's (CuPy has no ufunc.accumulate for
-        # maximum): a CuPy input is scanned on the host, then sent back
-        h = x if xp is np else x.get()
-        acc = (np.minimum if is_min else np.maximum).accumulate(h, axis=axis)
-        if is_float(h.dtype):
-            # NaN propagates: once seen, it is the running value
-            seen = np.logical_or.accumulate(np.isnan(h), axis=axis)
-            # NaN of the input's dtype: a Python nan widens bfloat16
-            acc = np.where(seen, np.array(np.nan, h.dtype), acc)
-            hit = (h == acc) | (np.isnan(h) & seen)
-        else:
-            hit = h == acc
-        shape = [1] * h.ndim
-        shape[axis] = n
-        pos = np.where(hit, np.arange(n).reshape(shape), -1)
-        idx = np.maximum.accumulate(pos, axis=axis).astype(np.int64)
-        if xp is not np:
-            acc, idx = xp.asarray(acc), xp.asarray(idx)
-        ctx.axis, ctx.shape, ctx.idx = axis, x.shape, idx
-        ctx.indices = idx
-        return acc
+def _cumprod_zeros_grad(xp, x, out, g, ax):
+    """Cumprod's gradient (arrays) where x has zeros (anywhere: PyTorch's
+    test is global), per slice as PyTorch: before the first zero z1, the
+    reversed cumsum of out * g over [0, z1) divided by x; at z1, the
+    product before it times sum_j g_j prod_(z1, j] x over [z1, z2); after
+    z1, 0. Terms that are exactly 0 are dropped, never multiplied by g.
+    O(n)."""
+    xm = xp.moveaxis(x, ax, -1)
+    gm = xp.moveaxis(g, ax, -1)
+    om = xp.moveaxis(out, ax, -1)
+    isz = xm == 0
+    cs = xp.cumsum(isz, -1)
+    before = cs == 0
+    one = xp.ones((), x.dtype)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        w = xp.where(before, om * gm, 0)
+        rc = xp.flip(xp.cumsum(xp.flip(w, -1), -1), -1)
+        gi = xp.where(before, rc / xm, 0)
+        first = isz & (cs == 1)
+        seg = cs == 1
+        pre = xp.where(before, xm, one).prod(-1, keepdims=True)
+        c = xp.cumprod(xp.where(seg & ~first, xm, one), -1)
+        at_z1 = pre * xp.where(seg, c * gm, 0).sum(-1, keepdims=True)
+        gi = xp.where(first, at_z1, gi).astype(g.dtype, copy=False)
+    return xp.moveaxis(gi, -1, ax)
 
-    @staticmethod
-    def backward(ctx, g):
-        if ctx.axis is None:
-            return g
-        xp = get_array_module(g)
-        lin = flat_along(xp, ctx.shape, ctx.idx, ctx.axis)
-        return scatter_add_flat(xp, int(np.prod(ctx.shape)), lin, g,
-                                g.dtype).reshape(ctx.shape)
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        if ctx.axis is None:
-            return g
-        xp = get_array_module(ctx.idx)
-        lin = flat_along(xp, ctx.shape, ctx.idx, ctx.axis)
-        return scatter_flat_t(g, lin, ctx.shape)
+def cum_extreme_indices(x, dim=0, is_min=False):
+    """cummax/cummin's indices: where the running extreme is, the last one
+    among ties and NaN once seen (as PyTorch); the values are the input
+    gathered there (``Gather``, whose gradient goes to those indices)."""
+    xp = get_array_module(x)
+    if x.ndim == 0:
+        return xp.zeros((), np.int64)
+    axis = axis_of(dim, x.ndim)
+    n = x.shape[axis]
+    # the running scans are NumPy's (CuPy has no ufunc.accumulate for
+    # maximum): a CuPy input is scanned on the host, then sent back
+    h = x if xp is np else x.get()
+    acc = (np.minimum if is_min else np.maximum).accumulate(h, axis=axis)
+    if is_float(h.dtype):
+        # NaN propagates: once seen, it is the running value
+        seen = np.logical_or.accumulate(np.isnan(h), axis=axis)
+        hit = (h == acc) | (np.isnan(h) & seen)
+    else:
+        hit = h == acc
+    shape = [1] * h.ndim
+    shape[axis] = n
+    pos = np.where(hit, np.arange(n).reshape(shape), -1)
+    idx = np.maximum.accumulate(pos, axis=axis).astype(np.int64)
+    return idx if xp is np else xp.asarray(idx)
 
 
 def _logcumsumexp(xp, x, axis):
     """Running log-add-exp along ``axis`` (PyTorch's scan: exact for
-    entries far below the running maximum, +-inf handled). NumPy has it
-    as one ufunc accumulate; elsewhere shift by the slice's finite max."""
-    if xp is np:
-        with np.errstate(invalid="ignore", over="ignore"):
+    entries far below the running maximum, +-inf handled): NumPy's ufunc
+    accumulate. CuPy has no ufunc accumulate: a CuPy array is scanned on
+    the host (as cummax's indices), since a shift by the slice's maximum
+    loses the entries far below it (its backward, itself a logcumsumexp
+    of log|g| - out, needs them). On a tensor (a backward body under
+    create_graph): the op."""
+    if type(x) is not np.ndarray and hasattr(x, "_make"):
+        return LogCumSumExp.apply(x, dim=axis)    # a gradient tensor
+    with np.errstate(invalid="ignore", over="ignore"):
+        if xp is np:
             return np.logaddexp.accumulate(x, axis=axis)
-    m = xp.max(x, axis=axis, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)
-    return xp.log(xp.cumsum(xp.exp(x - m), axis=axis)) + m
+        return xp.asarray(np.logaddexp.accumulate(x.get(), axis=axis))
 
 
 class LogCumSumExp(Op):
@@ -602,59 +469,33 @@ class LogCumSumExp(Op):
     def backward(ctx, g):
         if ctx.axis is None or g.size == 0:
             return g
-        x, out = ctx.to_save
-        xp = get_array_module(g)
+        xa, oa = ctx.to_save
+        x, out = ctx.input(0, xa), ctx.output(oa)
+        xp = grad_xp(g)
         ax = ctx.axis
-        low = np.finfo(g.dtype).min
+        low = float(np.finfo(xa.dtype).min)   # a weak scalar: any device
 
-        def rev(v):
+        def rev(v):     # under create_graph: the LogCumSumExp op itself
             return xp.flip(_logcumsumexp(xp, xp.flip(v, ax), ax), ax)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             lg = xp.log(abs(g))
             pos = xp.where(g > 0, lg, low)
             neg = xp.where(g < 0, lg, low)
-            return (xp.exp(rev(pos - out) + x)
-                    - xp.exp(rev(neg - out) + x)).astype(g.dtype, copy=False)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        if ctx.axis is None:
-            return g
-        xa, oa = ctx.to_save
-        xp = get_array_module(oa)
-        ax = ctx.axis
-        # sum_(j >= i) g_j e^(x_i - out_j), shifted by each slice's total
-        # m = out[-1] (out rises along the axis): e^(x - m) <= 1, and
-        # e^(m - out) is finite unless the slice spans most of the
-        # dtype's exponent range (then: first order only)
-        m = oa[(slice(None),) * ax + (slice(-1, None),)]
-        with np.errstate(invalid="ignore", over="ignore"):
-            span = m - oa
-        limit = 0.9 * np.log(np.finfo(oa.dtype).max)
-        if not bool(xp.isfinite(span).all()) or oa.size and \
-                float(span.max()) > limit:
-            return NotImplemented
-        x, out = ctx.graph_input(0, xa), ctx.graph_output(oa)
-        mt = const(g, m)
-        w = g * (mt - out).exp()
-        r = w.sum(ax, keepdim=True) - Cumsum.apply(w, dim=ax) + w
-        return (x - mt).exp() * r
+            return astype(xp.exp(rev(pos - out) + x)
+                          - xp.exp(rev(neg - out) + x), xa.dtype)
 
 
 def scatter_flat_t(g, lin, shape):
     """zeros(shape) with g added at the flat positions ``lin`` (repeats
-    sum), differentiable in g (its gradient is a gather at ``lin``)."""
-    xp = get_array_module(lin)
-    zeros = const(g, xp.zeros(int(np.prod(shape)), g._data.dtype))
-    return IndexAdd.apply(zeros, g.reshape(-1), idx=lin.reshape(-1),
-                          dim=0).reshape(tuple(shape))
+    sum), differentiable in g."""
+    return scatter_add_flat(None, int(np.prod(shape)), lin, g,
+                            g._data.dtype).reshape(tuple(shape))
 
 
 def _cumprod_steps(x, ax):
     """cumprod along ax as a running product of slices (tensor ops)."""
-    from .movement import Stack
     key = (slice(None),) * ax
     outs = [x[key + (0,)]]
     for k in range(1, x.shape[ax]):
         outs.append(outs[-1] * x[key + (k,)])
-    return Stack.apply(*outs, dim=ax)
+    return grad_xp(x).stack(outs, axis=ax)

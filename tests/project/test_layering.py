@@ -95,11 +95,7 @@ ALLOWED_CYCLE_EDGES = {
 # function-local import edges that close a cycle today (c'), with who
 # removes them; the check ignores them. An edge that no longer closes a
 # cycle fails test_allow_lists_are_current, so this list only shrinks.
-_OPS_HELPER = "issue 30 item 2: the ops helper removes it (ops/ in its scope)"
 ALLOWED_LOCAL_CYCLE_EDGES = {
-    ('dtorch.ops.index', 'dtorch.ops.selection'): _OPS_HELPER,
-    ('dtorch.ops.movement', 'dtorch.ops.selection'): _OPS_HELPER,
-    ('dtorch.ops.selection', 'dtorch.ops.movement'): _OPS_HELPER,
 }
 
 

@@ -75,6 +75,16 @@ def _gather_last(group, x):
 
 # =============================================================== regions ==
 
+def _region_grad(ctx, g, collective, conjugate):
+    """A region's backward: ``collective(group, g)`` on arrays (None: g
+    itself); under create_graph the conjugate region's op, whose forward
+    is that same collective, so the gradient is itself differentiable
+    (double backward through TP layers) with the same values."""
+    if ctx._gmake is not None:
+        return conjugate.apply(g, group=ctx.group)
+    return g if collective is None else collective(ctx.group, g)
+
+
 class CopyToTP(Op):
     """Identity forward; backward sums the input gradient over the group
     (each rank used the input for its own shard of the output)."""
@@ -86,13 +96,7 @@ class CopyToTP(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return _all_reduce(ctx.group, g)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        # create_graph=True: the conjugate region, so the gradient is
-        # itself differentiable (double backward through TP layers)
-        return ReduceFromTP.apply(g, group=ctx.group)
+        return _region_grad(ctx, g, _all_reduce, ReduceFromTP)
 
 
 class ReduceFromTP(Op):
@@ -106,11 +110,7 @@ class ReduceFromTP(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return g
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return CopyToTP.apply(g, group=ctx.group)
+        return _region_grad(ctx, g, None, CopyToTP)
 
 
 class ScatterToTP(Op):
@@ -123,11 +123,7 @@ class ScatterToTP(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return _gather_last(ctx.group, g)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return GatherFromTP.apply(g, group=ctx.group)
+        return _region_grad(ctx, g, _gather_last, GatherFromTP)
 
 
 class GatherFromTP(Op):
@@ -141,12 +137,8 @@ class GatherFromTP(Op):
 
     @staticmethod
     def backward(ctx, g):
-        return _split_last(ctx.group, g, "gather_from_tp_region backward")
-
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return ScatterToTP.apply(g, group=ctx.group)
+        return _region_grad(ctx, g, lambda group, a: _split_last(
+            group, a, "gather_from_tp_region backward"), ScatterToTP)
 
 
 # ============================================================ SyncBatchNorm ==
