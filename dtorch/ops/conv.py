@@ -181,13 +181,22 @@ def _conv_nhwc(xp, x, w, b, stride, pads, dilation, ohw):
 # convolutions: per 4x4 input tile V = B^T d B, per kernel U = G w G^T,
 # 16 GEMMs (tiles, C) @ (C, O) in the transformed domain, and the 2x2
 # outputs A^T M A (dtorch._kernels._numba wino_*). 16 multiplications per
-# 2x2 outputs and channel pair against 36: measured (one thread, CPU
-# time, benchmarks/cpu_kernels.py --conv) ...
+# 2x2 outputs and channel pair against 36: measured (one thread, thread
+# CPU time, benchmarks/cpu_kernels.py --conv, load 14) forward against
+# the column path: ResNet 16x32x16x16 1.34 -> 0.78 ms, 16x64x8x8 1.02 ->
+# 0.71, 16x128x4x4 1.04 -> 0.59, the CNN's 64x32x14x14 (O 64) 6.72 ->
+# 4.56, 1x64x64x64 5.42 -> 3.50; forward + input gradient and forward +
+# weight gradient alike (13.96 -> 9.42, 13.01 -> 8.99 ms for the CNN's).
+# The GEMMs stay most of the time (OpenBLAS's AVX2 kernels here, where
+# PyTorch's oneDNN runs AVX-512: still 1.2-1.8x torch's time).
 # The transforms are exact in binary but for G's halves, the sums are in
 # another order than the column GEMM's: float rounding apart (float32
 # ~1e-6 relative to the output's scale), and the same bits on every run
 # and thread count (no thread-dependent reduction).
-# from these many input and output channels (measured crossover, above)
+# from these many input and output channels: measured forward, 16x16x16
+# images, Winograd / columns: C 15 (O 16) 0.44 / 0.39 ms, C 16 0.30 /
+# 0.39; O 8 (C 16) 0.28 / 0.30, O 12 0.36 / 0.42 (fewer output channels
+# gain little, and their input gradient has as few input channels)
 _WINO_MIN_C = 16
 _WINO_MIN_O = 16
 # and from these many tiles in the batch: with fewer, each of the 16 GEMMs
