@@ -418,6 +418,13 @@ def col2im_nhwc(gk, gxp, kh, kw, sh, sw, dh, dw):
 # threads split tile rows; the channel loops are innermost and contiguous.
 
 @numba.njit(inline="always")
+def _tile_row(r, s0, th):
+    """The image and the first input / output row of tile row r (tile
+    rows numbered from image s0, th per image)."""
+    return s0 + r // th, 2 * (r % th)
+
+
+@numba.njit(inline="always")
 def _wino_tile(src, img, y, x, v, t, c):
     """v[:, t, :] = B^T d B of the 4x4 tile d at (y, x) of src[img]. Row i
     of B^T is d[p_i] + s_i d[q_i] ((p, q, s): (0, 2, -), (1, 2, +),
@@ -455,8 +462,7 @@ def wino_in(xpad, v, s0, th, tw):
     rows = v.shape[1] // tw
     one = xpad.dtype.type(1)
     for r in prange(rows):
-        img = s0 + r // th
-        y = 2 * (r % th)
+        img, y = _tile_row(r, s0, th)
         t0 = r * tw
         full = min(tw, (wp - 2) // 2) if y + 4 <= hp else 0
         for i in range(4 if full else 0):
@@ -497,8 +503,7 @@ def wino_out(m, out, bias, has_b, s0, th, tw):
     rows = m.shape[1] // tw
     zero = out.dtype.type(0)
     for r in prange(rows):
-        img = s0 + r // th
-        y = 2 * (r % th)
+        img, y = _tile_row(r, s0, th)
         for tx in range(tw):
             t = r * tw + tx
             x = 2 * tx
@@ -522,49 +527,40 @@ def wino_out(m, out, bias, has_b, s0, th, tw):
                         out[img, y + 1, x + 1, ch] = q1 - q2 - q3 + bc
 
 
+@numba.njit(inline="always")
+def _a_row(gm, k, t, ch, u0, u1):
+    """Entries k..k+3 of gm[:, t, ch]: (u0, u1) A^T."""
+    gm[k, t, ch] = u0
+    gm[k + 1, t, ch] = u0 + u1
+    gm[k + 2, t, ch] = u0 - u1
+    gm[k + 3, t, ch] = -u1
+
+
 @_jit
 def wino_grad_out(g, gm, s0, th, tw):
     """gm[(i, j), t, :] = (A G A^T)[i, j] for the 2x2 tile G of the output
     gradient g (N, OH, OW, O) at 2 ty, 2 tx (zero past OH, OW): the adjoint
     of ``wino_out``."""
-    o = g.shape[3]
-    oh, ow = g.shape[1], g.shape[2]
-    rows = gm.shape[1] // tw
+    _, oh, ow, o = g.shape
     zero = g.dtype.type(0)
-    for r in prange(rows):
-        img = s0 + r // th
-        y = 2 * (r % th)
+    for r in prange(gm.shape[1] // tw):
+        img, y = _tile_row(r, s0, th)
+        yr = y + 1 < oh         # the tile's second row is inside g
         for tx in range(tw):
             t = r * tw + tx
             x = 2 * tx
             xr = x + 1 < ow
-            yr = y + 1 < oh
             for ch in range(o):
                 g00 = g[img, y, x, ch]
                 g01 = g[img, y, x + 1, ch] if xr else zero
                 g10 = g[img, y + 1, x, ch] if yr else zero
                 g11 = g[img, y + 1, x + 1, ch] if xr and yr else zero
-                # A G: rows g0, g0 + g1, g0 - g1, -g1 of each column
-                r00, r01 = g00, g01
-                r10, r11 = g00 + g10, g01 + g11
-                r20, r21 = g00 - g10, g01 - g11
-                r30, r31 = -g10, -g11
-                gm[0, t, ch] = r00
-                gm[1, t, ch] = r00 + r01
-                gm[2, t, ch] = r00 - r01
-                gm[3, t, ch] = -r01
-                gm[4, t, ch] = r10
-                gm[5, t, ch] = r10 + r11
-                gm[6, t, ch] = r10 - r11
-                gm[7, t, ch] = -r11
-                gm[8, t, ch] = r20
-                gm[9, t, ch] = r20 + r21
-                gm[10, t, ch] = r20 - r21
-                gm[11, t, ch] = -r21
-                gm[12, t, ch] = r30
-                gm[13, t, ch] = r30 + r31
-                gm[14, t, ch] = r30 - r31
-                gm[15, t, ch] = -r31
+                # A G: rows g0, g0 + g1, g0 - g1, -g1 of each column,
+                # then (.) A^T the same combinations of each row
+                _a_row(gm, 0, t, ch, g00, g01)
+                _a_row(gm, 4, t, ch, g00 + g10, g01 + g11)
+                _a_row(gm, 8, t, ch, g00 - g10, g01 - g11)
+                _a_row(gm, 12, t, ch, -g10, -g11)
 
 
 @numba.njit(inline="always")
