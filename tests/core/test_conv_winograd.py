@@ -103,6 +103,21 @@ def test_winograd_gradients_against_finite_differences(monkeypatch):
     assert spy.calls["fwd"] > 0 and spy.calls["gw"] > 0
 
 
+def test_double_backward_through_a_winograd_forward(monkeypatch):
+    """create_graph=True after a Winograd forward: gradgradcheck (float64)
+    in x and the output gradient."""
+    spy = _Spy(monkeypatch)
+    monkeypatch.setattr(conv, "_WINO_MIN_TILES", 1)
+    x, w, _ = _data(1, 16, 3, 3, 16, np.float64, seed=6)
+    wt = dtorch.tensor(w)
+    xt = dtorch.tensor(x, requires_grad=True)
+    with _kernels.forced(True):
+        assert dtorch.autograd.gradgradcheck(
+            lambda a: F.conv2d(a, wt, None, 1, 1), (xt,), eps=1e-6,
+            atol=1e-7)
+    assert spy.calls["fwd"] > 0
+
+
 def test_weight_transform_and_its_adjoint():
     """<U(w), d> == <w, U^T(d)> for the kernel transform and the weight
     gradient's (float64), and U is G w G^T."""
