@@ -4,6 +4,8 @@ column-matrix NumPy path and PyTorch: forward, input and weight gradients,
 float32 and float64, odd sizes, padding, 1x1 images, empty batches; the
 same bits on every run and thread count; the shapes that keep the column
 path."""
+import os
+
 import numpy as np
 import pytest
 
@@ -158,6 +160,39 @@ def test_winograd_bits_repeat_at_any_thread_count(monkeypatch):
     for other in out[1:]:
         for a, r in zip(other, out[0]):
             np.testing.assert_array_equal(a, r)
+
+
+THREADS = """
+import numpy as np, dtorch, dtorch.nn.functional as F
+from dtorch import _kernels
+_kernels.PARALLEL_MIN = 0
+rng = np.random.default_rng(2)
+x = rng.standard_normal((4, 16, 9, 7)).astype(np.float32)
+w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+out = {}
+for n in (1, 2):
+    dtorch.set_num_threads(n)
+    xt = dtorch.tensor(x, requires_grad=True)
+    wt = dtorch.tensor(w, requires_grad=True)
+    y = F.conv2d(xt, wt, None, 1, 1)
+    y.backward(dtorch.tensor(np.cos(np.arange(y.numel())).reshape(
+        y.shape).astype(np.float32)))
+    out[n] = (_kernels.num_threads(), y.detach().numpy(), xt.grad.numpy(),
+              wt.grad.numpy())
+print(out[2][0], all(np.array_equal(a, b) for a, b in zip(out[1][1:],
+                                                           out[2][1:])))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two usable cores")
+def test_winograd_bits_at_two_kernel_threads_without_torch():
+    """In a process without torch (whose OpenMP keeps the kernels on one
+    thread) the kernels really run on 2 threads: the same bits as 1."""
+    from helpers import run_python
+    r = run_python(THREADS, env=dict(os.environ, OMP_NUM_THREADS="2",
+                                     OPENBLAS_NUM_THREADS="1"))
+    assert r.stdout.split() == ["2", "True"]
 
 
 @pytest.mark.parametrize("case", [
