@@ -736,6 +736,41 @@ def max_pool2x2_bwd(g, col, low, gx, finite):
                     gx[r, t, j, 0] = zero if cw else gt
 
 
+# Average pool (dtorch/ops/pool.py AvgPool2d) over planes (N*C, H, W) of a
+# (padded) input: threads split planes. Forward sums each window in
+# (row, column) order in the input's dtype, then divides by div (OH, OW);
+# backward adds g / div into each window's cells one kernel offset at a
+# time, the NumPy path's order per cell: its bits.
+
+@_jit
+def avg_pool_fwd(x, out, div, kh, kw, sh, sw):
+    planes, oh, ow = out.shape
+    for p in prange(planes):
+        for oy in range(oh):
+            for ox in range(ow):
+                s = x[p, oy * sh, ox * sw]
+                for j in range(1, kw):
+                    s += x[p, oy * sh, ox * sw + j]
+                for i in range(1, kh):
+                    for j in range(kw):
+                        s += x[p, oy * sh + i, ox * sw + j]
+                out[p, oy, ox] = s / div[oy, ox]
+
+
+@_jit
+def avg_pool_bwd(g, div, gx, kh, kw, sh, sw):
+    """gx (zero on entry) += g / div at every window's cells, kernel
+    offset by offset."""
+    planes, oh, ow = g.shape
+    for p in prange(planes):
+        for i in range(kh):
+            for j in range(kw):
+                for oy in range(oh):
+                    row = gx[p, oy * sh + i]
+                    for ox in range(ow):
+                        row[ox * sw + j] += g[p, oy, ox] / div[oy, ox]
+
+
 # ================================================================ relu ==
 # Flat views. np.maximum(x, 0)'s rule (x if x > 0 or NaN, else +0) and
 # keep_grad's product g * (out > 0 or NaN), so the same bits; backward
