@@ -9,6 +9,15 @@ the NumPy path they replace, forward + backward through dtorch's autograd.
 benchmarks/step_time.py's workloads instead of single ops, both paths
 interleaved the same way (the model keeps training across turns).
 
+``--conv``: per convolution layer, against PyTorch in the same process
+(the layers of step_time.py's ResNet, CNN and ViT and a grid of others,
+``--conv-shapes`` to choose): the calling thread's CPU time
+(time.thread_time, so other load on the machine enters only through the
+caches) of forward, forward + input gradient and forward + weight
+gradient, for dtorch as it runs, dtorch with its column-matrix path only
+(Winograd off) and torch, interleaved per round; medians and min-max over
+``--turns`` rounds. One thread unless ``--threads`` says otherwise.
+
 Each thread count runs in a fresh child (OMP/OPENBLAS/MKL thread variables
 set before NumPy loads, then ``dtorch.set_num_threads``). In the child both
 paths run in one process (``dtorch._kernels.forced``), turns interleaved
@@ -40,6 +49,10 @@ ap.add_argument("--block", type=int, default=2,
 ap.add_argument("--parallel-min", type=int, default=None,
                 help="override dtorch._kernels.PARALLEL_MIN (elements from "
                      "which a kernel uses more than one thread)")
+ap.add_argument("--conv", action="store_true",
+                help="convolution layers against PyTorch (see above)")
+ap.add_argument("--conv-shapes", default="",
+                help="';'-separated n,c,h,o,k,stride,pad tuples for --conv")
 ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 args = ap.parse_args()
 
@@ -228,7 +241,115 @@ def child():
     print(json.dumps(out))
 
 
+# (n, c, h, o, k, stride, pad): step_time.py's ResNet-18-style layers
+# (batch 16, 3x32x32), its CNN (batch 64, 1x28x28) and ViT patch embedding,
+# then a grid of channel counts, image sizes, kernels and batches
+CONV_SHAPES = [
+    (16, 3, 32, 16, 3, 1, 1), (16, 16, 32, 16, 3, 1, 1),
+    (16, 16, 32, 32, 3, 2, 1), (16, 16, 32, 32, 1, 2, 0),
+    (16, 32, 16, 32, 3, 1, 1), (16, 32, 16, 64, 3, 2, 1),
+    (16, 32, 16, 64, 1, 2, 0), (16, 64, 8, 64, 3, 1, 1),
+    (16, 64, 8, 128, 3, 2, 1), (16, 64, 8, 128, 1, 2, 0),
+    (16, 128, 4, 128, 3, 1, 1),
+    (64, 1, 28, 32, 3, 1, 1), (64, 32, 14, 64, 3, 1, 1),
+    (32, 3, 32, 128, 4, 4, 0),
+    (1, 16, 8, 16, 3, 1, 1), (8, 16, 7, 32, 3, 1, 1),
+    (2, 128, 2, 128, 3, 1, 1), (4, 256, 7, 256, 3, 1, 1),
+    (1, 64, 64, 64, 3, 1, 1), (16, 64, 16, 64, 1, 1, 0),
+    (8, 32, 16, 32, 5, 1, 2), (4, 3, 64, 64, 7, 2, 3),
+]
+
+
+def conv_child():
+    """--conv in the child: dtorch (as it runs / column path only) against
+    torch, per layer; prints one JSON line."""
+    import numpy as np
+    import torch
+    import dtorch
+    from dtorch.ops import conv as C
+    torch.set_num_threads(args.threads[0])
+    dtorch.set_num_threads(args.threads[0])
+    rng = np.random.default_rng(0)
+    shapes = [tuple(int(v) for v in t.split(","))
+              for t in args.conv_shapes.split(";") if t] or CONV_SHAPES
+
+    def runner(lib, x, w, s, p, part):
+        fn = lib.nn.functional.conv2d
+        X = lib.tensor(x, requires_grad=part == "gx")
+        W = lib.tensor(w, requires_grad=part == "gw")
+        y0 = fn(X, W, None, s, p)
+        G = lib.tensor(rng.standard_normal(tuple(y0.shape)).astype(x.dtype))
+        if part == "fwd":
+            return lambda: fn(X, W, None, s, p)
+
+        def f():
+            fn(X, W, None, s, p).backward(G)
+            X.grad = W.grad = None
+        return f
+
+    def timed(f, reps):
+        t = time.thread_time()
+        for _ in range(reps):
+            f()
+        return (time.thread_time() - t) / reps * 1e3
+
+    wino = C._WINO_MIN_C
+    out = {"threads": args.threads[0], "layers": []}
+    for n, c, h, o, k, s, p in shapes:
+        x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+        w = (rng.standard_normal((o, c, k, k)) * 0.1).astype(np.float32)
+        row = {"shape": [n, c, h, o, k, s, p]}
+        for part in ("fwd", "gx", "gw"):
+            fd = runner(dtorch, x, w, s, p, part)
+            ft = runner(torch, x, w, s, p, part)
+            for f in (fd, ft, fd, ft):      # warm-up (oneDNN's JIT)
+                f()
+            t = time.thread_time()
+            fd()
+            reps = max(1, int(0.02 / max(time.thread_time() - t, 1e-5)))
+            ts = {"dtorch": [], "columns": [], "torch": []}
+            for _ in range(args.turns):
+                ts["dtorch"].append(timed(fd, reps))
+                ts["torch"].append(timed(ft, reps))
+                C._WINO_MIN_C = 1 << 30
+                ts["columns"].append(timed(fd, reps))
+                C._WINO_MIN_C = wino
+            row[part] = {k: [statistics.median(v), min(v), max(v)]
+                         for k, v in ts.items()}
+        out["layers"].append(row)
+    print(json.dumps(out))
+
+
+def conv_main():
+    r = subprocess.run([sys.executable, __file__, "--child", "--conv",
+                        "--threads", str(args.threads[0]), "--turns",
+                        str(args.turns), "--conv-shapes", args.conv_shapes],
+                       capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(r.stderr)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    load = os.getloadavg()
+    print(f"threads {res['threads']}; thread CPU time, ms, median of "
+          f"{args.turns} rounds; load avg {load[0]:.1f}")
+    print(f"  {'n,c,h,o,k,s,p':24s}" + "".join(
+        f" {p + ': dtorch/cols/torch':>27s} {'d/t':>5s}"
+        for p in ("fwd", "+gx", "+gw")))
+    for row in res["layers"]:
+        line = f"  {','.join(map(str, row['shape'])):24s}"
+        for part in ("fwd", "gx", "gw"):
+            d, c, t = (row[part][k][0] for k in ("dtorch", "columns",
+                                                  "torch"))
+            line += f" {d:9.2f}/{c:7.2f}/{t:7.2f}  {d / t:5.2f}"
+        print(line)
+    path = args.out.replace(".json", "_conv.json")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump({"conv": res, "loadavg": load}, fh, indent=1)
+
+
 def main():
+    if args.conv:
+        return conv_main()
     res = []
     for n in args.threads:
         cmd = [sys.executable, __file__, "--child", "--threads", str(n),
@@ -260,4 +381,7 @@ def main():
 
 
 if __name__ == "__main__":
-    child() if args.child else main()
+    if args.child:
+        conv_child() if args.conv else child()
+    else:
+        main()

@@ -101,6 +101,11 @@ ap.add_argument("--pause", type=float, default=None,
                      "thread (default 0.25; see the docstring)")
 ap.add_argument("--only",
                 default="mlp,cnn,lstm,lstm_word,decoder,gpt,resnet,vit")
+ap.add_argument("--clock", choices=["wall", "thread"], default="wall",
+                help="thread: time each 1-thread step by the calling "
+                     "thread's CPU time (time.thread_time), which load from "
+                     "other processes does not enter; more threads keep "
+                     "wall time")
 ap.add_argument("--cpu-profile", action="store_true",
                 help="dtorch's CPU time per op family (see the docstring)")
 ap.add_argument("--profile-steps", type=int, default=3,
@@ -406,8 +411,12 @@ def child_time():
     pause = args.pause
     if pause is None:
         pause = 0.25 if args.threads[0] > 1 else 0.0
+    # one thread does all of either framework's work: its CPU time is the
+    # step's, without the time other processes took the core
+    clock = time.thread_time if args.clock == "thread" \
+        and args.threads[0] == 1 else time.perf_counter
     res = {"threads": args.threads[0], "blas": blas_info(),
-           "pause_s": pause,
+           "pause_s": pause, "clock": clock.__name__,
            "torch": torch.__version__ if torch else None,
            "numpy": np.__version__, "cases": {}}
     for case in args.only.split(","):
@@ -428,9 +437,9 @@ def child_time():
                     time.sleep(pause)
                     runs[k]()             # untimed: wakes its thread pool
                 for _ in range(args.block):
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     runs[k]()
-                    ts[k].append(time.perf_counter() - t0)
+                    ts[k].append(clock() - t0)
         res["cases"][case] = {k: summary(v) for k, v in ts.items()}
         if args.profile_steps > 0:
             if torch is not None:
@@ -681,7 +690,8 @@ def run_child(*extra, threads):
            str(threads), "--repeats", str(args.repeats), "--warmup",
            str(args.warmup), "--block", str(args.block), "--profile-steps",
            str(args.profile_steps), "--chain-repeats",
-           str(args.chain_repeats), *extra]   # a later flag in extra wins
+           str(args.chain_repeats), "--clock", args.clock,
+           *extra]   # a later flag in extra wins
     if args.pause is not None:
         cmd += ["--pause", str(args.pause)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)

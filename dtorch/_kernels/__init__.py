@@ -14,6 +14,7 @@ calling thread, so it is applied in each thread before its first kernel.
 A process forked after kernels ran (DataLoader workers) runs the NumPy
 path: GNU OpenMP's thread pool does not survive fork.
 """
+import ctypes
 import os
 import threading
 import warnings
@@ -67,8 +68,18 @@ def _load(switch=True):
     own = "OMP_WAIT_POLICY" not in os.environ
     if own:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    # numba's pool start sets the calling thread's OpenMP thread count to
+    # its own pool size: with libgomp loaded before, the other library
+    # (torch) ran on every core from then on (measured after
+    # torch.set_num_threads(1): at::get_num_threads() 1 -> 2, and a
+    # 16x32x16x16 3x3 conv's fwd+bwd 1.9 -> 3-50 ms thread time). Put back
+    # what it was.
+    gomp = _gomp()
+    saved = gomp.omp_get_max_threads() if gomp is not None else None
     try:
         parallel._launch_threads()
+        if saved is not None:
+            gomp.omp_set_num_threads(saved)
         from . import _numba
     except Exception as e:      # no threading layer, no writable cache, ...
         warnings.warn(f"dtorch: compiled CPU kernels unavailable, using "
@@ -97,6 +108,14 @@ def _gomp_loaded():
             return any("libgomp" in line for line in f)
     except OSError:
         return False
+
+
+def _gomp():
+    """The GNU OpenMP library already loaded in this process, or None."""
+    try:
+        return ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+    except (OSError, AttributeError):
+        return None
 
 
 def enabled():

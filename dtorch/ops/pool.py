@@ -273,6 +273,14 @@ class AvgPool2d(Op):
         ph = max(0, (oh - 1) * stride[0] + k[0] - h - pads[0][0])
         pw = max(0, (ow - 1) * stride[1] + k[1] - w - pads[1][0])
         pads = ((pads[0][0], ph), (pads[1][0], pw))
+        ctx.meta = (x.shape, k, stride, pads, (oh, ow), divisor)
+        kern = _avg_kernel(xp, x, divisor, (oh, ow))
+        if kern is not None:
+            xpad = xp.ascontiguousarray(_pad2d(xp, x, pads))
+            out = xp.empty((n * c, oh, ow), x.dtype)
+            kern[0].avg_pool_fwd(xpad.reshape(n * c, *xpad.shape[2:]), out,
+                                 kern[1], *k, *stride)
+            return out.reshape(n, c, oh, ow)
         if (tuple(k) == tuple(stride) and not any(pads[0] + pads[1])
                 and isinstance(divisor, (int, float))):
             out = x[:, :, :oh * k[0], :ow * k[1]].reshape(
@@ -282,7 +290,6 @@ class AvgPool2d(Op):
                            (oh, ow))
             out = win.sum(axis=(2, 3))
         out = out / xp.asarray(divisor, dtype=x.dtype)
-        ctx.meta = (x.shape, k, stride, pads, (oh, ow), divisor)
         return out.astype(x.dtype, copy=False)
 
     @staticmethod
@@ -295,11 +302,28 @@ class AvgPool2d(Op):
         xp = get_array_module(g)
         shape, k, stride, pads, ohw, divisor = ctx.meta
         n, c = shape[:2]
+        pshape = (n, c, shape[2] + sum(pads[0]), shape[3] + sum(pads[1]))
+        kern = _avg_kernel(xp, g, divisor, ohw)
+        if kern is not None:
+            gx = xp.zeros(pshape, g.dtype)
+            kern[0].avg_pool_bwd(g.reshape(n * c, *ohw), kern[1],
+                                 gx.reshape(n * c, *pshape[2:]), *k, *stride)
+            return xp.ascontiguousarray(_unpad2d(gx, pads))
         g = g / xp.asarray(divisor, dtype=g.dtype)
         cols = xp.broadcast_to(g[:, :, None, None], (n, c, k[0], k[1]) + ohw)
-        pshape = (n, c, shape[2] + sum(pads[0]), shape[3] + sum(pads[1]))
         return _unpad2d(_col2im(xp, cols, pshape, k, stride, (1, 1), ohw),
                         pads)
+
+
+def _avg_kernel(xp, a, divisor, ohw):
+    """(compiled kernels, divisor as a C-contiguous (OH, OW) array of a's
+    dtype) when they apply to a (contiguous float NumPy), else None."""
+    kern = _kernels.kernels(a) if xp is np else None
+    if kern is None:
+        return None
+    div = np.ascontiguousarray(np.broadcast_to(
+        np.asarray(divisor, dtype=a.dtype), ohw))
+    return kern, div
 
 
 class AvgPool2dGrad(Op):
