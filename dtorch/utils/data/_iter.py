@@ -175,9 +175,8 @@ class _BaseIter:
                 "_num_workers": self._num_workers,
                 "_last_yielded_worker_id": self._last_worker,
                 "_worker_snapshots": self._snapshots(),
-                "_workers_done": self._done_flags()}
-        if self._finished and self._next is not None:
-            state["_next_pass"] = self._next
+                "_workers_done": self._done_flags(),
+                "_next_pass": self._next if self._finished else None}
         return state
 
     def _finish(self):
