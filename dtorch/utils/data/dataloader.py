@@ -23,6 +23,9 @@ the batches the uninterrupted run would have seen:
   batches consumed (replayed over indices only, no data is read), or, for
   ``DistributedSampler``, the samples consumed, which re-partitions the
   rest onto another world size;
+- the loader's ``generator``: its state as the pass started (after the
+  base seed, which is loaded, not drawn again); draws a script makes from
+  it itself are the script's to restore;
 - each worker: its RNG states (Python, NumPy, dtorch) and its dataset
   iterator's position right after its last consumed batch (a dataset or
   iterator with ``state_dict``/``load_state_dict`` is asked; otherwise the
