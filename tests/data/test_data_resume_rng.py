@@ -9,14 +9,19 @@ import pytest
 
 import dtorch
 import dtorch.nn.functional as F
-from dtorch.utils.data import DataLoader, TensorDataset
+from dtorch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 _N, _BS, _EPOCHS = 10, 4, 3          # 3 batches an epoch
 
 
-def _setup(nw, shuffle, gen):
+def _setup(nw, shuffle, gen, distributed=False):
     g = dtorch.Generator().manual_seed(5) if gen else None
     ds = TensorDataset(dtorch.arange(_N, dtype=dtorch.float64))
+    if distributed:       # a script that never calls set_epoch
+        sampler = DistributedSampler(ds, num_replicas=1, rank=0,
+                                     shuffle=shuffle)
+        return g, DataLoader(ds, batch_size=_BS, sampler=sampler,
+                             num_workers=nw, generator=g)
     return g, DataLoader(ds, batch_size=_BS, shuffle=shuffle,
                          num_workers=nw, generator=g)
 
@@ -46,22 +51,22 @@ def _train(loader, log, epochs, stop=None):
             return
 
 
-def _check(nw, shuffle, gen, stop):
+def _check(nw, shuffle, gen, stop, distributed=False):
     dtorch.manual_seed(0)
-    g, loader = _setup(nw, shuffle, gen)
+    g, loader = _setup(nw, shuffle, gen, distributed)
     full = []
     _train(loader, full, _EPOCHS)
     end = _states(g)
 
     dtorch.manual_seed(0)
-    g, loader = _setup(nw, shuffle, gen)
+    g, loader = _setup(nw, shuffle, gen, distributed)
     got = []
     _train(loader, got, _EPOCHS, stop)
     ckpt = {"rng": dtorch.get_rng_state(), "loader": loader.state_dict()}
     del loader, g                     # the job is killed
 
     dtorch.manual_seed(1234)          # the new process seeds as it likes
-    g, loader = _setup(nw, shuffle, gen)
+    g, loader = _setup(nw, shuffle, gen, distributed)
     dtorch.set_rng_state(ckpt["rng"])
     loader.load_state_dict(ckpt["loader"])
     epoch, k = stop
@@ -92,3 +97,13 @@ def test_resume_in_process_matches_uninterrupted(shuffle, gen, stop):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_resume_with_workers_matches_uninterrupted(shuffle, gen, stop):
     _check(2, shuffle, gen, stop)
+
+
+@pytest.mark.parametrize("nw,stop", [(0, (0, 1)), (0, (1, 2)), (0, (0, None)),
+                                     (2, (0, 1))])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_distributed_sampler_position_serves_one_pass(shuffle, nw,
+                                                             stop):
+    """A loaded mid-epoch position is the resumed pass's only: without
+    set_epoch the passes after it are whole, as uninterrupted."""
+    _check(nw, shuffle, True, stop, distributed=True)
