@@ -7,12 +7,14 @@ A state that lacks keys is refused with their names."""
 import json
 import os
 
+import numpy as np
 import pytest
 
 import dtorch
 import dtorch.distributed as dist
 import dtorch.distributed.checkpoint as dcp
-from dtorch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from dtorch.utils.data import (DataLoader, DistributedSampler,
+                               IterableDataset, TensorDataset)
 
 _N, _BS, _EPOCHS = 12, 2, 2
 
@@ -144,3 +146,49 @@ def test_state_missing_keys_is_refused_naming_them():
     bad = dict(loader.state_dict(), _sampler_state="{not json")
     with pytest.raises(ValueError, match="'_sampler_state' is not a saved"):
         loader.load_state_dict(bad)
+
+
+class _Counter(IterableDataset):
+    """An iterable whose state has what JSON keeps badly: int and tuple
+    keys, a float32 array, NumPy scalars."""
+
+    def __init__(self):
+        self.pos = 0
+
+    def __iter__(self):
+        while self.pos < 9:
+            self.pos += 1
+            yield self.pos - 1
+
+    def state_dict(self):
+        return {"pos": np.int64(self.pos), 7: "seven", (1, 2): [np.float32(
+            0.5)], "w": np.arange(3, dtype=np.float32) / 3}
+
+    def load_state_dict(self, state):
+        assert state[7] == "seven" and state[(1, 2)] == [0.5]
+        w = state["w"]
+        assert w.dtype == np.float32 and np.array_equal(
+            w, np.arange(3, dtype=np.float32) / 3)
+        self.pos = int(state["pos"])
+
+
+def test_dataset_state_survives_dcp(tmp_path):
+    loader = DataLoader(_Counter(), batch_size=2)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1]
+    dcp.save({"loader": loader}, checkpoint_id=tmp_path / "ck",
+             no_dist=True)
+    again = DataLoader(_Counter(), batch_size=2)
+    dcp.load({"loader": again}, checkpoint_id=tmp_path / "ck", no_dist=True)
+    assert [b.tolist() for b in again] == [[2, 3], [4, 5], [6, 7], [8]]
+
+
+def test_state_with_an_unsupported_value_names_it():
+    class _Odd(_Counter):
+        def state_dict(self):
+            return {"pos": {1, 2}}
+    loader = DataLoader(_Odd(), batch_size=2)
+    next(iter(loader))
+    with pytest.raises(TypeError, match=r"\['fetcher'\]\['state'\]\['pos'\] "
+                                        "is a set"):
+        loader.state_dict()
