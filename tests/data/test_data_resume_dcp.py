@@ -150,7 +150,7 @@ def test_state_missing_keys_is_refused_naming_them():
 
 class _Counter(IterableDataset):
     """An iterable whose state has what JSON keeps badly: int and tuple
-    keys, a float32 array, NumPy scalars."""
+    keys, a float32 array, NumPy scalars, a tensor."""
 
     def __init__(self):
         self.pos = 0
@@ -162,13 +162,16 @@ class _Counter(IterableDataset):
 
     def state_dict(self):
         return {"pos": np.int64(self.pos), 7: "seven", (1, 2): [np.float32(
-            0.5)], "w": np.arange(3, dtype=np.float32) / 3}
+            0.5)], "w": np.arange(3, dtype=np.float32) / 3,
+                "t": dtorch.tensor([self.pos, -1])}
 
     def load_state_dict(self, state):
         assert state[7] == "seven" and state[(1, 2)] == [0.5]
         w = state["w"]
         assert w.dtype == np.float32 and np.array_equal(
             w, np.arange(3, dtype=np.float32) / 3)
+        assert isinstance(state["t"], dtorch.Tensor)
+        assert state["t"].tolist() == [int(state["pos"]), -1]
         self.pos = int(state["pos"])
 
 

@@ -10,6 +10,8 @@ import json
 
 import numpy as np
 
+from ...tensor import Tensor
+
 # the keys every state has; those in _PACKED are JSON strings
 STATE_KEYS = ("_iterator_finished", "_num_yielded", "_base_seed",
               "_generator_state", "_num_workers", "_last_yielded_worker_id",
@@ -80,6 +82,8 @@ def _to_json(obj, where):
                         for k, v in obj.items()]}
     if isinstance(obj, (list, tuple)):
         return [_to_json(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, Tensor):         # restored on the CPU
+        return dict(_to_json(obj.detach().cpu().numpy(), where), tensor=1)
     if isinstance(obj, np.ndarray):
         return {_ARRAY: obj.dtype.str, "shape": list(obj.shape),
                 "data": obj.ravel().tolist()}
@@ -89,8 +93,8 @@ def _to_json(obj, where):
         return obj
     raise TypeError(f"DataLoader.state_dict: {where} is a "
                     f"{type(obj).__name__}; a dataset's or sampler's state "
-                    "may hold ints, floats, strings, None, lists, dicts and "
-                    "NumPy arrays")
+                    "may hold ints, floats, strings, None, lists, dicts, "
+                    "NumPy arrays and tensors")
 
 
 def _from_json(obj):
@@ -98,8 +102,9 @@ def _from_json(obj):
         return [_from_json(v) for v in obj]
     if isinstance(obj, dict):
         if _ARRAY in obj:
-            return np.asarray(obj["data"], dtype=np.dtype(obj[_ARRAY])) \
+            a = np.asarray(obj["data"], dtype=np.dtype(obj[_ARRAY])) \
                 .reshape(obj["shape"])
+            return Tensor._wrap(a) if obj.get("tensor") else a
         if _DICT in obj:
             return {_key(_from_json(k)): _from_json(v)
                     for k, v in obj[_DICT]}
