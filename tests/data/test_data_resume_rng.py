@@ -107,3 +107,52 @@ def test_resume_distributed_sampler_position_serves_one_pass(shuffle, nw,
     """A loaded mid-epoch position is the resumed pass's only: without
     set_epoch the passes after it are whole, as uninterrupted."""
     _check(nw, shuffle, True, stop, distributed=True)
+
+
+_RESUME_SCRIPT = """
+import json, sys
+import dtorch
+sys.path.insert(0, {here!r})
+import test_data_resume_rng as T
+ck = dtorch.load({path!r})
+dtorch.manual_seed(99)
+g, loader = T._setup(2, True, False)
+dtorch.set_rng_state(ck["rng"])
+loader.load_state_dict(ck["loader"])
+log = []
+for _ in range(2):
+    for b in loader:
+        T._step(b, log)
+print(json.dumps([log, dtorch.get_rng_state()]))
+"""
+
+
+def test_resume_in_a_new_process(tmp_path):
+    """The job really restarts: a new interpreter restores the RNG and
+    the loader (2 workers, shuffled) saved mid-epoch by this one."""
+    import json
+    import os
+    import subprocess
+    import sys
+    dtorch.manual_seed(0)
+    _, loader = _setup(2, True, False)
+    full = []
+    _train(loader, full, 2)
+    end = dict(dtorch.get_rng_state())
+    dtorch.manual_seed(0)
+    _, loader = _setup(2, True, False)
+    got = []
+    _train(loader, got, 2, stop=(0, 2))
+    path = str(tmp_path / "ck.pt")
+    dtorch.save({"rng": dtorch.get_rng_state(),
+                 "loader": loader.state_dict()}, path)
+    del loader
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", _RESUME_SCRIPT.format(here=here, path=path)],
+        capture_output=True, text=True, timeout=120, env=dict(
+            os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    log, rng = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got + [tuple(s) for s in log] == full
+    assert rng == end
