@@ -143,6 +143,8 @@ def test_state_missing_keys_is_refused_naming_them():
         loader.load_state_dict({"epoch": 3})
     with pytest.raises(TypeError, match="expected a dict"):
         loader.load_state_dict([("_num_yielded", 1)])
+    with pytest.raises(ValueError, match="mid-epoch state.*_base_seed"):
+        loader.load_state_dict(dict(loader.state_dict(), _base_seed=None))
     bad = dict(loader.state_dict(), _sampler_state="{not json")
     with pytest.raises(ValueError, match="'_sampler_state' is not a saved"):
         loader.load_state_dict(bad)

@@ -58,6 +58,9 @@ def unpack(state):
             f"DataLoader.load_state_dict: the state lacks the keys "
             f"{missing} (it has {sorted(map(str, state))}); pass a state "
             "from DataLoader.state_dict() whole")
+    if not state["_iterator_finished"] and state["_base_seed"] is None:
+        raise ValueError("DataLoader.load_state_dict: a mid-epoch state "
+                         "(_iterator_finished False) needs its _base_seed")
     out = {}
     for k in STATE_KEYS:
         v = state[k]
