@@ -120,11 +120,20 @@ class _BaseIter:
                 self._sampler_start = state
                 skip = int(resume.get("_sampler_skip", 0))
             self._num_yielded = int(resume["_num_yielded"])
+            gen = resume.get("_generator_state")
+            if gen is not None and self._generator is not None:
+                # its base-seed draw is loaded, not made: without this the
+                # generator would end the pass one draw behind
+                self._generator.set_state(gen)
         elif self._by_consumed():
             self._sampler_start = None
         else:
             get = getattr(self._stateful, "state_dict", None)
             self._sampler_start = _plain(get()) if get is not None else None
+        # the loader's generator as the pass starts (after the base seed,
+        # before the sampler draws from it): a mid-pass state restores it
+        self._generator_start = None if self._generator is None \
+            else _plain(self._generator.get_state())
         self._sampler_iter = iter(self._index_sampler)
         if not self._iterable:
             for _ in range(skip):
@@ -161,13 +170,13 @@ class _BaseIter:
                 "_sampler_state": sampler_state,
                 "_sampler_skip": skip,
                 "_base_seed": self._base_seed,
+                "_generator_state": self._generator_start,
                 "_iterator_finished": self._finished,
                 "_num_workers": self._num_workers,
                 "_last_yielded_worker_id": self._last_worker,
                 "_worker_snapshots": self._snapshots(),
-                "_workers_done": self._done_flags()}
-        if self._finished and self._next is not None:
-            state["_next_pass"] = self._next
+                "_workers_done": self._done_flags(),
+                "_next_pass": self._next if self._finished else None}
         return state
 
     def _finish(self):

@@ -23,14 +23,20 @@ the batches the uninterrupted run would have seen:
   batches consumed (replayed over indices only, no data is read), or, for
   ``DistributedSampler``, the samples consumed, which re-partitions the
   rest onto another world size;
+- the loader's ``generator``: its state as the pass started (after the
+  base seed, which is loaded, not drawn again); draws a script makes from
+  it itself are the script's to restore;
 - each worker: its RNG states (Python, NumPy, dtorch) and its dataset
   iterator's position right after its last consumed batch (a dataset or
   iterator with ``state_dict``/``load_state_dict`` is asked; otherwise the
   iterator is fast-forwarded by the samples it had produced), and which
   worker is next in turn.
 
-The state is a nested dict of ints, floats, lists and NumPy arrays, so a
-checkpoint can carry it. The main process's own RNG (used by transforms
+The state has the same keys whatever the run (a fresh loader's too), each
+an int, a bool, None or a string: the parts whose shape depends on the
+run (sampler, workers, next pass) are one JSON string each, so any
+checkpoint carries it, ``dcp.load`` into a fresh loader's state included
+(see ``_state``). The main process's own RNG (used by transforms
 when ``num_workers=0``) is the training script's to save, as in PyTorch.
 """
 from ._collate import default_collate, default_convert
@@ -38,6 +44,7 @@ from ._fetch import _InfiniteConstantSampler, _IterableFetcher, \
     _MakeFetcher, _MapFetcher
 from ._iter import _consumed_sampler, _LastIterator, _SingleProcessIter
 from ._mp_iter import _MultiProcessIter
+from ._state import fresh_state, pack, unpack
 from ._worker import ExceptionWrapper, get_worker_info  # noqa: F401
 from .dataset import IterableDataset
 from .sampler import (BatchSampler, RandomSampler, SequentialSampler)
@@ -204,22 +211,23 @@ class DataLoader:
     def state_dict(self):
         """The position of the latest iterator after the last batch it
         handed out (a fresh loader's: the start of an epoch); see the
-        module's documentation. A plain nested dict."""
+        module's documentation. A dict with the same keys in every state
+        (a fresh loader's too), of ints, bools, None and strings."""
         if self._pending_state is not None:
-            return self._pending_state
-        if self._last is None:
-            return {"_iterator_finished": True, "_num_yielded": 0}
-        return self._last.state_dict()
+            state = self._pending_state
+        elif self._last is None:
+            state = fresh_state(self.num_workers)
+        else:
+            state = self._last.state_dict()
+        return pack(state)
 
     def load_state_dict(self, state_dict):
         """Make the next ``iter(self)`` continue where ``state_dict``
         left off (a finished epoch's state starts the next epoch of the
-        uninterrupted run)."""
-        if not isinstance(state_dict, dict) or \
-                "_iterator_finished" not in state_dict:
-            raise ValueError("not a DataLoader state_dict (no "
-                             "'_iterator_finished' key)")
-        nxt = state_dict.get("_next_pass")
+        uninterrupted run). A state that lacks keys is refused, naming
+        them."""
+        state_dict = unpack(state_dict)
+        nxt = state_dict["_next_pass"]
         if state_dict["_iterator_finished"] and nxt is not None:
             # now, not at iter(): a set_epoch called after this still wins
             s = _consumed_sampler(self._stateful_sampler) or \

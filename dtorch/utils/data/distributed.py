@@ -82,6 +82,7 @@ class DistributedSampler(Sampler):
         self.epoch = 0
         self._start = 0          # positions of this epoch already consumed
         self._yielded = 0        # samples this rank yielded this epoch
+        self._spent = False      # a pass has started from _start
         self._plan()
 
     def _plan(self):
@@ -104,6 +105,12 @@ class DistributedSampler(Sampler):
         return list(range(n))
 
     def __iter__(self):
+        if self._spent:
+            # a loaded position serves one pass: the next starts the epoch
+            # afresh, as the uninterrupted run's does without set_epoch
+            self._start = 0
+            self._plan()
+        self._spent = True
         indices = self._order()[self._start:]
         n = len(indices)
         if n % self.num_replicas and (self.pad or self.drop_last) and \
@@ -168,4 +175,5 @@ class DistributedSampler(Sampler):
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self._start = int(state["consumed"])
         self._yielded = 0
+        self._spent = False
         self._plan()
