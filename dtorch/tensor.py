@@ -309,8 +309,8 @@ class Tensor(MathsMethods, ReduceMethods, ShapeMethods, SelectionMethods,
         its views): the one place that advances the version counter, so
         that backward detects a modified saved tensor."""
         self._vc[0] += 1
-        if _function._capture is not None:    # a dtorch.compile capture
-            _function._capture.mutated(self)
+        if _function.capture is not None:    # a dtorch.compile capture
+            _function.capture.mutated(self)
 
     def is_floating_point(self):
         return self.dtype.is_floating_point

@@ -8,7 +8,7 @@ array gets a slot: the compiled call's input tensors first, then every op's
 output; a tensor an op reads that is neither (a parameter, a buffer, a
 constant the code made) is a *live* slot, matched between two captures in
 ``program.build``. What happens outside ops reaches the tracer through
-``autograd.function._capture``: a host read (``.item()``, ``bool()``) is a
+``autograd.function.capture``: a host read (``.item()``, ``bool()``) is a
 graph break, an in-place change outside an op is replayed when it is one
 NumPy ufunc (``BatchNorm``'s ``num_batches_tracked.add_(1)``) or a copy of
 an op's result (``_inplace``), a break otherwise; a random draw marked
@@ -238,7 +238,7 @@ def _active():
 
 
 class _Hooks:
-    """``autograd.function._capture`` while any thread captures: each call
+    """``autograd.function.capture`` while any thread captures: each call
     goes to this thread's Trace, if it records."""
 
     @staticmethod
@@ -318,7 +318,7 @@ def _install(delta):
     with _lock:
         _open[0] += delta
         on = _open[0] > 0
-        _fn._capture = _Hooks if on else None
+        _fn.capture = _Hooks if on else None
         # optimizers exist only if dtorch.optim is loaded (no import here:
         # optim sits beside the compiler and imports nn, which imports it)
         optim = sys.modules.get("dtorch.optim.optimizer")

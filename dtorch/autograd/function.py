@@ -73,14 +73,15 @@ _sac = None
 
 
 # While a dtorch.compile capture runs (in any thread), its tracer
-# (dtorch/_compile/trace.py), else None. Ops reach it through the recorder
+# (dtorch/_compile/trace.py), else None; a public name, as Tensor's methods
+# read it. Ops reach it through the recorder
 # chain (rank 4); what happens outside ops reaches it here: Tensor methods
 # that read values to the host (.item(), .tolist(), bool(), .numpy()) call
-# _capture.host_read(tensor, what), Tensor._bump_version (an in-place
-# change) calls _capture.mutated(tensor), and a function marked
-# ``array_source`` runs as _capture.source(fn, args, kwargs), which records
+# capture.host_read(tensor, what), Tensor._bump_version (an in-place
+# change) calls capture.mutated(tensor), and a function marked
+# ``array_source`` runs as capture.source(fn, args, kwargs), which records
 # it so that a replay calls it again.
-_capture = None
+capture = None
 
 
 def array_source(fn):
@@ -91,8 +92,8 @@ def array_source(fn):
     of reusing what the capture saw."""
     @functools.wraps(fn)
     def source(*args, **kwargs):
-        if _capture is not None:
-            return _capture.source(fn, args, kwargs)
+        if capture is not None:
+            return capture.source(fn, args, kwargs)
         return fn(*args, **kwargs)
     return source
 
@@ -102,8 +103,8 @@ def array_copy(a, requires_grad):
     keeps (Tensor._rebase): a capture records it as a step whose gradient
     passes through to ``a``."""
     out = a.copy()
-    if _capture is not None:
-        _capture.copied(a, out, requires_grad)
+    if capture is not None:
+        capture.copied(a, out, requires_grad)
     return out
 
 
