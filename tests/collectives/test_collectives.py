@@ -8,8 +8,6 @@ import time
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))  # tests/: the shared helpers
 import collectives  # noqa: E402
 import collectives_helpers as H  # noqa: E402
 
