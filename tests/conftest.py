@@ -6,7 +6,9 @@ first on the path, so the cuda half of the suite runs on a CPU machine: it
 checks that the CUDA path uses CuPy's API correctly, not GPU results.
 Every test that runs on the cuda device is marked ``gpu``
 (``pytest -m gpu`` selects them)."""
+import functools
 import os
+import re
 import sys
 
 import pytest
@@ -52,21 +54,69 @@ def device(request):
     return request.param
 
 
-# pytest-xdist (tests/run.sh runs the single-process phases with -n 2 and
-# --dist loadgroup): a file's tests stay in one worker (module fixtures such
-# as a namespace cluster are built once), and files that share one machine-wide
-# resource (the local SLURM cluster, a Ray head) share a worker, so they never
-# run at the same time
+# pytest-xdist (tests/run.sh runs the single-process phases with -n 2
+# --dist loadgroup --no-loadscope-reorder): the work units are made here,
+# from the test ids (pytest 9 keeps xdist 3.8's xdist_group marks out of
+# the ids, so its own loadgroup never grouped anything). A test of a
+# package in SPLIT is a unit of its own (it runs wherever a worker is
+# free), unless its file has a module-, class- or session-scoped fixture
+# (built once: the file is one unit); every other file is one unit
+# (processes, ports, /dev/shm names of one file never overlap), and files
+# that share one machine-wide resource (the local SLURM cluster, a Ray
+# head) are one unit, so they never run at the same time. The workers
+# order the tests: files first, the longest first (FIRST: the slowest on
+# 2 cores), so that the single tests fill both workers up at the end.
 _SHARED_RESOURCE = {"test_slurm.py": "slurm", "test_slurm_nodes.py": "slurm",
                     "test_launch_ray.py": "ray", "test_ray_nodes.py": "ray"}
+SPLIT = {"core", "nn", "optim", "amp", "serialization"}
+FIRST = ["slurm", "test_two_nodes.py", "ray", "test_examples.py",
+         "test_collectives_tcp.py", "test_amp_digits.py",
+         "test_collectives_hier.py", "test_plots.py", "test_data_resume.py",
+         "test_data_shards.py", "test_data_shm.py", "test_pipeline_mpi.py",
+         "test_data.py", "test_pipeline_gpt.py", "test_straggler_tcp.py",
+         "test_layering.py", "test_tcp_teardown.py"]
+_WIDE = re.compile(r"scope=['\"](module|class|package|session)['\"]")
+
+
+@functools.lru_cache(maxsize=None)
+def _has_wide_fixture(path):
+    with open(os.path.join(os.path.dirname(TESTS), path),
+              encoding="utf-8") as f:
+        return bool(_WIDE.search(f.read()))
+
+
+def work_unit(nodeid):
+    """The xdist work unit of a test: its own id, its file, or a shared
+    resource's name."""
+    path = nodeid.split("::")[0]
+    parts = path.split("/")
+    if parts[-1] in _SHARED_RESOURCE:
+        return _SHARED_RESOURCE[parts[-1]]
+    if len(parts) > 2 and parts[-2] in SPLIT and not _has_wide_fixture(path):
+        return nodeid
+    return parts[-1]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return work_unit(nodeid)
+    return Scheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            name = item.path.name
-            item.add_marker(pytest.mark.xdist_group(
-                _SHARED_RESOURCE.get(name, name)))
+    if hasattr(config, "workerinput"):          # in an xdist worker
+        rank = {u: i for i, u in enumerate(FIRST)}
+        units = {it.nodeid: work_unit(it.nodeid) for it in items}
+        # stable: files (FIRST in its order, then the others), then the
+        # single tests, each in collection order
+        items.sort(key=lambda it: (units[it.nodeid] == it.nodeid,
+                                   rank.get(units[it.nodeid], len(rank))))
     # the gpu marker: every test that runs on a cuda device (the device
     # fixture's cuda half, or a test parametrised with a 'cuda...' value)
     for item in items:

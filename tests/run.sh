@@ -17,10 +17,10 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 
-# The single-process phases run in two pytest-xdist workers (a file's tests
-# stay in one worker; files sharing a machine-wide resource share one:
+# The single-process phases run in two pytest-xdist workers (which tests
+# stay together in one worker, and in which order the groups start:
 # tests/conftest.py); `bash tests/run.sh -n 0` runs them in this process.
-XDIST=(-n 2 --dist loadgroup)
+XDIST=(-n 2 --dist loadgroup --no-loadscope-reorder)
 
 status=0
 echo "== single-process tests"

@@ -16,7 +16,9 @@ digits = pytest.importorskip("digits")   # needs scikit-learn's data
 
 
 def test_bfloat16_autocast_accuracy_within_one_point(tmp_path):
-    args = ["--epochs", "15", "--quiet"]
+    # 7 epochs, not the default 15 (CPU 8.9 -> 2.7 s): 97.8% in both runs
+    # (5 epochs: 97.2% / 97.5%), so the one-point bound still has room
+    args = ["--epochs", "7", "--quiet"]
     f32 = digits.main(args + ["--checkpoint", str(tmp_path / "a.st")])
     bf16 = digits.main(args + ["--checkpoint", str(tmp_path / "b.st"),
                                "--amp"])

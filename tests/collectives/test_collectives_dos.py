@@ -17,8 +17,6 @@ import time
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))  # tests/: the shared helpers
 import collectives  # noqa: E402
 from collectives import store as S  # noqa: E402
 from collectives.tcp import tcp_group  # noqa: E402

@@ -4,13 +4,10 @@ every rank did arrive. The same ops on collectives' own groups run for
 every backend in collectives_helpers (cases empty_tensors and
 scalar_tensors: threads, tcp processes, mpiexec -n 2/3)."""
 import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))  # tests/: the shared helpers
 import collectives  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)

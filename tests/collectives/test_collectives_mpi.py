@@ -4,17 +4,13 @@ desync report, debug mode and the launcher world-size check.
 
 mpi4py is imported inside the fixtures so that the single-process phase
 (`pytest -m "not mpi"`) never initialises MPI."""
-import os
-import sys
 import time
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))  # tests/: the shared helpers
-import collectives_helpers as H  # noqa: E402
-from collectives import (CollectiveError,  # noqa: E402
+import collectives_helpers as H
+from collectives import (CollectiveError,
                          CollectiveMismatchError, CollectiveTimeoutError)
 
 _groups = {}

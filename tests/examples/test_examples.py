@@ -40,12 +40,40 @@ def accuracy(out):
     return float(re.findall(r"final test accuracy ([\d.]+)%", out)[-1])
 
 
-def test_digits_main_job_trains_checkpoints_and_resumes(tmp_path):
-    ck = str(tmp_path / "digits.safetensors")
-    out = run([sys.executable, os.path.join(EX, "digits.py"), "--epochs",
-               "3", "--quiet", "--checkpoint", ck])
+def _copy(path, tmp_path):
+    """A copy of a checkpoint (file or directory) that a test may change."""
+    dst = str(tmp_path / os.path.basename(path))
+    (shutil.copytree if os.path.isdir(path) else shutil.copy)(path, dst)
+    return dst
+
+
+# Each example run is a fresh interpreter that imports dtorch and
+# scikit-learn (most of its ~2 s of CPU): the uninterrupted runs that
+# several tests compare with are made once per module.
+@pytest.fixture(scope="module")
+def digits_3_epochs(tmp_path_factory):
+    """(stdout, checkpoint) of ``digits.py --epochs 3``."""
+    ck = str(tmp_path_factory.mktemp("digits3") / "whole.st")
+    return run([sys.executable, os.path.join(EX, "digits.py"), "--epochs",
+                "3", "--quiet", "--checkpoint", ck]), ck
+
+
+@pytest.fixture(scope="module")
+def ddp_digits_2_epochs(tmp_path_factory):
+    """(stdout, checkpoint) of ``dtorch-launch --nproc-per-node 2
+    ddp_digits.py --epochs 2``."""
+    ck = str(tmp_path_factory.mktemp("ddp2") / "whole.st")
+    return _launch(["--nproc-per-node", "2", os.path.join(
+        EX, "ddp_digits.py"), "--epochs", "2", "--quiet", "--checkpoint",
+        ck]), ck
+
+
+def test_digits_main_job_trains_checkpoints_and_resumes(tmp_path,
+                                                        digits_3_epochs):
+    out, whole = digits_3_epochs
     assert accuracy(out) > 85.0
-    assert os.path.getsize(ck) > 10_000
+    assert os.path.getsize(whole) > 10_000
+    ck = _copy(whole, tmp_path)
     out = run([sys.executable, os.path.join(EX, "digits.py"), "--epochs",
                "4", "--quiet", "--checkpoint", ck, "--resume"])
     assert "resuming from" in out and "at epoch 4" in out
@@ -93,13 +121,11 @@ def _same_parameters(a, b):
     return all(np.array_equal(sa[k].numpy(), sb[k].numpy()) for k in sa)
 
 
-def test_digits_resume_is_bitwise(tmp_path):
+def test_digits_resume_is_bitwise(tmp_path, digits_3_epochs):
     # a run interrupted after epoch 1 and resumed ends with bitwise the
     # parameters of the uninterrupted run (dropout's RNG stream included)
     digits = os.path.join(EX, "digits.py")
-    whole, cut = str(tmp_path / "whole.st"), str(tmp_path / "cut.st")
-    run([sys.executable, digits, "--epochs", "3", "--quiet",
-         "--checkpoint", whole])
+    whole, cut = digits_3_epochs[1], str(tmp_path / "cut.st")
     p = subprocess.run([sys.executable, digits, "--epochs", "3", "--quiet",
                         "--checkpoint", cut, "--fail-at-epoch", "1"],
                        capture_output=True, text=True, timeout=240, cwd=ROOT)
@@ -110,13 +136,11 @@ def test_digits_resume_is_bitwise(tmp_path):
     assert _same_parameters(whole, cut)
 
 
-def test_ddp_digits_restart_is_bitwise(tmp_path):
+def test_ddp_digits_restart_is_bitwise(tmp_path, ddp_digits_2_epochs):
     # dtorch-launch --max-restarts: rank 1 dies at the start of epoch 1;
     # the restarted job resumes and ends where the uninterrupted one does
     ddp = os.path.join(EX, "ddp_digits.py")
-    whole, cut = str(tmp_path / "whole.st"), str(tmp_path / "cut.st")
-    _launch(["--nproc-per-node", "2", ddp, "--epochs", "2", "--quiet",
-             "--checkpoint", whole])
+    whole, cut = ddp_digits_2_epochs[1], str(tmp_path / "cut.st")
     out = _launch(["--nproc-per-node", "2", "--max-restarts", "1", ddp,
                    "--epochs", "2", "--quiet", "--checkpoint", cut,
                    "--fail-at-epoch", "1"])
@@ -129,8 +153,14 @@ def test_running_an_example_twice_trains_twice(tmp_path):
     # train again (not resume a finished run and report 0.00%)
     ck = str(tmp_path / "digits.st")
     cmd = [sys.executable, os.path.join(EX, "digits.py"), "--epochs", "1",
-           "--quiet", "--checkpoint", ck]
-    first = accuracy(run(cmd))
+           "--checkpoint", ck]
+    # the first run without --quiet, its output to a pipe (a SLURM .out, a
+    # redirected log): no tqdm bars, no escape codes
+    out, err = run(cmd, raw=True)
+    assert_plain(out, err)
+    assert b"epoch  1" in out
+    first = accuracy(out.decode())
+    cmd.append("--quiet")
     again = run(cmd)
     assert "starting fresh" in again and "finished run" in again
     assert again.count("test loss") == 1 and accuracy(again) == first
@@ -139,14 +169,15 @@ def test_running_an_example_twice_trains_twice(tmp_path):
     assert accuracy(report) == first
 
 
-def test_ddp_digits_under_launcher_twice_trains_twice(tmp_path):
-    ck = str(tmp_path / "ddp.st")
+def test_ddp_digits_under_launcher_twice_trains_twice(tmp_path,
+                                                      ddp_digits_2_epochs):
+    out, whole = ddp_digits_2_epochs
+    ck = _copy(whole, tmp_path)
     args = ["--nproc-per-node", "2", os.path.join(EX, "ddp_digits.py"),
-            "--epochs", "1", "--quiet", "--checkpoint", ck]
-    first = accuracy(_launch(args))
+            "--epochs", "2", "--quiet", "--checkpoint", ck]
     again = _launch(args)
-    assert "starting fresh" in again and again.count("  test acc ") == 1
-    assert accuracy(again) == first > 50.0
+    assert "starting fresh" in again and again.count("  test acc ") == 2
+    assert accuracy(again) == accuracy(out) > 50.0
 
 
 @pytest.mark.parametrize("name", ["digits.py", "ddp_digits.py",
@@ -155,15 +186,6 @@ def test_example_help_shows_defaults(name):
     out = " ".join(run([sys.executable, os.path.join(EX, name),
                         "--help"]).split())    # unwrap argparse's lines
     assert "(default: runs/" in out and "(default: 0.002)" in out, out
-
-
-def test_no_progress_bar_or_escape_codes_in_redirected_output(tmp_path):
-    # output to a file (a SLURM .out, a redirected log): no tqdm bars
-    out, err = run([sys.executable, os.path.join(EX, "digits.py"),
-                    "--epochs", "1", "--checkpoint", str(tmp_path / "d.st")],
-                   raw=True)
-    assert_plain(out, err)
-    assert b"epoch  1" in out
 
 
 def test_checkpoint_of_an_older_example_is_not_resumed(tmp_path):

@@ -15,6 +15,7 @@ ALLOWED_CYCLE_EDGES, each with its reason; an entry that no longer occurs
 fails test_allow_lists_are_current, so the lists only shrink.
 """
 import ast
+import functools
 import os
 import textwrap
 
@@ -220,6 +221,7 @@ def imports_of(name, path, ispkg, mods):
     return out
 
 
+@functools.lru_cache(maxsize=None)  # the tests only read it: parse once
 def all_imports(root=ROOT, packages=PACKAGES):
     mods = find_modules(root, packages)
     return mods, [i for name, (p, ispkg) in mods.items()
@@ -325,16 +327,17 @@ def test_every_module_has_a_layer():
     missing = sorted(m for m in mods
                      if m.startswith('dtorch') and layer_of(m) is None)
     assert not missing, (
-        f"dtorch modules with no layer in tests/project/test_layering.py LAYERS: "
-        f"{missing}")
+        f"dtorch modules with no layer in tests/project/test_layering.py "
+        f"LAYERS: {missing}")
 
 
 def test_imports_point_down():
     _, imps = all_imports()
     bad = [i for i in upward(imps) if (i.src, i.dst) not in ALLOWED_UPWARD]
     assert not bad, _report(
-        "imports that point up a layer (LAYERS in tests/project/test_layering.py, "
-        "DESIGN.md); call down, or move the code to the layer it needs:",
+        "imports that point up a layer (LAYERS in "
+        "tests/project/test_layering.py, DESIGN.md); call down, or move the "
+        "code to the layer it needs:",
         sorted(bad, key=repr))
 
 
