@@ -63,13 +63,13 @@ from collectives.elastic_store import ElasticStop, Membership, key
 from collectives.store import TCPStore
 from collectives.tcp import TCPGroup
 
-from .. import distributed as dist
-from .. import random as _random
-from .._settings import are_deterministic_algorithms_enabled
-from ..nn.parallel import DistributedDataParallel
-from ..serialization import load, save
-from ..utils.data import DistributedSampler
-from ..utils.data._collate import default_collate
+from ... import distributed as dist
+from ... import random as _random
+from ..._settings import are_deterministic_algorithms_enabled
+from ...nn.parallel import DistributedDataParallel
+from ...serialization import load, save
+from ...utils.data import DistributedSampler
+from ...utils.data._collate import default_collate
 
 __all__ = ["ElasticJob", "ElasticStop", "Step", "is_elastic"]
 
@@ -424,8 +424,8 @@ class ElasticJob:
 def _refuse_sharded(model, optimizer):
     """ZeRO and FSDP hold a shard of the state on each rank only: a lost
     rank's shard would be gone (a buddy replica in a peer is not built)."""
-    from .fsdp import FSDPModule, FullyShardedDataParallel
-    from .optim import ZeroRedundancyOptimizer
+    from ..fsdp import FSDPModule, FullyShardedDataParallel
+    from ..optim import ZeroRedundancyOptimizer
     what = None
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         what = "ZeroRedundancyOptimizer (ZeRO)"
