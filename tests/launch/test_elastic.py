@@ -441,13 +441,12 @@ def test_first_cause_names_the_rank_that_failed_on_its_own():
 
 def test_elastic_job_on_a_fixed_group_and_refusals():
     """The same loop on a fixed (thread) group: each sample once per epoch,
-    an uneven last step, identical replicas; ZeRO, FSDP and a DDP-wrapped
-    model are refused with the reason."""
+    an uneven last step, identical replicas; FSDP and a DDP-wrapped model
+    are refused with the reason."""
     import dtorch as torch
     import dtorch.distributed as dist
     from dtorch.distributed import elastic
     from dtorch.distributed.fsdp import fully_shard
-    from dtorch.distributed.optim import ZeroRedundancyOptimizer
     from dtorch.nn.parallel import DistributedDataParallel as DDP
     from dtorch.utils.data import TensorDataset
 
@@ -472,8 +471,6 @@ def test_elastic_job_on_a_fixed_group_and_refusals():
         errs = []
         for bad in (
                 lambda: elastic.ElasticJob(DDP(model), opt, ds, 4),
-                lambda: elastic.ElasticJob(model, ZeroRedundancyOptimizer(
-                    model.parameters(), torch.optim.SGD, lr=0.1), ds, 4),
                 lambda: elastic.ElasticJob(fully_shard(torch.nn.Sequential(
                     torch.nn.Linear(2, 2))), opt, ds, 4)):
             try:
@@ -490,5 +487,46 @@ def test_elastic_job_on_a_fixed_group_and_refusals():
     assert res[0][2].tobytes() == res[1][2].tobytes()
     errs = res[0][3]
     assert "takes the plain module" in errs[0]
-    assert "ZeroRedundancyOptimizer (ZeRO) is not supported" in errs[1]
-    assert "FSDP" in errs[2] and "buddy replicas are not built" in errs[2]
+    assert "FSDP" in errs[1] and "buddy replicas are built for ZeRO-1 " \
+        "only" in errs[1]
+
+
+def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
+    """ZeRO-1 (ZeroRedundancyOptimizer over Adam), deterministic: 4 ->
+    SIGKILL member 1 at a step's start -> 3 -> SIGKILL member 3 inside a
+    step, after its ZeRO step, before the buddy swap (the others' shards
+    already updated: they must go back to the buddy copies) -> 2 -> a
+    joiner gets its shard -> 3. The survivors keep their pids; the final
+    parameters are bitwise those of one uninterrupted process."""
+    log, out = tmp_path / "steps.jsonl", tmp_path / "elastic.npz"
+    port, env = _port(), _env("t-zero")
+    common = [SCRIPT, "--deterministic", "--zero", "--samples", "96",
+              "--epochs", "2", "--log", str(log), "--kill", "1:1",
+              "--kill-in-buddy", "3:3", "--hold", "5:join"]
+    host = Launcher(["--elastic", "2:4", "--nproc-per-node", "4",
+                     "--master-port", str(port)] + common
+                    + ["--out", str(out)], env)
+    host.wait_for("elastic round 2:")
+    joiner = Launcher(["--join", "--master-port", str(port)] + common, env)
+    jcode, jerr, _ = joiner.finish()
+    code, err, _ = host.finish()
+    assert code == 0 and jcode == 0, err + jerr
+    assert "lost rank 1 (member 1: was killed by SIGKILL" in err, err
+    assert "new world size 2 (was 3)" in err and "member 3:" in err, err
+    assert "1 joined (member(s) 4); new world size 3" in err, err
+    ev = _events(log)
+    pids = _one_start_per_member(ev)
+    assert sorted(pids) == [0, 1, 2, 3, 4]
+    assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 2, 4]
+    _check_exactly_once(ev, 96, 2)
+    ref = tmp_path / "ref.npz"
+    e1 = dict(env)
+    for k in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
+        e1.pop(k, None)
+    subprocess.run([sys.executable, SCRIPT, "--deterministic", "--zero",
+                    "--samples", "96", "--epochs", "2", "--out", str(ref)],
+                   env=e1, check=True, cwd=ROOT, timeout=120)
+    a, b = np.load(out), np.load(ref)
+    assert sorted(a.files) == sorted(b.files)
+    for k in a.files:
+        assert a[k].tobytes() == b[k].tobytes(), k
