@@ -133,13 +133,8 @@ def test_kill_rank0_join_kill_two_bitwise(tmp_path):
     common = [SCRIPT, "--deterministic", "--samples", "96", "--epochs", "2",
               "--log", str(log), "--kill", "0:1", "--hold", "3:join",
               "--kill-after-join", "2,4"]
-    host = Launcher(["--elastic", "2:5", "--nproc-per-node", "4",
-                     "--master-port", str(port)] + common
-                    + ["--out", str(out)], env)
-    host.wait_for("elastic round 1:")
-    joiner = Launcher(["--join", "--master-port", str(port)] + common, env)
-    jcode, jerr, _ = joiner.finish()
-    code, err, _ = host.finish()
+    code, err, jcode, jerr = _four_and_a_joiner("2:5", port, env, common,
+                                                out, "elastic round 1:")
     assert code == 0, err + jerr
     assert jcode != 0 and "member 4" in jerr, jerr   # the joiner was killed
     assert ("elastic round 1: lost rank 0 (member 0: was killed by SIGKILL"
@@ -154,14 +149,32 @@ def test_kill_rank0_join_kill_two_bitwise(tmp_path):
     assert ends == [1, 3]                      # the survivors, to the end
     assert {e["world"] for e in ev if e["event"] == "begin"} >= {4, 3, 2}
     _check_exactly_once(ev, 96, 2)
-    # the same global batch in one process, never interrupted
+    _assert_bitwise_uninterrupted(out, tmp_path, env, [])
+
+
+def _four_and_a_joiner(elastic, port, env, common, out, after):
+    """A 4-rank elastic job and, once its launcher said ``after``, one
+    joiner: (code, stderr) of each."""
+    host = Launcher(["--elastic", elastic, "--nproc-per-node", "4",
+                     "--master-port", str(port)] + common
+                    + ["--out", str(out)], env)
+    host.wait_for(after)
+    joiner = Launcher(["--join", "--master-port", str(port)] + common, env)
+    jcode, jerr, _ = joiner.finish()
+    code, err, _ = host.finish()
+    return code, err, jcode, jerr
+
+
+def _assert_bitwise_uninterrupted(out, tmp_path, env, extra):
+    """The parameters in ``out`` are bitwise those of the same global
+    batch in one process, never interrupted."""
     ref = tmp_path / "ref.npz"
     e1 = dict(env)
     for k in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
         e1.pop(k, None)
     subprocess.run([sys.executable, SCRIPT, "--deterministic", "--samples",
-                    "96", "--epochs", "2", "--out", str(ref)], env=e1,
-                   check=True, cwd=ROOT, timeout=120)
+                    "96", "--epochs", "2", "--out", str(ref)] + extra,
+                   env=e1, check=True, cwd=ROOT, timeout=120)
     a, b = np.load(out), np.load(ref)
     assert sorted(a.files) == sorted(b.files)
     for k in a.files:
@@ -503,13 +516,8 @@ def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
     common = [SCRIPT, "--deterministic", "--zero", "--samples", "96",
               "--epochs", "2", "--log", str(log), "--kill", "1:1",
               "--kill-in-buddy", "3:3", "--hold", "5:join"]
-    host = Launcher(["--elastic", "2:4", "--nproc-per-node", "4",
-                     "--master-port", str(port)] + common
-                    + ["--out", str(out)], env)
-    host.wait_for("elastic round 2:")
-    joiner = Launcher(["--join", "--master-port", str(port)] + common, env)
-    jcode, jerr, _ = joiner.finish()
-    code, err, _ = host.finish()
+    code, err, jcode, jerr = _four_and_a_joiner("2:4", port, env, common,
+                                                out, "elastic round 2:")
     assert code == 0 and jcode == 0, err + jerr
     assert "lost rank 1 (member 1: was killed by SIGKILL" in err, err
     assert "new world size 2 (was 3)" in err and "member 3:" in err, err
@@ -519,14 +527,4 @@ def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
     assert sorted(pids) == [0, 1, 2, 3, 4]
     assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 2, 4]
     _check_exactly_once(ev, 96, 2)
-    ref = tmp_path / "ref.npz"
-    e1 = dict(env)
-    for k in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
-        e1.pop(k, None)
-    subprocess.run([sys.executable, SCRIPT, "--deterministic", "--zero",
-                    "--samples", "96", "--epochs", "2", "--out", str(ref)],
-                   env=e1, check=True, cwd=ROOT, timeout=120)
-    a, b = np.load(out), np.load(ref)
-    assert sorted(a.files) == sorted(b.files)
-    for k in a.files:
-        assert a[k].tobytes() == b[k].tobytes(), k
+    _assert_bitwise_uninterrupted(out, tmp_path, env, ["--zero"])
