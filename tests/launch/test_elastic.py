@@ -528,3 +528,44 @@ def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
     assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 2, 4]
     _check_exactly_once(ev, 96, 2)
     _assert_bitwise_uninterrupted(out, tmp_path, env, ["--zero"])
+
+
+def test_elastic_job_with_zero1_on_a_fixed_group():
+    """Outside --elastic, ElasticJob with ZeroRedundancyOptimizer runs on
+    the fixed (thread) group, no buddy replica: the same parameters as
+    with the plain optimizer, on every rank."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from dtorch.distributed import elastic
+    from dtorch.distributed.optim import ZeroRedundancyOptimizer
+    from dtorch.utils.data import TensorDataset
+
+    def body(rank, world):
+        out = []
+        for zero in (False, True):
+            torch.manual_seed(0)
+            ds = TensorDataset(torch.randn(12, 3), torch.randn(12, 1))
+            model = torch.nn.Sequential(torch.nn.Linear(3, 5),
+                                        torch.nn.Tanh(),
+                                        torch.nn.Linear(5, 1))
+            opt = ZeroRedundancyOptimizer(
+                model.parameters(), torch.optim.Adam, lr=0.05) if zero \
+                else torch.optim.Adam(model.parameters(), lr=0.05)
+            job = elastic.ElasticJob(model, opt, ds, batch_size=4)
+            assert job._buddy is None
+            for _ in job.epochs(2):
+                for step in job.steps():
+                    with step:
+                        x, y = step.batch
+                        opt.zero_grad()
+                        ((job.model(x) - y) ** 2).mean().backward()
+                        opt.step()
+            out.append(np.concatenate([p.detach().numpy().ravel()
+                                       for p in model.parameters()]))
+            if zero:
+                assert opt.local_state_bytes() < 2 * 4 * out[0].size
+        return out
+
+    (plain0, zero0), (plain1, zero1) = dist.spawn_threads(body, 2)
+    assert plain0.tobytes() == plain1.tobytes() == zero1.tobytes()
+    np.testing.assert_array_equal(zero0, plain0)

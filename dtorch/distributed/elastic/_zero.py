@@ -45,6 +45,7 @@ class ZeroBuddy:
     def step_done(self, group, version):
         """After the optimizer's step ``version``: keep this rank's shard,
         swap with the ring's neighbours, ack."""
+        self.opt._check_reshardable()       # ZeRO-2 is refused at once
         mine = self.opt._shard_snapshot()
         self.held[version] = list(mine)
         for v in [v for v in self.held if v < version - 1]:

@@ -234,15 +234,18 @@ class ZeroRedundancyOptimizer(Optimizer):
                 if k != "params":
                     g.setdefault(k, v)
 
-    def _reshard(self, process_group, state_dict=None):
-        """Lay the shards out again over ``process_group`` (an elastic
-        job's new membership) and load the unsharded ``state_dict`` into
-        them (None: no state yet)."""
+    def _check_reshardable(self):
         if self._stage2 or self._buckets:
             raise NotImplementedError(
                 "ZeroRedundancyOptimizer with reduce_scatter_hook (ZeRO-2) "
                 "cannot be re-sharded by an elastic job: use ZeRO-1 (no "
                 "hook) under ElasticJob")
+
+    def _reshard(self, process_group, state_dict=None):
+        """Lay the shards out again over ``process_group`` (an elastic
+        job's new membership) and load the unsharded ``state_dict`` into
+        them (None: no state yet)."""
+        self._check_reshardable()
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
