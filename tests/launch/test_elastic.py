@@ -569,3 +569,28 @@ def test_elastic_job_with_zero1_on_a_fixed_group():
     (plain0, zero0), (plain1, zero1) = dist.spawn_threads(body, 2)
     assert plain0.tobytes() == plain1.tobytes() == zero1.tobytes()
     np.testing.assert_array_equal(zero0, plain0)
+
+
+def test_zero_shards_rebuilt_from_pieces_or_named_lost():
+    """The rebuild of the full parameters and state from the pieces the
+    members hold (own and buddy copies, in any layout, overlapping), and
+    the stop that names what no survivor holds."""
+    import dtorch as torch
+    from dtorch.distributed.elastic._zero import _merge
+    w, b = torch.zeros(2, 3), torch.zeros(4)
+    full_w = np.arange(6, dtype=np.float32)
+    step = np.array(3.0, np.float32)
+
+    def piece(idx, lo, hi, arr):
+        return (idx, lo, hi, arr[lo:hi].copy(),
+                {"exp_avg": arr[lo:hi] * 2, "step": step})
+    pieces = [piece(0, 0, 4, full_w), piece(0, 2, 6, full_w),   # overlap
+              piece(1, 0, 1, np.ones(4, np.float32)),
+              piece(1, 1, 4, np.ones(4, np.float32))]
+    flat, state = _merge([w, b], pieces, 7)
+    assert flat[0].tolist() == full_w.tolist() and flat[1].tolist() == [1] * 4
+    assert state[0]["exp_avg"].tolist() == (2 * full_w).tolist()
+    assert float(state[1]["step"]) == 3.0
+    with pytest.raises(ElasticStop, match=r"state at step 7 is lost: 2 "
+                       r"elements of parameter\(s\) \[0\]"):
+        _merge([w, b], pieces[:1] + pieces[2:], 7)
