@@ -10,7 +10,9 @@ one each run, rank 0 included) once training is under way, then starts a
 (DTORCH_ELASTIC_TRACE) gives when each survivor saw the failure, had the
 new group and finished its first step; the figures are from the kill (or
 the joiner's start). The machine's load is printed with them: on a shared
-machine the import of a joiner dominates its figure.
+machine the import of a joiner dominates its figure. ``--zero``: the
+example with ZeroRedundancyOptimizer (the shards rebuilt from buddy
+replicas).
 """
 import argparse
 import json
@@ -50,12 +52,12 @@ def _port():
         return s.getsockname()[1]
 
 
-def one_run(victim, nproc, epochs):
+def one_run(victim, nproc, epochs, extra=()):
     trace = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False).name
     port = _port()
     env = dict(os.environ, PYTHONPATH=ROOT, DTORCH_ELASTIC_TRACE=trace,
                DTORCH_RDZV_TOKEN=f"bench-{port}")
-    args = [EXAMPLE, "--epochs", str(epochs)]
+    args = [EXAMPLE, "--epochs", str(epochs)] + list(extra)
     host = subprocess.Popen(
         [sys.executable, "-m", "launch", "--elastic", "2:4",
          "--nproc-per-node", str(nproc), "--master-port", str(port)] + args,
@@ -134,6 +136,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--nproc", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--zero", action="store_true",
+                    help="the example with ZeRO-1 (buddy replicas)")
     ap.add_argument("--overhead", action="store_true",
                     help="only the per-step cost of the join check")
     a = ap.parse_args()
@@ -142,7 +146,8 @@ def main():
         print(overhead(a.nproc))
         return
     for k in range(a.runs):
-        print(json.dumps(one_run(k % a.nproc, a.nproc, a.epochs)),
+        print(json.dumps(one_run(k % a.nproc, a.nproc, a.epochs,
+                                 ["--zero"] if a.zero else [])),
               flush=True)
     print("load:", os.getloadavg())
 

@@ -10,7 +10,10 @@ training sample of the epoch is used exactly once. A joined rank takes part
 from the next step. Fewer than MIN ranks left: the job stops, saying so.
 The loop is dtorch.distributed.elastic's (``job.epochs``, ``job.steps``,
 ``with step``); without --elastic the script runs as a fixed job
-(``dtorch-launch --nproc-per-node 2 ...``) or in one process.
+(``dtorch-launch --nproc-per-node 2 ...``) or in one process. ``--zero``:
+Adam's state sharded over the ranks (ZeroRedundancyOptimizer, ZeRO-1), each
+shard with a buddy replica in the next rank so that a lost rank's shard
+survives it.
 """
 import argparse
 import os
@@ -36,12 +39,21 @@ def main(argv=None):
                     help="Adam's learning rate (cosine schedule)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the model, the data split and order")
+    ap.add_argument("--zero", action="store_true",
+                    help="shard Adam's state over the ranks (ZeRO-1)")
     args = ap.parse_args(argv)
 
     torch.manual_seed(args.seed)
     xtr, ytr, xte, yte = load_digits_split(seed=args.seed)
     model = DigitsCNN()
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    if args.zero:
+        from dtorch.distributed.optim import ZeroRedundancyOptimizer
+        if not elastic.is_elastic() and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group()     # a fixed job
+        opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam,
+                                      lr=args.lr)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.epochs)
     job = elastic.ElasticJob(model, opt, TensorDataset(xtr, ytr),
                              batch_size=args.batch_size, seed=args.seed,

@@ -124,9 +124,48 @@ def _check_script(args):
             f"(looked in {os.getcwd()})")
 
 
+def _script_index(parser, argv):
+    """Index of the script in ``argv``: the first word that is neither one
+    of the launcher's options nor an option's value (None if there is
+    none). Words after it belong to the script and are never read as the
+    launcher's (argparse would take a script's ``--n 5`` for an ambiguous
+    abbreviation of ``--nnodes``/``--nproc-per-node``)."""
+    actions = parser._option_string_actions
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return i + 1 if i + 1 < len(argv) else None
+        if not word.startswith("-") or word == "-":
+            return i
+        name = word.partition("=")[0]
+        found = [a for s, a in actions.items()
+                 if s == name or (name.startswith("--") and len(name) > 2
+                                  and s.startswith(name))]
+        if name in actions:
+            found = [actions[name]]
+        if len({id(a) for a in found}) == 1 and "=" not in word \
+                and found[0].nargs != 0:
+            i += 1                  # the option's value
+        i += 1
+    return None
+
+
+def parse_args(parser, argv=None):
+    """The launcher's options up to the script; the rest is the script's,
+    untouched."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    at = _script_index(parser, argv)
+    if at is None:
+        return parser.parse_args(argv)
+    args = parser.parse_args(argv[:at + 1])
+    args.args = argv[at + 1:]
+    return args
+
+
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     for flag, value, low in (("--nproc-per-node", args.nproc_per_node, 1),
                              ("--nnodes", args.nnodes, 1),
                              ("--max-restarts", args.max_restarts, 0),

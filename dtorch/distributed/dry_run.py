@@ -318,8 +318,11 @@ def format_table(report):
 
 
 def build_parser():
+    # allow_abbrev=False: a script's own "--n 5" is not taken for an
+    # abbreviation of --nnodes/--nproc-per-node (dtorch-launch passes the
+    # options here spelled out)
     p = argparse.ArgumentParser(
-        prog="python -m dtorch.distributed.dry_run",
+        prog="python -m dtorch.distributed.dry_run", allow_abbrev=False,
         description="Run a job's first optimizer steps in one process, its "
                     "ranks simulated as threads, and print each rank's "
                     "memory and collective bytes. The script really runs "

@@ -207,6 +207,7 @@ gather scatter new_group get_backend all_gather_object broadcast_object_list
 reduce_scatter send recv isend irecv all_gather_into_tensor
 reduce_scatter_tensor all_to_all
 get_default_backend_for_device
+elastic.multiprocessing.errors.record
 """.split()
 
 EXCLUDED = {

@@ -8,7 +8,10 @@ trained on exactly once. ``--kill UID:STEP[,UID:STEP]``: member UID
 SIGKILLs itself at the start of global step STEP (its first attempt);
 ``--die-in-reform UID``: member UID exits while checking in for a new
 round (a death during the re-formation). ``--deterministic``: use_
-deterministic_algorithms(True). The final parameters go to OUT.npz
+deterministic_algorithms(True). ``--zero``: ZeroRedundancyOptimizer
+(ZeRO-1) over Adam; ``--kill-in-buddy UID:STEP``: member UID SIGKILLs
+itself in step STEP after the ZeRO step (its shard updated and gathered),
+before swapping buddy replicas. The final parameters go to OUT.npz
 (``--out``, rank 0).
 """
 import argparse
@@ -44,6 +47,8 @@ def main():
                          "registered) or STEP:PATH (until PATH exists), at "
                          "most 60 s; several, comma-separated")
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--zero", action="store_true")
+    ap.add_argument("--kill-in-buddy", default="")
     ap.add_argument("--kill-at-end", type=int, default=-1,
                     help="this uid SIGKILLs itself after training, before "
                          "job.close() (while the others evaluate)")
@@ -57,7 +62,14 @@ def main():
     y = torch.from_numpy((g.standard_normal(n) > 0).astype(np.int64))
     model = nn.Sequential(nn.Linear(8, args.hidden), nn.Tanh(),
                           nn.Linear(args.hidden, 2))
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    if args.zero:
+        from dtorch.distributed.optim import ZeroRedundancyOptimizer
+        if not elastic.is_elastic():
+            torch.distributed.init_process_group()
+        opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam,
+                                      lr=0.01)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
     job = elastic.ElasticJob(model, opt,
                              torch.utils.data.TensorDataset(x, y),
                              batch_size=args.batch_size,
@@ -87,6 +99,16 @@ def main():
                 json.dumps({"done": done}))
             os._exit(7)
         job.members.reform = dying
+    if args.kill_in_buddy:
+        k_uid, k_step = map(int, args.kill_in_buddy.split(":"))
+        swap = job._buddy.step_done if k_uid == uid else None
+
+        def dying_swap(group, version):     # version: the step's done + 1
+            if version == k_step + 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return swap(group, version)
+        if swap is not None:
+            job._buddy.step_done = dying_swap
     log = open(args.log, "a", buffering=1) if args.log else None
 
     def note(**kw):

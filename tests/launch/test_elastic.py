@@ -133,13 +133,8 @@ def test_kill_rank0_join_kill_two_bitwise(tmp_path):
     common = [SCRIPT, "--deterministic", "--samples", "96", "--epochs", "2",
               "--log", str(log), "--kill", "0:1", "--hold", "3:join",
               "--kill-after-join", "2,4"]
-    host = Launcher(["--elastic", "2:5", "--nproc-per-node", "4",
-                     "--master-port", str(port)] + common
-                    + ["--out", str(out)], env)
-    host.wait_for("elastic round 1:")
-    joiner = Launcher(["--join", "--master-port", str(port)] + common, env)
-    jcode, jerr, _ = joiner.finish()
-    code, err, _ = host.finish()
+    code, err, jcode, jerr = _four_and_a_joiner("2:5", port, env, common,
+                                                out, "elastic round 1:")
     assert code == 0, err + jerr
     assert jcode != 0 and "member 4" in jerr, jerr   # the joiner was killed
     assert ("elastic round 1: lost rank 0 (member 0: was killed by SIGKILL"
@@ -154,14 +149,32 @@ def test_kill_rank0_join_kill_two_bitwise(tmp_path):
     assert ends == [1, 3]                      # the survivors, to the end
     assert {e["world"] for e in ev if e["event"] == "begin"} >= {4, 3, 2}
     _check_exactly_once(ev, 96, 2)
-    # the same global batch in one process, never interrupted
+    _assert_bitwise_uninterrupted(out, tmp_path, env, [])
+
+
+def _four_and_a_joiner(elastic, port, env, common, out, after):
+    """A 4-rank elastic job and, once its launcher said ``after``, one
+    joiner: (code, stderr) of each."""
+    host = Launcher(["--elastic", elastic, "--nproc-per-node", "4",
+                     "--master-port", str(port)] + common
+                    + ["--out", str(out)], env)
+    host.wait_for(after)
+    joiner = Launcher(["--join", "--master-port", str(port)] + common, env)
+    jcode, jerr, _ = joiner.finish()
+    code, err, _ = host.finish()
+    return code, err, jcode, jerr
+
+
+def _assert_bitwise_uninterrupted(out, tmp_path, env, extra):
+    """The parameters in ``out`` are bitwise those of the same global
+    batch in one process, never interrupted."""
     ref = tmp_path / "ref.npz"
     e1 = dict(env)
     for k in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
         e1.pop(k, None)
     subprocess.run([sys.executable, SCRIPT, "--deterministic", "--samples",
-                    "96", "--epochs", "2", "--out", str(ref)], env=e1,
-                   check=True, cwd=ROOT, timeout=120)
+                    "96", "--epochs", "2", "--out", str(ref)] + extra,
+                   env=e1, check=True, cwd=ROOT, timeout=120)
     a, b = np.load(out), np.load(ref)
     assert sorted(a.files) == sorted(b.files)
     for k in a.files:
@@ -441,13 +454,12 @@ def test_first_cause_names_the_rank_that_failed_on_its_own():
 
 def test_elastic_job_on_a_fixed_group_and_refusals():
     """The same loop on a fixed (thread) group: each sample once per epoch,
-    an uneven last step, identical replicas; ZeRO, FSDP and a DDP-wrapped
-    model are refused with the reason."""
+    an uneven last step, identical replicas; FSDP and a DDP-wrapped model
+    are refused with the reason."""
     import dtorch as torch
     import dtorch.distributed as dist
     from dtorch.distributed import elastic
     from dtorch.distributed.fsdp import fully_shard
-    from dtorch.distributed.optim import ZeroRedundancyOptimizer
     from dtorch.nn.parallel import DistributedDataParallel as DDP
     from dtorch.utils.data import TensorDataset
 
@@ -472,8 +484,6 @@ def test_elastic_job_on_a_fixed_group_and_refusals():
         errs = []
         for bad in (
                 lambda: elastic.ElasticJob(DDP(model), opt, ds, 4),
-                lambda: elastic.ElasticJob(model, ZeroRedundancyOptimizer(
-                    model.parameters(), torch.optim.SGD, lr=0.1), ds, 4),
                 lambda: elastic.ElasticJob(fully_shard(torch.nn.Sequential(
                     torch.nn.Linear(2, 2))), opt, ds, 4)):
             try:
@@ -490,5 +500,97 @@ def test_elastic_job_on_a_fixed_group_and_refusals():
     assert res[0][2].tobytes() == res[1][2].tobytes()
     errs = res[0][3]
     assert "takes the plain module" in errs[0]
-    assert "ZeroRedundancyOptimizer (ZeRO) is not supported" in errs[1]
-    assert "FSDP" in errs[2] and "buddy replicas are not built" in errs[2]
+    assert "FSDP" in errs[1] and "buddy replicas are built for ZeRO-1 " \
+        "only" in errs[1]
+
+
+def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
+    """ZeRO-1 (ZeroRedundancyOptimizer over Adam), deterministic: 4 ->
+    SIGKILL member 1 at a step's start -> 3 -> SIGKILL member 3 inside a
+    step, after its ZeRO step, before the buddy swap (the others' shards
+    already updated: they must go back to the buddy copies) -> 2 -> a
+    joiner gets its shard -> 3. The survivors keep their pids; the final
+    parameters are bitwise those of one uninterrupted process."""
+    log, out = tmp_path / "steps.jsonl", tmp_path / "elastic.npz"
+    port, env = _port(), _env("t-zero")
+    common = [SCRIPT, "--deterministic", "--zero", "--samples", "96",
+              "--epochs", "2", "--log", str(log), "--kill", "1:1",
+              "--kill-in-buddy", "3:3", "--hold", "5:join"]
+    code, err, jcode, jerr = _four_and_a_joiner("2:4", port, env, common,
+                                                out, "elastic round 2:")
+    assert code == 0 and jcode == 0, err + jerr
+    assert "lost rank 1 (member 1: was killed by SIGKILL" in err, err
+    assert "new world size 2 (was 3)" in err and "member 3:" in err, err
+    assert "1 joined (member(s) 4); new world size 3" in err, err
+    ev = _events(log)
+    pids = _one_start_per_member(ev)
+    assert sorted(pids) == [0, 1, 2, 3, 4]
+    assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 2, 4]
+    _check_exactly_once(ev, 96, 2)
+    _assert_bitwise_uninterrupted(out, tmp_path, env, ["--zero"])
+
+
+def test_elastic_job_with_zero1_on_a_fixed_group():
+    """Outside --elastic, ElasticJob with ZeroRedundancyOptimizer runs on
+    the fixed (thread) group, no buddy replica: the same parameters as
+    with the plain optimizer, on every rank."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from dtorch.distributed import elastic
+    from dtorch.distributed.optim import ZeroRedundancyOptimizer
+    from dtorch.utils.data import TensorDataset
+
+    def body(rank, world):
+        out = []
+        for zero in (False, True):
+            torch.manual_seed(0)
+            ds = TensorDataset(torch.randn(12, 3), torch.randn(12, 1))
+            model = torch.nn.Sequential(torch.nn.Linear(3, 5),
+                                        torch.nn.Tanh(),
+                                        torch.nn.Linear(5, 1))
+            opt = ZeroRedundancyOptimizer(
+                model.parameters(), torch.optim.Adam, lr=0.05) if zero \
+                else torch.optim.Adam(model.parameters(), lr=0.05)
+            job = elastic.ElasticJob(model, opt, ds, batch_size=4)
+            assert job._buddy is None
+            for _ in job.epochs(2):
+                for step in job.steps():
+                    with step:
+                        x, y = step.batch
+                        opt.zero_grad()
+                        ((job.model(x) - y) ** 2).mean().backward()
+                        opt.step()
+            out.append(np.concatenate([p.detach().numpy().ravel()
+                                       for p in model.parameters()]))
+            if zero:
+                assert opt.local_state_bytes() < 2 * 4 * out[0].size
+        return out
+
+    (plain0, zero0), (plain1, zero1) = dist.spawn_threads(body, 2)
+    assert plain0.tobytes() == plain1.tobytes() == zero1.tobytes()
+    np.testing.assert_array_equal(zero0, plain0)
+
+
+def test_zero_shards_rebuilt_from_pieces_or_named_lost():
+    """The rebuild of the full parameters and state from the pieces the
+    members hold (own and buddy copies, in any layout, overlapping), and
+    the stop that names what no survivor holds."""
+    import dtorch as torch
+    from dtorch.distributed.elastic._zero import _merge
+    w, b = torch.zeros(2, 3), torch.zeros(4)
+    full_w = np.arange(6, dtype=np.float32)
+    step = np.array(3.0, np.float32)
+
+    def piece(idx, lo, hi, arr):
+        return (idx, lo, hi, arr[lo:hi].copy(),
+                {"exp_avg": arr[lo:hi] * 2, "step": step})
+    pieces = [piece(0, 0, 4, full_w), piece(0, 2, 6, full_w),   # overlap
+              piece(1, 0, 1, np.ones(4, np.float32)),
+              piece(1, 1, 4, np.ones(4, np.float32))]
+    flat, state = _merge([w, b], pieces, 7)
+    assert flat[0].tolist() == full_w.tolist() and flat[1].tolist() == [1] * 4
+    assert state[0]["exp_avg"].tolist() == (2 * full_w).tolist()
+    assert float(state[1]["step"]) == 3.0
+    with pytest.raises(ElasticStop, match=r"state at step 7 is lost: 2 "
+                       r"elements of parameter\(s\) \[0\]"):
+        _merge([w, b], pieces[:1] + pieces[2:], 7)

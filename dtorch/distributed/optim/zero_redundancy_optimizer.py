@@ -36,6 +36,8 @@ Example::
     loss_fn(model(x), y).backward()
     opt.step()
 """
+import os
+
 import numpy as np
 
 from ... import distributed as dist
@@ -160,11 +162,17 @@ class ZeroRedundancyOptimizer(Optimizer):
         super().__init__(params, defaults)
         self.process_group = process_group if process_group is not None \
             else dist.group.WORLD
-        if self.process_group is None:
+        # in a rank of dtorch-launch --elastic the group forms inside
+        # ElasticJob, which lays the shards out over it (_reshard)
+        self._awaits_group = self.process_group is None \
+            and "DTORCH_ELASTIC" in os.environ
+        if self.process_group is None and not self._awaits_group:
             raise RuntimeError("ZeroRedundancyOptimizer needs an initialized "
                                "process group (init_process_group)")
-        self.world_size = dist.get_world_size(self.process_group)
-        self.rank = dist.get_rank(self.process_group)
+        self.world_size = 1 if self._awaits_group else \
+            dist.get_world_size(self.process_group)
+        self.rank = 0 if self._awaits_group else \
+            dist.get_rank(self.process_group)
         self._optim_class = optimizer_class
         self._optim_defaults = defaults
         self._buckets = {}        # DDP bucket index -> params (stage 2)
@@ -226,6 +234,27 @@ class ZeroRedundancyOptimizer(Optimizer):
                 if k != "params":
                     g.setdefault(k, v)
 
+    def _check_reshardable(self):
+        if self._stage2 or self._buckets:
+            raise NotImplementedError(
+                "ZeroRedundancyOptimizer with reduce_scatter_hook (ZeRO-2) "
+                "cannot be re-sharded by an elastic job: use ZeRO-1 (no "
+                "hook) under ElasticJob")
+
+    def _reshard(self, process_group, state_dict=None):
+        """Lay the shards out again over ``process_group`` (an elastic
+        job's new membership) and load the unsharded ``state_dict`` into
+        them (None: no state yet)."""
+        self._check_reshardable()
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        self._awaits_group = False
+        self._build(None)
+        if state_dict is not None:
+            self.load_state_dict(state_dict)
+        self._consolidated = None
+
     def _note_bucket(self, index, params):
         """Called by the stage-2 hook for each DDP bucket it reduces."""
         known = self._buckets.get(index)
@@ -261,6 +290,11 @@ class ZeroRedundancyOptimizer(Optimizer):
     def step(self, closure=None):
         """The local optimizer's step on this rank's shard, then every
         unit all-gathered (a collective over the group)."""
+        if self._awaits_group:
+            raise RuntimeError(
+                "ZeroRedundancyOptimizer: no process group yet; in an "
+                "elastic rank, pass the optimizer to ElasticJob before the "
+                "first step (it lays the shards out over the job's group)")
         self._sync_layout()
         self._sync_hyperparameters()
         loss = None
@@ -328,22 +362,24 @@ class ZeroRedundancyOptimizer(Optimizer):
         return sum(v._data.nbytes for s in self.optim.state.values()
                    for v in s.values() if isinstance(v, Tensor))
 
+    def _piece_state(self, piece):
+        """{key: host array or value} of a piece's optimizer state."""
+        return {k: _host(v._data) if isinstance(v, Tensor) else v
+                for k, v in (self.optim.state.get(piece.shard) or {}).items()}
+
     def _local_pieces_state(self):
         """[(global index, lo, hi, {key: array or value})] of my pieces."""
-        out = []
-        for piece in self._pieces:
-            st = self.optim.state.get(piece.shard)
-            if not st:
-                continue
-            vals = {}
-            for k, v in st.items():
-                if isinstance(v, Tensor):
-                    vals[k] = np.asarray(v._data.get() if hasattr(
-                        v._data, "get") else v._data).copy()
-                else:
-                    vals[k] = v
-            out.append((piece.index, piece.lo, piece.hi, vals))
-        return out
+        return [(piece.index, piece.lo, piece.hi, st)
+                for piece in self._pieces
+                for st in (self._piece_state(piece),) if st]
+
+    def _shard_snapshot(self):
+        """[(global index, lo, hi, parameter elements, state)] of every
+        piece this rank owns, host copies: what an elastic job's buddy
+        replica keeps."""
+        return [(piece.index, piece.lo, piece.hi,
+                 _host(piece.param._data.reshape(-1)[piece.lo:piece.hi]),
+                 self._piece_state(piece)) for piece in self._pieces]
 
     def consolidate_state_dict(self, to=0):
         """Gather every rank's shard of the state on rank ``to`` (a
@@ -442,3 +478,7 @@ def _elementwise(v, n):
     scalar like 'step')."""
     return isinstance(v, np.ndarray) and v.ndim == 1 and v.shape[0] == n
 
+
+def _host(a):
+    """A host (NumPy) copy of a NumPy or CuPy array."""
+    return np.array(a.get() if hasattr(a, "get") else a, copy=True)

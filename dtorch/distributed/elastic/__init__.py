@@ -44,10 +44,17 @@ Under ``use_deterministic_algorithms(True)`` (DDP's world-size-independent
 virtual shards) the final parameters of a run that shrank and grew are
 bitwise those of an uninterrupted run with the same global batch.
 
+ZeRO-1 (``ZeroRedundancyOptimizer`` over ``model.parameters()``, built
+before the job: its shards are laid out over each membership) works the
+same way: each rank's shard of the optimizer state has a buddy replica in
+the next rank, refreshed every step, from which the members rebuild a lost
+rank's shard and re-shard over the new world size (``_zero.py``; a rank
+and its ring neighbour lost together stop the job, naming it).
+
 Outside ``--elastic`` the same loop runs on the job's fixed process group
-(or one process), so a script runs both ways. Not supported: ZeRO / FSDP
-(their shards would need a buddy copy in a peer: refused), the mpi and
-nccl backends (an MPI communicator cannot shrink portably).
+(or one process), so a script runs both ways. Not supported: FSDP (no
+buddy copy of its shards: refused), ZeRO-2 (``reduce_scatter_hook``), the
+mpi and nccl backends (an MPI communicator cannot shrink portably).
 """
 import contextlib
 import io
@@ -63,13 +70,15 @@ from collectives.elastic_store import ElasticStop, Membership, key
 from collectives.store import TCPStore
 from collectives.tcp import TCPGroup
 
-from .. import distributed as dist
-from .. import random as _random
-from .._settings import are_deterministic_algorithms_enabled
-from ..nn.parallel import DistributedDataParallel
-from ..serialization import load, save
-from ..utils.data import DistributedSampler
-from ..utils.data._collate import default_collate
+from ... import distributed as dist
+from ... import random as _random
+from ..._settings import are_deterministic_algorithms_enabled
+from ...nn.parallel import DistributedDataParallel
+from ...serialization import load, save
+from ...utils.data import DistributedSampler
+from ...utils.data._collate import default_collate
+from ..optim import ZeroRedundancyOptimizer
+from ._zero import ZeroBuddy
 
 __all__ = ["ElasticJob", "ElasticStop", "Step", "is_elastic"]
 
@@ -158,6 +167,9 @@ class ElasticJob:
         self.lost_total = 0
         self._t_fail = self._t_formed = self._t_register = None
         self._stepped = False
+        # ZeRO-1: buddy replicas of the optimizer-state shards (_zero.py)
+        self._buddy = ZeroBuddy(optimizer) if self.elastic and isinstance(
+            optimizer, ZeroRedundancyOptimizer) else None
         optimizer.register_step_post_hook(self._after_step)
         if not self.elastic:
             if not dist.is_initialized():
@@ -188,6 +200,8 @@ class ElasticJob:
 
     # ------------------------------------------------------------ state
     def _after_step(self, *_):
+        if self._buddy is not None:
+            self._buddy.step_done(self.group, self.done + 1)
         self._stepped = True
 
     def _fingerprint(self):
@@ -219,7 +233,11 @@ class ElasticJob:
     def _state_bytes(self):
         buf = io.BytesIO()
         save({"model": self.module.state_dict(),
-              "optimizer": self.optimizer.state_dict(),
+              # ZeRO: the state comes from the shards and their buddies
+              "optimizer": None if self._buddy else
+              self.optimizer.state_dict(),
+              "groups": [{k: v for k, v in g.items() if k != "params"}
+                         for g in self.optimizer.param_groups],
               "rng": _random.get_rng_state(),
               "extra": {k: v.state_dict() for k, v in self.extra.items()},
               "position": [self.epoch, self.consumed, self.done]}, buf)
@@ -228,7 +246,10 @@ class ElasticJob:
     def _load_state(self, blob):
         st = load(io.BytesIO(blob), weights_only=True)
         self.module.load_state_dict(st["model"])
-        self.optimizer.load_state_dict(st["optimizer"])
+        if st["optimizer"] is not None:
+            self.optimizer.load_state_dict(st["optimizer"])
+        for g, saved in zip(self.optimizer.param_groups, st["groups"]):
+            g.update(saved)
         _random.set_rng_state(st["rng"])
         for k, v in self.extra.items():
             v.load_state_dict(st["extra"][k])
@@ -258,6 +279,9 @@ class ElasticJob:
                     blob = self._state_bytes() if self.rank == src else None
                     self._load_state(g.broadcast_object(blob, src))
                 self._wrap(sync=dec["source"] is None)
+                if self._buddy is not None:
+                    self._buddy.formed(g, self.done,
+                                       recover=dec["source"] is not None)
                 self._t_formed = time.time() if dec["round"] else None
                 if config is not None and dec["round"] == 0:
                     self._check_config(config, json.loads(self.store.get(
@@ -422,27 +446,24 @@ class ElasticJob:
 
 
 def _refuse_sharded(model, optimizer):
-    """ZeRO and FSDP hold a shard of the state on each rank only: a lost
-    rank's shard would be gone (a buddy replica in a peer is not built)."""
-    from .fsdp import FSDPModule, FullyShardedDataParallel
-    from .optim import ZeroRedundancyOptimizer
-    what = None
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        what = "ZeroRedundancyOptimizer (ZeRO)"
-    elif isinstance(model, DistributedDataParallel):
+    """FSDP holds a shard of the parameters and state on each rank only: a
+    lost rank's shard would be gone (ZeRO-1 has buddy replicas, _zero.py;
+    FSDP has none)."""
+    from ..fsdp import FSDPModule, FullyShardedDataParallel
+    if isinstance(model, DistributedDataParallel):
         raise TypeError("ElasticJob takes the plain module: it wraps it in "
                         "DistributedDataParallel itself (job.model), once "
                         "per membership")
-    elif any(isinstance(m, (FullyShardedDataParallel, FSDPModule))
-             for m in model.modules()):
-        what = "FSDP (fully_shard / FullyShardedDataParallel)"
-    if what:
+    if any(isinstance(m, (FullyShardedDataParallel, FSDPModule))
+           for m in model.modules()):
         raise NotImplementedError(
-            f"elastic training with {what} is not supported: each rank "
-            f"holds only its shard of the state, which a lost rank takes "
-            f"with it (buddy replicas are not built); use plain DDP "
-            f"(ElasticJob wraps the module) or restart from a checkpoint "
-            f"(dtorch-launch --max-restarts)")
+            "elastic training with FSDP (fully_shard / "
+            "FullyShardedDataParallel) is not supported: each rank holds "
+            "only its shard of the parameters and state, which a lost rank "
+            "takes with it (buddy replicas are built for ZeRO-1 only); use "
+            "plain DDP or ZeroRedundancyOptimizer (ElasticJob wraps the "
+            "module) or restart from a checkpoint (dtorch-launch "
+            "--max-restarts)")
 
 
 @contextlib.contextmanager
