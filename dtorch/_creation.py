@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _backend as B
 from . import ops as P
-from .autograd import function as _function
+from .autograd import _capture
 from .autograd.grad_mode import is_grad_enabled
 from .random import draw as _draw
 from ._tensor_methods._common import _dims
@@ -113,7 +113,7 @@ def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
                 device=device or t.device, requires_grad=requires_grad)
 
 
-@_function.array_source
+@_capture.array_source
 def _random(method, size, generator, dtype, device, requires_grad, *args):
     # drawn on the target device by its generator (never on the host and
     # copied); CPU streams are NumPy's, as before

@@ -47,6 +47,7 @@ from ._tensor_methods.sampling import SamplingMethods
 from ._tensor_methods.selection import SelectionMethods
 from ._tensor_methods.shape import ShapeMethods
 from .autograd import backward as _backward
+from .autograd import _capture
 from .autograd import function as _function
 from ._tensor_methods.sparse import SparseCOO, SparseMethods, sparse_coo
 
@@ -309,8 +310,8 @@ class Tensor(MathsMethods, ReduceMethods, ShapeMethods, SelectionMethods,
         its views): the one place that advances the version counter, so
         that backward detects a modified saved tensor."""
         self._vc[0] += 1
-        if _function.capture is not None:    # a dtorch.compile capture
-            _function.capture.mutated(self)
+        if _capture.active is not None:    # a dtorch.compile capture
+            _capture.active.mutated(self)
 
     def is_floating_point(self):
         return self.dtype.is_floating_point

@@ -8,7 +8,7 @@ array gets a slot: the compiled call's input tensors first, then every op's
 output; a tensor an op reads that is neither (a parameter, a buffer, a
 constant the code made) is a *live* slot, matched between two captures in
 ``program.build``. What happens outside ops reaches the tracer through
-``autograd.function.capture``: a host read (``.item()``, ``bool()``) is a
+``autograd._capture.active``: a host read (``.item()``, ``bool()``) is a
 graph break, an in-place change outside an op is replayed when it is one
 NumPy ufunc (``BatchNorm``'s ``num_batches_tracked.add_(1)``) or a copy of
 an op's result (``_inplace``), a break otherwise; a random draw marked
@@ -23,6 +23,7 @@ import threading
 import numpy as np
 
 from .. import _backend as B
+from ..autograd import _capture
 from ..autograd import function as _fn
 
 _T = _fn.TensorBase
@@ -238,7 +239,7 @@ def _active():
 
 
 class _Hooks:
-    """``autograd.function.capture`` while any thread captures: each call
+    """``autograd._capture.active`` while any thread captures: each call
     goes to this thread's Trace, if it records."""
 
     @staticmethod
@@ -318,7 +319,7 @@ def _install(delta):
     with _lock:
         _open[0] += delta
         on = _open[0] > 0
-        _fn.capture = _Hooks if on else None
+        _capture.active = _Hooks if on else None
         # optimizers exist only if dtorch.optim is loaded (no import here:
         # optim sits beside the compiler and imports nn, which imports it)
         optim = sys.modules.get("dtorch.optim.optimizer")

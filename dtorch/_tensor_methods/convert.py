@@ -3,7 +3,7 @@
 ``bool()``/``int()``/``float()``/``index()``).
 """
 from .. import _backend as B
-from ..autograd import function as _function
+from ..autograd import _capture
 
 
 # PyTorch's legacy typed-tensor names for t.type('torch.LongTensor')
@@ -35,15 +35,15 @@ class ConvertMethods:
             raise RuntimeError(
                 f"a Tensor with {self._data.size} elements cannot be "
                 f"converted to Scalar")
-        if _function.capture is not None:    # a graph break
-            _function.capture.host_read(self, "Tensor.item()")
+        if _capture.active is not None:    # a graph break
+            _capture.active.host_read(self, "Tensor.item()")
         if B._pending_checks:
             B.flush_checks()    # a host sync: deferred device checks raise
         return self._data.reshape(()).item()
 
     def tolist(self):
-        if _function.capture is not None:
-            _function.capture.host_read(self, "Tensor.tolist()")
+        if _capture.active is not None:
+            _capture.active.host_read(self, "Tensor.tolist()")
         if B.is_cupy_array(self._data):
             B.flush_checks()
             return self._data.get().tolist()
@@ -54,8 +54,8 @@ class ConvertMethods:
             raise RuntimeError(
                 "Can't call numpy() on Tensor that requires grad. Use "
                 "tensor.detach().numpy() instead.")
-        if _function.capture is not None:
-            _function.capture.host_read(self, "Tensor.numpy()")
+        if _capture.active is not None:
+            _capture.active.host_read(self, "Tensor.numpy()")
         if B.is_cupy_array(self._data):
             if not force:
                 raise TypeError(
@@ -97,8 +97,8 @@ class ConvertMethods:
             raise RuntimeError(
                 "Boolean value of Tensor with more than one value is "
                 "ambiguous")
-        if _function.capture is not None:
-            _function.capture.host_read(self, "bool(Tensor)")
+        if _capture.active is not None:
+            _capture.active.host_read(self, "bool(Tensor)")
         return bool(self._data.reshape(()))
 
     def __float__(self):

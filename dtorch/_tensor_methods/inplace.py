@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _backend as B
 from .. import ops as P
-from ..autograd import function as _function
+from ..autograd import _capture
 from ..autograd.grad_mode import _state
 from ._common import _TensorBase, _arr, _operand
 
@@ -40,7 +40,7 @@ class InplaceMethods:
                 "dtorch does not support autograd through an in-place "
                 "operation on a view of a tensor that requires grad; use an "
                 "out-of-place operation or clone() the view first")
-        old = self._make(_function.array_copy(self._data,
+        old = self._make(_capture.array_copy(self._data,
                                               self.requires_grad),
                          self.requires_grad, self.grad_fn)
         old._output_nr = self._output_nr

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import _backend as B
 from .. import ops as P
+from ..autograd import _capture
 from ..autograd import function as _function
 from ..ops.base import is_float
 from ..ops import elementwise as E
@@ -550,7 +551,7 @@ class MathsMethods:
 
     # ------------------------------------------------------- comparison ---
     @B.on_own_device
-    @_function.array_source      # a dtorch.compile replay compares again
+    @_capture.array_source      # a dtorch.compile replay compares again
     def _cmp(self, ufunc_name, other):
         o = _operand(other, self)
         x, y = P.promote(self._data, _arr(o), ufunc_name)

@@ -72,42 +72,6 @@ _saved_hooks = None
 _sac = None
 
 
-# While a dtorch.compile capture runs (in any thread), its tracer
-# (dtorch/_compile/trace.py), else None; a public name, as Tensor's methods
-# read it. Ops reach it through the recorder
-# chain (rank 4); what happens outside ops reaches it here: Tensor methods
-# that read values to the host (.item(), .tolist(), bool(), .numpy()) call
-# capture.host_read(tensor, what), Tensor._bump_version (an in-place
-# change) calls capture.mutated(tensor), and a function marked
-# ``array_source`` runs as capture.source(fn, args, kwargs), which records
-# it so that a replay calls it again.
-capture = None
-
-
-def array_source(fn):
-    """Decorator: ``fn`` makes an untracked array or tensor outside ops,
-    from its arguments (tensors' values and metadata) and the RNG state
-    alone: a comparison, a random draw (dropout's mask). A dtorch.compile
-    replay calls it again (fresh random numbers, current values) instead
-    of reusing what the capture saw."""
-    @functools.wraps(fn)
-    def source(*args, **kwargs):
-        if capture is not None:
-            return capture.source(fn, args, kwargs)
-        return fn(*args, **kwargs)
-    return source
-
-
-def array_copy(a, requires_grad):
-    """``a.copy()`` for the old value an in-place op on a tracked tensor
-    keeps (Tensor._rebase): a capture records it as a step whose gradient
-    passes through to ``a``."""
-    out = a.copy()
-    if capture is not None:
-        capture.copied(a, out, requires_grad)
-    return out
-
-
 def _update_hook():
     global _hook
     first = _profile if _profile is not None else _autocast

@@ -6,7 +6,7 @@ import numpy as np
 
 from ... import _backend as B
 from ...tensor import Tensor
-from ...autograd.function import array_source
+from ...autograd._capture import array_source
 from ...random import draw
 from .padding import pad
 
