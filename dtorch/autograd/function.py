@@ -393,7 +393,10 @@ class Function:
                 if getattr(bg, "_once_differentiable", False):
                     return _first_order_only(self, grads, make)
             self._gmake = make
-            out = bg(self, *grads)
+            try:
+                out = bg(self, *grads)
+            finally:    # a retained graph's later plain backward: arrays
+                self._gmake = None
             if out is NotImplemented:    # not for these arguments
                 return _first_order_only(self, grads, make)
             return out if type(out) is tuple else (out,)

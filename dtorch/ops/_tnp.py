@@ -21,7 +21,7 @@ import numpy as np
 from .._backend import from_np, get_array_module
 from . import base
 from .arith import Where, Maximum, Minimum
-from . import elementwise
+from . import elementwise, activation
 from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid
 from .movement import Cast, Cat, Stack, Expand, Permute
 from .reduce import Sum
@@ -250,6 +250,9 @@ class Namespace:
 
     def digamma(self, a):
         return self._op("Digamma", a)
+
+    def softplus(self, a):
+        return activation.Softplus.apply(self.t(a))
 
     def _op(self, name, a):
         return getattr(elementwise, name).apply(self.t(a))

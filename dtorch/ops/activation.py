@@ -15,9 +15,9 @@ import numpy as np
 
 from .. import _kernels
 from .._backend import get_array_module
-from .base import Op, keep_grad, unbroadcast, is_float, keep_grad_t, \
-    unbroadcast_t, zero_link_t
-from .elementwise import _erf
+from .base import Op, keep_grad, unbroadcast, is_float, grad_xp, \
+    zero_link, astype
+from .elementwise import _erf, _special, _np_dtype
 
 
 # ==================================================== softmax family ==
@@ -53,19 +53,16 @@ class Softmax(Op):
     @staticmethod
     def backward(ctx, g):
         y, = ctx.to_save
-        k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
-        if k is not None:
-            out = np.empty_like(y)
-            k.softmax_bwd(_rows(y), _rows(g), _rows(out))
-            return out
+        if ctx._gmake is None:      # the fused kernel, on arrays only
+            k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
+            if k is not None:
+                out = np.empty_like(y)
+                k.softmax_bwd(_rows(y), _rows(g), _rows(out))
+                return out
+        xp = grad_xp(g)
+        y = ctx.output(y)
         gy = g * y
-        return gy - y * gy.sum(axis=ctx.dim, keepdims=True)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        y = ctx.graph_output(ctx.to_save[0])
-        gy = g * y
-        return gy - y * gy.sum(ctx.dim, keepdim=True)
+        return gy - y * xp.sum(gy, axis=ctx.dim, keepdims=True)
 
 
 def _last(x, dim):
@@ -108,18 +105,15 @@ class LogSoftmax(Op):
     @staticmethod
     def backward(ctx, g):
         y, = ctx.to_save
-        k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
-        if k is not None:
-            out = np.empty_like(y)
-            k.log_softmax_bwd(_rows(y), _rows(g), _rows(out))
-            return out
-        xp = get_array_module(g)
-        return g - xp.exp(y) * g.sum(axis=ctx.dim, keepdims=True)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        y = ctx.graph_output(ctx.to_save[0])
-        return g - y.exp() * g.sum(ctx.dim, keepdim=True)
+        if ctx._gmake is None:      # the fused kernel, on arrays only
+            k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
+            if k is not None:
+                out = np.empty_like(y)
+                k.log_softmax_bwd(_rows(y), _rows(g), _rows(out))
+                return out
+        xp = grad_xp(g)
+        return g - xp.exp(ctx.output(y)) * xp.sum(g, axis=ctx.dim,
+                                                  keepdims=True)
 
 
 # ======================================================= activations ==
@@ -135,7 +129,7 @@ class Gelu(Op):
         ctx.save_for_backward(x)
         ctx.approx = approximate
         if approximate == "tanh":
-            t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+            t = _gelu_tanh(xp, x)
             ctx.t = t
             return (0.5 * x * (1 + t)).astype(x.dtype, copy=False)
         # small inputs stay on NumPy: measured 0.76-0.98x at 4K elements
@@ -147,44 +141,48 @@ class Gelu(Op):
                 x, 1 / math.sqrt(2), 0.5, 1))
             ctx.cdf = cdf
             return out
-        cdf = 0.5 * (1 + _erf(xp, x * (1 / math.sqrt(2))))
+        cdf = _gelu_cdf(xp, x)
         ctx.cdf = cdf
         return (x * cdf).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, g):
         x, = ctx.to_save
-        xp = get_array_module(g)
+        xp = grad_xp(g)
+        fast = ctx._gmake is None
         if ctx.approx == "tanh":
-            t = ctx.t
+            # t and the cdf: saved on the fast path; under create_graph
+            # recomputed from x by the same ops (the same values), so that
+            # their derivative reaches x
+            x = ctx.input(0, x)
+            t = ctx.t if fast else _gelu_tanh(xp, x)
             dt = (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
             d = 0.5 * (1 + t) + 0.5 * x * dt
         else:
             k = _kernels.kernels(x, ctx.cdf, g) \
-                if x.size >= _GELU_MIN else None
-            if k is not None:
+                if fast and x.size >= _GELU_MIN else None
+            if k is not None:       # the fused kernel, on arrays only
                 out = np.empty_like(x)
                 f = _kernels.flat
                 k.gelu_bwd(f(x), f(ctx.cdf), f(g), f(out), *_kernels.scalars(
                     x, 0.5, 1 / math.sqrt(2 * math.pi)))
                 return out
+            x = ctx.input(0, x)
+            cdf = ctx.cdf if fast else _gelu_cdf(xp, x)
             pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
-            d = ctx.cdf + x * pdf
-        return (g * d).astype(g.dtype, copy=False)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.graph_input(0, ctx.to_save[0])
-        if ctx.approx == "tanh":
-            c = 0.044715
-            t = (_SQRT_2_OVER_PI * (x + c * (x * x * x))).tanh()
-            d = 0.5 * (1 + t) + 0.5 * x * ((1 - t * t) * _SQRT_2_OVER_PI
-                                           * (1 + 3 * c * (x * x)))
-        else:
-            cdf = 0.5 * (1 + (x * (1 / math.sqrt(2))).erf())
-            pdf = (-0.5 * (x * x)).exp() * (1 / math.sqrt(2 * math.pi))
             d = cdf + x * pdf
-        return g * d
+        return astype(g * d, _np_dtype(g))
+
+
+def _gelu_tanh(xp, x):
+    """GELU's tanh(sqrt(2 / pi) (x + 0.044715 x^3)), x^3 as x x x (as
+    PyTorch's kernel)."""
+    return xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x)))
+
+
+def _gelu_cdf(xp, x):
+    """The normal CDF of x, GELU's exact form."""
+    return 0.5 * (1 + _special(xp, x * (1 / math.sqrt(2)), "erf", _erf))
 
 
 class LeakyRelu(Op):
@@ -197,12 +195,7 @@ class LeakyRelu(Op):
     @staticmethod
     def backward(ctx, g):
         x, = ctx.to_save
-        return get_array_module(g).where(x > 0, g, g * ctx.slope)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.to_save[0]
-        return _link(_where_t(x > 0, g, g * ctx.slope), ctx, x)
+        return _link(ctx, grad_xp(g).where(x > 0, g, g * ctx.slope), x)
 
 
 class Elu(Op):
@@ -221,22 +214,14 @@ class Elu(Op):
 
     @staticmethod
     def backward(ctx, g):
-        x, = ctx.to_save
-        xp = get_array_module(g)
+        xa, = ctx.to_save
+        xp = grad_xp(g)
+        x = ctx.input(0, xa)
         neg, pos, ins = ctx.coef
         with np.errstate(over="ignore", invalid="ignore"):
-            return xp.where(x > 0, g * pos if pos != 1 else g,
-                            g * (ins * neg * xp.exp(x * ins))).astype(
-                                g.dtype, copy=False)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        xa = ctx.to_save[0]
-        x = ctx.graph_input(0, xa)
-        neg, pos, ins = ctx.coef
-        with np.errstate(over="ignore", invalid="ignore"):
-            return _where_t(xa > 0, g * pos if pos != 1 else g,
-                            g * (ins * neg * (x * ins).exp()))
+            return astype(xp.where(xa > 0, g * pos if pos != 1 else g,
+                                   g * (ins * neg * xp.exp(x * ins))),
+                          _np_dtype(g))
 
 
 class Hardswish(Op):
@@ -250,18 +235,11 @@ class Hardswish(Op):
 
     @staticmethod
     def backward(ctx, g):
-        x, = ctx.to_save
-        xp = get_array_module(g)
-        mid = g * (x / 3 + 0.5)
-        return xp.where(x <= -3, _zero(xp, g), xp.where(x >= 3, g, mid))
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        xa = ctx.to_save[0]
-        x = ctx.graph_input(0, xa)
-        mid = g * (x / 3 + 0.5)
-        # NaN takes the middle branch, as backward
-        return _where_t(xa <= -3, 0.0, _where_t(xa >= 3, g, mid))
+        xa, = ctx.to_save
+        xp = grad_xp(g)
+        mid = g * (ctx.input(0, xa) / 3 + 0.5)
+        # NaN takes the middle branch
+        return xp.where(xa <= -3, 0.0, xp.where(xa >= 3, g, mid))
 
 
 class Hardsigmoid(Op):
@@ -276,14 +254,11 @@ class Hardsigmoid(Op):
     def backward(ctx, g):
         x, = ctx.to_save
         # PyTorch multiplies by the float32 constant 1/6, in float64 too
-        sixth = g.dtype.type(np.float32(1.0) / np.float32(6.0))
-        return keep_grad(get_array_module(g), (x > -3) & (x < 3), g * sixth)
+        return _link(ctx, keep_grad(grad_xp(g), (x > -3) & (x < 3),
+                                    g * _SIXTH), x)
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.to_save[0]
-        sixth = float(np.float32(1.0) / np.float32(6.0))
-        return _link(keep_grad_t((x > -3) & (x < 3), g * sixth), ctx, x)
+
+_SIXTH = float(np.float32(1.0) / np.float32(6.0))
 
 
 class Shrink(Op):
@@ -307,13 +282,8 @@ class Shrink(Op):
     def backward(ctx, g):
         x, = ctx.to_save
         lam = ctx.lambd
-        return keep_grad(get_array_module(g), (x < -lam) | (x > lam), g)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.to_save[0]
-        lam = ctx.lambd
-        return _link(keep_grad_t((x < -lam) | (x > lam), g), ctx, x)
+        return _link(ctx, keep_grad(grad_xp(g), (x < -lam) | (x > lam), g),
+                     x)
 
 
 class Threshold(Op):
@@ -324,16 +294,13 @@ class Threshold(Op):
         xp = get_array_module(x)
         low = x <= threshold
         ctx.keep = ~low
+        ctx.xd = x.dtype
         return xp.where(low, xp.asarray(value, dtype=x.dtype), x)
 
     @staticmethod
     def backward(ctx, g):
-        return keep_grad(get_array_module(g), ctx.keep, g)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return zero_link_t(keep_grad_t(ctx.keep, g), ctx, 0, ctx.keep.shape,
-                           g._data.dtype)
+        return zero_link(ctx, keep_grad(grad_xp(g), ctx.keep, g), 0,
+                         ctx.keep.shape, ctx.xd)
 
 
 class PRelu(Op):
@@ -349,27 +316,13 @@ class PRelu(Op):
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.to_save
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         pos = x > 0
         n = ctx.needs_input_grad
-        gx = xp.where(pos, g, w * g).astype(g.dtype, copy=False) \
-            if n[0] else None
-        gw = None
-        if n[1]:
-            gw = unbroadcast(xp.where(pos, _zero(xp, g), x * g), w.shape)
-        return gx, gw
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        xa, wa = ctx.to_save
-        pos = xa > 0
-        n = ctx.needs_input_grad
-        gx = gw = None
-        if n[0]:
-            gx = _link(_where_t(pos, g, ctx.graph_input(1, wa) * g), ctx, xa)
-        if n[1]:
-            gw = unbroadcast_t(keep_grad_t(~pos, ctx.graph_input(0, xa) * g),
-                               wa.shape)
+        gx = _link(ctx, astype(xp.where(pos, g, ctx.input(1, w) * g),
+                               _np_dtype(g)), x) if n[0] else None
+        gw = unbroadcast(xp.where(pos, 0.0, ctx.input(0, x) * g), w.shape) \
+            if n[1] else None
         return gx, gw
 
 
@@ -390,17 +343,12 @@ class Softplus(Op):
     @staticmethod
     def backward(ctx, g):
         x, = ctx.to_save
-        xp = get_array_module(g)
-        z = x * ctx.beta
+        xp = grad_xp(g)
+        z = ctx.input(0, x) * ctx.beta
         with np.errstate(over="ignore", invalid="ignore"):
             e = xp.exp(z)
-            return xp.where(z > ctx.threshold, g, g * e / (e + 1))
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        xa = ctx.to_save[0]
-        z = ctx.graph_input(0, xa) * ctx.beta
-        return _where_t(xa * ctx.beta > ctx.threshold, g, g * z.sigmoid())
+            return xp.where(x * ctx.beta > ctx.threshold, g,
+                            g * e / (e + 1))
 
 
 class Silu(Op):
@@ -420,22 +368,23 @@ class Silu(Op):
     @staticmethod
     def backward(ctx, g):
         x, = ctx.to_save
-        xp = get_array_module(g)
-        k = _kernels.kernels(x, g)
-        if k is not None:
-            out = np.empty_like(x)
-            f = _kernels.flat
-            k.silu_bwd(f(x), f(g), f(out), _kernels.scalar(x, 1))
-            return out
+        if ctx._gmake is None:      # the fused kernel, on arrays only
+            k = _kernels.kernels(x, g)
+            if k is not None:
+                out = np.empty_like(x)
+                f = _kernels.flat
+                k.silu_bwd(f(x), f(g), f(out), _kernels.scalar(x, 1))
+                return out
+        xp = grad_xp(g)
+        x = ctx.input(0, x)
         with np.errstate(over="ignore", invalid="ignore"):
-            s = 1 / (1 + xp.exp(-x))
+            s = _sigmoid(xp, x)
             return g * s * (1 + x * (1 - s))
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.graph_input(0, ctx.to_save[0])
-        s = x.sigmoid()
-        return g * s * (1 + x * (1 - s))
+
+def _sigmoid(xp, x):
+    """1 / (1 + e^-x), the Sigmoid op's own formula (its op on tensors)."""
+    return _special(xp, x, "sigmoid", lambda xp, x: 1 / (1 + xp.exp(-x)))
 
 
 class Mish(Op):
@@ -449,19 +398,20 @@ class Mish(Op):
 
     @staticmethod
     def backward(ctx, g):
-        x, = ctx.to_save
-        xp = get_array_module(g)
+        # PyTorch's infinitely differentiable form: sigmoid and softplus
+        # (tanh(softplus(x)) is tanh(log1p(e^x)) exactly: both are 1 past
+        # softplus' threshold 20), so no e^x overflows in a second order
+        xp = grad_xp(g)
+        x = ctx.input(0, ctx.to_save[0])
         with np.errstate(over="ignore", invalid="ignore"):
-            s = 1 / (1 + xp.exp(-x))
-            t = xp.tanh(xp.log1p(xp.exp(x)))
+            s = _sigmoid(xp, x)
+            t = xp.tanh(_special(xp, x, "softplus", _softplus))
             return g * (t + x * s * (1 - t * t))
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.graph_input(0, ctx.to_save[0])
-        s = x.sigmoid()
-        t = Softplus.apply(x).tanh()
-        return g * (t + x * s * (1 - t * t))
+
+def _softplus(xp, x):
+    """Softplus' forward (beta 1, threshold 20) on arrays."""
+    return xp.where(x > 20, x, xp.log1p(xp.exp(x)))
 
 
 def _log_sigmoid(xp, x):
@@ -487,23 +437,11 @@ class LogSigmoid(Op):
     @staticmethod
     def backward(ctx, g):
         x, = ctx.to_save
-        return g * _log_sigmoid_grad(get_array_module(g), x)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.graph_input(0, ctx.to_save[0])
-        return g * (-x).sigmoid()
+        return g * _log_sigmoid_grad(grad_xp(g), ctx.input(0, x))
 
 
-
-def _where_t(cond, a, b):
-    """where(cond, a, b) on tensors (cond an array), differentiable in a and
-    b: create_graph=True backward of the piecewise activations."""
-    from .arith import Where
-    return Where.apply(cond, a, b)
-
-
-def _link(g, ctx, x):
-    # piecewise-linear: the gradient joins x with a zero derivative, as in
-    # PyTorch (parameters before the op get zeros, not None)
-    return zero_link_t(g, ctx, 0, x.shape, x.dtype)
+def _link(ctx, g, x):
+    """Piecewise-linear: the gradient joins x with a zero derivative under
+    create_graph, as in PyTorch (parameters before the op get zeros, not
+    None)."""
+    return zero_link(ctx, g, 0, x.shape, x.dtype)

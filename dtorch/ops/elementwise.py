@@ -393,8 +393,10 @@ class Logit(Op):
             d = g / (xt * (1 - xt))
         if ctx.eps is not None:
             d = xp.where((x < ctx.eps) | (x > 1 - ctx.eps), 0, d)
-        else:       # PyTorch: NaN outside [0, 1] (logit_backward)
-            d = d + ctx.const(_outside_unit(get_array_module(x), x))
+        else:       # PyTorch: NaN outside [0, 1] (logit_backward), and
+            # not differentiated there
+            d = xp.where((x < 0) | (x > 1), 0, d) \
+                + ctx.const(_outside_unit(get_array_module(x), x))
         return d
 
 
