@@ -53,7 +53,7 @@ XFAIL = {
         nn.RNN|create_graph nn.Softplus|create_graph
         nn.TransformerDecoderLayer|create_graph
         nn.TransformerEncoderLayer|create_graph nn.Transformer|create_graph
-        true_divide|create_graph xlogy|create_graph""",
+        true_divide|create_graph""",
     # 26
     ('no second derivative in dtorch where torch has one (a first-order- '
      'only primitive, or a first derivative built from constants)'):

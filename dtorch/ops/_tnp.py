@@ -21,10 +21,10 @@ import numpy as np
 from .._backend import from_np, get_array_module
 from . import base
 from .arith import Where, Maximum, Minimum
-from . import elementwise, activation
+from . import elementwise, activation, einsum as _einsum
 from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid
 from .movement import Cast, Cat, Stack, Expand, Permute
-from .reduce import Sum
+from .reduce import Sum, Prod
 from .matmul import MatMul
 from .selection import Cumsum, Cumprod
 
@@ -250,6 +250,13 @@ class Namespace:
 
     def digamma(self, a):
         return self._op("Digamma", a)
+
+    def einsum(self, equation, *operands, optimize=None):
+        return _einsum.Einsum.apply(*[self.t(a) for a in operands],
+                                    equation=equation)
+
+    def prod(self, a, axis=None, keepdims=False):
+        return Prod.apply(self.t(a), axis, keepdims)
 
     def softplus(self, a):
         return activation.Softplus.apply(self.t(a))

@@ -344,7 +344,10 @@ class Softplus(Op):
     def backward(ctx, g):
         x, = ctx.to_save
         xp = grad_xp(g)
-        z = ctx.input(0, x) * ctx.beta
+        # PyTorch's g e / (e + 1), e = exp(beta x), where beta x is at
+        # most the threshold; e of the threshold itself past it (a branch
+        # where() drops), so that no inf / inf there reaches a second order
+        z = xp.minimum(ctx.input(0, x) * ctx.beta, ctx.threshold)
         with np.errstate(over="ignore", invalid="ignore"):
             e = xp.exp(z)
             return xp.where(x * ctx.beta > ctx.threshold, g,
@@ -422,8 +425,9 @@ def _log_sigmoid(xp, x):
 def _log_sigmoid_grad(xp, x):
     """d/dx log(sigmoid(x)) = 1 - sigmoid(x), PyTorch's way (exactly 1/2
     at 0, finite at +-inf)."""
-    neg = x < 0
-    e = xp.exp(-abs(x))
+    neg = getattr(x, "_data", x) < 0
+    # e^-|x|, by where() rather than abs: differentiable at 0 as well
+    e = xp.exp(xp.where(neg, x, -x))
     r = e / (1 + e)
     return xp.where(neg, 1 - r, r)
 

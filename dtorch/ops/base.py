@@ -279,7 +279,8 @@ def float32_compute(cls):
 
     def backward(ctx, *grads):
         dts = ctx.__dict__.get("_lowp")
-        if dts is None:
+        if dts is None or ctx._gmake is not None:
+            # (under create_graph the body's ops round for themselves)
             return bwd(ctx, *grads)
         grads = [g.astype(np.float32) if g is not None and g.dtype in low
                  else g for g in grads]
