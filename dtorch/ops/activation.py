@@ -122,7 +122,26 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_MIN = 1 << 16     # elements from which the GELU kernel wins
 
 
-class Gelu(Op):
+class Pointwise(Op):
+    """The family of activations of one input x, saved as PyTorch saves
+    it, with their parameters on ctx (gelu, silu, leaky_relu, elu, the
+    hard and soft ones): a member's ``forward`` computes the value; its
+    ``grad(ctx, xp, g, x, xa)`` the gradient, written once for both orders
+    (issue 30): ``xa`` is the saved array (for masks), ``x`` the same
+    entering through ctx.input, ``xp = grad_xp(g)``. ``linear``: piecewise
+    linear, whose gradient joins x with a zero derivative under
+    create_graph, as PyTorch's (parameters before the op get zeros, not
+    None). Members keep their class (and grad_fn) names."""
+    linear = False
+
+    @classmethod
+    def backward(cls, ctx, g):
+        xa, = ctx.to_save
+        r = cls.grad(ctx, grad_xp(g), g, ctx.input(0, xa), xa)
+        return zero_link(ctx, r, 0, xa.shape, xa.dtype) if cls.linear else r
+
+
+class Gelu(Pointwise):
     @staticmethod
     def forward(ctx, x, approximate="none"):
         xp = get_array_module(x)
@@ -146,15 +165,12 @@ class Gelu(Op):
         return (x * cdf).astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        xp = grad_xp(g)
+    def grad(ctx, xp, g, x, xa):
         fast = ctx._gmake is None
         if ctx.approx == "tanh":
             # t and the cdf: saved on the fast path; under create_graph
             # recomputed from x by the same ops (the same values), so that
             # their derivative reaches x
-            x = ctx.input(0, x)
             t = ctx.t if fast else _gelu_tanh(xp, x)
             dt = (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
             d = 0.5 * (1 + t) + 0.5 * x * dt
@@ -167,7 +183,6 @@ class Gelu(Op):
                 k.gelu_bwd(f(x), f(ctx.cdf), f(g), f(out), *_kernels.scalars(
                     x, 0.5, 1 / math.sqrt(2 * math.pi)))
                 return out
-            x = ctx.input(0, x)
             cdf = ctx.cdf if fast else _gelu_cdf(xp, x)
             pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
             d = cdf + x * pdf
@@ -185,7 +200,9 @@ def _gelu_cdf(xp, x):
     return 0.5 * (1 + _special(xp, x * (1 / math.sqrt(2)), "erf", _erf))
 
 
-class LeakyRelu(Op):
+class LeakyRelu(Pointwise):
+    linear = True
+
     @staticmethod
     def forward(ctx, x, slope=0.01):
         ctx.save_for_backward(x)
@@ -193,12 +210,11 @@ class LeakyRelu(Op):
         return get_array_module(x).where(x > 0, x, x * slope)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        return _link(ctx, grad_xp(g).where(x > 0, g, g * ctx.slope), x)
+    def grad(ctx, xp, g, x, xa):
+        return xp.where(xa > 0, g, g * ctx.slope)
 
 
-class Elu(Op):
+class Elu(Pointwise):
     """scale x for x > 0, scale alpha (e^(input_scale x) - 1) otherwise:
     elu, and selu / celu with PyTorch's scales. NaN takes the exp branch,
     so its gradient is NaN, as in PyTorch's vectorised loop."""
@@ -213,10 +229,7 @@ class Elu(Op):
                             neg).astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, g):
-        xa, = ctx.to_save
-        xp = grad_xp(g)
-        x = ctx.input(0, xa)
+    def grad(ctx, xp, g, x, xa):
         neg, pos, ins = ctx.coef
         with np.errstate(over="ignore", invalid="ignore"):
             return astype(xp.where(xa > 0, g * pos if pos != 1 else g,
@@ -224,7 +237,7 @@ class Elu(Op):
                           _np_dtype(g))
 
 
-class Hardswish(Op):
+class Hardswish(Pointwise):
     """x relu6(x + 3) / 6; gradient 0 up to -3 included, g from 3 on,
     g (x / 3 + 1/2) between (NaN: NaN), PyTorch's vectorised loop."""
     @staticmethod
@@ -234,16 +247,16 @@ class Hardswish(Op):
         return x * xp.minimum(xp.maximum(x + 3, 0), 6) / 6
 
     @staticmethod
-    def backward(ctx, g):
-        xa, = ctx.to_save
-        xp = grad_xp(g)
-        mid = g * (ctx.input(0, xa) / 3 + 0.5)
+    def grad(ctx, xp, g, x, xa):
+        mid = g * (x / 3 + 0.5)
         # NaN takes the middle branch
         return xp.where(xa <= -3, 0.0, xp.where(xa >= 3, g, mid))
 
 
-class Hardsigmoid(Op):
+class Hardsigmoid(Pointwise):
     """relu6(x + 3) / 6; gradient g / 6 strictly inside (-3, 3), else 0."""
+    linear = True
+
     @staticmethod
     def forward(ctx, x):
         xp = get_array_module(x)
@@ -251,21 +264,21 @@ class Hardsigmoid(Op):
         return xp.minimum(xp.maximum(x + 3, 0), 6) / 6
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
+    def grad(ctx, xp, g, x, xa):
         # PyTorch multiplies by the float32 constant 1/6, in float64 too
-        return _link(ctx, keep_grad(grad_xp(g), (x > -3) & (x < 3),
-                                    g * _SIXTH), x)
+        return keep_grad(xp, (xa > -3) & (xa < 3), g * _SIXTH)
 
 
 _SIXTH = float(np.float32(1.0) / np.float32(6.0))
 
 
-class Shrink(Op):
+class Shrink(Pointwise):
     """hardshrink (soft=False): x outside [-lambd, lambd], else 0;
     softshrink: x -+ lambd outside, else 0 (0 * x, so NaN stays NaN).
     The gradient is g strictly outside the interval, else 0 (NaN: 0), as
     PyTorch's vectorised loop."""
+    linear = True
+
     @staticmethod
     def forward(ctx, x, lambd=0.5, soft=False):
         xp = get_array_module(x)
@@ -279,11 +292,9 @@ class Shrink(Op):
                             xp.where(x < -lambd, x + lambd, x * 0))
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
+    def grad(ctx, xp, g, x, xa):
         lam = ctx.lambd
-        return _link(ctx, keep_grad(grad_xp(g), (x < -lam) | (x > lam), g),
-                     x)
+        return keep_grad(xp, (xa < -lam) | (xa > lam), g)
 
 
 class Threshold(Op):
@@ -319,14 +330,16 @@ class PRelu(Op):
         xp = grad_xp(g)
         pos = x > 0
         n = ctx.needs_input_grad
-        gx = _link(ctx, astype(xp.where(pos, g, ctx.input(1, w) * g),
-                               _np_dtype(g)), x) if n[0] else None
+        # joined to x by a zero derivative (piecewise linear in x)
+        gx = zero_link(ctx, astype(xp.where(pos, g, ctx.input(1, w) * g),
+                                   _np_dtype(g)), 0, x.shape, x.dtype) \
+            if n[0] else None
         gw = unbroadcast(xp.where(pos, 0.0, ctx.input(0, x) * g), w.shape) \
             if n[1] else None
         return gx, gw
 
 
-class Softplus(Op):
+class Softplus(Pointwise):
     """log(1 + e^(beta x)) / beta, and x itself where beta x > threshold."""
     @staticmethod
     def forward(ctx, x, beta=1.0, threshold=20.0):
@@ -341,20 +354,18 @@ class Softplus(Op):
             return xp.where(z > threshold, x, sp).astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        xp = grad_xp(g)
+    def grad(ctx, xp, g, x, xa):
         # PyTorch's g e / (e + 1), e = exp(beta x), where beta x is at
         # most the threshold; e of the threshold itself past it (a branch
         # where() drops), so that no inf / inf there reaches a second order
-        z = xp.minimum(ctx.input(0, x) * ctx.beta, ctx.threshold)
+        z = xp.minimum(x * ctx.beta, ctx.threshold)
         with np.errstate(over="ignore", invalid="ignore"):
             e = xp.exp(z)
-            return xp.where(x * ctx.beta > ctx.threshold, g,
+            return xp.where(xa * ctx.beta > ctx.threshold, g,
                             g * e / (e + 1))
 
 
-class Silu(Op):
+class Silu(Pointwise):
     @staticmethod
     def forward(ctx, x):
         xp = get_array_module(x)
@@ -369,8 +380,7 @@ class Silu(Op):
             return x / (1 + xp.exp(-x))
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
+    def grad(ctx, xp, g, x, xa):
         if ctx._gmake is None:      # the fused kernel, on arrays only
             k = _kernels.kernels(x, g)
             if k is not None:
@@ -378,8 +388,6 @@ class Silu(Op):
                 f = _kernels.flat
                 k.silu_bwd(f(x), f(g), f(out), _kernels.scalar(x, 1))
                 return out
-        xp = grad_xp(g)
-        x = ctx.input(0, x)
         with np.errstate(over="ignore", invalid="ignore"):
             s = _sigmoid(xp, x)
             return g * s * (1 + x * (1 - s))
@@ -390,7 +398,7 @@ def _sigmoid(xp, x):
     return _special(xp, x, "sigmoid", lambda xp, x: 1 / (1 + xp.exp(-x)))
 
 
-class Mish(Op):
+class Mish(Pointwise):
     """x tanh(softplus(x))."""
     @staticmethod
     def forward(ctx, x):
@@ -400,12 +408,10 @@ class Mish(Op):
             return x * xp.tanh(xp.log1p(xp.exp(x)))
 
     @staticmethod
-    def backward(ctx, g):
+    def grad(ctx, xp, g, x, xa):
         # PyTorch's infinitely differentiable form: sigmoid and softplus
         # (tanh(softplus(x)) is tanh(log1p(e^x)) exactly: both are 1 past
         # softplus' threshold 20), so no e^x overflows in a second order
-        xp = grad_xp(g)
-        x = ctx.input(0, ctx.to_save[0])
         with np.errstate(over="ignore", invalid="ignore"):
             s = _sigmoid(xp, x)
             t = xp.tanh(_special(xp, x, "softplus", _softplus))
@@ -432,20 +438,12 @@ def _log_sigmoid_grad(xp, x):
     return xp.where(neg, 1 - r, r)
 
 
-class LogSigmoid(Op):
+class LogSigmoid(Pointwise):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
         return _log_sigmoid(get_array_module(x), x)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        return g * _log_sigmoid_grad(grad_xp(g), ctx.input(0, x))
-
-
-def _link(ctx, g, x):
-    """Piecewise-linear: the gradient joins x with a zero derivative under
-    create_graph, as in PyTorch (parameters before the op get zeros, not
-    None)."""
-    return zero_link(ctx, g, 0, x.shape, x.dtype)
+    def grad(ctx, xp, g, x, xa):
+        return g * _log_sigmoid_grad(xp, x)

@@ -371,14 +371,9 @@ class ZeroLink(Op):
 
     @staticmethod
     def backward(ctx, h):
-        zero = get_array_module(h).zeros(ctx.xs, ctx.xd) \
+        zero = grad_xp(h).zeros(ctx.xs, ctx.xd) \
             if ctx.needs_input_grad[1] else None
         return h, zero
-
-    @staticmethod
-    def backward_graph(ctx, h):
-        zero = ZeroLink.backward(ctx, h._data)[1]
-        return h, None if zero is None else const(h, zero)
 
 
 def zero_link_t(g, ctx, i, shape, dtype):
