@@ -53,16 +53,26 @@ class Softmax(Op):
     @staticmethod
     def backward(ctx, g):
         y, = ctx.to_save
-        if ctx._gmake is None:      # the fused kernel, on arrays only
-            k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
-            if k is not None:
-                out = np.empty_like(y)
-                k.softmax_bwd(_rows(y), _rows(g), _rows(out))
-                return out
+        out = _row_kernel(ctx, "softmax_bwd", y, g)
+        if out is not None:
+            return out
         xp = grad_xp(g)
         y = ctx.output(y)
         gy = g * y
         return gy - y * xp.sum(gy, axis=ctx.dim, keepdims=True)
+
+
+def _row_kernel(ctx, name, y, g):
+    """The fused, threaded row kernel ``name``'s gradient, on arrays only
+    (None under create_graph, along another dim, or without numba)."""
+    if ctx._gmake is not None or not _last(y, ctx.dim):
+        return None
+    k = _kernels.kernels(y, g)
+    if k is None:
+        return None
+    out = np.empty_like(y)
+    getattr(k, name)(_rows(y), _rows(g), _rows(out))
+    return out
 
 
 def _last(x, dim):
@@ -105,12 +115,9 @@ class LogSoftmax(Op):
     @staticmethod
     def backward(ctx, g):
         y, = ctx.to_save
-        if ctx._gmake is None:      # the fused kernel, on arrays only
-            k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
-            if k is not None:
-                out = np.empty_like(y)
-                k.log_softmax_bwd(_rows(y), _rows(g), _rows(out))
-                return out
+        out = _row_kernel(ctx, "log_softmax_bwd", y, g)
+        if out is not None:
+            return out
         xp = grad_xp(g)
         return g - xp.exp(ctx.output(y)) * xp.sum(g, axis=ctx.dim,
                                                   keepdims=True)
