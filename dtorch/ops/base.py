@@ -298,10 +298,13 @@ def float32_compute(cls):
 
 
 # ---------------------------------------------------------------------------
-# Differentiable backward (create_graph=True). An op's ``backward_graph``
-# takes and returns tensors (see Function.graph_input in autograd); these
-# are the tensor forms of the helpers above. Arrays that are constant for
-# the derivative (masks, indices, integer counts) enter as ``const``.
+# Differentiable backward (create_graph=True). One backward body serves
+# both orders (issue 30): ``grad_xp``, ``unbroadcast``, ``keep_grad``,
+# ``astype`` and ``zero_link`` take an array or a gradient tensor, and
+# ``ctx.const`` brings a constant array in. ``unbroadcast_t`` and
+# ``zero_link_t`` are their tensor halves; ``const`` and ``keep_grad_t``
+# are the forms of the remaining ``backward_graph`` bodies only: delete
+# them with the last of those.
 
 def const(like, a):
     """Array ``a`` as a tensor that needs no gradient (made like ``like``)."""
