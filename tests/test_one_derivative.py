@@ -126,3 +126,21 @@ def test_retained_graph_runs_plain_after_create_graph():
     (g2,) = dtorch.autograd.grad(y, x)
     assert g1.requires_grad and not g2.requires_grad
     assert g1.detach().numpy().tobytes() == g2.numpy().tobytes()
+
+
+def test_float16_matmul_differentiates_twice():
+    """float32_compute's GEMMs (matmul here) keep float32 copies of
+    2-byte operands; under create_graph the body's gradients are cast to
+    them and back (differentiable Casts), as on the fast path."""
+    def run(dt):
+        x = dtorch.ones(3, 4, dtype=dt, requires_grad=True)
+        w = (dtorch.arange(8.0) / 8).reshape(4, 2).to(dt).requires_grad_()
+        (g,) = dtorch.autograd.grad(((x @ w) ** 2).sum(), x,
+                                    create_graph=True)
+        g.sum().backward()
+        return g, w.grad
+    g16, w16 = run(dtorch.float16)
+    g32, w32 = run(dtorch.float32)
+    assert g16.dtype == w16.dtype == dtorch.float16 and g16.requires_grad
+    assert w16.float().tolist() == w32.tolist()     # exact in float16 here
+    assert g16.float().tolist() == g32.tolist()

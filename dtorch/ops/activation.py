@@ -16,8 +16,8 @@ import numpy as np
 from .. import _kernels
 from .._backend import get_array_module
 from .base import Op, keep_grad, unbroadcast, is_float, grad_xp, \
-    zero_link, astype
-from .elementwise import _erf, _special, _np_dtype
+    zero_link, astype, array_dtype
+from .elementwise import _erf, _special
 
 
 # ==================================================== softmax family ==
@@ -193,7 +193,7 @@ class Gelu(Pointwise):
             cdf = ctx.cdf if fast else _gelu_cdf(xp, x)
             pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
             d = cdf + x * pdf
-        return astype(g * d, _np_dtype(g))
+        return astype(g * d, array_dtype(g))
 
 
 def _gelu_tanh(xp, x):
@@ -241,7 +241,7 @@ class Elu(Pointwise):
         with np.errstate(over="ignore", invalid="ignore"):
             return astype(xp.where(xa > 0, g * pos if pos != 1 else g,
                                    g * (ins * neg * xp.exp(x * ins))),
-                          _np_dtype(g))
+                          array_dtype(g))
 
 
 class Hardswish(Pointwise):
@@ -339,7 +339,7 @@ class PRelu(Op):
         n = ctx.needs_input_grad
         # joined to x by a zero derivative (piecewise linear in x)
         gx = zero_link(ctx, astype(xp.where(pos, g, ctx.input(1, w) * g),
-                                   _np_dtype(g)), 0, x.shape, x.dtype) \
+                                   array_dtype(g)), 0, x.shape, x.dtype) \
             if n[0] else None
         gw = unbroadcast(xp.where(pos, 0.0, ctx.input(0, x) * g), w.shape) \
             if n[1] else None

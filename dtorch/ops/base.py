@@ -194,6 +194,11 @@ def astype(a, dtype):
     return a if from_dt == dtype else _tensor_namespace(a).astype(a, dtype)
 
 
+def array_dtype(a):
+    """The NumPy dtype of an array or of a gradient tensor's array."""
+    return getattr(a, "_data", a).dtype
+
+
 def _float_input(x):
     # unary maths on integer tensors gives the default float dtype (PyTorch)
     if x.dtype.kind in "biu":
@@ -279,17 +284,18 @@ def float32_compute(cls):
 
     def backward(ctx, *grads):
         dts = ctx.__dict__.get("_lowp")
-        if dts is None or ctx._gmake is not None:
-            # (under create_graph the body's ops round for themselves)
+        if dts is None:
             return bwd(ctx, *grads)
-        grads = [g.astype(np.float32) if g is not None and g.dtype in low
-                 else g for g in grads]
+        # the saved operands are float32: so are the gradients in the
+        # body (under create_graph by Cast ops, so differentiable too)
+        grads = [astype(g, np.float32) if g is not None
+                 and array_dtype(g) in low else g for g in grads]
         res = bwd(ctx, *grads)
         single = type(res) is not tuple
         res = (res,) if single else res
         with np.errstate(over="ignore"):
-            res = tuple(r if r is None or d is None or r.dtype == d
-                        else r.astype(d) for r, d in zip(res, dts))
+            res = tuple(r if r is None or d is None else astype(r, d)
+                        for r, d in zip(res, dts))
         return res[0] if single else res
 
     cls.forward = staticmethod(forward)

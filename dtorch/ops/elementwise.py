@@ -17,7 +17,7 @@ from .. import _kernels
 from .._backend import get_array_module
 from ..autograd.function import once_differentiable
 from .base import Op, _float_input, _meta, keep_grad, promote, sgn, \
-    unbroadcast, grad_xp, zero_link, astype
+    unbroadcast, grad_xp, zero_link, astype, array_dtype
 
 
 class Neg(Op):
@@ -84,12 +84,7 @@ class Unary(Op):
 
     @classmethod
     def grad(cls, xp, g, x, out):
-        return astype(g * cls.df(xp, x, out), _np_dtype(g))
-
-
-def _np_dtype(a):
-    """The NumPy dtype of an array or a gradient tensor."""
-    return getattr(a, "_data", a).dtype
+        return astype(g * cls.df(xp, x, out), array_dtype(g))
 
 
 def unary(name, f, df=None, grad=None, saves="x", quiet=True, once=False,
@@ -366,7 +361,7 @@ def _sinc_grad(xp, g, x, out):
     # x is 0 (masked), as the divisor: no 0 / 0
     zero = _zero_mask(x)
     d = (xp.cos(math.pi * x) - out) / xp.where(zero, 1, x)
-    return astype(xp.where(zero, 0, g * d), _np_dtype(g))
+    return astype(xp.where(zero, 0, g * d), array_dtype(g))
 
 
 Sinc = unary("Sinc", lambda xp, x: xp.sinc(x), grad=_sinc_grad,
