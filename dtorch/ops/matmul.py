@@ -87,7 +87,11 @@ class MatMul(Op):
 
 @float32_compute
 class Linear(Op):
-    """y = x @ w.T + b, one primitive so an MLP layer costs one node."""
+    """y = x @ w.T + b, one primitive so an MLP layer costs one node:
+    the composition x @ w.t() + b takes 1.26-1.46x its time, forward and
+    backward (measured float32, one thread, 2x8 -> 8: 54 against 37 us;
+    64x256 -> 256: 403 against 320 us; 256x1024 -> 1024: 20.2 against
+    15.2 ms; load 12)."""
     @staticmethod
     def forward(ctx, x, w, b=None):
         if x.shape[-1] != w.shape[1]:
@@ -127,7 +131,7 @@ class Linear(Op):
         g2 = g.reshape(-1, g.shape[-1])
         if n[0]:
             gx = _mm(g2, ctx.input(1, w)).reshape(
-                tuple(g.shape[:-1]) + (w.shape[1],))
+                g.shape[:-1] + (w.shape[1],))
         if n[1]:
             xt = ctx.input(0, x)
             # forward's contiguous copy of a strided input, on arrays
