@@ -110,7 +110,7 @@ XFAIL = {
         roll|inplace_out squeeze|inplace_out swapaxes|inplace_out
         tile|inplace_out transpose|inplace_out t|inplace_out
         unsqueeze|inplace_out""",
-    # 79
+    # 77
     ("torch saves an input/output this op's dtorch form does not need "
      '(dtorch keeps copies or masks): an in-place change torch refuses '
      "passes in dtorch, with the gradient of forward's values (the sweep "
@@ -123,7 +123,7 @@ XFAIL = {
         F.layer_norm|inplace_in F.max_pool2d|inplace_in
         F.max_pool3d|inplace_in F.mse_loss|inplace_in
         F.multi_margin_loss|inplace_in F.nll_loss|inplace_in
-        F.smooth_l1_loss|inplace_in F.threshold|inplace_in
+        F.smooth_l1_loss|inplace_in
         Tensor.chunk|inplace_in Tensor.cummax|inplace_in
         Tensor.gather|inplace_in Tensor.logsumexp|inplace_in
         Tensor.masked_select|inplace_in Tensor.nanmean|inplace_in
@@ -144,7 +144,7 @@ XFAIL = {
         nn.NLLLoss|inplace_in nn.ReLU.inplace|inplace_in
         nn.ReLU.inplace|inplace_out nn.ReflectionPad2d|inplace_in
         nn.ReplicationPad2d|inplace_in nn.Sequential|inplace_out
-        nn.SmoothL1Loss|inplace_in nn.Threshold|inplace_in prod|inplace_out
+        nn.SmoothL1Loss|inplace_in prod|inplace_out
         split|inplace_in std.correction0|inplace_in std_mean|inplace_in
         std|inplace_in take_along_dim|inplace_in tan|inplace_out
         unbind|inplace_in var_mean|inplace_in var|inplace_in""",

@@ -304,21 +304,22 @@ class Shrink(Pointwise):
         return keep_grad(xp, (xa < -lam) | (xa > lam), g)
 
 
-class Threshold(Op):
+class Threshold(Pointwise):
     """x where x > threshold, else value; gradient g where x > threshold
-    (NaN included: 'x <= threshold' is False there), as PyTorch."""
+    (NaN included: 'x <= threshold' is False there). x is saved, as
+    PyTorch saves it (an in-place change to x after is refused)."""
+    linear = True
+
     @staticmethod
     def forward(ctx, x, threshold=0.0, value=0.0):
         xp = get_array_module(x)
-        low = x <= threshold
-        ctx.keep = ~low
-        ctx.xd = x.dtype
-        return xp.where(low, xp.asarray(value, dtype=x.dtype), x)
+        ctx.save_for_backward(x)
+        ctx.threshold = threshold
+        return xp.where(x <= threshold, xp.asarray(value, dtype=x.dtype), x)
 
     @staticmethod
-    def backward(ctx, g):
-        return zero_link(ctx, keep_grad(grad_xp(g), ctx.keep, g), 0,
-                         ctx.keep.shape, ctx.xd)
+    def grad(ctx, xp, g, x, xa):
+        return keep_grad(xp, ~(xa <= ctx.threshold), g)
 
 
 class PRelu(Op):

@@ -8,7 +8,7 @@ import operator
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
+from .base import Op, Binary, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
     grad_xp, is_float, zero_link, promote_meta
 
 
@@ -156,7 +156,7 @@ def _int_pow(xp, x, y):
     return xp.where(neg, unit, out).astype(out.dtype, copy=False)
 
 
-class Pow(Op):
+class Pow(Binary):
     @staticmethod
     def forward(ctx, x, y):
         x2, y2 = promote(x, y, "pow")
@@ -173,11 +173,9 @@ class Pow(Op):
         return out
 
     @staticmethod
-    def backward(ctx, g):
+    def grads(ctx, xp, g, n):
         # PyTorch's pow_backward_self / pow_backward_exponent
         x, y, out = ctx.to_save
-        n = ctx.needs_input_grad
-        xp = grad_xp(g)
         xt, yt = ctx.input(0, x), ctx.input(1, y)
         gx = gy = None
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -189,14 +187,12 @@ class Pow(Op):
                 else:
                     gx = xp.where(_mask(y == 0), 0.0,
                                   g * (yt * xt ** (yt - 1)))
-                gx = unbroadcast(gx, ctx.xs, ctx.xd)
             if n[1]:
                 lx = xp.log(xt) if type(x) not in _SCALARS else np.log(x)
                 # d/dy x**y = x**y log x, taken as 0 where x == 0 and
                 # y >= 0 (there x**y is 0 or 1 on both sides)
                 zero = _mask((x == 0) & (y >= 0))
                 gy = g * xp.where(zero, 0.0, ctx.output(out) * lx)
-                gy = unbroadcast(gy, ctx.ys, ctx.yd)
         return gx, gy
 
 
@@ -212,7 +208,7 @@ def _mask(m):
     return get_array_module(m).asarray(m)
 
 
-class Maximum(Op):
+class Maximum(Binary):
     """Elementwise maximum; ties split the gradient evenly, and where
     either side is NaN both get the whole gradient (PyTorch: g, halved
     where x == y, zeroed where the other side wins)."""
@@ -227,21 +223,13 @@ class Maximum(Op):
         return getattr(get_array_module(x, y), cls.__name__.lower())(x, y)
 
     @classmethod
-    def backward(cls, ctx, g):
+    def grads(cls, ctx, xp, g, n):
         x, y = ctx.to_save
-        xp = grad_xp(g)
         tie = x == y
         if get_array_module(tie) is not np or bool(tie.any()):
             g = xp.where(tie, g / 2, g)
-        n = ctx.needs_input_grad
-        gx = gy = None
-        if n[0]:
-            gx = unbroadcast(keep_grad(xp, ~cls._lose(x, y), g), ctx.xs,
-                             ctx.xd)
-        if n[1]:
-            gy = unbroadcast(keep_grad(xp, ~cls._lose(y, x), g), ctx.ys,
-                             ctx.yd)
-        return gx, gy
+        return (keep_grad(xp, ~cls._lose(x, y), g) if n[0] else None,
+                keep_grad(xp, ~cls._lose(y, x), g) if n[1] else None)
 
 
 class Minimum(Maximum):
@@ -294,7 +282,7 @@ def _div_floor(xp, a, b):
                     xp.where(div != 0, fl, xp.copysign(0.0 * div, a / b)))
 
 
-class Mod(Op):
+class Mod(Binary):
     """fmod (``floor=False``: C's, sign of the dividend) or remainder
     (Python's, sign of the divisor) of floats, computed by NumPy (exact,
     and x itself for an infinite divisor); gradients g and -g q, q the
@@ -310,16 +298,15 @@ class Mod(Op):
             return (xp.remainder if floor else xp.fmod)(x2, y2)
 
     @staticmethod
-    def backward(ctx, g):
+    def grads(ctx, xp, g, n):
         x, y = ctx.to_save
-        n = ctx.needs_input_grad
         gy = None
         if n[1]:
-            xp = get_array_module(x, y)
+            am = get_array_module(x, y)
             with np.errstate(divide="ignore", invalid="ignore"):
-                q = _div_floor(xp, x, y) if ctx.floor else xp.trunc(x / y)
-                gy = unbroadcast(-g * ctx.const(q), ctx.ys, ctx.yd)
-        return (unbroadcast(g, ctx.xs, ctx.xd) if n[0] else None, gy)
+                q = _div_floor(am, x, y) if ctx.floor else am.trunc(x / y)
+                gy = -g * ctx.const(q)
+        return g if n[0] else None, gy
 
 
 class Step(Op):

@@ -16,7 +16,7 @@ import numpy as np
 from .. import _kernels
 from .._backend import get_array_module
 from ..autograd.function import once_differentiable
-from .base import Op, _float_input, _meta, keep_grad, promote, sgn, \
+from .base import Op, Binary, _float_input, _meta, keep_grad, promote, sgn, \
     unbroadcast, grad_xp, zero_link, astype, array_dtype
 
 
@@ -400,7 +400,7 @@ def _outside_unit(xp, x):
     return xp.where((x < 0) | (x > 1), xp.nan, 0).astype(x.dtype)
 
 
-class Atan2(Op):
+class Atan2(Binary):
     @staticmethod
     def forward(ctx, y, x):
         y2, x2 = promote(_float_input(y) if hasattr(y, "dtype") else y,
@@ -411,22 +411,18 @@ class Atan2(Op):
         return get_array_module(y2, x2).arctan2(y2, x2)
 
     @staticmethod
-    def backward(ctx, g):
+    def grads(ctx, xp, g, n):
         y, x = ctx.to_save
-        n = ctx.needs_input_grad
-        xp = grad_xp(g)
         y, x = ctx.input(0, y), ctx.input(1, x)
         with np.errstate(all="ignore"):
             d = x * x + y * y
             # 0 at the origin, as PyTorch (not 0 / 0)
             zero = _zero_mask(d)
-            gy = xp.where(zero, 0, g * x / d) if n[0] else None
-            gx = xp.where(zero, 0, -g * y / d) if n[1] else None
-        return (unbroadcast(gy, ctx.xs, ctx.xd) if n[0] else None,
-                unbroadcast(gx, ctx.ys, ctx.yd) if n[1] else None)
+            return (xp.where(zero, 0, g * x / d) if n[0] else None,
+                    xp.where(zero, 0, -g * y / d) if n[1] else None)
 
 
-class Hypot(Op):
+class Hypot(Binary):
     @staticmethod
     def forward(ctx, x, y):
         x2, y2 = promote(x, y, "hypot")
@@ -436,15 +432,12 @@ class Hypot(Op):
         return out
 
     @staticmethod
-    def backward(ctx, g):
+    def grads(ctx, xp, g, n):
         x, y, out = ctx.to_save
-        n = ctx.needs_input_grad
         out = ctx.output(out)
         with np.errstate(all="ignore"):
-            return (unbroadcast(g * ctx.input(0, x) / out, ctx.xs, ctx.xd)
-                    if n[0] else None,
-                    unbroadcast(g * ctx.input(1, y) / out, ctx.ys, ctx.yd)
-                    if n[1] else None)
+            return (g * ctx.input(0, x) / out if n[0] else None,
+                    g * ctx.input(1, y) / out if n[1] else None)
 
 
 def xlogy_grad_x(xp, g, x, y):
@@ -459,7 +452,7 @@ def xlogy_grad_x(xp, g, x, y):
     return xp.where((x == 0) & (ya <= 0), 0.0, gx)
 
 
-class Xlogy(Op):
+class Xlogy(Binary):
     """x log y, 0 where x == 0 (unless y is NaN), PyTorch's xlogy (also
     kl_div's), with its gradients (``xlogy_grad_x``; g x / y). x may be a
     number."""
@@ -475,17 +468,13 @@ class Xlogy(Op):
         return xp.asarray(out).astype(xp.result_type(x2, y2), copy=False)
 
     @staticmethod
-    def backward(ctx, g):
+    def grads(ctx, xp, g, n):
         x, y = ctx.to_save
-        xp = grad_xp(g)
-        n = ctx.needs_input_grad
         yt = ctx.input(1, y)
         with np.errstate(all="ignore"):
             # PyTorch's: xlogy(g, y), 0 where x == 0 and y <= 0
-            gx = xlogy_grad_x(xp, g, x, yt) if n[0] else None
-            gy = g * ctx.input(0, x) / yt if n[1] else None
-        return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None,
-                unbroadcast(gy, ctx.ys, ctx.yd) if n[1] else None)
+            return (xlogy_grad_x(xp, g, x, yt) if n[0] else None,
+                    g * ctx.input(0, x) / yt if n[1] else None)
 
 
 # ------------------------------------------------------ gamma functions --
