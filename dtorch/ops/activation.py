@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _kernels
 from .._backend import get_array_module
-from .base import Op, keep_grad, unbroadcast, is_float, grad_xp, \
+from .base import Op, Pointwise, keep_grad, unbroadcast, is_float, grad_xp, \
     zero_link, astype, array_dtype
 from .elementwise import _erf, _special
 
@@ -127,25 +127,6 @@ class LogSoftmax(Op):
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_MIN = 1 << 16     # elements from which the GELU kernel wins
-
-
-class Pointwise(Op):
-    """The family of activations of one input x, saved as PyTorch saves
-    it, with their parameters on ctx (gelu, silu, leaky_relu, elu, the
-    hard and soft ones): a member's ``forward`` computes the value; its
-    ``grad(ctx, xp, g, x, xa)`` the gradient, written once for both orders
-    (issue 30): ``xa`` is the saved array (for masks), ``x`` the same
-    entering through ctx.input, ``xp = grad_xp(g)``. ``linear``: piecewise
-    linear, whose gradient joins x with a zero derivative under
-    create_graph, as PyTorch's (parameters before the op get zeros, not
-    None). Members keep their class (and grad_fn) names."""
-    linear = False
-
-    @classmethod
-    def backward(cls, ctx, g):
-        xa, = ctx.to_save
-        r = cls.grad(ctx, grad_xp(g), g, ctx.input(0, xa), xa)
-        return zero_link(ctx, r, 0, xa.shape, xa.dtype) if cls.linear else r
 
 
 class Gelu(Pointwise):

@@ -8,7 +8,7 @@ import operator
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, Binary, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
+from .base import Op, Binary, Pointwise, _SCALARS, _meta, keep_grad, promote, unbroadcast, \
     grad_xp, is_float, zero_link, promote_meta
 
 
@@ -374,7 +374,8 @@ class Where(Op):
                 if n[2] else None)
 
 
-class Clamp(Op):
+class Clamp(Pointwise):
+    """clamp(x, min, max) with number bounds (either may be None)."""
     @staticmethod
     def forward(ctx, x, min=None, max=None):
         xp = get_array_module(x)
@@ -391,19 +392,13 @@ class Clamp(Op):
             return out.astype(promote(x, 1.0)[0].dtype, copy=False)
         return out.astype(x.dtype, copy=False)
 
-    @classmethod
-    def backward(cls, ctx, g):
-        # g where lo <= x <= hi (bounds included; NaN gets 0), as PyTorch
-        return keep_grad(grad_xp(g), cls.keep_mask(ctx), g)
-
     @staticmethod
-    def keep_mask(ctx):
-        x = ctx.to_save[0]
-        if ctx.lo is not None and ctx.hi is not None:
-            return (x >= ctx.lo) & (x <= ctx.hi)
-        if ctx.lo is not None:
-            return x >= ctx.lo
-        return x <= ctx.hi
+    def grad(ctx, xp, g, x, xa):
+        # g where lo <= x <= hi (bounds included; NaN gets 0), as PyTorch
+        lo, hi = ctx.lo, ctx.hi
+        keep = ((xa >= lo) & (xa <= hi) if hi is not None else xa >= lo) \
+            if lo is not None else xa <= hi
+        return keep_grad(xp, keep, g)
 
 
 class Hardtanh(Clamp):
@@ -412,12 +407,11 @@ class Hardtanh(Clamp):
     too); relu6 is hardtanh(0, 6). Unlike clamp's, the gradient is joined
     to x by a zero derivative under create_graph (PyTorch's
     hardtanh_backward takes x as a differentiable input)."""
-    @classmethod
-    def backward(cls, ctx, g):
-        x = ctx.to_save[0]
-        return zero_link(ctx, keep_grad(grad_xp(g), (x > ctx.lo)
-                                        & (x < ctx.hi), g), 0, x.shape,
-                         x.dtype)
+    linear = True
+
+    @staticmethod
+    def grad(ctx, xp, g, x, xa):
+        return keep_grad(xp, (xa > ctx.lo) & (xa < ctx.hi), g)
 
 
 class ClampT(Op):

@@ -18,6 +18,26 @@ class Op(Function):
     _array_api = True
 
 
+class Pointwise(Op):
+    """The family of elementwise ops of one input x, saved as PyTorch
+    saves it, with their parameters on ctx (abs, nan_to_num, logit, and
+    the activations: gelu, silu, leaky_relu, elu, the hard and soft
+    ones, threshold): a member's ``forward`` computes the value; its
+    ``grad(ctx, xp, g, x, xa)`` the gradient, written once for both orders
+    (issue 30): ``xa`` is the saved array (for masks), ``x`` the same
+    entering through ctx.input, ``xp = grad_xp(g)``. ``linear``: piecewise
+    linear, whose gradient joins x with a zero derivative under
+    create_graph, as PyTorch's (parameters before the op get zeros, not
+    None). Members keep their class (and grad_fn) names."""
+    linear = False
+
+    @classmethod
+    def backward(cls, ctx, g):
+        xa, = ctx.to_save
+        r = cls.grad(ctx, grad_xp(g), g, ctx.input(0, xa), xa)
+        return zero_link(ctx, r, 0, xa.shape, xa.dtype) if cls.linear else r
+
+
 class Binary(Op):
     """The family of two-operand ops (broadcast, promoted, an operand may
     be a number) whose gradients sum back to each operand's shape: a

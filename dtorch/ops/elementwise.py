@@ -16,7 +16,7 @@ import numpy as np
 from .. import _kernels
 from .._backend import get_array_module
 from ..autograd.function import once_differentiable
-from .base import Op, Binary, _float_input, _meta, keep_grad, promote, sgn, \
+from .base import Op, Binary, Pointwise, _float_input, _meta, keep_grad, promote, sgn, \
     unbroadcast, grad_xp, zero_link, astype, array_dtype
 
 
@@ -170,22 +170,22 @@ Sigmoid = unary("Sigmoid", lambda xp, x: 1 / (1 + xp.exp(-x)),
                 grad=lambda xp, g, x, o: g * o * (1 - o), saves="out")
 
 
-class Abs(Op):
+class Abs(Pointwise):
+    # a product, as in PyTorch (inf * 0 is NaN there too); sgn(NaN) = 0;
+    # joined to x by a zero derivative, as PyTorch's (sgn's)
+    linear = True
+
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
         return abs(x)
 
     @staticmethod
-    def backward(ctx, g):
-        # a product, as in PyTorch (inf * 0 is NaN there too); sgn(NaN) = 0;
-        # joined to x by a zero derivative, as PyTorch's (sgn's)
-        x = ctx.to_save[0]
-        return zero_link(ctx, g * ctx.const(sgn(None, x)), 0, x.shape,
-                         x.dtype)
+    def grad(ctx, xp, g, x, xa):
+        return g * ctx.const(sgn(None, xa))
 
 
-class NanToNum(Op):
+class NanToNum(Pointwise):
     """nan_to_num: the gradient passes where x is finite and is zero where
     a NaN or an infinity was replaced (PyTorch: grad * isfinite(x))."""
     @staticmethod
@@ -195,9 +195,8 @@ class NanToNum(Op):
             x, nan=nan, posinf=posinf, neginf=neginf)
 
     @staticmethod
-    def backward(ctx, g):
-        x = ctx.to_save[0]
-        return g * ctx.const(get_array_module(x).isfinite(x))
+    def grad(ctx, xp, g, x, xa):
+        return g * ctx.const(get_array_module(xa).isfinite(xa))
 
 
 class Relu(Op):
@@ -368,7 +367,7 @@ Sinc = unary("Sinc", lambda xp, x: xp.sinc(x), grad=_sinc_grad,
              saves="both")
 
 
-class Logit(Op):
+class Logit(Pointwise):
     @staticmethod
     def forward(ctx, x, eps=None):
         x = _float_input(x)
@@ -380,18 +379,15 @@ class Logit(Op):
             return xp.log(z / (1 - z)).astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        xp = grad_xp(g)
-        xt = ctx.input(0, x)
+    def grad(ctx, xp, g, x, xa):
         with np.errstate(all="ignore"):
-            d = g / (xt * (1 - xt))
+            d = g / (x * (1 - x))
         if ctx.eps is not None:
-            d = xp.where((x < ctx.eps) | (x > 1 - ctx.eps), 0, d)
+            d = xp.where((xa < ctx.eps) | (xa > 1 - ctx.eps), 0, d)
         else:       # PyTorch: NaN outside [0, 1] (logit_backward), and
             # not differentiated there
-            d = xp.where((x < 0) | (x > 1), 0, d) \
-                + ctx.const(_outside_unit(get_array_module(x), x))
+            d = xp.where((xa < 0) | (xa > 1), 0, d) \
+                + ctx.const(_outside_unit(get_array_module(xa), xa))
         return d
 
 
