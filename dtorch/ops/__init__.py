@@ -26,13 +26,13 @@ how Tensor methods and ``nn.functional`` reach them. Importing it changes
 nothing process-wide (the malloc tuning is ``dtorch._malloc``).
 """
 from .base import Op, unbroadcast, promote, keep_grad, _device_error, \
-    ZeroLink
+    ZeroLink, Binary, Pointwise
 from .arith import Add, Sub, Mul, Div, Pow, Maximum, Minimum, Lerp, Mod, \
     Where, Clamp, Hardtanh, ClampT, Step, int_division
 from .elementwise import Neg, Exp, Log, Sqrt, StdSqrt, Rsqrt, Abs, \
     Reciprocal, Expm1, Log1p, Sin, Cos, Tanh, Sigmoid, Relu, Asin, Acos, \
     Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Exp2, Erf, Erfc, Erfinv, Frac, \
-    Sinc, Logit, Atan2, Hypot, Xlogy, Lgamma, Digamma, NanToNum
+    Sinc, Logit, Atan2, Hypot, Xlogy, Lgamma, Digamma, NanToNum, Unary
 from .reduce import Sum, Prod, Amax, Norm, MaxDim, MedianAll
 from .movement import Reshape, Permute, Expand, Cat, Stack, Pad, Copy, \
     Cast, ToDevice
