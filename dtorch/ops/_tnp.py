@@ -21,10 +21,11 @@ import numpy as np
 from .._backend import from_np, get_array_module
 from . import base
 from .arith import Where, Maximum, Minimum
-from . import elementwise, activation, einsum as _einsum
+from . import elementwise, activation, einsum as _einsum, \
+    reduce as _reduce      # deriv-a's names (the block at the end)
 from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid
 from .movement import Cast, Cat, Stack, Expand, Permute
-from .reduce import Sum, Prod
+from .reduce import Sum
 from .matmul import MatMul
 from .selection import Cumsum, Cumprod
 
@@ -256,7 +257,7 @@ class Namespace:
                                     equation=equation)
 
     def prod(self, a, axis=None, keepdims=False):
-        return Prod.apply(self.t(a), axis, keepdims)
+        return _reduce.Prod.apply(self.t(a), axis, keepdims)
 
     def softplus(self, a):
         return activation.Softplus.apply(self.t(a))
