@@ -182,11 +182,11 @@ class Norm(Op):
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             if p == 0:
                 return xp.zeros(xa.shape, g.dtype)
+            if p == 2:
+                return g * xp.where(na == 0, 0.0, x / n)
             sign = ctx.const(sgn(am, xa))
             if p == 1:
                 return sign * g
-            if p == 2:
-                return g * xp.where(na == 0, 0.0, x / n)
             a = abs(x)
             if p in (np.inf, -np.inf):
                 mask = (abs(xa) == na) | am.isnan(xa)
