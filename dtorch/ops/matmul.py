@@ -54,6 +54,8 @@ class MatMul(Op):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.to_save
+        if ctx._gmake is not None:      # create_graph (arith, below Div)
+            x, y = ctx.input(0, x), ctx.input(1, y)
         n = ctx.needs_input_grad
         x1, y1 = x.ndim == 1, y.ndim == 1
         if x1 and y1:
@@ -69,15 +71,13 @@ class MatMul(Op):
         # lifted to 2-D
         gx = gy = None
         if n[0]:
-            y2 = ctx.input(1, y)
-            y2 = y2[:, None] if y1 else y2
+            y2 = y[:, None] if y1 else y
             gx = unbroadcast(_mm(g2, y2.swapaxes(-1, -2)),
                              (1,) + x.shape if x1 else x.shape)
             if x1:
                 gx = gx.reshape(x.shape)
         if n[1]:
-            x2 = ctx.input(0, x)
-            x2 = x2[None, :] if x1 else x2
+            x2 = x[None, :] if x1 else x
             gy = unbroadcast(_mm(x2.swapaxes(-1, -2), g2),
                              y.shape + (1,) if y1 else y.shape)
             if y1:
@@ -126,18 +126,18 @@ class Linear(Op):
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.to_save
+        if ctx._gmake is not None:      # create_graph (arith, below Div)
+            x, w = ctx.input(0, x), ctx.input(1, w)
         n = ctx.needs_input_grad
         gx = gw = gb = None
         g2 = g.reshape(-1, g.shape[-1])
         if n[0]:
-            gx = _mm(g2, ctx.input(1, w)).reshape(
-                g.shape[:-1] + (w.shape[1],))
+            gx = _mm(g2, w).reshape(g.shape[:-1] + (w.shape[1],))
         if n[1]:
-            xt = ctx.input(0, x)
             # forward's contiguous copy of a strided input, on arrays
-            x2 = ctx.__dict__.get("x2") if xt is x else None
+            x2 = ctx.__dict__.get("x2") if ctx._gmake is None else None
             if x2 is None:
-                x2 = xt.reshape(-1, x.shape[-1])
+                x2 = x.reshape(-1, x.shape[-1])
             gw = _mm(g2.T, x2)
         if len(n) > 2 and n[2]:
             gb = g2.sum(0)
