@@ -32,7 +32,7 @@ XFAIL = {
         fmin|inplace_in Tensor.fmax|inplace_in Tensor.fmin|inplace_in
         sgn|inplace_in sgn|inplace_out Tensor.sgn|inplace_in
         Tensor.sgn|inplace_out""",
-    # 31
+    # 30
     ('issue 30: the create_graph=True gradient (backward_graph) is not '
      "bitwise equal to the plain one (backward): the redesign's to-do list"):
         """F.batch_norm|create_graph nn.BatchNorm2d|create_graph
@@ -50,8 +50,7 @@ XFAIL = {
         nn.LSTM|create_graph nn.LayerNorm|create_graph
         nn.RNN|create_graph
         nn.TransformerDecoderLayer|create_graph
-        nn.TransformerEncoderLayer|create_graph nn.Transformer|create_graph
-        true_divide|create_graph""",
+        nn.TransformerEncoderLayer|create_graph nn.Transformer|create_graph""",
     # 24
     ('no second derivative in dtorch where torch has one (a first-order- '
      'only primitive, or a first derivative built from constants)'):

@@ -123,7 +123,9 @@ class Div(Op):
     @staticmethod
     def forward(ctx, x, y):
         x2, y2 = promote_meta(ctx, x, y, "div", true_div=True)
-        ctx.to_save = (x if ctx.needs_input_grad[1] else None, y)
+        # the promoted operands: backward computes in the result dtype, as
+        # PyTorch (an int64 x: -gx * x / y in float32, not float64)
+        ctx.to_save = (x2 if ctx.needs_input_grad[1] else None, y2)
         try:
             return x2 / y2
         except ValueError:
