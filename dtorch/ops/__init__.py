@@ -26,17 +26,17 @@ how Tensor methods and ``nn.functional`` reach them. Importing it changes
 nothing process-wide (the malloc tuning is ``dtorch._malloc``).
 """
 from .base import Op, unbroadcast, promote, keep_grad, _device_error, \
-    ZeroLink
+    ZeroLink, Binary, Pointwise
 from .arith import Add, Sub, Mul, Div, Pow, Maximum, Minimum, Lerp, Mod, \
     Where, Clamp, Hardtanh, ClampT, Step, int_division
 from .elementwise import Neg, Exp, Log, Sqrt, StdSqrt, Rsqrt, Abs, \
     Reciprocal, Expm1, Log1p, Sin, Cos, Tanh, Sigmoid, Relu, Asin, Acos, \
     Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Exp2, Erf, Erfc, Erfinv, Frac, \
-    Sinc, Logit, Atan2, Hypot, Xlogy, Lgamma, Digamma, NanToNum
+    Sinc, Logit, Atan2, Hypot, Xlogy, Lgamma, Digamma, NanToNum, Unary
 from .reduce import Sum, Prod, Amax, Norm, MaxDim, MedianAll
 from .movement import Reshape, Permute, Expand, Cat, Stack, Pad, Copy, \
     Cast, ToDevice
-from .index import Index, IndexView, SetIndex, Embedding, index_add0, \
+from .index import Index, IndexView, SetIndex, Embedding, AddAt, index_add0, \
     _is_basic
 from .matmul import MatMul, Linear
 from .einsum import Einsum
@@ -53,6 +53,6 @@ from .loss import NllLoss, CrossEntropy, SoftMargin, MultiMargin, \
     BinaryCrossEntropy, BinaryCrossEntropyWithLogits, SmoothL1, Huber
 from .ctc import CTCLoss
 from .rnn import RNNLayer, LSTMLayer, GRULayer
-from .recompute import Reconnect
+from .recompute import Reconnect, Pin
 from .attention import ScaledDotProductAttention
 from . import _tnp      # noqa: F401  the tensor namespace of backward bodies

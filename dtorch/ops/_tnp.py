@@ -21,6 +21,7 @@ import numpy as np
 from .._backend import from_np, get_array_module
 from . import base
 from .arith import Where, Maximum, Minimum
+from . import elementwise, activation, einsum as _einsum
 from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid
 from .movement import Cast, Cat, Stack, Expand, Permute
 from .reduce import Sum, Prod
@@ -255,6 +256,40 @@ class Namespace:
                             dim=axis)
 
     # ---- end of deriv-b's names
+
+    # ---- deriv-a (issue 30, ops/elementwise, activation, arith, reduce,
+    # ---- matmul, einsum): the names their backward bodies use
+    def sin(self, a):
+        return self._op("Sin", a)
+
+    def cos(self, a):
+        return self._op("Cos", a)
+
+    def sinh(self, a):
+        return self._op("Sinh", a)
+
+    def cosh(self, a):
+        return self._op("Cosh", a)
+
+    def erf(self, a):
+        return self._op("Erf", a)
+
+    def erfinv(self, a):
+        return self._op("Erfinv", a)
+
+    def digamma(self, a):
+        return self._op("Digamma", a)
+
+    def einsum(self, equation, *operands, optimize=None):
+        return _einsum.Einsum.apply(*[self.t(a) for a in operands],
+                                    equation=equation)
+
+    def softplus(self, a):
+        return activation.Softplus.apply(self.t(a))
+
+    def _op(self, name, a):
+        return getattr(elementwise, name).apply(self.t(a))
+    # ---- end deriv-a
 
     def __getattr__(self, name):
         raise AttributeError(

@@ -15,9 +15,9 @@ import numpy as np
 
 from .. import _kernels
 from .._backend import get_array_module
-from .base import Op, keep_grad, unbroadcast, is_float, keep_grad_t, \
-    unbroadcast_t, zero_link_t
-from .elementwise import _erf
+from .base import Op, Pointwise, keep_grad, unbroadcast, is_float, grad_xp, \
+    zero_link, astype, array_dtype
+from .elementwise import _erf, _special
 
 
 # ==================================================== softmax family ==
@@ -53,19 +53,26 @@ class Softmax(Op):
     @staticmethod
     def backward(ctx, g):
         y, = ctx.to_save
-        k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
-        if k is not None:
-            out = np.empty_like(y)
-            k.softmax_bwd(_rows(y), _rows(g), _rows(out))
+        out = _row_kernel(ctx, "softmax_bwd", y, g)
+        if out is not None:
             return out
+        xp = grad_xp(g)
+        y = ctx.output(y)
         gy = g * y
-        return gy - y * gy.sum(axis=ctx.dim, keepdims=True)
+        return gy - y * xp.sum(gy, axis=ctx.dim, keepdims=True)
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        y = ctx.graph_output(ctx.to_save[0])
-        gy = g * y
-        return gy - y * gy.sum(ctx.dim, keepdim=True)
+
+def _row_kernel(ctx, name, y, g):
+    """The fused, threaded row kernel ``name``'s gradient, on arrays only
+    (None under create_graph, along another dim, or without numba)."""
+    if ctx._gmake is not None or not _last(y, ctx.dim):
+        return None
+    k = _kernels.kernels(y, g)
+    if k is None:
+        return None
+    out = np.empty_like(y)
+    getattr(k, name)(_rows(y), _rows(g), _rows(out))
+    return out
 
 
 def _last(x, dim):
@@ -108,18 +115,12 @@ class LogSoftmax(Op):
     @staticmethod
     def backward(ctx, g):
         y, = ctx.to_save
-        k = _kernels.kernels(y, g) if _last(y, ctx.dim) else None
-        if k is not None:
-            out = np.empty_like(y)
-            k.log_softmax_bwd(_rows(y), _rows(g), _rows(out))
+        out = _row_kernel(ctx, "log_softmax_bwd", y, g)
+        if out is not None:
             return out
-        xp = get_array_module(g)
-        return g - xp.exp(y) * g.sum(axis=ctx.dim, keepdims=True)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        y = ctx.graph_output(ctx.to_save[0])
-        return g - y.exp() * g.sum(ctx.dim, keepdim=True)
+        xp = grad_xp(g)
+        return g - xp.exp(ctx.output(y)) * xp.sum(g, axis=ctx.dim,
+                                                  keepdims=True)
 
 
 # ======================================================= activations ==
@@ -128,14 +129,14 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_MIN = 1 << 16     # elements from which the GELU kernel wins
 
 
-class Gelu(Op):
+class Gelu(Pointwise):
     @staticmethod
     def forward(ctx, x, approximate="none"):
         xp = get_array_module(x)
         ctx.save_for_backward(x)
         ctx.approx = approximate
         if approximate == "tanh":
-            t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+            t = _gelu_tanh(xp, x)
             ctx.t = t
             return (0.5 * x * (1 + t)).astype(x.dtype, copy=False)
         # small inputs stay on NumPy: measured 0.76-0.98x at 4K elements
@@ -147,47 +148,49 @@ class Gelu(Op):
                 x, 1 / math.sqrt(2), 0.5, 1))
             ctx.cdf = cdf
             return out
-        cdf = 0.5 * (1 + _erf(xp, x * (1 / math.sqrt(2))))
+        cdf = _gelu_cdf(xp, x)
         ctx.cdf = cdf
         return (x * cdf).astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        xp = get_array_module(g)
+    def grad(ctx, xp, g, x, xa):
+        fast = ctx._gmake is None
         if ctx.approx == "tanh":
-            t = ctx.t
+            # t and the cdf: saved on the fast path; under create_graph
+            # recomputed from x by the same ops (the same values), so that
+            # their derivative reaches x
+            t = ctx.t if fast else _gelu_tanh(xp, x)
             dt = (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
             d = 0.5 * (1 + t) + 0.5 * x * dt
         else:
             k = _kernels.kernels(x, ctx.cdf, g) \
-                if x.size >= _GELU_MIN else None
-            if k is not None:
+                if fast and x.size >= _GELU_MIN else None
+            if k is not None:       # the fused kernel, on arrays only
                 out = np.empty_like(x)
                 f = _kernels.flat
                 k.gelu_bwd(f(x), f(ctx.cdf), f(g), f(out), *_kernels.scalars(
                     x, 0.5, 1 / math.sqrt(2 * math.pi)))
                 return out
+            cdf = ctx.cdf if fast else _gelu_cdf(xp, x)
             pdf = xp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
-            d = ctx.cdf + x * pdf
-        return (g * d).astype(g.dtype, copy=False)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.graph_input(0, ctx.to_save[0])
-        if ctx.approx == "tanh":
-            c = 0.044715
-            t = (_SQRT_2_OVER_PI * (x + c * (x * x * x))).tanh()
-            d = 0.5 * (1 + t) + 0.5 * x * ((1 - t * t) * _SQRT_2_OVER_PI
-                                           * (1 + 3 * c * (x * x)))
-        else:
-            cdf = 0.5 * (1 + (x * (1 / math.sqrt(2))).erf())
-            pdf = (-0.5 * (x * x)).exp() * (1 / math.sqrt(2 * math.pi))
             d = cdf + x * pdf
-        return g * d
+        return astype(g * d, array_dtype(g))
 
 
-class LeakyRelu(Op):
+def _gelu_tanh(xp, x):
+    """GELU's tanh(sqrt(2 / pi) (x + 0.044715 x^3)), x^3 as x x x (as
+    PyTorch's kernel)."""
+    return xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x)))
+
+
+def _gelu_cdf(xp, x):
+    """The normal CDF of x, GELU's exact form."""
+    return 0.5 * (1 + _special(xp, x * (1 / math.sqrt(2)), "erf", _erf))
+
+
+class LeakyRelu(Pointwise):
+    linear = True
+
     @staticmethod
     def forward(ctx, x, slope=0.01):
         ctx.save_for_backward(x)
@@ -195,17 +198,11 @@ class LeakyRelu(Op):
         return get_array_module(x).where(x > 0, x, x * slope)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        return get_array_module(g).where(x > 0, g, g * ctx.slope)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.to_save[0]
-        return _link(_where_t(x > 0, g, g * ctx.slope), ctx, x)
+    def grad(ctx, xp, g, x, xa):
+        return xp.where(xa > 0, g, g * ctx.slope)
 
 
-class Elu(Op):
+class Elu(Pointwise):
     """scale x for x > 0, scale alpha (e^(input_scale x) - 1) otherwise:
     elu, and selu / celu with PyTorch's scales. NaN takes the exp branch,
     so its gradient is NaN, as in PyTorch's vectorised loop."""
@@ -220,26 +217,15 @@ class Elu(Op):
                             neg).astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        xp = get_array_module(g)
+    def grad(ctx, xp, g, x, xa):
         neg, pos, ins = ctx.coef
         with np.errstate(over="ignore", invalid="ignore"):
-            return xp.where(x > 0, g * pos if pos != 1 else g,
-                            g * (ins * neg * xp.exp(x * ins))).astype(
-                                g.dtype, copy=False)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        xa = ctx.to_save[0]
-        x = ctx.graph_input(0, xa)
-        neg, pos, ins = ctx.coef
-        with np.errstate(over="ignore", invalid="ignore"):
-            return _where_t(xa > 0, g * pos if pos != 1 else g,
-                            g * (ins * neg * (x * ins).exp()))
+            return astype(xp.where(xa > 0, g * pos if pos != 1 else g,
+                                   g * (ins * neg * xp.exp(x * ins))),
+                          array_dtype(g))
 
 
-class Hardswish(Op):
+class Hardswish(Pointwise):
     """x relu6(x + 3) / 6; gradient 0 up to -3 included, g from 3 on,
     g (x / 3 + 1/2) between (NaN: NaN), PyTorch's vectorised loop."""
     @staticmethod
@@ -249,23 +235,16 @@ class Hardswish(Op):
         return x * xp.minimum(xp.maximum(x + 3, 0), 6) / 6
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        xp = get_array_module(g)
+    def grad(ctx, xp, g, x, xa):
         mid = g * (x / 3 + 0.5)
-        return xp.where(x <= -3, _zero(xp, g), xp.where(x >= 3, g, mid))
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        xa = ctx.to_save[0]
-        x = ctx.graph_input(0, xa)
-        mid = g * (x / 3 + 0.5)
-        # NaN takes the middle branch, as backward
-        return _where_t(xa <= -3, 0.0, _where_t(xa >= 3, g, mid))
+        # NaN takes the middle branch
+        return xp.where(xa <= -3, 0.0, xp.where(xa >= 3, g, mid))
 
 
-class Hardsigmoid(Op):
+class Hardsigmoid(Pointwise):
     """relu6(x + 3) / 6; gradient g / 6 strictly inside (-3, 3), else 0."""
+    linear = True
+
     @staticmethod
     def forward(ctx, x):
         xp = get_array_module(x)
@@ -273,24 +252,21 @@ class Hardsigmoid(Op):
         return xp.minimum(xp.maximum(x + 3, 0), 6) / 6
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
+    def grad(ctx, xp, g, x, xa):
         # PyTorch multiplies by the float32 constant 1/6, in float64 too
-        sixth = g.dtype.type(np.float32(1.0) / np.float32(6.0))
-        return keep_grad(get_array_module(g), (x > -3) & (x < 3), g * sixth)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.to_save[0]
-        sixth = float(np.float32(1.0) / np.float32(6.0))
-        return _link(keep_grad_t((x > -3) & (x < 3), g * sixth), ctx, x)
+        return keep_grad(xp, (xa > -3) & (xa < 3), g * _SIXTH)
 
 
-class Shrink(Op):
+_SIXTH = float(np.float32(1.0) / np.float32(6.0))
+
+
+class Shrink(Pointwise):
     """hardshrink (soft=False): x outside [-lambd, lambd], else 0;
     softshrink: x -+ lambd outside, else 0 (0 * x, so NaN stays NaN).
     The gradient is g strictly outside the interval, else 0 (NaN: 0), as
     PyTorch's vectorised loop."""
+    linear = True
+
     @staticmethod
     def forward(ctx, x, lambd=0.5, soft=False):
         xp = get_array_module(x)
@@ -304,36 +280,27 @@ class Shrink(Op):
                             xp.where(x < -lambd, x + lambd, x * 0))
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
+    def grad(ctx, xp, g, x, xa):
         lam = ctx.lambd
-        return keep_grad(get_array_module(g), (x < -lam) | (x > lam), g)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.to_save[0]
-        lam = ctx.lambd
-        return _link(keep_grad_t((x < -lam) | (x > lam), g), ctx, x)
+        return keep_grad(xp, (xa < -lam) | (xa > lam), g)
 
 
-class Threshold(Op):
+class Threshold(Pointwise):
     """x where x > threshold, else value; gradient g where x > threshold
-    (NaN included: 'x <= threshold' is False there), as PyTorch."""
+    (NaN included: 'x <= threshold' is False there). x is saved, as
+    PyTorch saves it (an in-place change to x after is refused)."""
+    linear = True
+
     @staticmethod
     def forward(ctx, x, threshold=0.0, value=0.0):
         xp = get_array_module(x)
-        low = x <= threshold
-        ctx.keep = ~low
-        return xp.where(low, xp.asarray(value, dtype=x.dtype), x)
+        ctx.save_for_backward(x)
+        ctx.threshold = threshold
+        return xp.where(x <= threshold, xp.asarray(value, dtype=x.dtype), x)
 
     @staticmethod
-    def backward(ctx, g):
-        return keep_grad(get_array_module(g), ctx.keep, g)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        return zero_link_t(keep_grad_t(ctx.keep, g), ctx, 0, ctx.keep.shape,
-                           g._data.dtype)
+    def grad(ctx, xp, g, x, xa):
+        return keep_grad(xp, ~(xa <= ctx.threshold), g)
 
 
 class PRelu(Op):
@@ -349,31 +316,19 @@ class PRelu(Op):
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.to_save
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         pos = x > 0
         n = ctx.needs_input_grad
-        gx = xp.where(pos, g, w * g).astype(g.dtype, copy=False) \
+        # joined to x by a zero derivative (piecewise linear in x)
+        gx = zero_link(ctx, astype(xp.where(pos, g, ctx.input(1, w) * g),
+                                   array_dtype(g)), 0, x.shape, x.dtype) \
             if n[0] else None
-        gw = None
-        if n[1]:
-            gw = unbroadcast(xp.where(pos, _zero(xp, g), x * g), w.shape)
-        return gx, gw
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        xa, wa = ctx.to_save
-        pos = xa > 0
-        n = ctx.needs_input_grad
-        gx = gw = None
-        if n[0]:
-            gx = _link(_where_t(pos, g, ctx.graph_input(1, wa) * g), ctx, xa)
-        if n[1]:
-            gw = unbroadcast_t(keep_grad_t(~pos, ctx.graph_input(0, xa) * g),
-                               wa.shape)
+        gw = unbroadcast(xp.where(pos, 0.0, ctx.input(0, x) * g), w.shape) \
+            if n[1] else None
         return gx, gw
 
 
-class Softplus(Op):
+class Softplus(Pointwise):
     """log(1 + e^(beta x)) / beta, and x itself where beta x > threshold."""
     @staticmethod
     def forward(ctx, x, beta=1.0, threshold=20.0):
@@ -388,22 +343,18 @@ class Softplus(Op):
             return xp.where(z > threshold, x, sp).astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        xp = get_array_module(g)
-        z = x * ctx.beta
+    def grad(ctx, xp, g, x, xa):
+        # PyTorch's g e / (e + 1), e = exp(beta x), where beta x is at
+        # most the threshold; e of the threshold itself past it (a branch
+        # where() drops), so that no inf / inf there reaches a second order
+        z = xp.minimum(x * ctx.beta, ctx.threshold)
         with np.errstate(over="ignore", invalid="ignore"):
             e = xp.exp(z)
-            return xp.where(z > ctx.threshold, g, g * e / (e + 1))
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        xa = ctx.to_save[0]
-        z = ctx.graph_input(0, xa) * ctx.beta
-        return _where_t(xa * ctx.beta > ctx.threshold, g, g * z.sigmoid())
+            return xp.where(xa * ctx.beta > ctx.threshold, g,
+                            g * e / (e + 1))
 
 
-class Silu(Op):
+class Silu(Pointwise):
     @staticmethod
     def forward(ctx, x):
         xp = get_array_module(x)
@@ -418,27 +369,25 @@ class Silu(Op):
             return x / (1 + xp.exp(-x))
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        xp = get_array_module(g)
-        k = _kernels.kernels(x, g)
-        if k is not None:
-            out = np.empty_like(x)
-            f = _kernels.flat
-            k.silu_bwd(f(x), f(g), f(out), _kernels.scalar(x, 1))
-            return out
+    def grad(ctx, xp, g, x, xa):
+        if ctx._gmake is None:      # the fused kernel, on arrays only
+            k = _kernels.kernels(x, g)
+            if k is not None:
+                out = np.empty_like(x)
+                f = _kernels.flat
+                k.silu_bwd(f(x), f(g), f(out), _kernels.scalar(x, 1))
+                return out
         with np.errstate(over="ignore", invalid="ignore"):
-            s = 1 / (1 + xp.exp(-x))
+            s = _sigmoid(xp, x)
             return g * s * (1 + x * (1 - s))
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.graph_input(0, ctx.to_save[0])
-        s = x.sigmoid()
-        return g * s * (1 + x * (1 - s))
+
+def _sigmoid(xp, x):
+    """1 / (1 + e^-x), the Sigmoid op's own formula (its op on tensors)."""
+    return _special(xp, x, "sigmoid", lambda xp, x: 1 / (1 + xp.exp(-x)))
 
 
-class Mish(Op):
+class Mish(Pointwise):
     """x tanh(softplus(x))."""
     @staticmethod
     def forward(ctx, x):
@@ -448,20 +397,19 @@ class Mish(Op):
             return x * xp.tanh(xp.log1p(xp.exp(x)))
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        xp = get_array_module(g)
+    def grad(ctx, xp, g, x, xa):
+        # PyTorch's infinitely differentiable form: sigmoid and softplus
+        # (tanh(softplus(x)) is tanh(log1p(e^x)) exactly: both are 1 past
+        # softplus' threshold 20), so no e^x overflows in a second order
         with np.errstate(over="ignore", invalid="ignore"):
-            s = 1 / (1 + xp.exp(-x))
-            t = xp.tanh(xp.log1p(xp.exp(x)))
+            s = _sigmoid(xp, x)
+            t = xp.tanh(_special(xp, x, "softplus", _softplus))
             return g * (t + x * s * (1 - t * t))
 
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.graph_input(0, ctx.to_save[0])
-        s = x.sigmoid()
-        t = Softplus.apply(x).tanh()
-        return g * (t + x * s * (1 - t * t))
+
+def _softplus(xp, x):
+    """Softplus' forward (beta 1, threshold 20) on arrays."""
+    return xp.where(x > 20, x, xp.log1p(xp.exp(x)))
 
 
 def _log_sigmoid(xp, x):
@@ -472,38 +420,19 @@ def _log_sigmoid(xp, x):
 def _log_sigmoid_grad(xp, x):
     """d/dx log(sigmoid(x)) = 1 - sigmoid(x), PyTorch's way (exactly 1/2
     at 0, finite at +-inf)."""
-    neg = x < 0
-    e = xp.exp(-abs(x))
+    neg = getattr(x, "_data", x) < 0
+    # e^-|x|, by where() rather than abs: differentiable at 0 as well
+    e = xp.exp(xp.where(neg, x, -x))
     r = e / (1 + e)
     return xp.where(neg, 1 - r, r)
 
 
-class LogSigmoid(Op):
+class LogSigmoid(Pointwise):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
         return _log_sigmoid(get_array_module(x), x)
 
     @staticmethod
-    def backward(ctx, g):
-        x, = ctx.to_save
-        return g * _log_sigmoid_grad(get_array_module(g), x)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.graph_input(0, ctx.to_save[0])
-        return g * (-x).sigmoid()
-
-
-
-def _where_t(cond, a, b):
-    """where(cond, a, b) on tensors (cond an array), differentiable in a and
-    b: create_graph=True backward of the piecewise activations."""
-    from .arith import Where
-    return Where.apply(cond, a, b)
-
-
-def _link(g, ctx, x):
-    # piecewise-linear: the gradient joins x with a zero derivative, as in
-    # PyTorch (parameters before the op get zeros, not None)
-    return zero_link_t(g, ctx, 0, x.shape, x.dtype)
+    def grad(ctx, xp, g, x, xa):
+        return g * _log_sigmoid_grad(xp, x)

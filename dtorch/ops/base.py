@@ -18,6 +18,45 @@ class Op(Function):
     _array_api = True
 
 
+class Pointwise(Op):
+    """The family of elementwise ops of one input x, saved as PyTorch
+    saves it, with their parameters on ctx (abs, nan_to_num, logit, and
+    the activations: gelu, silu, leaky_relu, elu, the hard and soft
+    ones, threshold): a member's ``forward`` computes the value; its
+    ``grad(ctx, xp, g, x, xa)`` the gradient, written once for both orders
+    (issue 30): ``xa`` is the saved array (for masks), ``x`` the same
+    entering through ctx.input, ``xp = grad_xp(g)``. ``linear``: piecewise
+    linear, whose gradient joins x with a zero derivative under
+    create_graph, as PyTorch's (parameters before the op get zeros, not
+    None). Members keep their class (and grad_fn) names."""
+    linear = False
+
+    @classmethod
+    def backward(cls, ctx, g):
+        xa, = ctx.to_save
+        if ctx._gmake is None:          # the fast path: arrays
+            return cls.grad(ctx, grad_xp(g), g, xa, xa)
+        r = cls.grad(ctx, grad_xp(g), g, ctx.input(0, xa), xa)
+        return zero_link(ctx, r, 0, xa.shape, xa.dtype) if cls.linear else r
+
+
+class Binary(Op):
+    """The family of two-operand ops (broadcast, promoted, an operand may
+    be a number) whose gradients sum back to each operand's shape: a
+    member's forward records the operands' shapes and dtypes (``_meta``),
+    its ``grads(ctx, xp, g, n)`` returns the two gradients before that
+    sum (None where ``n``, ctx.needs_input_grad, says so), written once
+    for both orders (issue 30); this shell sums them (``unbroadcast``).
+    Add/Sub, Mul and Div keep their own shells: the hottest ops, where a
+    call more costs 3-4% of a tiny op."""
+    @classmethod
+    def backward(cls, ctx, g):
+        n = ctx.needs_input_grad
+        gx, gy = cls.grads(ctx, grad_xp(g), g, n)
+        return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None,
+                unbroadcast(gy, ctx.ys, ctx.yd) if n[1] else None)
+
+
 def axis_of(dim, ndim, op="op"):
     """A dim in [-ndim, ndim) as an axis; 0-d tensors take dims 0 and -1."""
     n = max(ndim, 1)
@@ -194,6 +233,11 @@ def astype(a, dtype):
     return a if from_dt == dtype else _tensor_namespace(a).astype(a, dtype)
 
 
+def array_dtype(a):
+    """The NumPy dtype of an array or of a gradient tensor's array."""
+    return getattr(a, "_data", a).dtype
+
+
 def _float_input(x):
     # unary maths on integer tensors gives the default float dtype (PyTorch)
     if x.dtype.kind in "biu":
@@ -281,16 +325,18 @@ def float32_compute(cls):
         dts = ctx.__dict__.get("_lowp")
         if dts is None:
             return bwd(ctx, *grads)
-        grads = [g.astype(np.float32) if g is not None and g.dtype in low
-                 else g for g in grads]
+        # the saved operands are float32: so are the gradients in the
+        # body (under create_graph by Cast ops, so differentiable too)
+        grads = [astype(g, np.float32) if g is not None
+                 and array_dtype(g) in low else g for g in grads]
         res = bwd(ctx, *grads)
         if res is NotImplemented:    # create_graph: first order only
             return res
         single = type(res) is not tuple
         res = (res,) if single else res
         with np.errstate(over="ignore"):
-            res = tuple(r if r is None or d is None or r.dtype == d
-                        else r.astype(d) for r, d in zip(res, dts))
+            res = tuple(r if r is None or d is None else astype(r, d)
+                        for r, d in zip(res, dts))
         return res[0] if single else res
 
     cls.forward = staticmethod(forward)
@@ -299,10 +345,13 @@ def float32_compute(cls):
 
 
 # ---------------------------------------------------------------------------
-# Differentiable backward (create_graph=True). An op's ``backward_graph``
-# takes and returns tensors (see Function.graph_input in autograd); these
-# are the tensor forms of the helpers above. Arrays that are constant for
-# the derivative (masks, indices, integer counts) enter as ``const``.
+# Differentiable backward (create_graph=True). One backward body serves
+# both orders (issue 30): ``grad_xp``, ``unbroadcast``, ``keep_grad``,
+# ``astype`` and ``zero_link`` take an array or a gradient tensor, and
+# ``ctx.const`` brings a constant array in. ``unbroadcast_t`` and
+# ``zero_link_t`` are their tensor halves; ``const`` and ``keep_grad_t``
+# are the forms of the remaining ``backward_graph`` bodies only: delete
+# them with the last of those.
 
 def const(like, a):
     """Array ``a`` as a tensor that needs no gradient (made like ``like``)."""
@@ -372,14 +421,9 @@ class ZeroLink(Op):
 
     @staticmethod
     def backward(ctx, h):
-        zero = get_array_module(h).zeros(ctx.xs, ctx.xd) \
+        zero = grad_xp(h).zeros(ctx.xs, ctx.xd) \
             if ctx.needs_input_grad[1] else None
         return h, zero
-
-    @staticmethod
-    def backward_graph(ctx, h):
-        zero = ZeroLink.backward(ctx, h._data)[1]
-        return h, None if zero is None else const(h, zero)
 
 
 def zero_link_t(g, ctx, i, shape, dtype):

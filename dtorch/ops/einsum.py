@@ -9,7 +9,8 @@ that diagonal.
 import string
 
 from .._backend import get_array_module
-from .base import Op, promote, float32_compute, unbroadcast_t
+from .base import Op, promote, float32_compute, unbroadcast, grad_xp
+from .index import SetIndex
 
 _LETTERS = string.ascii_letters
 
@@ -79,7 +80,7 @@ class Einsum(Op):
     @staticmethod
     def backward(ctx, g):
         xs = ctx.to_save
-        xp = get_array_module(g)
+        xp = grad_xp(g)
         grads = []
         for i, need in enumerate(ctx.needs_input_grad[:len(xs)]):
             if not need:
@@ -87,8 +88,8 @@ class Einsum(Op):
                 continue
             sub = ctx.subs[i]
             uniq = "".join(dict.fromkeys(sub))
-            others = [(s, x) for j, (s, x) in enumerate(zip(ctx.subs, xs))
-                      if j != i]
+            others = [(s, ctx.input(j, x)) for j, (s, x) in
+                      enumerate(zip(ctx.subs, xs)) if j != i]
             avail = set(ctx.out).union(*[set(s) for s, _ in others])
             keep = "".join(c for c in uniq if c in avail)
             eq = ",".join([ctx.out] + [s for s, _ in others]) + "->" + keep
@@ -100,49 +101,22 @@ class Einsum(Op):
             if len(uniq) != len(sub):
                 gi = _undiagonal(xp, gi, uniq, sub, ctx.sizes)
             # (ascontiguousarray makes a 0-d operand's gradient 1-d)
-            grads.append(xp.ascontiguousarray(gi).reshape(gi.shape).astype(
-                xs[i].dtype, copy=False))
-        return tuple(grads)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        # backward's einsums, as differentiable Einsum ops
-        xs = ctx.to_save
-        grads = []
-        for i, need in enumerate(ctx.needs_input_grad[:len(xs)]):
-            if not need:
-                grads.append(None)
-                continue
-            sub = ctx.subs[i]
-            uniq = "".join(dict.fromkeys(sub))
-            others = [(s, ctx.graph_input(j, x)) for j, (s, x) in
-                      enumerate(zip(ctx.subs, xs)) if j != i]
-            avail = set(ctx.out).union(*[set(s) for s, _ in others])
-            keep = "".join(c for c in uniq if c in avail)
-            eq = ",".join([ctx.out] + [s for s, _ in others]) + "->" + keep
-            gi = Einsum.apply(g, *[x for _, x in others], equation=eq)
-            full = tuple(ctx.sizes[c] for c in uniq)
-            view = tuple(ctx.sizes[c] if c in keep else 1 for c in uniq)
-            gi = gi.reshape(view).expand(full)
-            if len(uniq) != len(sub):
-                # a repeated letter ('ii->i'): gi goes on that diagonal
-                from .index import SetIndex
-                xp = get_array_module(xs[i])
-                grids = xp.indices(full, sparse=True)
-                key = tuple(grids[uniq.index(c)] for c in sub)
-                zeros = xp.zeros(tuple(ctx.sizes[c] for c in sub),
-                                 gi._data.dtype)
-                gi = SetIndex.apply(gi._make(zeros, False, None), gi,
-                                    key=key)
-            grads.append(unbroadcast_t(gi, xs[i].shape, xs[i].dtype))
+            gi = xp.ascontiguousarray(gi).reshape(gi.shape)
+            grads.append(unbroadcast(gi, xs[i].shape, xs[i].dtype))
         return tuple(grads)
 
 
 def _undiagonal(xp, gi, uniq, sub, sizes):
     """Place gi (indexed by the unique letters) on the diagonals of an
-    array indexed by ``sub`` (with repeats); zeros elsewhere."""
-    out = xp.zeros(tuple(sizes[c] for c in sub), gi.dtype)
-    grids = xp.indices(gi.shape, sparse=True)
+    array indexed by ``sub`` (with repeats); zeros elsewhere. In place on
+    an array; a gradient tensor under create_graph goes there by SetIndex
+    (no tensor is written in place)."""
+    shape = tuple(sizes[c] for c in sub)
+    grids = get_array_module(getattr(gi, "_data", gi)).indices(
+        gi.shape, sparse=True)
     key = tuple(grids[uniq.index(c)] for c in sub)
+    out = xp.zeros(shape, gi.dtype)
+    if hasattr(gi, "_make"):
+        return SetIndex.apply(out, gi, key=key)
     out[key] = gi
     return out

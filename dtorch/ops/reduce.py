@@ -5,9 +5,10 @@ median of all elements. Backward reshapes the reduced gradient with
 """
 import numpy as np
 
-from .._backend import get_array_module, put_along_axis, from_np
+from .._backend import get_array_module, put_along_axis
 from .base import Op, _axes, _float_input, keep_grad, sgn, \
-    is_float, const, keep_grad_t
+    is_float, grad_xp, astype
+from .arith import _pow
 
 
 def _expand_back(g, shape, axes, keepdim):
@@ -33,14 +34,9 @@ class Sum(Op):
     @staticmethod
     def backward(ctx, g):
         g = _expand_back(g, ctx.shape, ctx.axes, ctx.keepdim)
-        xp = get_array_module(g)
-        return xp.broadcast_to(g, ctx.shape).astype(ctx.xd)
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        g = _expand_back(g, ctx.shape, ctx.axes, ctx.keepdim)
-        g = g.expand(ctx.shape)
-        return g if g._data.dtype == ctx.xd else g.to(from_np(ctx.xd))
+        g = grad_xp(g).broadcast_to(g, ctx.shape)
+        # an array: a contiguous copy, as before (not a broadcast view)
+        return g.astype(ctx.xd) if ctx._gmake is None else astype(g, ctx.xd)
 
 
 class Prod(Op):
@@ -57,11 +53,13 @@ class Prod(Op):
     @staticmethod
     def backward(ctx, g):
         x = ctx.to_save[0]
-        xp = get_array_module(x)
+        xp = grad_xp(g)
         axis = ctx.axis
         if x.ndim == 0:
             return g
-        if not bool((x == 0).any()):
+        has_zero = bool((x == 0).any())
+        x = ctx.input(0, x)
+        if not has_zero:
             # PyTorch: g * prod / x when no element (in the whole tensor)
             # is 0; so an infinite factor gets inf / inf = NaN there too
             out = xp.prod(x, axis=axis, keepdims=True)
@@ -76,35 +74,20 @@ class Prod(Op):
             axis = 0
         # product of all the others, without dividing (x may hold zeros):
         # exclusive cumulative products from the left and from the right
-        ones = xp.ones_like(xp.take(x, [0], axis=axis))
-        left = xp.cumprod(xp.concatenate(
-            [ones, xp.take(x, range(x.shape[axis] - 1), axis=axis)],
-            axis=axis), axis=axis)
-        rx = xp.flip(x, axis=axis)
+        def head(a):        # the first n - 1 entries along axis
+            return a[(slice(None),) * axis + (slice(0, a.shape[axis] - 1),)]
+        ones = xp.ones_like(x[(slice(None),) * axis + (slice(0, 1),)])
+        left = xp.cumprod(xp.concatenate([ones, head(x)], axis=axis),
+                          axis=axis)
         right = xp.flip(xp.cumprod(xp.concatenate(
-            [ones, xp.take(rx, range(x.shape[axis] - 1), axis=axis)],
-            axis=axis), axis=axis), axis=axis)
+            [ones, head(xp.flip(x, axis=axis))], axis=axis), axis=axis),
+            axis=axis)
         others = left * right
         if flat:
             return (g * others).reshape(shape)
         if not ctx.keepdim:
             g = xp.expand_dims(g, axis)
         return g * others
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x = ctx.to_save[0]
-        if x.ndim == 0:
-            return g
-        if bool((x == 0).any()):
-            return NotImplemented     # the cumulative-product form
-        xt = ctx.graph_input(0, x)
-        out = xt.prod() if ctx.axis is None else \
-            xt.prod(ctx.axis, keepdim=True)
-        if ctx.axis is not None and not ctx.keepdim:
-            g = g.unsqueeze(ctx.axis)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return g * (out / xt)
 
 
 def _nonempty(x, axes, op):
@@ -143,31 +126,16 @@ class Amax(Op):
     @staticmethod
     def backward(ctx, g):
         x, out = ctx.to_save
-        xp = get_array_module(g)
-        o = _expand_back(out, x.shape, ctx.axes, ctx.keepdim)
-        g = _expand_back(g, x.shape, ctx.axes, ctx.keepdim)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if ctx.evenly:
-                mask = xp.isnan(x) if bool(xp.isnan(out)) else x == o
-                return keep_grad(xp, mask, g / mask.sum())
-            mask = x == o
-            count = mask.sum(axis=ctx.axes, keepdims=True)
-            return g / count * mask
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x, out = ctx.to_save
         xp = get_array_module(x)
         o = _expand_back(out, x.shape, ctx.axes, ctx.keepdim)
         g = _expand_back(g, x.shape, ctx.axes, ctx.keepdim)
         with np.errstate(divide="ignore", invalid="ignore"):
             if ctx.evenly:
                 mask = xp.isnan(x) if bool(xp.isnan(out)) else x == o
-                return keep_grad_t(mask, (g / int(mask.sum())).expand(
-                    x.shape))
+                return keep_grad(grad_xp(g), mask, g / int(mask.sum()))
             mask = x == o
             count = mask.sum(axis=ctx.axes, keepdims=True)
-            return g / const(g, count) * const(g, mask)
+            return g / ctx.const(count) * ctx.const(mask)
 
 
 class Norm(Op):
@@ -203,48 +171,34 @@ class Norm(Op):
 
     @staticmethod
     def backward(ctx, g):
-        x, out = ctx.to_save
-        xp = get_array_module(g)
+        xa, out = ctx.to_save
+        xp = grad_xp(g)
+        am = get_array_module(xa)
         p, axes = ctx.p, ctx.axes
-        g = _expand_back(g, x.shape, axes, ctx.keepdim)
-        n = _expand_back(out, x.shape, axes, ctx.keepdim)
-        zero = xp.zeros((), g.dtype)
+        g = _expand_back(g, xa.shape, axes, ctx.keepdim)
+        na = _expand_back(out, xa.shape, axes, ctx.keepdim)
+        n = _expand_back(ctx.output(out), xa.shape, axes, ctx.keepdim)
+        x = ctx.input(0, xa)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             if p == 0:
-                return xp.zeros(x.shape, g.dtype)
-            if p == 1:
-                return sgn(xp, x) * g
+                return xp.zeros(xa.shape, g.dtype)
             if p == 2:
-                return g * xp.where(n == 0, zero, x / n)
+                return g * xp.where(na == 0, 0.0, x / n)
+            sign = ctx.const(sgn(am, xa))
+            if p == 1:
+                return sign * g
             a = abs(x)
             if p in (np.inf, -np.inf):
-                mask = (a == n) | xp.isnan(a)
+                mask = (abs(xa) == na) | am.isnan(xa)
                 count = mask.sum(axis=axes, keepdims=True)
-                return sgn(xp, x) * ((g / count) * mask)
+                return sign * ((g / ctx.const(count)) * ctx.const(mask))
+            # powers by pow_scalar's kernels on both paths (_pow)
             if p < 1:
-                s = sgn(xp, x) * xp.where(x == 0, zero, a ** (p - 1))
-                return s * g * n ** (1 - p)
-            s = sgn(xp, x) * a ** (p - 1) if p < 2 else x * a ** (p - 2)
-            return s * xp.where(n == 0, zero, g / n ** (p - 1))
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        x, out = ctx.to_save
-        p, axes = ctx.p, ctx.axes
-        xp = get_array_module(x)
-        g = _expand_back(g, x.shape, axes, ctx.keepdim)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            if p == 0:
-                return const(g, xp.zeros(x.shape, g._data.dtype))
-            if p == 1:
-                return const(g, sgn(xp, x)) * g
-            if p == 2:
-                n = _expand_back(ctx.graph_output(out), x.shape, axes,
-                                 ctx.keepdim)
-                keep = _expand_back(out, x.shape, axes, ctx.keepdim) != 0
-                return keep_grad_t(xp.broadcast_to(keep, x.shape),
-                                   g * (ctx.graph_input(0, x) / n))
-        return NotImplemented
+                s = sign * xp.where(xa == 0, 0.0, _pow(xp, a, p - 1))
+                return s * g * _pow(xp, n, 1 - p)
+            s = sign * _pow(xp, a, p - 1) if p < 2 else \
+                x * _pow(xp, a, p - 2)
+            return s * xp.where(na == 0, 0.0, g / _pow(xp, n, p - 1))
 
 
 class MaxDim(Op):
@@ -272,19 +226,13 @@ class MaxDim(Op):
     def backward(ctx, g):
         if ctx.idx is None:
             return g
-        xp = get_array_module(g)
-        gx = xp.zeros(ctx.shape, g.dtype)
         g = g.reshape(ctx.idx.shape)
-        put_along_axis(xp, gx, ctx.idx, g, axis=ctx.axis)
+        if ctx._gmake is not None:      # no tensor is written in place
+            return g.new_zeros(ctx.shape).scatter(
+                ctx.axis, ctx.const(ctx.idx), g)
+        gx = get_array_module(g).zeros(ctx.shape, g.dtype)
+        put_along_axis(get_array_module(g), gx, ctx.idx, g, axis=ctx.axis)
         return gx
-
-    @staticmethod
-    def backward_graph(ctx, g):
-        if ctx.idx is None:
-            return g
-        g = g.reshape(ctx.idx.shape)
-        return g.new_zeros(ctx.shape).scatter(
-            ctx.axis, const(g, ctx.idx), g)
 
 
 class MedianAll(Amax):

@@ -32,33 +32,26 @@ XFAIL = {
         fmin|inplace_in Tensor.fmax|inplace_in Tensor.fmin|inplace_in
         sgn|inplace_in sgn|inplace_out Tensor.sgn|inplace_in
         Tensor.sgn|inplace_out""",
-    # 16
+    # 7
     ('issue 30: the create_graph=True gradient (backward_graph) is not '
      "bitwise equal to the plain one (backward): the redesign's to-do list"):
         """F.cross_entropy.probs|create_graph
-        F.cross_entropy.smoothing|create_graph
-        F.gelu.tanh|create_graph
-        F.logsigmoid|create_graph F.multilabel_soft_margin_loss|create_graph
-        F.silu|create_graph
-        F.softmax|create_graph F.softmin|create_graph F.softplus|create_graph
-        Tensor.log_softmax|create_graph
-        Tensor.softmax|create_graph
-        nn.LogSigmoid|create_graph nn.MultiLabelSoftMarginLoss|create_graph
-        nn.Softplus|create_graph
-        true_divide|create_graph xlogy|create_graph""",
-    # 25
+        F.cross_entropy.smoothing|create_graph F.silu|create_graph
+        F.softmax|create_graph F.softmin|create_graph
+        Tensor.log_softmax|create_graph Tensor.softmax|create_graph""",
+    # 24
     ('no second derivative in dtorch where torch has one (a first-order- '
      'only primitive, or a first derivative built from constants)'):
         """F.adaptive_avg_pool1d|gradgrad F.adaptive_avg_pool2d|gradgrad
         F.adaptive_max_pool2d|gradgrad F.avg_pool3d|gradgrad
         F.max_pool3d|gradgrad F.pad|gradgrad F.pairwise_distance|gradgrad
-        Tensor.cummax|gradgrad Tensor.fmod|gradgrad Tensor.prod|gradgrad
+        Tensor.cummax|gradgrad Tensor.fmod|gradgrad
         Tensor.remainder|gradgrad cummax|gradgrad cummin|gradgrad
         digamma|gradgrad fmod|gradgrad
         nn.AdaptiveAvgPool1d|gradgrad nn.AdaptiveAvgPool2d|gradgrad
         nn.AdaptiveMaxPool2d|gradgrad nn.ReflectionPad2d|gradgrad
         nn.ReplicationPad2d|gradgrad norm.inf|gradgrad norm.p1|gradgrad
-        operator.mod|gradgrad prod|gradgrad remainder|gradgrad""",
+        operator.mod|gradgrad remainder|gradgrad""",
     # 17
     ("second-order gradients differ from torch's at boundary inputs "
      '(NaN/inf, kinks, 0 divisors)'):
@@ -117,7 +110,7 @@ XFAIL = {
         F.layer_norm|inplace_in F.max_pool2d|inplace_in
         F.max_pool3d|inplace_in F.mse_loss|inplace_in
         F.nll_loss|inplace_in
-        F.smooth_l1_loss|inplace_in F.threshold|inplace_in
+        F.smooth_l1_loss|inplace_in
         Tensor.chunk|inplace_in Tensor.cummax|inplace_in
         Tensor.gather|inplace_in Tensor.logsumexp|inplace_in
         Tensor.masked_select|inplace_in Tensor.nanmean|inplace_in
@@ -138,7 +131,7 @@ XFAIL = {
         nn.NLLLoss|inplace_in nn.ReLU.inplace|inplace_in
         nn.ReLU.inplace|inplace_out nn.ReflectionPad2d|inplace_in
         nn.ReplicationPad2d|inplace_in nn.Sequential|inplace_out
-        nn.SmoothL1Loss|inplace_in nn.Threshold|inplace_in prod|inplace_out
+        nn.SmoothL1Loss|inplace_in prod|inplace_out
         split|inplace_in std.correction0|inplace_in std_mean|inplace_in
         std|inplace_in take_along_dim|inplace_in tan|inplace_out
         unbind|inplace_in var_mean|inplace_in var|inplace_in""",
