@@ -336,10 +336,13 @@ class DeterministicStep:
 def _tap(p, replay):
     """A shard's leaf over ``p``'s storage. For a replay each tap gets an
     array object of its own (a view): compile keys an array's slot by the
-    object, and a tied weight has one tap per owner, summed apart."""
+    object, and a tied weight has one tap per owner, summed apart (made
+    directly: p is a float leaf; its version counter, as detach shares)."""
     if replay is None:
         return p.detach().requires_grad_()
-    return Tensor._wrap(p._data.view()).requires_grad_()
+    t = Tensor._make(p._data.view(), True, None)
+    t._vc = p._vc
+    return t
 
 
 def _sum(arrays):
