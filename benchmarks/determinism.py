@@ -197,7 +197,8 @@ def cost(kinds, steps, repeats, shards):
           "and eager shards (eager); ratios to normal mode, run by run")
     print(f"  {'model':6} {'ranks':>5} {'normal ms':>13} "
           f"{'det compiled ms':>15} {'ratio':>11} {'det eager ms':>13} "
-          f"{'ratio':>11} {'bytes n/det':>17} same hash")
+          f"{'ratio':>11} {'bytes n/det':>17} same hash "
+          f"compiled/eager")
     modes = ("normal", "compiled", "eager")
     for kind in kinds:
         for w in (1, 2):
@@ -214,14 +215,15 @@ def cost(kinds, steps, repeats, shards):
             def rng(v):
                 return f"{min(v):6.1f}-{max(v):6.1f}"
 
-            def ratio(m):
-                r = [b / a for a, b in zip(runs["normal"], runs[m])]
+            def ratio(m, to="normal"):
+                r = [b / a for a, b in zip(runs[to], runs[m])]
                 return f"{min(r):4.2f}-{max(r):4.2f}x"
             print(f"  {kind:6} {w:5} {rng(runs['normal'])} "
                   f"{rng(runs['compiled'])} {ratio('compiled')} "
                   f"{rng(runs['eager'])} {ratio('eager')} "
                   f"{moved['normal']:>8.0f}/{moved['compiled']:<8.0f} "
-                  f"{shas['compiled'] == shas['eager']}")
+                  f"{shas['compiled'] == shas['eager']!s:9} "
+                  f"{ratio('compiled', 'eager')}")
 
 
 def main(argv=None):

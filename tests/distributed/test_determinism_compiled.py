@@ -2,16 +2,13 @@
 cost, issue 29's replay): the compiled shards give the bits the eager
 shards give, on every world size, and a forward compile cannot replay runs
 its shards eagerly (nn/parallel/_deterministic.py, ``_replayer``)."""
-import hashlib
-
-import numpy as np
-
 import dtorch as torch
 import dtorch.distributed as dist
 import dtorch.nn.functional as F
 from dtorch import nn
 from dtorch.nn.parallel import DistributedDataParallel as DDP
 from dtorch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from test_determinism_ddp import state_digest
 
 
 class TinyLM(nn.Module):
@@ -56,18 +53,10 @@ def _train(rank, world, compiled, item=False, steps=4):
         loss.backward()
         nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
         opt.step()
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-        h.update(p.grad.numpy().tobytes())
-    for st in opt.state.values():
-        for k in sorted(st):
-            h.update(np.asarray(st[k].numpy()).tobytes())
-    h.update(repr(torch.get_rng_state()).encode())
     rep = ddp._det._replay
     stats = dict(rep.stats) if rep is not None else {}
     log = list(rep.log) if rep is not None else []
-    return h.hexdigest(), stats, log
+    return state_digest(model, opt), stats, log
 
 
 def _run(world, compiled, item=False):
