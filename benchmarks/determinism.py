@@ -226,6 +226,51 @@ def cost(kinds, steps, repeats, shards):
                   f"{ratio('compiled', 'eager')}")
 
 
+def model_step(kind, mode, steps, shards):
+    """CPU ms (this thread) of the model step alone at 1 rank: one fixed
+    batch, no data loading; mode "normal", "eager" or "compiled" shards."""
+    torch.use_deterministic_algorithms(mode != "normal")
+    torch.manual_seed(0)
+    x, y = data(kind, {"mlp": 96}.get(kind, 24), torch.Generator()
+                .manual_seed(1))
+    model = MODELS[kind]()
+    ddp = DDP(model, virtual_shards=shards,
+              compile_shards=False if mode == "eager" else None)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    for s in range(steps + 3):          # 3 warm-up steps (the captures)
+        if s == 3:
+            t = time.thread_time()
+        out = ddp(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]),
+                               y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+        opt.step()
+    return (time.thread_time() - t) / steps * 1e3
+
+
+def step_cost(kinds, repeats, shards):
+    print(f"\n(c) the model step alone, 1 rank, CPU ms of its thread (30 "
+          f"steps; range over {repeats} interleaved runs); virtual shards "
+          f"{shards or 12}")
+    modes = ("normal", "eager", "compiled")
+    for kind in kinds:
+        ms = {m: [] for m in modes}
+        for _ in range(repeats):
+            for m in modes:
+                ms[m].append(dist.spawn_threads(
+                    lambda r, n: model_step(kind, m, 30, shards), 1)[0])
+
+        def ratio(m, to="normal"):
+            r = [b / a for a, b in zip(ms[to], ms[m])]
+            return f"{min(r):4.2f}-{max(r):4.2f}x"
+        print(f"  {kind:6} normal {min(ms['normal']):6.2f}-"
+              f"{max(ms['normal']):6.2f}  det eager {ratio('eager')}  det "
+              f"compiled {ratio('compiled')}  compiled/eager "
+              f"{ratio('compiled', 'eager')}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=50)
@@ -244,6 +289,8 @@ def main(argv=None):
     kinds = [k for k in only if k in MODELS]
     if kinds:
         cost(kinds, min(a.steps, 12), a.repeats, a.virtual_shards)
+        step_cost([k for k in kinds if k != "cnn_bn"], a.repeats,
+                  a.virtual_shards)
 
 
 if __name__ == "__main__":
