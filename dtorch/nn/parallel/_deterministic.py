@@ -233,9 +233,8 @@ class DeterministicStep:
         if not on or self.syncs:
             return None
         rep = self._replay
-        if rep is None or rep.params is not params and [
-                (id(m), n, id(p)) for m, n, p in rep.params] != [
-                (id(m), n, id(p)) for m, n, p in params]:
+        if rep is None or [(id(m), n, id(p)) for m, n, p in rep.params] \
+                != [(id(m), n, id(p)) for m, n, p in params]:
             n = len(params)
             install = self._install
 
@@ -243,7 +242,7 @@ class DeterministicStep:
                 for (m, name, _), a in zip(params, flat[:n]):
                     install(m, name, a)
                 try:
-                    return self.ddp.module(*flat[n:], **kw)
+                    return self._call(flat[n:], kw)
                 finally:
                     for m, name, p in params:
                         install(m, name, p)
