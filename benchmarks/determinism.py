@@ -14,6 +14,14 @@ ranks, and what it costs.
 
     python benchmarks/determinism.py [--steps 50] [--repeats 3]
         [--only hashes,mlp,cnn,cnn_bn,gpt] [--virtual-shards 12]
+        [--threads N]
+
+Deterministic mode is timed twice: with its virtual shards replayed by
+dtorch.compile (the default, ``compile_shards=None``) and eagerly
+(``compile_shards=False``); both must give the same hash (printed). The
+BLAS pool's threads spin on a loaded machine and count as CPU time, so
+``--threads 1`` (torch.set_num_threads) times the Python and arithmetic
+alone.
 
 CPU time, not wall time: the machine this runs on is shared and loaded
 (the load average is printed); the thread ranks of one process share its
@@ -130,14 +138,15 @@ def count_bytes(group):
     return moved
 
 
-def train(rank, world, kind, det, steps, batch, shards=None):
+def train(rank, world, kind, det, steps, batch, shards=None,
+          compiled=None):
     torch.use_deterministic_algorithms(det)
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     ds = TensorDataset(*data(kind, batch * 10, g))
     model = MODELS[kind]()
     moved = count_bytes(dist.group.WORLD)
-    ddp = DDP(model, virtual_shards=shards)
+    ddp = DDP(model, virtual_shards=shards, compile_shards=compiled)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     sampler = DistributedSampler(ds, shuffle=True, seed=3)
     loader = DataLoader(ds, batch_size=batch // world, sampler=sampler,
@@ -184,24 +193,82 @@ def cost(kinds, steps, repeats, shards):
     print(f"\n(b) ms of CPU per step and rank (over {steps - 1} steps; "
           f"range over {repeats} runs, interleaved), bytes per step per "
           f"rank; virtual shards {shards or 12}")
-    print(f"  {'model':5} {'ranks':>5} {'normal ms':>15} "
-          f"{'deterministic ms':>17} {'ratio':>11} {'bytes n/det':>19}")
+    print("  deterministic: shards replayed by dtorch.compile (compiled) "
+          "and eager shards (eager); ratios to normal mode, run by run")
+    print(f"  {'model':6} {'ranks':>5} {'normal ms':>13} "
+          f"{'det compiled ms':>15} {'ratio':>11} {'det eager ms':>13} "
+          f"{'ratio':>11} {'bytes n/det':>17} same hash "
+          f"compiled/eager")
+    modes = ("normal", "compiled", "eager")
     for kind in kinds:
         for w in (1, 2):
-            runs = {False: [], True: []}
-            moved = {}
+            runs = {m: [] for m in modes}
+            moved, shas = {}, {}
             for _ in range(repeats):
-                for det in (False, True):
+                for m in modes:
                     res = dist.spawn_threads(lambda r, n: train(
-                        r, n, kind, det, steps, batch[kind], shards), w)
-                    runs[det].append(res[0][1] * 1e3)
-                    moved[det] = res[0][2]
-            n, d = runs[False], runs[True]
-            ratio = [b / a for a, b in zip(n, d)]
-            print(f"  {kind:5} {w:5} {min(n):6.1f}-{max(n):6.1f} "
-                  f"{min(d):7.1f}-{max(d):7.1f}  {min(ratio):4.2f}-"
-                  f"{max(ratio):4.2f}x {moved[False]:>8.0f}/"
-                  f"{moved[True]:<8.0f}")
+                        r, n, kind, m != "normal", steps, batch[kind],
+                        shards, False if m == "eager" else None), w)
+                    runs[m].append(res[0][1] * 1e3)
+                    moved[m], shas[m] = res[0][2], res[0][0]
+
+            def rng(v):
+                return f"{min(v):6.1f}-{max(v):6.1f}"
+
+            def ratio(m, to="normal"):
+                r = [b / a for a, b in zip(runs[to], runs[m])]
+                return f"{min(r):4.2f}-{max(r):4.2f}x"
+            print(f"  {kind:6} {w:5} {rng(runs['normal'])} "
+                  f"{rng(runs['compiled'])} {ratio('compiled')} "
+                  f"{rng(runs['eager'])} {ratio('eager')} "
+                  f"{moved['normal']:>8.0f}/{moved['compiled']:<8.0f} "
+                  f"{shas['compiled'] == shas['eager']!s:9} "
+                  f"{ratio('compiled', 'eager')}")
+
+
+def model_step(kind, mode, steps, shards):
+    """CPU ms (this thread) of the model step alone at 1 rank: one fixed
+    batch, no data loading; mode "normal", "eager" or "compiled" shards."""
+    torch.use_deterministic_algorithms(mode != "normal")
+    torch.manual_seed(0)
+    x, y = data(kind, {"mlp": 96}.get(kind, 24), torch.Generator()
+                .manual_seed(1))
+    model = MODELS[kind]()
+    ddp = DDP(model, virtual_shards=shards,
+              compile_shards=False if mode == "eager" else None)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    for s in range(steps + 3):          # 3 warm-up steps (the captures)
+        if s == 3:
+            t = time.thread_time()
+        out = ddp(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]),
+                               y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+        opt.step()
+    return (time.thread_time() - t) / steps * 1e3
+
+
+def step_cost(kinds, repeats, shards):
+    print(f"\n(c) the model step alone, 1 rank, CPU ms of its thread (30 "
+          f"steps; range over {repeats} interleaved runs); virtual shards "
+          f"{shards or 12}")
+    modes = ("normal", "eager", "compiled")
+    for kind in kinds:
+        ms = {m: [] for m in modes}
+        for _ in range(repeats):
+            for m in modes:
+                ms[m].append(dist.spawn_threads(
+                    lambda r, n: model_step(kind, m, 30, shards), 1)[0])
+
+        def ratio(m, to="normal"):
+            r = [b / a for a, b in zip(ms[to], ms[m])]
+            return f"{min(r):4.2f}-{max(r):4.2f}x"
+        print(f"  {kind:6} normal {min(ms['normal']):6.2f}-"
+              f"{max(ms['normal']):6.2f}  det eager {ratio('eager')}  det "
+              f"compiled {ratio('compiled')}  compiled/eager "
+              f"{ratio('compiled', 'eager')}")
 
 
 def main(argv=None):
@@ -210,14 +277,20 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="hashes,mlp,cnn,cnn_bn,gpt")
     ap.add_argument("--virtual-shards", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     only = a.only.split(",")
-    print("load:", os.getloadavg(), "cores:", os.cpu_count())
+    print("load:", os.getloadavg(), "cores:", os.cpu_count(),
+          "threads:", a.threads or "default")
     if "hashes" in only:
         hashes(a.steps)
     kinds = [k for k in only if k in MODELS]
     if kinds:
         cost(kinds, min(a.steps, 12), a.repeats, a.virtual_shards)
+        step_cost([k for k in kinds if k != "cnn_bn"], a.repeats,
+                  a.virtual_shards)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ import numpy as np
 
 from ... import distributed as dist
 from ... import random as _random
+from ... import _compile
 from ..._backend import get_array_module
 from ..._creation import stack
 from ..._settings import is_deterministic_algorithms_warn_only_enabled
@@ -114,6 +115,10 @@ class DeterministicStep:
         self.pending = None       # the step whose gradients are reduced
         self.held = []            # shard gradients of no_sync micro-steps
         self.micro, self.key = 0, None   # micro-batches since the sync
+        # the shards replayed by dtorch.compile (``_replayer``); None: on
+        # where this class's own _call and _install run (DDP), not FSDP's
+        self.compile_shards = None
+        self._replay = None
 
     # ------------------------------------------------------------ forward
     def _step_key(self):
@@ -164,7 +169,8 @@ class DeterministicStep:
         # per-shard leaves sharing the parameters' storage: the engine
         # sums a shard's own uses of a weight in its graph (the same on
         # every layout), never two shards' gradients
-        taps = [[p.detach().requires_grad_() for _, _, p in params]
+        replay = self._replayer(params) if training else None
+        taps = [[_tap(p, replay) for _, _, p in params]
                 if training else None for _ in range(k)]
 
         def install(u):
@@ -179,6 +185,8 @@ class DeterministicStep:
             # the global shard index keys the shard's random stream
             with _random.keyed_streams(key, first + u * self.world
                                        + self.rank):
+                if replay is not None:
+                    return replay(*taps[u], *args, **kw)
                 return self._call(args, kw)
 
         try:
@@ -189,7 +197,8 @@ class DeterministicStep:
             else:
                 outs = []
                 for u in range(k):
-                    install(u)
+                    if replay is None:
+                        install(u)
                     outs.append(shard(u))
         finally:
             if training:
@@ -202,6 +211,47 @@ class DeterministicStep:
                 a.register_post_accumulate_grad_hook(self._queue)
             _api.scale_next_seed(1.0 / self.world)
         return _interleave(outs, k)
+
+    def _replayer(self, params):
+        """The shards' forward as a ``dtorch.compile``d function of (the
+        shard's parameter taps, its inputs), or None (eager shards).
+
+        Every shard has the same shapes, so after the two captures and the
+        validation replay compile does on the first shards, each shard is
+        a replay: one graph node per shard instead of one per op, the same
+        ops' forward/backward on the same arrays in the same order, hence
+        the same bits (tests/distributed/test_determinism_compiled.py).
+        The taps are the compiled call's inputs, so the gradient of shard
+        u reaches its own taps as in eager shards. Whatever compile cannot
+        replay (a graph break such as ``.item()``, forward hooks, a guard
+        past its cache) runs the shard eagerly, as compile falls back, with
+        the reason in ``dtorch.compiler.explain(ddp._det._replay)``."""
+        on = self.compile_shards
+        if on is None:
+            on = type(self)._call is DeterministicStep._call and \
+                type(self)._install is DeterministicStep._install
+        if not on or self.syncs:
+            return None
+        rep = self._replay
+        if rep is None or [(id(m), n, id(p)) for m, n, p in rep.params] \
+                != [(id(m), n, id(p)) for m, n, p in params]:
+            n = len(params)
+            install = self._install
+
+            def shard(*flat, **kw):
+                for (m, name, _), a in zip(params, flat[:n]):
+                    install(m, name, a)
+                try:
+                    return self._call(flat[n:], kw)
+                finally:
+                    for m, name, p in params:
+                        install(m, name, p)
+            module = self.ddp.module
+            rep = _compile._Compiled(shard, module, False, False,
+                                     f"{type(module).__name__} shard")
+            rep.params = params
+            self._replay = rep
+        return rep
 
     # ------------------------------------------------------------ backward
     def _queue(self, _):
@@ -280,6 +330,18 @@ class DeterministicStep:
                 p._grad = Tensor._wrap(g)
             else:
                 p._grad._data += g
+
+
+def _tap(p, replay):
+    """A shard's leaf over ``p``'s storage. For a replay each tap gets an
+    array object of its own (a view): compile keys an array's slot by the
+    object, and a tied weight has one tap per owner, summed apart (made
+    directly: p is a float leaf; its version counter, as detach shares)."""
+    if replay is None:
+        return p.detach().requires_grad_()
+    t = Tensor._make(p._data.view(), True, None)
+    t._vc = p._vc
+    return t
 
 
 def _sum(arrays):

@@ -66,6 +66,10 @@ class DistributedDataParallel(Module):
             the number of equal pieces the global batch is computed in (a
             multiple of the world size; default 12): the same on any world
             size gives the same bits (``_deterministic``).
+        compile_shards: under the switch, run the virtual shards through
+            ``dtorch.compile``'s replay (the same bits, less Python per
+            shard); default (None): on, except under FSDP and with
+            SyncBatchNorm; False: eager shards.
         dim, check_reduction, static_graph: accepted for PyTorch scripts;
             a non-default value warns that it has no effect.
 
@@ -81,7 +85,8 @@ class DistributedDataParallel(Module):
                  broadcast_buffers=True, process_group=None,
                  bucket_cap_mb=None, find_unused_parameters=False,
                  check_reduction=False, gradient_as_bucket_view=False,
-                 static_graph=False, init_sync=True, virtual_shards=None):
+                 static_graph=False, init_sync=True, virtual_shards=None,
+                 compile_shards=None):
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel expects an "
@@ -125,6 +130,7 @@ class DistributedDataParallel(Module):
         self._queued = False
         self._unused = ()
         self.virtual_shards = virtual_shards
+        self.compile_shards = compile_shards
         self._det = None             # the deterministic mode's step
         # which rank is slow, in which phase (dtorch/nn/parallel/_straggler)
         self._straggler = StragglerDetector(group) \
@@ -193,6 +199,7 @@ class DistributedDataParallel(Module):
                         "register_comm_hook or the deterministic mode")
                 self._det = DeterministicStep(self, self.virtual_shards,
                                               zero)
+                self._det.compile_shards = self.compile_shards
             return self._det.forward(inputs, kwargs)
         # (the deterministic step has its own end of backward: straggler
         # detection times the normal mode only)
