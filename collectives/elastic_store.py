@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 
-from .env import env_number
+from .env import env_number, env_str
 from .errors import CollectiveTimeoutError
 from .store import TCPStore, _close_clients
 
@@ -292,7 +292,7 @@ def agent_main(argv=None):
     (the host's store closes)."""
     argv = sys.argv[1:] if argv is None else argv
     mode, host, port = argv[0], argv[1], int(argv[2])
-    token = os.environ.get('DTORCH_RDZV_TOKEN')
+    token = env_str('DTORCH_RDZV_TOKEN', '') or None
     out, lock = sys.stdout, threading.Lock()
     try:
         store = TCPStore(host, port, token, is_server=(mode == 'host'),

@@ -304,7 +304,7 @@ class ElasticJob:
                "joined": self.uid in dec["joined"],
                "t_register": self._t_register}
         self._t_formed = self._t_fail = None
-        path = os.environ.get("DTORCH_ELASTIC_TRACE")
+        path = _c.env_str("DTORCH_ELASTIC_TRACE", "")
         if path:
             with open(path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
