@@ -425,9 +425,11 @@ def test_job_output_files_are_ignored_by_git():
 def test_install_notice_reaches_the_terminal(tmp_path):
     # the fixture's line must show in a passing run (pytest captures a
     # fixture's plain print and shows it only when a test fails)
+    paths = [os.path.dirname(os.path.abspath(__file__)),
+             os.path.join(ROOT, "tests")]       # test_slurm, its helpers
     (tmp_path / "test_notice.py").write_text(
         "import sys\n"
-        f"sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\n"
+        f"sys.path[:0] = {paths!r}\n"
         "import pytest\n"
         "from test_slurm import tell_terminal\n"
         "@pytest.fixture(scope='session')\n"
