@@ -485,7 +485,8 @@ def test_elastic_job_on_a_fixed_group_and_refusals():
         for bad in (
                 lambda: elastic.ElasticJob(DDP(model), opt, ds, 4),
                 lambda: elastic.ElasticJob(fully_shard(torch.nn.Sequential(
-                    torch.nn.Linear(2, 2))), opt, ds, 4)):
+                    torch.nn.Linear(2, 2))), opt, ds, 4),
+                lambda: elastic.ElasticJob(model, opt, ds, 4, fsdp={})):
             try:
                 bad()
             except (TypeError, NotImplementedError) as e:
@@ -500,8 +501,8 @@ def test_elastic_job_on_a_fixed_group_and_refusals():
     assert res[0][2].tobytes() == res[1][2].tobytes()
     errs = res[0][3]
     assert "takes the plain module" in errs[0]
-    assert "FSDP" in errs[1] and "buddy replicas are built for ZeRO-1 " \
-        "only" in errs[1]
+    assert "not one wrapped in FSDP" in errs[1] and "fsdp={" in errs[1]
+    assert "optimizer as a function of the parameters" in errs[2]
 
 
 def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
@@ -575,10 +576,9 @@ def test_zero_shards_rebuilt_from_pieces_or_named_lost():
     """The rebuild of the full parameters and state from the pieces the
     members hold (own and buddy copies, in any layout, overlapping), and
     the stop that names what no survivor holds."""
-    import dtorch as torch
-    from dtorch.distributed.elastic._zero import _merge
-    w, b = torch.zeros(2, 3), torch.zeros(4)
+    from dtorch.distributed.elastic._buddy import _merge
     full_w = np.arange(6, dtype=np.float32)
+    specs = [((2, 3), np.float32), ((4,), np.float32)]
     step = np.array(3.0, np.float32)
 
     def piece(idx, lo, hi, arr):
@@ -587,10 +587,10 @@ def test_zero_shards_rebuilt_from_pieces_or_named_lost():
     pieces = [piece(0, 0, 4, full_w), piece(0, 2, 6, full_w),   # overlap
               piece(1, 0, 1, np.ones(4, np.float32)),
               piece(1, 1, 4, np.ones(4, np.float32))]
-    flat, state = _merge([w, b], pieces, 7)
+    flat, state = _merge(specs, pieces, 7)
     assert flat[0].tolist() == full_w.tolist() and flat[1].tolist() == [1] * 4
     assert state[0]["exp_avg"].tolist() == (2 * full_w).tolist()
     assert float(state[1]["step"]) == 3.0
     with pytest.raises(ElasticStop, match=r"state at step 7 is lost: 2 "
                        r"elements of parameter\(s\) \[0\]"):
-        _merge([w, b], pieces[:1] + pieces[2:], 7)
+        _merge(specs, pieces[:1] + pieces[2:], 7)
