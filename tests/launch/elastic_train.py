@@ -10,7 +10,7 @@ SIGKILLs itself at the start of global step STEP (its first attempt);
 round (a death during the re-formation). ``--deterministic``: use_
 deterministic_algorithms(True). ``--zero``: ZeroRedundancyOptimizer
 (ZeRO-1) over Adam; ``--fsdp``: the job wraps the model in FSDP (Adam over
-its flat parameters); ``--kill-in-buddy UID:STEP``: member UID SIGKILLs
+its flat parameters; ``--fsdp-units``: each Linear a unit); ``--kill-in-buddy UID:STEP``: member UID SIGKILLs
 itself in step STEP after the ZeRO step (its shard updated and gathered),
 before swapping buddy replicas. The final parameters go to OUT.npz
 (``--out``, rank 0).
@@ -50,6 +50,8 @@ def main():
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--zero", action="store_true")
     ap.add_argument("--fsdp", action="store_true")
+    ap.add_argument("--fsdp-units", action="store_true",
+                    help="with --fsdp: each Linear a unit of its own")
     ap.add_argument("--kill-in-buddy", default="")
     ap.add_argument("--kill-at-end", type=int, default=-1,
                     help="this uid SIGKILLs itself after training, before "
@@ -75,11 +77,15 @@ def main():
     else:
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
     vs = {"virtual_shards": 12} if args.deterministic else {}
+    fsdp = dict(vs)
+    if args.fsdp_units:
+        from dtorch.distributed.fsdp.wrap import ModuleWrapPolicy
+        fsdp["auto_wrap_policy"] = ModuleWrapPolicy({nn.Linear})
     job = elastic.ElasticJob(model, opt,
                              torch.utils.data.TensorDataset(x, y),
                              batch_size=args.batch_size,
                              ddp_kwargs=None if args.fsdp else vs,
-                             fsdp=vs if args.fsdp else None)
+                             fsdp=fsdp if args.fsdp else None)
     opt = job.optimizer
     uid = getattr(job, "uid", 0)
     kills = {int(a): int(b) for a, b in

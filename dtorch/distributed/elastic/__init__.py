@@ -57,6 +57,7 @@ buddy copy of its shards: refused), ZeRO-2 (``reduce_scatter_hook``), the
 mpi and nccl backends (an MPI communicator cannot shrink portably).
 """
 import contextlib
+import functools
 import io
 import json
 import os
@@ -236,9 +237,9 @@ class ElasticJob:
             "batch_size": self.batch_size, "dataset": len(self.dataset),
             "shuffle": self.shuffle, "seed": self.seed,
             "deterministic": are_deterministic_algorithms_enabled(),
-            "ddp": {k: repr(v) for k, v in self.ddp_kwargs.items()},
+            "ddp": {k: _stable(v) for k, v in self.ddp_kwargs.items()},
             "fsdp": None if self.fsdp is None else
-            {k: repr(v) for k, v in self.fsdp.items()},
+            {k: _stable(v) for k, v in self.fsdp.items()},
         }
 
     @staticmethod
@@ -537,6 +538,25 @@ def _retire(ddp):
         h.remove()
     ddp._hooks = []
     ddp._reducer.close()
+
+
+def _stable(v):
+    """repr(v) without the addresses of a default repr (a wrap policy, a
+    communication hook): the same in every process for the same config."""
+    if isinstance(v, functools.partial):
+        return (f"partial({_stable(v.func)}, {_stable(v.args)}, "
+                f"{_stable(v.keywords)})")
+    if isinstance(v, type) or callable(v) and hasattr(v, "__qualname__"):
+        return f"{v.__module__}.{v.__qualname__}"
+    if isinstance(v, (list, tuple, set, frozenset)):
+        items = [_stable(x) for x in v]
+        return repr(sorted(items) if isinstance(v, (set, frozenset))
+                    else items)
+    if isinstance(v, dict):
+        return repr({k: _stable(x) for k, x in v.items()})
+    if " at 0x" in repr(v) and hasattr(v, "__dict__"):
+        return f"{type(v).__qualname__}({_stable(vars(v))})"
+    return repr(v)
 
 
 def _differences(mine, job, where):

@@ -140,7 +140,7 @@ class _FSDPLayout:
     (over the root's parameters: the units' ``_flat_param``) keeps a state
     array of ``chunk`` elements per unit."""
 
-    what = "FSDP's parameters and optimizer state"
+    what = "the state of the FSDP shards (parameters and optimizer)"
 
     def __init__(self, root, optimizer):
         self.root, self.opt = root, optimizer
