@@ -637,6 +637,49 @@ def test_elastic_job_with_zero1_on_a_fixed_group():
     np.testing.assert_array_equal(zero0, plain0)
 
 
+def test_elastic_job_with_fsdp_on_a_fixed_group():
+    """Outside --elastic, ElasticJob(fsdp=...) wraps the module in FSDP on
+    the fixed (thread) group and builds the optimizer over its flat
+    parameters, no buddy replica: the parameters of the same loop with
+    DDP, on every rank."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from dtorch.distributed import elastic
+    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from dtorch.utils.data import TensorDataset
+
+    def body(rank, world):
+        out = []
+        for fsdp in (None, {}):
+            torch.manual_seed(0)
+            ds = TensorDataset(torch.randn(12, 3), torch.randn(12, 1))
+            model = torch.nn.Sequential(torch.nn.Linear(3, 5),
+                                        torch.nn.Tanh(),
+                                        torch.nn.Linear(5, 1))
+            make = (lambda ps: torch.optim.Adam(ps, lr=0.05))
+            job = elastic.ElasticJob(
+                model, make if fsdp is not None else make(
+                    model.parameters()), ds, batch_size=4, fsdp=fsdp)
+            assert job._buddy is None
+            assert isinstance(job.model, FSDP) == (fsdp is not None)
+            for _ in job.epochs(2):
+                for step in job.steps():
+                    with step:
+                        x, y = step.batch
+                        job.optimizer.zero_grad()
+                        ((job.model(x) - y) ** 2).mean().backward()
+                        job.optimizer.step()
+            sd = job.model.state_dict()
+            out.append(np.concatenate([v.numpy().ravel() for k, v in
+                                       sorted(sd.items())]))
+        return out
+
+    res = dist.spawn_threads(body, 2)
+    for ddp, fsdp in res:
+        np.testing.assert_allclose(fsdp, ddp, rtol=1e-5, atol=1e-6)
+    assert res[0][1].tobytes() == res[1][1].tobytes()
+
+
 def test_zero_shards_rebuilt_from_pieces_or_named_lost():
     """The rebuild of the full parameters and state from the pieces the
     members hold (own and buddy copies, in any layout, overlapping), and

@@ -48,13 +48,23 @@ ZeRO-1 (``ZeroRedundancyOptimizer`` over ``model.parameters()``, built
 before the job: its shards are laid out over each membership) works the
 same way: each rank's shard of the optimizer state has a buddy replica in
 the next rank, refreshed every step, from which the members rebuild a lost
-rank's shard and re-shard over the new world size (``_zero.py``; a rank
+rank's shard and re-shard over the new world size (``_buddy.py``; a rank
 and its ring neighbour lost together stop the job, naming it).
 
+FSDP: ``ElasticJob(model, lambda params: optim.Adam(params, lr=...), ...,
+fsdp={FullyShardedDataParallel kwargs})`` with the plain module. The job
+wraps it once, on its first group (``job.model``), and builds the optimizer
+over the flat parameters (``job.optimizer``: use it in the loop); each
+new membership re-lays the units' shards and the optimizer state out over
+the new world size in place (the same parameter objects), from the same
+buddy replicas as ZeRO-1's (``_buddy.py``). Buffers come from the member
+that got furthest.
+
 Outside ``--elastic`` the same loop runs on the job's fixed process group
-(or one process), so a script runs both ways. Not supported: FSDP (no
-buddy copy of its shards: refused), ZeRO-2 (``reduce_scatter_hook``), the
-mpi and nccl backends (an MPI communicator cannot shrink portably).
+(or one process), so a script runs both ways. Not supported: a module
+already wrapped in FSDP (``fully_shard`` included: refused), ZeRO-2
+(``reduce_scatter_hook``), the mpi and nccl backends (an MPI communicator
+cannot shrink portably).
 """
 import contextlib
 import functools
@@ -146,6 +156,9 @@ class ElasticJob:
     same objects). ``state``: other objects with ``state_dict()`` /
     ``load_state_dict()`` that a joiner must receive (an LR scheduler).
     ``ddp_kwargs``: passed to each ``DistributedDataParallel``.
+    ``fsdp``: FullyShardedDataParallel's kwargs: the job wraps the module
+    in FSDP instead of DDP, and ``optimizer`` is then a function of the
+    parameters (module docstring).
     ``join_every``: look for waiting joiners every that many steps (one
     store read and an 8-byte all-reduce; 0.5 ms median on 3 loopback
     ranks of a loaded 2-core machine)."""
@@ -185,7 +198,7 @@ class ElasticJob:
         self.lost_total = 0
         self._t_fail = self._t_formed = self._t_register = None
         self._stepped = False
-        # ZeRO-1: buddy replicas of the optimizer-state shards (_zero.py)
+        # ZeRO-1: buddy replicas of the optimizer-state shards (_buddy.py)
         self._buddy = zero_buddy(optimizer) if self.elastic and isinstance(
             optimizer, ZeroRedundancyOptimizer) else None
         if optimizer is not None:
