@@ -640,8 +640,9 @@ def test_elastic_job_with_zero1_on_a_fixed_group():
 def test_elastic_job_with_fsdp_on_a_fixed_group():
     """Outside --elastic, ElasticJob(fsdp=...) wraps the module in FSDP on
     the fixed (thread) group and builds the optimizer over its flat
-    parameters, no buddy replica: the parameters of the same loop with
-    DDP, on every rank."""
+    parameters and the LR scheduler (``state``: a function of the
+    optimizer) over it, no buddy replica: the parameters of the same loop
+    with DDP, on every rank."""
     import dtorch as torch
     import dtorch.distributed as dist
     from dtorch.distributed import elastic
@@ -657,11 +658,15 @@ def test_elastic_job_with_fsdp_on_a_fixed_group():
                                         torch.nn.Tanh(),
                                         torch.nn.Linear(5, 1))
             make = (lambda ps: torch.optim.Adam(ps, lr=0.05))
+            sched = (lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5))
+            opt = None if fsdp is not None else make(model.parameters())
             job = elastic.ElasticJob(
-                model, make if fsdp is not None else make(
-                    model.parameters()), ds, batch_size=4, fsdp=fsdp)
+                model, make if fsdp is not None else opt, ds, batch_size=4,
+                fsdp=fsdp, state={"sched": sched if opt is None
+                                  else sched(opt)})
             assert job._buddy is None
             assert isinstance(job.model, FSDP) == (fsdp is not None)
+            assert job.extra["sched"].optimizer is job.optimizer
             for _ in job.epochs(2):
                 for step in job.steps():
                     with step:
@@ -669,6 +674,8 @@ def test_elastic_job_with_fsdp_on_a_fixed_group():
                         job.optimizer.zero_grad()
                         ((job.model(x) - y) ** 2).mean().backward()
                         job.optimizer.step()
+                job.extra["sched"].step()
+            assert job.optimizer.param_groups[0]["lr"] == 0.05 / 4
             sd = job.model.state_dict()
             out.append(np.concatenate([v.numpy().ravel() for k, v in
                                        sorted(sd.items())]))

@@ -158,7 +158,9 @@ class ElasticJob:
     ``ddp_kwargs``: passed to each ``DistributedDataParallel``.
     ``fsdp``: FullyShardedDataParallel's kwargs: the job wraps the module
     in FSDP instead of DDP, and ``optimizer`` is then a function of the
-    parameters (module docstring).
+    parameters (module docstring), and a value of ``state`` may be a
+    function of the optimizer (``lambda opt: CosineAnnealingLR(opt, E)``):
+    built with it, as ``job.extra[name]``.
     ``join_every``: look for waiting joiners every that many steps (one
     store read and an 8-byte all-reduce; 0.5 ms median on 3 loopback
     ranks of a loaded 2-core machine)."""
@@ -391,6 +393,10 @@ class ElasticJob:
                 self.optimizer = self._make_optimizer(
                     list(self.model.parameters()))
                 self.optimizer.register_step_post_hook(self._after_step)
+                # state built on the optimizer (an LR scheduler): now
+                self.extra = {k: v(self.optimizer) if callable(v) and not
+                              hasattr(v, "state_dict") else v
+                              for k, v in self.extra.items()}
                 if self.elastic:
                     self._buddy = fsdp_buddy(self.model, self.optimizer)
             return
