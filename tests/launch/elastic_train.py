@@ -10,10 +10,10 @@ SIGKILLs itself at the start of global step STEP (its first attempt);
 round (a death during the re-formation). ``--deterministic``: use_
 deterministic_algorithms(True). ``--zero``: ZeroRedundancyOptimizer
 (ZeRO-1) over Adam; ``--fsdp``: the job wraps the model in FSDP (Adam over
-its flat parameters; ``--fsdp-units``: each Linear a unit); ``--kill-in-buddy UID:STEP``: member UID SIGKILLs
-itself in step STEP after the ZeRO step (its shard updated and gathered),
-before swapping buddy replicas. The final parameters go to OUT.npz
-(``--out``, rank 0).
+its flat parameters; ``--fsdp-units``: each Linear a unit);
+``--kill-in-buddy UID:STEP``: member UID SIGKILLs itself in step STEP
+after the optimizer step (its shard updated), before swapping buddy
+replicas. The final parameters go to OUT.npz (``--out``, rank 0).
 """
 import argparse
 import json

@@ -505,16 +505,20 @@ def test_elastic_job_on_a_fixed_group_and_refusals():
     assert "optimizer as a function of the parameters" in errs[2]
 
 
-def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
-    """ZeRO-1 (ZeroRedundancyOptimizer over Adam), deterministic: 4 ->
-    SIGKILL member 1 at a step's start -> 3 -> SIGKILL member 3 inside a
-    step, after its ZeRO step, before the buddy swap (the others' shards
+@pytest.mark.parametrize("sharded", [["--zero"], ["--fsdp", "--fsdp-units"]],
+                         ids=["zero1", "fsdp"])
+def test_sharded_shrink_twice_and_grow_bitwise(tmp_path, sharded):
+    """ZeRO-1 (ZeroRedundancyOptimizer over Adam) and FSDP (each Linear a
+    unit, Adam over the flat parameters), deterministic: 4 -> SIGKILL
+    member 1 at a step's start -> 3 -> SIGKILL member 3 inside a step,
+    after its optimizer step, before the buddy swap (the others' shards
     already updated: they must go back to the buddy copies) -> 2 -> a
-    joiner gets its shard -> 3. The survivors keep their pids; the final
-    parameters are bitwise those of one uninterrupted process."""
+    joiner gets its shard -> 3. The survivors keep their pids; every sample
+    once per epoch; the final parameters are bitwise those of one
+    uninterrupted process."""
     log, out = tmp_path / "steps.jsonl", tmp_path / "elastic.npz"
-    port, env = _port(), _env("t-zero")
-    common = [SCRIPT, "--deterministic", "--zero", "--samples", "96",
+    port, env = _port(), _env("t-" + sharded[0][2:])
+    common = [SCRIPT, "--deterministic", *sharded, "--samples", "96",
               "--epochs", "2", "--log", str(log), "--kill", "1:1",
               "--kill-in-buddy", "3:3", "--hold", "5:join"]
     code, err, jcode, jerr = _four_and_a_joiner("2:4", port, env, common,
@@ -528,72 +532,7 @@ def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
     assert sorted(pids) == [0, 1, 2, 3, 4]
     assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 2, 4]
     _check_exactly_once(ev, 96, 2)
-    _assert_bitwise_uninterrupted(out, tmp_path, env, ["--zero"])
-
-
-def test_fsdp_shrink_twice_and_grow_bitwise(tmp_path):
-    """FSDP (each Linear a unit, Adam over the flat parameters),
-    deterministic: 4 -> SIGKILL member 1 at a step's start -> 3 -> SIGKILL
-    member 3 inside a step, after the optimizer step, before the buddy swap
-    -> 2 -> a joiner gets its shards -> 3. The survivors keep their pids;
-    every sample once per epoch; the final parameters are bitwise those of
-    one uninterrupted process."""
-    log, out = tmp_path / "steps.jsonl", tmp_path / "elastic.npz"
-    port, env = _port(), _env("t-fsdp")
-    common = [SCRIPT, "--deterministic", "--fsdp", "--fsdp-units",
-              "--samples", "96", "--epochs", "2", "--log", str(log),
-              "--kill", "1:1", "--kill-in-buddy", "3:3", "--hold", "5:join"]
-    code, err, jcode, jerr = _four_and_a_joiner("2:4", port, env, common,
-                                                out, "elastic round 2:")
-    assert code == 0 and jcode == 0, err + jerr
-    assert "lost rank 1 (member 1: was killed by SIGKILL" in err, err
-    assert "new world size 2 (was 3)" in err and "member 3:" in err, err
-    assert "1 joined (member(s) 4); new world size 3" in err, err
-    ev = _events(log)
-    pids = _one_start_per_member(ev)
-    assert sorted(pids) == [0, 1, 2, 3, 4]
-    assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 2, 4]
-    _check_exactly_once(ev, 96, 2)
-    _assert_bitwise_uninterrupted(out, tmp_path, env,
-                                  ["--fsdp", "--fsdp-units"])
-
-
-def test_fsdp_shard_snapshots_merge_to_the_flat_parameter():
-    """The FSDP layout of the buddy mechanism on 2 thread ranks: each
-    rank's snapshot is its range of the unit's 9 flat elements (5 + 4: the
-    padding left out) with its Adam state; merged they are the full flat
-    parameter and state, and a missing range is named."""
-    import dtorch as torch
-    import dtorch.distributed as dist
-    from collectives.elastic_store import ElasticStop
-    from dtorch.distributed.elastic._buddy import _FSDPLayout, _merge
-    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    def body(rank, world):
-        torch.manual_seed(0)
-        model = FSDP(torch.nn.Linear(2, 3))       # 9 elements
-        opt = torch.optim.Adam(model.parameters(), lr=0.1)
-        model(torch.ones(2, 2)).sum().backward()
-        opt.step()
-        lay = _FSDPLayout(model, opt)
-        got = dist.group.WORLD.all_gather_object(lay.snapshot())
-        return [x for g in got for x in g], \
-            model._flat_param.detach().numpy().copy(), \
-            opt.state[model._flat_param]["exp_avg"].numpy().copy()
-
-    res = dist.spawn_threads(body, 2)
-    pieces = res[0][0]
-    assert [(i, lo, hi) for i, lo, hi, _, _ in pieces] == [(0, 0, 5),
-                                                           (0, 5, 9)]
-    flat, state = _merge([((9,), np.float32)], pieces, 1, "FSDP's")
-    assert flat[0].tobytes() == np.concatenate(
-        [res[0][1], res[1][1][:4]]).tobytes()
-    assert res[1][1][4] == 0 and res[1][2][4] == 0          # the padding
-    assert state[0]["exp_avg"].tobytes() == np.concatenate(
-        [res[0][2], res[1][2][:4]]).tobytes()
-    assert float(state[0]["step"]) == 1
-    with pytest.raises(ElasticStop, match="FSDP's at step 1 is lost: 4 "):
-        _merge([((9,), np.float32)], pieces[:1], 1, "FSDP's")
+    _assert_bitwise_uninterrupted(out, tmp_path, env, sharded)
 
 
 def test_elastic_job_with_zero1_on_a_fixed_group():
