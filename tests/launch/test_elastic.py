@@ -535,6 +535,44 @@ def test_sharded_shrink_twice_and_grow_bitwise(tmp_path, sharded):
     _assert_bitwise_uninterrupted(out, tmp_path, env, sharded)
 
 
+def test_fsdp_shard_snapshots_merge_to_the_flat_parameter():
+    """The FSDP layout of the buddy mechanism on 2 thread ranks: each
+    rank's snapshot is its range of the unit's 9 flat elements (5 + 4: the
+    padding left out) with its Adam state; merged they are the full flat
+    parameter and state, and a missing range is named."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from collectives.elastic_store import ElasticStop
+    from dtorch.distributed.elastic._buddy import _FSDPLayout, _merge
+    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    def body(rank, world):
+        torch.manual_seed(0)
+        model = FSDP(torch.nn.Linear(2, 3))       # 9 elements
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        model(torch.ones(2, 2)).sum().backward()
+        opt.step()
+        lay = _FSDPLayout(model, opt)
+        got = dist.group.WORLD.all_gather_object(lay.snapshot())
+        return [x for g in got for x in g], \
+            model._flat_param.detach().numpy().copy(), \
+            opt.state[model._flat_param]["exp_avg"].numpy().copy()
+
+    res = dist.spawn_threads(body, 2)
+    pieces = res[0][0]
+    assert [(i, lo, hi) for i, lo, hi, _, _ in pieces] == [(0, 0, 5),
+                                                           (0, 5, 9)]
+    flat, state = _merge([((9,), np.float32)], pieces, 1, "FSDP's")
+    assert flat[0].tobytes() == np.concatenate(
+        [res[0][1], res[1][1][:4]]).tobytes()
+    assert res[1][1][4] == 0 and res[1][2][4] == 0          # the padding
+    assert state[0]["exp_avg"].tobytes() == np.concatenate(
+        [res[0][2], res[1][2][:4]]).tobytes()
+    assert float(state[0]["step"]) == 1
+    with pytest.raises(ElasticStop, match="FSDP's at step 1 is lost: 4 "):
+        _merge([((9,), np.float32)], pieces[:1], 1, "FSDP's")
+
+
 def test_elastic_job_with_zero1_on_a_fixed_group():
     """Outside --elastic, ElasticJob with ZeroRedundancyOptimizer runs on
     the fixed (thread) group, no buddy replica: the same parameters as
