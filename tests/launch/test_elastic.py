@@ -618,7 +618,7 @@ def test_elastic_job_with_fsdp_on_a_fixed_group():
     """Outside --elastic, ElasticJob(fsdp=...) wraps the module in FSDP on
     the fixed (thread) group and builds the optimizer over its flat
     parameters and the LR scheduler (``state``: a function of the
-    optimizer) over it, no buddy replica: the parameters of the same loop
+    optimizer, with DDP too) over it, no buddy replica: the parameters of the same loop
     with DDP, on every rank."""
     import dtorch as torch
     import dtorch.distributed as dist
@@ -639,8 +639,7 @@ def test_elastic_job_with_fsdp_on_a_fixed_group():
             opt = None if fsdp is not None else make(model.parameters())
             job = elastic.ElasticJob(
                 model, make if fsdp is not None else opt, ds, batch_size=4,
-                fsdp=fsdp, state={"sched": sched if opt is None
-                                  else sched(opt)})
+                fsdp=fsdp, state={"sched": sched})
             assert job._buddy is None
             assert isinstance(job.model, FSDP) == (fsdp is not None)
             assert job.extra["sched"].optimizer is job.optimizer
