@@ -573,6 +573,42 @@ def test_fsdp_shard_snapshots_merge_to_the_flat_parameter():
         _merge([((9,), np.float32)], pieces[:1], 1, "FSDP's")
 
 
+def test_fsdp_shards_reinstalled_on_device(device):
+    """The FSDP layout's rebuild on ``device`` (cuda: CuPy shards, host
+    snapshots): 2 thread ranks snapshot, merge and install their shards and
+    Adam state again over the group; the bits stay, the arrays stay on the
+    device, and the optimizer keeps stepping the same flat parameter."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from dtorch.distributed.elastic._buddy import _FSDPLayout, _merge
+    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    def body(rank, world):
+        torch.manual_seed(0)
+        model = FSDP(torch.nn.Linear(2, 3).to(device),
+                     device_id=None if device == "cpu" else device)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        x = torch.ones(2, 2, device=device)
+        model(x).sum().backward()
+        opt.step()
+        lay, fp = _FSDPLayout(model, opt), model._flat_param
+        before = [fp.detach().cpu().numpy().copy(),
+                  opt.state[fp]["exp_avg"].cpu().numpy().copy()]
+        got = dist.group.WORLD.all_gather_object(lay.snapshot())
+        flat, state = _merge(lay.specs(), [x for g in got for x in g], 1)
+        lay.install(dist.group.WORLD, flat, state, True)
+        assert fp is model._flat_param and fp.device.type == device
+        assert opt.state[fp]["exp_avg"].device.type == device
+        after = [fp.detach().cpu().numpy().copy(),
+                 opt.state[fp]["exp_avg"].cpu().numpy().copy()]
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        return [a.tobytes() == b.tobytes() for a, b in zip(before, after)]
+
+    assert dist.spawn_threads(body, 2) == [[True, True]] * 2
+
+
 def test_elastic_job_with_zero1_on_a_fixed_group():
     """Outside --elastic, ElasticJob with ZeroRedundancyOptimizer runs on
     the fixed (thread) group, no buddy replica: the same parameters as
