@@ -654,8 +654,8 @@ def test_elastic_job_with_fsdp_on_a_fixed_group():
     """Outside --elastic, ElasticJob(fsdp=...) wraps the module in FSDP on
     the fixed (thread) group and builds the optimizer over its flat
     parameters and the LR scheduler (``state``: a function of the
-    optimizer, with DDP too) over it, no buddy replica: the parameters of the same loop
-    with DDP, on every rank."""
+    optimizer, with DDP too) over it, no buddy replica: the parameters of
+    the same loop with DDP, on every rank."""
     import dtorch as torch
     import dtorch.distributed as dist
     from dtorch.distributed import elastic
