@@ -1,11 +1,15 @@
-"""Elastic ZeRO-1 (issue 27): the per-step cost of the buddy replicas.
+"""Elastic ZeRO-1 and FSDP (issue 27): the per-step cost of the buddy
+replicas.
 
     python benchmarks/elastic_zero_buddy.py [--runs 3] [--nproc 3]
                                             [--hidden 16,512] [--steps 60]
+                                            [--fsdp]
 
 Each run starts ``dtorch-launch --elastic N:N --nproc-per-node N`` on
 loopback with this file as the script: an MLP (64 -> H -> H -> 10) under
-``ElasticJob`` with ``ZeroRedundancyOptimizer(Adam)``. The ranks train
+``ElasticJob`` with ``ZeroRedundancyOptimizer(Adam)`` (``--fsdp``: the job
+wraps it in FSDP, each Linear a unit, Adam over the flat parameters). The
+ranks train
 ``--steps`` steps in blocks of ``--block``, the buddy replica switched on
 and off block by block (interleaved, so both see the same load), and
 record per step the wall time, the process's CPU time (getrusage: the
@@ -48,10 +52,16 @@ def worker(args):
     model = torch.nn.Sequential(torch.nn.Linear(64, h), torch.nn.ReLU(),
                                 torch.nn.Linear(h, h), torch.nn.ReLU(),
                                 torch.nn.Linear(h, 10))
-    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam,
-                                  lr=1e-3)
+    if args.fsdp:
+        from dtorch.distributed.fsdp.wrap import ModuleWrapPolicy
+        opt, fsdp = (lambda ps: torch.optim.Adam(ps, lr=1e-3)), {
+            "auto_wrap_policy": ModuleWrapPolicy({torch.nn.Linear})}
+    else:
+        opt, fsdp = ZeroRedundancyOptimizer(
+            model.parameters(), torch.optim.Adam, lr=1e-3), None
     job = elastic.ElasticJob(model, opt, torch.utils.data.TensorDataset(
-        x, y), batch_size=bs, shuffle=False)
+        x, y), batch_size=bs, shuffle=False, fsdp=fsdp)
+    opt = job.optimizer
     buddy, swap = job._buddy, [0.0]
     real = buddy.step_done
 
@@ -76,11 +86,12 @@ def worker(args):
             rows.append([on, time.perf_counter() - t, _cpu() - c, swap[0]])
     job._buddy = buddy
     import pickle
-    nbytes = len(pickle.dumps(opt._shard_snapshot(), protocol=5))
+    nbytes = len(pickle.dumps(buddy.layout.snapshot(), protocol=5))
     with open(os.path.join(args.out, f"rank{job.rank}.json"), "w") as f:
         json.dump({"rows": rows[args.block:], "bytes": nbytes,
-                   "params": sum(p.numel() for p in model.parameters())},
-                  f)
+                   "params": sum(n for (_, n) in (
+                       (s, int(np.prod(s))) for s, _ in
+                       buddy.layout.specs()))}, f)
     job.close()
 
 
@@ -90,7 +101,7 @@ def _port():
         return s.getsockname()[1]
 
 
-def one_run(nproc, hidden, steps, block):
+def one_run(nproc, hidden, steps, block, fsdp):
     out = tempfile.mkdtemp(prefix="zero-buddy-")
     port = _port()
     env = dict(os.environ, PYTHONPATH=ROOT, DTORCH_RDZV_TOKEN=f"zb-{port}")
@@ -98,7 +109,8 @@ def one_run(nproc, hidden, steps, block):
         [sys.executable, "-m", "launch", "--elastic", f"{nproc}:{nproc}",
          "--nproc-per-node", str(nproc), "--master-port", str(port),
          os.path.abspath(__file__), "--worker", "--out", out, "--hidden",
-         str(hidden), "--steps", str(steps), "--block", str(block)],
+         str(hidden), "--steps", str(steps), "--block", str(block)]
+        + (["--fsdp"] if fsdp else []),
         env=env, cwd=ROOT, check=True, timeout=600,
         stdout=subprocess.DEVNULL)
     ranks = []
@@ -126,13 +138,14 @@ def main():
     ap.add_argument("--hidden", default="16,512")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--block", type=int, default=5)
+    ap.add_argument("--fsdp", action="store_true")
     args = ap.parse_args()
     if args.worker:
         args.hidden = int(args.hidden)
         return worker(args)
     print("load before:", os.getloadavg())
     for h in map(int, args.hidden.split(",")):
-        runs = [one_run(args.nproc, h, args.steps, args.block)
+        runs = [one_run(args.nproc, h, args.steps, args.block, args.fsdp)
                 for _ in range(args.runs)]
 
         def rng(key, scale=1e3):
@@ -140,7 +153,8 @@ def main():
             return f"{v[0]:.2f}-{v[-1]:.2f}"
         ratio = sorted(r["cpu_on"] / r["cpu_off"] for r in runs)
         wratio = sorted(r["wall_on"] / r["wall_off"] for r in runs)
-        print(f"hidden {h} ({runs[0]['params']} parameters, "
+        print(f"{'FSDP' if args.fsdp else 'ZeRO-1'}: "
+              f"hidden {h} ({runs[0]['params']} parameters, "
               f"{runs[0]['bytes'] / 1e3:.1f} kB swapped per rank and step), "
               f"{args.nproc} ranks, {args.runs} runs: step CPU ms with "
               f"buddy {rng('cpu_on')} / without {rng('cpu_off')} (ratio "

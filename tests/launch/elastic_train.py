@@ -9,10 +9,11 @@ SIGKILLs itself at the start of global step STEP (its first attempt);
 ``--die-in-reform UID``: member UID exits while checking in for a new
 round (a death during the re-formation). ``--deterministic``: use_
 deterministic_algorithms(True). ``--zero``: ZeroRedundancyOptimizer
-(ZeRO-1) over Adam; ``--kill-in-buddy UID:STEP``: member UID SIGKILLs
-itself in step STEP after the ZeRO step (its shard updated and gathered),
-before swapping buddy replicas. The final parameters go to OUT.npz
-(``--out``, rank 0).
+(ZeRO-1) over Adam; ``--fsdp``: the job wraps the model in FSDP (Adam over
+its flat parameters; ``--fsdp-units``: each Linear a unit);
+``--kill-in-buddy UID:STEP``: member UID SIGKILLs itself in step STEP
+after the optimizer step (its shard updated), before swapping buddy
+replicas. The final parameters go to OUT.npz (``--out``, rank 0).
 """
 import argparse
 import json
@@ -48,6 +49,9 @@ def main():
                          "most 60 s; several, comma-separated")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--zero", action="store_true")
+    ap.add_argument("--fsdp", action="store_true")
+    ap.add_argument("--fsdp-units", action="store_true",
+                    help="with --fsdp: each Linear a unit of its own")
     ap.add_argument("--kill-in-buddy", default="")
     ap.add_argument("--kill-at-end", type=int, default=-1,
                     help="this uid SIGKILLs itself after training, before "
@@ -68,13 +72,21 @@ def main():
             torch.distributed.init_process_group()
         opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam,
                                       lr=0.01)
+    elif args.fsdp:      # the job builds it over the FSDP flat parameters
+        opt = lambda params: torch.optim.Adam(params, lr=0.01)  # noqa: E731
     else:
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    vs = {"virtual_shards": 12} if args.deterministic else {}
+    fsdp = dict(vs)
+    if args.fsdp_units:
+        from dtorch.distributed.fsdp.wrap import ModuleWrapPolicy
+        fsdp["auto_wrap_policy"] = ModuleWrapPolicy({nn.Linear})
     job = elastic.ElasticJob(model, opt,
                              torch.utils.data.TensorDataset(x, y),
                              batch_size=args.batch_size,
-                             ddp_kwargs={"virtual_shards": 12}
-                             if args.deterministic else None)
+                             ddp_kwargs=None if args.fsdp else vs,
+                             fsdp=fsdp if args.fsdp else None)
+    opt = job.optimizer
     uid = getattr(job, "uid", 0)
     kills = {int(a): int(b) for a, b in
              (k.split(":") for k in args.kill.split(",") if k)}
@@ -142,9 +154,10 @@ def main():
                 opt.step()
             if step.error is None:
                 note(event="done", round=rnd, epoch=epoch, step=at)
+    # FSDP's state_dict gathers the full parameters: every rank calls it
+    sd = (job.model if args.fsdp else model).state_dict()
     if job.rank == 0 and args.out:
-        np.savez(args.out, **{k: v.numpy() for k, v in
-                              model.state_dict().items()})
+        np.savez(args.out, **{k: v.numpy() for k, v in sd.items()})
     if args.kill_at_end == uid:
         os.kill(os.getpid(), signal.SIGKILL)
     note(event="end", world=job.world_size, rank=job.rank)

@@ -485,7 +485,8 @@ def test_elastic_job_on_a_fixed_group_and_refusals():
         for bad in (
                 lambda: elastic.ElasticJob(DDP(model), opt, ds, 4),
                 lambda: elastic.ElasticJob(fully_shard(torch.nn.Sequential(
-                    torch.nn.Linear(2, 2))), opt, ds, 4)):
+                    torch.nn.Linear(2, 2))), opt, ds, 4),
+                lambda: elastic.ElasticJob(model, opt, ds, 4, fsdp={})):
             try:
                 bad()
             except (TypeError, NotImplementedError) as e:
@@ -500,20 +501,24 @@ def test_elastic_job_on_a_fixed_group_and_refusals():
     assert res[0][2].tobytes() == res[1][2].tobytes()
     errs = res[0][3]
     assert "takes the plain module" in errs[0]
-    assert "FSDP" in errs[1] and "buddy replicas are built for ZeRO-1 " \
-        "only" in errs[1]
+    assert "not one wrapped in FSDP" in errs[1] and "fsdp={" in errs[1]
+    assert "optimizer as a function of the parameters" in errs[2]
 
 
-def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
-    """ZeRO-1 (ZeroRedundancyOptimizer over Adam), deterministic: 4 ->
-    SIGKILL member 1 at a step's start -> 3 -> SIGKILL member 3 inside a
-    step, after its ZeRO step, before the buddy swap (the others' shards
+@pytest.mark.parametrize("sharded", [["--zero"], ["--fsdp", "--fsdp-units"]],
+                         ids=["zero1", "fsdp"])
+def test_sharded_shrink_twice_and_grow_bitwise(tmp_path, sharded):
+    """ZeRO-1 (ZeroRedundancyOptimizer over Adam) and FSDP (each Linear a
+    unit, Adam over the flat parameters), deterministic: 4 -> SIGKILL
+    member 1 at a step's start -> 3 -> SIGKILL member 3 inside a step,
+    after its optimizer step, before the buddy swap (the others' shards
     already updated: they must go back to the buddy copies) -> 2 -> a
-    joiner gets its shard -> 3. The survivors keep their pids; the final
-    parameters are bitwise those of one uninterrupted process."""
+    joiner gets its shard -> 3. The survivors keep their pids; every sample
+    once per epoch; the final parameters are bitwise those of one
+    uninterrupted process."""
     log, out = tmp_path / "steps.jsonl", tmp_path / "elastic.npz"
-    port, env = _port(), _env("t-zero")
-    common = [SCRIPT, "--deterministic", "--zero", "--samples", "96",
+    port, env = _port(), _env("t-" + sharded[0][2:])
+    common = [SCRIPT, "--deterministic", *sharded, "--samples", "96",
               "--epochs", "2", "--log", str(log), "--kill", "1:1",
               "--kill-in-buddy", "3:3", "--hold", "5:join"]
     code, err, jcode, jerr = _four_and_a_joiner("2:4", port, env, common,
@@ -527,7 +532,81 @@ def test_zero1_shrink_twice_and_grow_bitwise(tmp_path):
     assert sorted(pids) == [0, 1, 2, 3, 4]
     assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 2, 4]
     _check_exactly_once(ev, 96, 2)
-    _assert_bitwise_uninterrupted(out, tmp_path, env, ["--zero"])
+    _assert_bitwise_uninterrupted(out, tmp_path, env, sharded)
+
+
+def test_fsdp_shard_snapshots_merge_to_the_flat_parameter():
+    """The FSDP layout of the buddy mechanism on 2 thread ranks: each
+    rank's snapshot is its range of the unit's 9 flat elements (5 + 4: the
+    padding left out) with its Adam state; merged they are the full flat
+    parameter and state, and a missing range is named."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from collectives.elastic_store import ElasticStop
+    from dtorch.distributed.elastic._buddy import _FSDPLayout, _merge
+    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    def body(rank, world):
+        torch.manual_seed(0)
+        model = FSDP(torch.nn.Linear(2, 3))       # 9 elements
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        model(torch.ones(2, 2)).sum().backward()
+        opt.step()
+        lay = _FSDPLayout(model, opt)
+        got = dist.group.WORLD.all_gather_object(lay.snapshot())
+        return [x for g in got for x in g], \
+            model._flat_param.detach().numpy().copy(), \
+            opt.state[model._flat_param]["exp_avg"].numpy().copy()
+
+    res = dist.spawn_threads(body, 2)
+    pieces = res[0][0]
+    assert [(i, lo, hi) for i, lo, hi, _, _ in pieces] == [(0, 0, 5),
+                                                           (0, 5, 9)]
+    flat, state = _merge([((9,), np.float32)], pieces, 1, "FSDP's")
+    assert flat[0].tobytes() == np.concatenate(
+        [res[0][1], res[1][1][:4]]).tobytes()
+    assert res[1][1][4] == 0 and res[1][2][4] == 0          # the padding
+    assert state[0]["exp_avg"].tobytes() == np.concatenate(
+        [res[0][2], res[1][2][:4]]).tobytes()
+    assert float(state[0]["step"]) == 1
+    with pytest.raises(ElasticStop, match="FSDP's at step 1 is lost: 4 "):
+        _merge([((9,), np.float32)], pieces[:1], 1, "FSDP's")
+
+
+def test_fsdp_shards_reinstalled_on_device(device):
+    """The FSDP layout's rebuild on ``device`` (cuda: CuPy shards, host
+    snapshots): 2 thread ranks snapshot, merge and install their shards and
+    Adam state again over the group; the bits stay, the arrays stay on the
+    device, and the optimizer keeps stepping the same flat parameter."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from dtorch.distributed.elastic._buddy import _FSDPLayout, _merge
+    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    def body(rank, world):
+        torch.manual_seed(0)
+        model = FSDP(torch.nn.Linear(2, 3).to(device),
+                     device_id=None if device == "cpu" else device)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        x = torch.ones(2, 2, device=device)
+        model(x).sum().backward()
+        opt.step()
+        lay, fp = _FSDPLayout(model, opt), model._flat_param
+        before = [fp.detach().cpu().numpy().copy(),
+                  opt.state[fp]["exp_avg"].cpu().numpy().copy()]
+        got = dist.group.WORLD.all_gather_object(lay.snapshot())
+        flat, state = _merge(lay.specs(), [x for g in got for x in g], 1)
+        lay.install(dist.group.WORLD, flat, state, True)
+        assert fp is model._flat_param and fp.device.type == device
+        assert opt.state[fp]["exp_avg"].device.type == device
+        after = [fp.detach().cpu().numpy().copy(),
+                 opt.state[fp]["exp_avg"].cpu().numpy().copy()]
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        return [a.tobytes() == b.tobytes() for a, b in zip(before, after)]
+
+    assert dist.spawn_threads(body, 2) == [[True, True]] * 2
 
 
 def test_elastic_job_with_zero1_on_a_fixed_group():
@@ -571,14 +650,62 @@ def test_elastic_job_with_zero1_on_a_fixed_group():
     np.testing.assert_array_equal(zero0, plain0)
 
 
+def test_elastic_job_with_fsdp_on_a_fixed_group():
+    """Outside --elastic, ElasticJob(fsdp=...) wraps the module in FSDP on
+    the fixed (thread) group and builds the optimizer over its flat
+    parameters and the LR scheduler (``state``: a function of the
+    optimizer, with DDP too) over it, no buddy replica: the parameters of
+    the same loop with DDP, on every rank."""
+    import dtorch as torch
+    import dtorch.distributed as dist
+    from dtorch.distributed import elastic
+    from dtorch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from dtorch.utils.data import TensorDataset
+
+    def body(rank, world):
+        out = []
+        for fsdp in (None, {}):
+            torch.manual_seed(0)
+            ds = TensorDataset(torch.randn(12, 3), torch.randn(12, 1))
+            model = torch.nn.Sequential(torch.nn.Linear(3, 5),
+                                        torch.nn.Tanh(),
+                                        torch.nn.Linear(5, 1))
+            make = (lambda ps: torch.optim.Adam(ps, lr=0.05))
+            sched = (lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5))
+            opt = None if fsdp is not None else make(model.parameters())
+            job = elastic.ElasticJob(
+                model, make if fsdp is not None else opt, ds, batch_size=4,
+                fsdp=fsdp, state={"sched": sched})
+            assert job._buddy is None
+            assert isinstance(job.model, FSDP) == (fsdp is not None)
+            assert job.extra["sched"].optimizer is job.optimizer
+            for _ in job.epochs(2):
+                for step in job.steps():
+                    with step:
+                        x, y = step.batch
+                        job.optimizer.zero_grad()
+                        ((job.model(x) - y) ** 2).mean().backward()
+                        job.optimizer.step()
+                job.extra["sched"].step()
+            assert job.optimizer.param_groups[0]["lr"] == 0.05 / 4
+            sd = job.model.state_dict()
+            out.append(np.concatenate([v.numpy().ravel() for k, v in
+                                       sorted(sd.items())]))
+        return out
+
+    res = dist.spawn_threads(body, 2)
+    for ddp, fsdp in res:
+        np.testing.assert_allclose(fsdp, ddp, rtol=1e-5, atol=1e-6)
+    assert res[0][1].tobytes() == res[1][1].tobytes()
+
+
 def test_zero_shards_rebuilt_from_pieces_or_named_lost():
     """The rebuild of the full parameters and state from the pieces the
     members hold (own and buddy copies, in any layout, overlapping), and
     the stop that names what no survivor holds."""
-    import dtorch as torch
-    from dtorch.distributed.elastic._zero import _merge
-    w, b = torch.zeros(2, 3), torch.zeros(4)
+    from dtorch.distributed.elastic._buddy import _merge
     full_w = np.arange(6, dtype=np.float32)
+    specs = [((2, 3), np.float32), ((4,), np.float32)]
     step = np.array(3.0, np.float32)
 
     def piece(idx, lo, hi, arr):
@@ -587,10 +714,10 @@ def test_zero_shards_rebuilt_from_pieces_or_named_lost():
     pieces = [piece(0, 0, 4, full_w), piece(0, 2, 6, full_w),   # overlap
               piece(1, 0, 1, np.ones(4, np.float32)),
               piece(1, 1, 4, np.ones(4, np.float32))]
-    flat, state = _merge([w, b], pieces, 7)
+    flat, state = _merge(specs, pieces, 7)
     assert flat[0].tolist() == full_w.tolist() and flat[1].tolist() == [1] * 4
     assert state[0]["exp_avg"].tolist() == (2 * full_w).tolist()
     assert float(state[1]["step"]) == 3.0
     with pytest.raises(ElasticStop, match=r"state at step 7 is lost: 2 "
                        r"elements of parameter\(s\) \[0\]"):
-        _merge([w, b], pieces[:1] + pieces[2:], 7)
+        _merge(specs, pieces[:1] + pieces[2:], 7)

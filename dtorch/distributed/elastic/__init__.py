@@ -48,15 +48,26 @@ ZeRO-1 (``ZeroRedundancyOptimizer`` over ``model.parameters()``, built
 before the job: its shards are laid out over each membership) works the
 same way: each rank's shard of the optimizer state has a buddy replica in
 the next rank, refreshed every step, from which the members rebuild a lost
-rank's shard and re-shard over the new world size (``_zero.py``; a rank
+rank's shard and re-shard over the new world size (``_buddy.py``; a rank
 and its ring neighbour lost together stop the job, naming it).
 
+FSDP: ``ElasticJob(model, lambda params: optim.Adam(params, lr=...), ...,
+fsdp={FullyShardedDataParallel kwargs})`` with the plain module. The job
+wraps it once, on its first group (``job.model``), and builds the optimizer
+over the flat parameters (``job.optimizer``: use it in the loop); each
+new membership re-lays the units' shards and the optimizer state out over
+the new world size in place (the same parameter objects), from the same
+buddy replicas as ZeRO-1's (``_buddy.py``). Buffers come from the member
+that got furthest.
+
 Outside ``--elastic`` the same loop runs on the job's fixed process group
-(or one process), so a script runs both ways. Not supported: FSDP (no
-buddy copy of its shards: refused), ZeRO-2 (``reduce_scatter_hook``), the
-mpi and nccl backends (an MPI communicator cannot shrink portably).
+(or one process), so a script runs both ways. Not supported: a module
+already wrapped in FSDP (``fully_shard`` included: refused), ZeRO-2
+(``reduce_scatter_hook``), the mpi and nccl backends (an MPI communicator
+cannot shrink portably).
 """
 import contextlib
+import functools
 import io
 import json
 import os
@@ -73,12 +84,14 @@ from collectives.tcp import TCPGroup
 from ... import distributed as dist
 from ... import random as _random
 from ..._settings import are_deterministic_algorithms_enabled
+from ...autograd.grad_mode import no_grad
 from ...nn.parallel import DistributedDataParallel
 from ...serialization import load, save
 from ...utils.data import DistributedSampler
 from ...utils.data._collate import default_collate
+from ..fsdp import FSDPModule, FullyShardedDataParallel
 from ..optim import ZeroRedundancyOptimizer
-from ._zero import ZeroBuddy
+from ._buddy import fsdp_buddy, zero_buddy
 
 __all__ = ["ElasticJob", "ElasticStop", "Step", "is_elastic"]
 
@@ -143,17 +156,37 @@ class ElasticJob:
     same objects). ``state``: other objects with ``state_dict()`` /
     ``load_state_dict()`` that a joiner must receive (an LR scheduler).
     ``ddp_kwargs``: passed to each ``DistributedDataParallel``.
+    ``fsdp``: FullyShardedDataParallel's kwargs: the job wraps the module
+    in FSDP instead of DDP, and ``optimizer`` is then a function of the
+    parameters (module docstring), and a value of ``state`` may be a
+    function of the optimizer (``lambda opt: CosineAnnealingLR(opt, E)``):
+    built with it, as ``job.extra[name]`` (with or without ``fsdp``).
     ``join_every``: look for waiting joiners every that many steps (one
     store read and an 8-byte all-reduce; 0.5 ms median on 3 loopback
     ranks of a loaded 2-core machine)."""
 
     def __init__(self, model, optimizer, dataset, batch_size, *,
                  shuffle=True, seed=0, state=None, collate_fn=None,
-                 ddp_kwargs=None, join_every=1):
+                 ddp_kwargs=None, join_every=1, fsdp=None):
         if batch_size < 1:
             raise ValueError(f"ElasticJob: batch_size must be >= 1 (the "
                              f"global batch), got {batch_size}")
         _refuse_sharded(model, optimizer)
+        self.fsdp = None if fsdp is None else dict(fsdp)
+        if self.fsdp is not None:
+            # FSDP: the job wraps the module once and builds the optimizer
+            # over its flat parameters (optimizer: params -> Optimizer)
+            if not callable(optimizer) or hasattr(optimizer, "step"):
+                raise TypeError(
+                    "ElasticJob(fsdp=...): pass the optimizer as a function "
+                    "of the parameters (e.g. lambda ps: optim.Adam(ps, "
+                    "lr=1e-3)): it is built over the FSDP flat parameters "
+                    f"once the job has its group, got "
+                    f"{type(optimizer).__name__}")
+            self._make_optimizer = optimizer
+            # what the fingerprint reads: the same optimizer, unsharded
+            self._probe = optimizer(list(model.parameters()))
+            optimizer = None
         self.module, self.optimizer = model, optimizer
         self.dataset, self.batch_size = dataset, int(batch_size)
         self.shuffle, self.seed = shuffle, int(seed)
@@ -167,10 +200,12 @@ class ElasticJob:
         self.lost_total = 0
         self._t_fail = self._t_formed = self._t_register = None
         self._stepped = False
-        # ZeRO-1: buddy replicas of the optimizer-state shards (_zero.py)
-        self._buddy = ZeroBuddy(optimizer) if self.elastic and isinstance(
+        # ZeRO-1: buddy replicas of the optimizer-state shards (_buddy.py)
+        self._buddy = zero_buddy(optimizer) if self.elastic and isinstance(
             optimizer, ZeroRedundancyOptimizer) else None
-        optimizer.register_step_post_hook(self._after_step)
+        if optimizer is not None:
+            optimizer.register_step_post_hook(self._after_step)
+            self._build_extra()
         if not self.elastic:
             if not dist.is_initialized():
                 dist.init_process_group()
@@ -199,6 +234,13 @@ class ElasticJob:
             self._form(config=mine)
 
     # ------------------------------------------------------------ state
+    def _build_extra(self):
+        """State given as a function of the optimizer (an LR scheduler
+        under fsdp=, whose optimizer the job builds): built with it."""
+        self.extra = {k: v(self.optimizer) if callable(v) and not
+                      hasattr(v, "state_dict") else v
+                      for k, v in self.extra.items()}
+
     def _after_step(self, *_):
         if self._buddy is not None:
             self._buddy.step_done(self.group, self.done + 1)
@@ -206,7 +248,7 @@ class ElasticJob:
 
     def _fingerprint(self):
         """What every member must agree on, as JSON-able values."""
-        opt = self.optimizer
+        opt = self.optimizer if self.fsdp is None else self._probe
         groups = [{k: (v if isinstance(v, (int, float, str, bool))
                        or v is None else repr(v))
                    for k, v in g.items() if k != "params"}
@@ -218,7 +260,9 @@ class ElasticJob:
             "batch_size": self.batch_size, "dataset": len(self.dataset),
             "shuffle": self.shuffle, "seed": self.seed,
             "deterministic": are_deterministic_algorithms_enabled(),
-            "ddp": {k: repr(v) for k, v in self.ddp_kwargs.items()},
+            "ddp": {k: _stable(v) for k, v in self.ddp_kwargs.items()},
+            "fsdp": None if self.fsdp is None else
+            {k: _stable(v) for k, v in self.fsdp.items()},
         }
 
     @staticmethod
@@ -232,7 +276,10 @@ class ElasticJob:
 
     def _state_bytes(self):
         buf = io.BytesIO()
-        save({"model": self.module.state_dict(),
+        # FSDP: the parameters come from the shards and their buddies,
+        # the buffers from here
+        save({"model": self.module.state_dict() if self.fsdp is None else
+              dict(self.module.named_buffers()),
               # ZeRO: the state comes from the shards and their buddies
               "optimizer": None if self._buddy else
               self.optimizer.state_dict(),
@@ -245,7 +292,12 @@ class ElasticJob:
 
     def _load_state(self, blob):
         st = load(io.BytesIO(blob), weights_only=True)
-        self.module.load_state_dict(st["model"])
+        if self.fsdp is None:
+            self.module.load_state_dict(st["model"])
+        else:
+            with no_grad():
+                for n, b in self.module.named_buffers():
+                    b.copy_(st["model"][n])
         if st["optimizer"] is not None:
             self.optimizer.load_state_dict(st["optimizer"])
         for g, saved in zip(self.optimizer.param_groups, st["groups"]):
@@ -274,11 +326,14 @@ class ElasticJob:
                 if config is not None and self.rank == 0 \
                         and dec["round"] == 0:
                     self.store.set(key("config"), json.dumps(config))
+                if self.fsdp is not None:   # a joiner's optimizer first
+                    self._wrap(sync=dec["source"] is None)
                 if dec["source"] is not None:
                     src = dec["members"].index(dec["source"])
                     blob = self._state_bytes() if self.rank == src else None
                     self._load_state(g.broadcast_object(blob, src))
-                self._wrap(sync=dec["source"] is None)
+                if self.fsdp is None:
+                    self._wrap(sync=dec["source"] is None)
                 if self._buddy is not None:
                     self._buddy.formed(g, self.done,
                                        recover=dec["source"] is not None)
@@ -318,7 +373,7 @@ class ElasticJob:
         g, self.group = self.group, None
         if dist._world[0] is g:
             dist._world[0] = None
-        if self.model is not None:
+        if self.model is not None and self.fsdp is None:
             _retire(self.model)
             self.model = None
         if g is not None:
@@ -336,6 +391,20 @@ class ElasticJob:
         self.sampler = None
 
     def _wrap(self, sync):
+        if self.fsdp is not None:
+            # FSDP is wrapped once; a new membership re-lays its shards out
+            # (the buddy's formed: the parameters stay the same objects)
+            if self.model is None:
+                self.model = FullyShardedDataParallel(
+                    self.module, process_group=self.group,
+                    sync_module_states=sync, **self.fsdp)
+                self.optimizer = self._make_optimizer(
+                    list(self.model.parameters()))
+                self.optimizer.register_step_post_hook(self._after_step)
+                self._build_extra()
+                if self.elastic:
+                    self._buddy = fsdp_buddy(self.model, self.optimizer)
+            return
         if self.model is not None:
             _retire(self.model)
         self.model = DistributedDataParallel(
@@ -446,24 +515,20 @@ class ElasticJob:
 
 
 def _refuse_sharded(model, optimizer):
-    """FSDP holds a shard of the parameters and state on each rank only: a
-    lost rank's shard would be gone (ZeRO-1 has buddy replicas, _zero.py;
-    FSDP has none)."""
-    from ..fsdp import FSDPModule, FullyShardedDataParallel
+    """The job wraps the plain module itself (DDP once per membership, or
+    FSDP once with ``fsdp=``, its shards re-laid out per membership)."""
     if isinstance(model, DistributedDataParallel):
         raise TypeError("ElasticJob takes the plain module: it wraps it in "
                         "DistributedDataParallel itself (job.model), once "
                         "per membership")
     if any(isinstance(m, (FullyShardedDataParallel, FSDPModule))
            for m in model.modules()):
-        raise NotImplementedError(
-            "elastic training with FSDP (fully_shard / "
-            "FullyShardedDataParallel) is not supported: each rank holds "
-            "only its shard of the parameters and state, which a lost rank "
-            "takes with it (buddy replicas are built for ZeRO-1 only); use "
-            "plain DDP or ZeroRedundancyOptimizer (ElasticJob wraps the "
-            "module) or restart from a checkpoint (dtorch-launch "
-            "--max-restarts)")
+        raise TypeError(
+            "ElasticJob takes the plain module, not one wrapped in FSDP "
+            "(fully_shard / FullyShardedDataParallel): pass "
+            "ElasticJob(model, lambda params: optimizer, ..., fsdp={"
+            "FullyShardedDataParallel kwargs}); the job wraps it (job.model, "
+            "job.optimizer) and keeps buddy replicas of the shards")
 
 
 @contextlib.contextmanager
@@ -497,6 +562,25 @@ def _retire(ddp):
         h.remove()
     ddp._hooks = []
     ddp._reducer.close()
+
+
+def _stable(v):
+    """repr(v) without the addresses of a default repr (a wrap policy, a
+    communication hook): the same in every process for the same config."""
+    if isinstance(v, functools.partial):
+        return (f"partial({_stable(v.func)}, {_stable(v.args)}, "
+                f"{_stable(v.keywords)})")
+    if isinstance(v, type) or callable(v) and hasattr(v, "__qualname__"):
+        return f"{v.__module__}.{v.__qualname__}"
+    if isinstance(v, (list, tuple, set, frozenset)):
+        items = [_stable(x) for x in v]
+        return repr(sorted(items) if isinstance(v, (set, frozenset))
+                    else items)
+    if isinstance(v, dict):
+        return repr({k: _stable(x) for k, x in v.items()})
+    if " at 0x" in repr(v) and hasattr(v, "__dict__"):
+        return f"{type(v).__qualname__}({_stable(vars(v))})"
+    return repr(v)
 
 
 def _differences(mine, job, where):

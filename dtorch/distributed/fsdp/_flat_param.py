@@ -13,6 +13,7 @@ import weakref
 from ... import distributed as dist
 from ... import random as _random
 from ...nn.parameter import Parameter
+from ...nn.parallel._straggler import StragglerDetector
 from ...tensor import Tensor
 from .api import MixedPrecision
 
@@ -113,6 +114,37 @@ class _Sharding:
         for p, _ in own:
             p._data = p._data.reshape(-1)[:0].copy()
         self._placeholders()
+
+    def _relayout(self, group, fulls):
+        """An elastic job's new membership (distributed/elastic/
+        _buddy.py): lay every unit of this root out again over ``group``;
+        ``fulls``: the full (unpadded) flat array of each unit that has a
+        flat parameter, in ``_units()`` order. The flat parameters stay the
+        same objects (an optimizer over them keeps working); a gradient
+        and the cached per-step helpers are dropped."""
+        w, r = dist.get_world_size(group), dist.get_rank(group)
+        fulls = iter(fulls)
+        for u in self._units():
+            object.__setattr__(u, "process_group", group)
+            u.world_size, u.rank = w, r
+            fp = u._flat_param
+            if fp is None:
+                continue
+            full = next(fulls)
+            chunk = -(-u._numel // w)
+            mine = fp._xp().zeros(chunk, fp._data.dtype)
+            lo, hi = min(r * chunk, u._numel), min((r + 1) * chunk, u._numel)
+            mine[:hi - lo] = fp.device.send(full[lo:hi])
+            object.__setattr__(u, "_chunk", chunk)
+            fp._data, fp._grad = mine, None
+            fp._bump_version()
+        for name in ("_det", "_keep"):
+            self.__dict__.pop(name, None)
+        object.__setattr__(self, "_straggler", StragglerDetector(group)
+                           if w > 1 and StragglerDetector.enabled() else None)
+        self._stats.shard_bytes = sum(u._flat_param._data.nbytes
+                                      for u in self._units()
+                                      if u._flat_param is not None)
 
     def _placeholders(self):
         """Outside the unit's forward its parameters are empty tensors (as
