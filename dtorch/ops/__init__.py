@@ -41,7 +41,7 @@ from .index import Index, IndexView, SetIndex, Embedding, AddAt, index_add0, \
 from .matmul import MatMul, Linear
 from .einsum import Einsum
 from .selection import Tril, Select, Gather, Scatter, IndexSelect, \
-    IndexAdd, Cumsum, Cumprod, LogCumSumExp
+    IndexAdd, Scan, Cumsum, Cumprod, LogCumSumExp
 from .window import _pad2d, _windows
 from .conv import Conv2d, ConvTranspose2d, Conv2dWeightGrad
 from .pool import MaxPool2d, AvgPool2d, AvgPool2dGrad

@@ -22,6 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Ratchets: each may only go down (lower it when you remove one).
 BACKWARD_GRAPH_DEFS = 3
+# classes deriving directly from Op (issue 30 item 2: at most 60): the
+# rest are family members (Unary, Pointwise, Binary, Scan) or compositions
+DIRECT_OP_SUBCLASSES = 59
 
 
 def _backward_graph_defs():
@@ -46,6 +49,51 @@ def test_backward_graph_definitions_only_shrink():
         f"write the op's derivative once, in backward, with grad_xp(g) "
         f"and ctx.input/ctx.output/ctx.const (dtorch/ops/_tnp.py)")
     assert os.path.isdir(os.path.join(ROOT, "dtorch")) and n > 0
+
+
+def test_direct_op_subclasses_only_shrink():
+    # every op module imported, so that no subclass is missed
+    import dtorch.ops  # noqa: F401
+    direct = Op.__subclasses__()
+    assert len(direct) <= DIRECT_OP_SUBCLASSES, (
+        f"{len(direct)} classes derive directly from Op (budget "
+        f"{DIRECT_OP_SUBCLASSES}): compose existing ops or join a family; "
+        f"new: {sorted(c.__name__ for c in direct)}")
+    fams = dtorch.ops
+    for fam, members in ((fams.Binary, ("SoftMargin", "MultiMargin",
+                                        "BinaryCrossEntropy", "SmoothL1",
+                                        "BinaryCrossEntropyWithLogits")),
+                         (fams.Scan, ("Cumsum", "Cumprod", "LogCumSumExp"))):
+        for m in members:
+            assert issubclass(getattr(fams, m), fam), m
+
+
+_LOSS_X = np.array([[-30.0, -1.0, 0.0], [0.5, 2.0, 40.0]])
+
+
+@pytest.mark.parametrize("loss", [
+    lambda x, t: _F.soft_margin_loss(x, t),
+    lambda x, t: _F.multi_margin_loss(x, dtorch.tensor([2, 0]), p=2),
+    lambda x, t: _F.binary_cross_entropy(x.sigmoid(), t.sigmoid()),
+    lambda x, t: _F.binary_cross_entropy_with_logits(
+        x, t.sigmoid(), pos_weight=dtorch.full((3,), 2.0,
+                                               dtype=dtorch.float64)),
+    lambda x, t: _F.smooth_l1_loss(x, t[:1], beta=0.5),
+    lambda x, t: _F.huber_loss(x, t, delta=0.7),
+    lambda x, t: x.cumprod(1).sum() + x.logcumsumexp(0).sum()
+    + (x * t).cumsum(1).sum()])
+@pytest.mark.filterwarnings("ignore:Using a target size")
+def test_family_losses_and_scans_first_order_is_bitwise_one_body(loss):
+    # the family shells (Binary for the losses, Scan) give the same
+    # gradients, for the input and the target, in both orders
+    def grads(create_graph):
+        x = dtorch.tensor(_LOSS_X, requires_grad=True)
+        t = dtorch.tensor(_LOSS_X[::-1].copy() / 3, requires_grad=True)
+        out = loss(x, t)
+        return [g.detach().numpy().tobytes() for g in dtorch.autograd.grad(
+            out, (x, t), create_graph=create_graph, allow_unused=True,
+            materialize_grads=True)]
+    assert grads(False) == grads(True)
 
 
 @pytest.mark.parametrize("x", [np.nan, -2.0, 0.0, 3.0, np.inf])
