@@ -52,7 +52,7 @@ from .norm import LayerNorm, BatchNorm, Dropout
 from .loss import NllLoss, CrossEntropy, SoftMargin, MultiMargin, \
     BinaryCrossEntropy, BinaryCrossEntropyWithLogits, SmoothL1, Huber
 from .ctc import CTCLoss
-from .rnn import RNNLayer, LSTMLayer, GRULayer
+from .rnn import Recurrent, RNNLayer, LSTMLayer, GRULayer
 from .recompute import Reconnect, Pin
 from .attention import ScaledDotProductAttention
 from . import _tnp      # noqa: F401  the tensor namespace of backward bodies

@@ -129,7 +129,21 @@ def _fused_hh(xp, xw, h0, w_hh, b_hh, k):
     return hw, _gates(hw, k), bs, w_hh.T
 
 
-class RNNLayer(Op):
+class Recurrent(Op):
+    """The family of whole recurrent layers, one direction (RNN, LSTM,
+    GRU): each a time loop in preallocated buffers whose fused kernels
+    work in place, step by step (the figures are in LSTMLayer's
+    docstring). A member's ``_grads(ctx, g)`` is its gradient on arrays;
+    under create_graph the shell pins those values to the graph of the
+    member's composite recomputed (``_recompute``, ops/recompute.py)."""
+    @classmethod
+    def backward(cls, ctx, g):
+        if ctx._gmake is None:
+            return cls._grads(ctx, g)
+        return pin_all(cls._recompute(ctx, g), cls._grads(ctx, g._data))
+
+
+class RNNLayer(Recurrent):
     """A whole Elman RNN layer, one direction: h_t = act(xw[t] + h_{t-1}
     @ w_hh.T + b_hh). ``xw`` (T, N, H) holds the input projections for all
     steps. Returns (T + 1, N, H): the outputs, then h_T again as h_n's slot."""
@@ -186,15 +200,6 @@ class RNNLayer(Op):
             step(dhm, g[t], out[t], da[t])
             xp.matmul(da[t], w_hh, out=dhm)
         return _rnn_grads(ctx, xp, da, dhm, (out[:T], h0, reverse))
-
-    @staticmethod
-    def backward(ctx, g):
-        if ctx._gmake is None:
-            return RNNLayer._grads(ctx, g)
-        # create_graph: the time loop's values (its fused kernels work in
-        # place, step by step) pinned to the graph of the composite
-        # recomputed by ops/recompute.py
-        return pin_all(RNNLayer._recompute(ctx, g), RNNLayer._grads(ctx, g._data))
 
     @staticmethod
     def _grads(ctx, g):
@@ -281,7 +286,7 @@ def _rnn_grads(ctx, xp, dgates, dh0, prev, dc0=None):
     return dgates, dh0, dc0, gw, gb
 
 
-class LSTMLayer(Op):
+class LSTMLayer(Recurrent):
     """A whole LSTM layer, one direction, PyTorch's gate order (i, f, g, o).
 
     ``xw`` (T, N, 4H) are the input projections (x @ w_ih.T + b_ih) for all
@@ -405,15 +410,6 @@ class LSTMLayer(Op):
         return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
 
     @staticmethod
-    def backward(ctx, g):
-        if ctx._gmake is None:
-            return LSTMLayer._grads(ctx, g)
-        # create_graph: the time loop's values (its fused kernels work in
-        # place, step by step) pinned to the graph of the composite
-        # recomputed by ops/recompute.py
-        return pin_all(LSTMLayer._recompute(ctx, g), LSTMLayer._grads(ctx, g._data))
-
-    @staticmethod
     def _grads(ctx, g):
         h0, c0, w_hh = ctx.to_save
         xp = get_array_module(g)
@@ -501,7 +497,7 @@ def _gru_grads(ctx, xp, dx, dhh, dh, prev):
     return dx, dh, gw, gb
 
 
-class GRULayer(Op):
+class GRULayer(Recurrent):
     """A whole GRU layer, one direction, PyTorch's gates (r, z, n):
     n = tanh(xn + r * (h @ w_hn.T + b_hn)), h' = (1 - z) * n + z * h.
     Returns (T + 1, N, H): the outputs, then h_T again."""
@@ -570,15 +566,6 @@ class GRULayer(Op):
             xp.matmul(dhh[t], w_hh, out=dhm)
         dh = dhz + dhm
         return _gru_grads(ctx, xp, dx, dhh, dh, (out[:T], h0, reverse))
-
-    @staticmethod
-    def backward(ctx, g):
-        if ctx._gmake is None:
-            return GRULayer._grads(ctx, g)
-        # create_graph: the time loop's values (its fused kernels work in
-        # place, step by step) pinned to the graph of the composite
-        # recomputed by ops/recompute.py
-        return pin_all(GRULayer._recompute(ctx, g), GRULayer._grads(ctx, g._data))
 
     @staticmethod
     def _grads(ctx, g):
