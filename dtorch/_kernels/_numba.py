@@ -234,14 +234,21 @@ def _row_dot(a, b, r, n):
     return (s0 + s1) + (s2 + s3)
 
 
+@numba.njit(inline="always")
+def _row_exp(x, r, n, out):
+    """out[r] = exp(x[r] - m), m the row's max: (m, the row's sum in
+    out's dtype), softmax's and log_softmax's first two passes."""
+    mx = _row_max(x, r, n)
+    for j in range(n):
+        out[r, j] = vexp(x[r, j] - mx)
+    return mx, out.dtype.type(_row_sum(out, r, n))
+
+
 @_jit
 def softmax_fwd(x, out):
     rows, n = x.shape
     for r in prange(rows):
-        mx = _row_max(x, r, n)
-        for j in range(n):
-            out[r, j] = vexp(x[r, j] - mx)
-        s = out.dtype.type(_row_sum(out, r, n))
+        s = _row_exp(x, r, n, out)[1]
         for j in range(n):
             out[r, j] = out[r, j] / s
 
@@ -261,10 +268,8 @@ def log_softmax_fwd(x, out):
     """out = (x - max) - log(sum(exp(x - max)))."""
     rows, n = x.shape
     for r in prange(rows):
-        mx = _row_max(x, r, n)
-        for j in range(n):
-            out[r, j] = vexp(x[r, j] - mx)
-        ls = np.log(out.dtype.type(_row_sum(out, r, n)))
+        mx, s = _row_exp(x, r, n, out)
+        ls = np.log(s)
         for j in range(n):
             out[r, j] = (x[r, j] - mx) - ls
 

@@ -45,9 +45,9 @@ from .selection import Tril, Select, Gather, Scatter, IndexSelect, \
 from .window import _pad2d, _windows
 from .conv import Conv2d, ConvTranspose2d, Conv2dWeightGrad
 from .pool import MaxPool2d, AvgPool2d, AvgPool2dGrad
-from .activation import Softmax, LogSoftmax, Gelu, LeakyRelu, Elu, \
-    Hardswish, Hardsigmoid, Shrink, Threshold, PRelu, Softplus, Silu, Mish, \
-    LogSigmoid
+from .activation import AlongDim, Softmax, LogSoftmax, Gelu, LeakyRelu, \
+    Elu, Hardswish, Hardsigmoid, Shrink, Threshold, PRelu, Softplus, Silu, \
+    Mish, LogSigmoid
 from .norm import LayerNorm, BatchNorm, Dropout
 from .loss import NllLoss, CrossEntropy, SoftMargin, MultiMargin, \
     BinaryCrossEntropy, BinaryCrossEntropyWithLogits, SmoothL1, Huber

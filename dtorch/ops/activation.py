@@ -26,7 +26,22 @@ def _zero(xp, g):
     return xp.zeros((), g.dtype)
 
 
-class Softmax(Op):
+class AlongDim(Op):
+    """The family of softmax and log_softmax along ``ctx.dim``, which save
+    their output y: the shell runs the compiled, threaded row kernel
+    ``_kernel`` where it applies (arrays, the last dim), else the member's
+    ``grad(ctx, xp, g, y)``, written once for both orders (y through
+    ctx.output, ``xp = grad_xp(g)``)."""
+    @classmethod
+    def backward(cls, ctx, g):
+        y, = ctx.to_save
+        out = _row_kernel(ctx, cls._kernel, y, g)
+        if out is not None:
+            return out
+        return cls.grad(ctx, grad_xp(g), g, ctx.output(y))
+
+
+class Softmax(AlongDim):
     """softmax along ``dim``. ``safe``: PyTorch's _safe_softmax (its
     scaled_dot_product_attention): a slice that is -inf throughout (a
     fully masked attention row) gives 0, and so a zero gradient, not
@@ -50,14 +65,10 @@ class Softmax(Op):
         ctx.dim = dim
         return e
 
+    _kernel = "softmax_bwd"
+
     @staticmethod
-    def backward(ctx, g):
-        y, = ctx.to_save
-        out = _row_kernel(ctx, "softmax_bwd", y, g)
-        if out is not None:
-            return out
-        xp = grad_xp(g)
-        y = ctx.output(y)
+    def grad(ctx, xp, g, y):
         gy = g * y
         return gy - y * xp.sum(gy, axis=ctx.dim, keepdims=True)
 
@@ -104,7 +115,7 @@ def _log_softmax(x, dim):
     return s
 
 
-class LogSoftmax(Op):
+class LogSoftmax(AlongDim):
     @staticmethod
     def forward(ctx, x, dim=-1):
         s = _log_softmax(x, dim)
@@ -112,15 +123,11 @@ class LogSoftmax(Op):
         ctx.dim = dim
         return s
 
+    _kernel = "log_softmax_bwd"
+
     @staticmethod
-    def backward(ctx, g):
-        y, = ctx.to_save
-        out = _row_kernel(ctx, "log_softmax_bwd", y, g)
-        if out is not None:
-            return out
-        xp = grad_xp(g)
-        return g - xp.exp(ctx.output(y)) * xp.sum(g, axis=ctx.dim,
-                                                  keepdims=True)
+    def grad(ctx, xp, g, y):
+        return g - xp.exp(y) * xp.sum(g, axis=ctx.dim, keepdims=True)
 
 
 # ======================================================= activations ==
