@@ -8,7 +8,7 @@ so element-wise arithmetic rounds as NumPy's does. Scalars arrive already
 cast to the arrays' dtype (``dtorch._kernels.scalars``), as NumPy 2 casts a
 Python float against a float32 array, so float32 stays float32 throughout.
 
-What is exact and what is not (tests/test_cpu_kernels.py pins both):
+What is exact and what is not (tests/core/test_cpu_kernels.py pins both):
 - optimizer updates (+, -, *, /, sqrt, maximum: all correctly rounded, in
   NumPy's order): bit for bit equal to the NumPy path;
 - exp / log / erf / tanh come from LLVM/libm instead of NumPy's SIMD loops
@@ -38,8 +38,8 @@ _jit = numba.njit(parallel=True, cache=True, fastmath=False, nogil=True)
 # polynomial to r^7 (truncation < 6e-9 relative), times 2^n built from the
 # exponent bits in two halves so that overflow to inf and gradual underflow
 # to 0 come out of IEEE multiplication. Within 2 ulp of the exact value
-# (tests/test_cpu_kernels.py checks it against float64 exp over the whole
-# range, inf, -inf and NaN). float64 keeps np.exp.
+# (tests/core/test_cpu_kernels.py checks it against float64 exp over the
+# whole range, inf, -inf and NaN). float64 keeps np.exp.
 
 @intrinsic
 def _bits_to_f32(typingctx, i):

@@ -5,9 +5,9 @@ Each activation is one node with PyTorch's own backward formula. Composed
 from relu / abs / where pieces, a function takes those pieces'
 subgradients at its kinks (softplus'(0) came out 0, not 1/2), and a branch
 that where() discards but that overflows (elu's exp at +inf) turns its
-zero gradient into 0 * inf = NaN (tests/test_boundary_grads.py compares
-them with PyTorch at 0, +-inf, NaN, kinks and ties). relu, tanh and
-sigmoid are Tensor methods and live in ``elementwise.py``.
+zero gradient into 0 * inf = NaN (tests/core/test_boundary_grads.py
+compares them with PyTorch at 0, +-inf, NaN, kinks and ties). relu, tanh
+and sigmoid are Tensor methods and live in ``elementwise.py``.
 """
 import math
 
