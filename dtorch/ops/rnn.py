@@ -286,6 +286,20 @@ def _rnn_grads(ctx, xp, dgates, dh0, prev, dc0=None):
     return dgates, dh0, dc0, gw, gb
 
 
+def _lstm_grads(ctx, xp, dgates, dc, prev):
+    """The end of LSTMLayer's backward loop (both paths): dh0 and dc0
+    through the last step visited, ``prev`` (None: T == 0, zeros), then
+    the gradients of the inputs (``_rnn_grads``)."""
+    h0, c0, w_hh = ctx.to_save
+    if prev is None:
+        dh0 = xp.zeros(h0.shape, dgates.dtype)
+    else:
+        dh0 = dgates[prev] @ w_hh
+        dc *= ctx.acts[prev, 1]
+    prevs = (ctx.out[:ctx.out.shape[0] - 1], h0, ctx.reverse)
+    return _rnn_grads(ctx, xp, dgates, dh0, prevs, dc)
+
+
 class LSTMLayer(Recurrent):
     """A whole LSTM layer, one direction, PyTorch's gate order (i, f, g, o).
 
@@ -380,8 +394,7 @@ class LSTMLayer(Recurrent):
     @staticmethod
     def _backward_fused(ctx, xp, g):
         h0, c0, w_hh = ctx.to_save
-        out, acts, cs, tcs, reverse = (ctx.out, ctx.acts, ctx.cs, ctx.tcs,
-                                       ctx.reverse)
+        acts, cs, tcs, reverse = ctx.acts, ctx.cs, ctx.tcs, ctx.reverse
         T, _, n, H = acts.shape
         dt = g.dtype
         step = _fused(xp)["lstm_bwd"]
@@ -402,12 +415,7 @@ class LSTMLayer(Recurrent):
             step(dh_in, g[t], fn, a[0], a[1], a[2], a[3], tcs[t], cp, dc,
                  *_gates(dgates[t], 4))
             prev = t
-        if prev is None:                       # T == 0
-            dh0 = xp.zeros(h0.shape, dt)
-        else:
-            dh0 = dgates[prev] @ w_hh
-            dc *= acts[prev, 1]
-        return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
+        return _lstm_grads(ctx, xp, dgates, dc, prev)
 
     @staticmethod
     def _grads(ctx, g):
@@ -415,8 +423,7 @@ class LSTMLayer(Recurrent):
         xp = get_array_module(g)
         if xp is not np:
             return LSTMLayer._backward_fused(ctx, xp, g)
-        out, acts, cs, tcs, reverse = (ctx.out, ctx.acts, ctx.cs, ctx.tcs,
-                                       ctx.reverse)
+        acts, cs, tcs, reverse = ctx.acts, ctx.cs, ctx.tcs, ctx.reverse
         T, _, n, H = acts.shape
         dt = g.dtype
         dgates = xp.empty((T, n, 4 * H), dt)
@@ -458,12 +465,7 @@ class LSTMLayer(Recurrent):
             xp.multiply(d[:3], dc,                    # i, f, g: times dc
                         out=dg4[t, :, :3].transpose(1, 0, 2))
             prev = t
-        if prev is None:                    # T == 0
-            dh0 = xp.zeros(h0.shape, dt)
-        else:
-            dh0 = dgates[prev] @ w_hh
-            dc *= acts[prev, 1]
-        return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
+        return _lstm_grads(ctx, xp, dgates, dc, prev)
 
     @staticmethod
     def _recompute(ctx, g):
