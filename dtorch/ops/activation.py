@@ -28,10 +28,18 @@ def _zero(xp, g):
 
 class AlongDim(Op):
     """The family of softmax and log_softmax along ``ctx.dim``, which save
-    their output y: the shell runs the compiled, threaded row kernel
-    ``_kernel`` where it applies (arrays, the last dim), else the member's
-    ``grad(ctx, xp, g, y)``, written once for both orders (y through
-    ctx.output, ``xp = grad_xp(g)``)."""
+    their output y: a member's ``value(x, dim, **kw)`` is y; the shell's
+    backward runs the compiled, threaded row kernel ``_kernel`` where it
+    applies (arrays, the last dim), else the member's ``grad(ctx, xp, g,
+    y)``, written once for both orders (y through ctx.output, ``xp =
+    grad_xp(g)``)."""
+    @classmethod
+    def forward(cls, ctx, x, dim=-1, **kw):
+        y = cls.value(x, dim, **kw)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
     @classmethod
     def backward(cls, ctx, g):
         y, = ctx.to_save
@@ -47,7 +55,7 @@ class Softmax(AlongDim):
     fully masked attention row) gives 0, and so a zero gradient, not
     NaN."""
     @staticmethod
-    def forward(ctx, x, dim=-1, safe=False):
+    def value(x, dim, safe=False):
         xp = get_array_module(x)
         k = _kernels.kernels(x) if _last(x, dim) else None
         if k is not None:           # one fused, threaded pass per row
@@ -61,8 +69,6 @@ class Softmax(AlongDim):
             dead = (x == -np.inf).all(axis=dim, keepdims=True)
             if bool(dead.any()):
                 e = xp.where(dead, _zero(xp, e), e)
-        ctx.save_for_backward(e)
-        ctx.dim = dim
         return e
 
     _kernel = "softmax_bwd"
@@ -116,12 +122,7 @@ def _log_softmax(x, dim):
 
 
 class LogSoftmax(AlongDim):
-    @staticmethod
-    def forward(ctx, x, dim=-1):
-        s = _log_softmax(x, dim)
-        ctx.save_for_backward(s)
-        ctx.dim = dim
-        return s
+    value = staticmethod(_log_softmax)
 
     _kernel = "log_softmax_bwd"
 

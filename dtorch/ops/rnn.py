@@ -133,7 +133,8 @@ class Recurrent(Op):
     """The family of whole recurrent layers, one direction (RNN, LSTM,
     GRU): each a time loop in preallocated buffers whose fused kernels
     work in place, step by step (the figures are in LSTMLayer's
-    docstring). A member's ``_grads(ctx, g)`` is its gradient on arrays;
+    docstring). A member's ``_grads_np(ctx, g)`` is its gradient on NumPy
+    arrays, ``_backward_fused(ctx, xp, g)`` on CuPy's (fused kernels);
     under create_graph the shell pins those values to the graph of the
     member's composite recomputed (``_recompute``, ops/recompute.py)."""
     @classmethod
@@ -141,6 +142,13 @@ class Recurrent(Op):
         if ctx._gmake is None:
             return cls._grads(ctx, g)
         return pin_all(cls._recompute(ctx, g), cls._grads(ctx, g._data))
+
+    @classmethod
+    def _grads(cls, ctx, g):
+        xp = get_array_module(g)
+        if xp is not np:
+            return cls._backward_fused(ctx, xp, g)
+        return cls._grads_np(ctx, g)
 
 
 class RNNLayer(Recurrent):
@@ -202,11 +210,9 @@ class RNNLayer(Recurrent):
         return _rnn_grads(ctx, xp, da, dhm, (out[:T], h0, reverse))
 
     @staticmethod
-    def _grads(ctx, g):
+    def _grads_np(ctx, g):
         h0, w_hh = ctx.to_save
-        xp = get_array_module(g)
-        if xp is not np:
-            return RNNLayer._backward_fused(ctx, xp, g)
+        xp = np
         out, reverse = ctx.out, ctx.reverse
         T = out.shape[0] - 1
         da = xp.empty(out[:T].shape, g.dtype)
@@ -418,11 +424,9 @@ class LSTMLayer(Recurrent):
         return _lstm_grads(ctx, xp, dgates, dc, prev)
 
     @staticmethod
-    def _grads(ctx, g):
+    def _grads_np(ctx, g):
         h0, c0, w_hh = ctx.to_save
-        xp = get_array_module(g)
-        if xp is not np:
-            return LSTMLayer._backward_fused(ctx, xp, g)
+        xp = np
         acts, cs, tcs, reverse = ctx.acts, ctx.cs, ctx.tcs, ctx.reverse
         T, _, n, H = acts.shape
         dt = g.dtype
@@ -570,11 +574,9 @@ class GRULayer(Recurrent):
         return _gru_grads(ctx, xp, dx, dhh, dh, (out[:T], h0, reverse))
 
     @staticmethod
-    def _grads(ctx, g):
+    def _grads_np(ctx, g):
         h0, w_hh = ctx.to_save
-        xp = get_array_module(g)
-        if xp is not np:
-            return GRULayer._backward_fused(ctx, xp, g)
+        xp = np
         out, acts, hns, reverse = ctx.out, ctx.acts, ctx.hns, ctx.reverse
         T = out.shape[0] - 1
         H = h0.shape[-1]
