@@ -8,7 +8,7 @@ so element-wise arithmetic rounds as NumPy's does. Scalars arrive already
 cast to the arrays' dtype (``dtorch._kernels.scalars``), as NumPy 2 casts a
 Python float against a float32 array, so float32 stays float32 throughout.
 
-What is exact and what is not (tests/test_cpu_kernels.py pins both):
+What is exact and what is not (tests/core/test_cpu_kernels.py pins both):
 - optimizer updates (+, -, *, /, sqrt, maximum: all correctly rounded, in
   NumPy's order): bit for bit equal to the NumPy path;
 - exp / log / erf / tanh come from LLVM/libm instead of NumPy's SIMD loops
@@ -38,8 +38,8 @@ _jit = numba.njit(parallel=True, cache=True, fastmath=False, nogil=True)
 # polynomial to r^7 (truncation < 6e-9 relative), times 2^n built from the
 # exponent bits in two halves so that overflow to inf and gradual underflow
 # to 0 come out of IEEE multiplication. Within 2 ulp of the exact value
-# (tests/test_cpu_kernels.py checks it against float64 exp over the whole
-# range, inf, -inf and NaN). float64 keeps np.exp.
+# (tests/core/test_cpu_kernels.py checks it against float64 exp over the
+# whole range, inf, -inf and NaN). float64 keeps np.exp.
 
 @intrinsic
 def _bits_to_f32(typingctx, i):
@@ -234,14 +234,21 @@ def _row_dot(a, b, r, n):
     return (s0 + s1) + (s2 + s3)
 
 
+@numba.njit(inline="always")
+def _row_exp(x, r, n, out):
+    """out[r] = exp(x[r] - m), m the row's max: (m, the row's sum in
+    out's dtype), softmax's and log_softmax's first two passes."""
+    mx = _row_max(x, r, n)
+    for j in range(n):
+        out[r, j] = vexp(x[r, j] - mx)
+    return mx, out.dtype.type(_row_sum(out, r, n))
+
+
 @_jit
 def softmax_fwd(x, out):
     rows, n = x.shape
     for r in prange(rows):
-        mx = _row_max(x, r, n)
-        for j in range(n):
-            out[r, j] = vexp(x[r, j] - mx)
-        s = out.dtype.type(_row_sum(out, r, n))
+        s = _row_exp(x, r, n, out)[1]
         for j in range(n):
             out[r, j] = out[r, j] / s
 
@@ -261,10 +268,8 @@ def log_softmax_fwd(x, out):
     """out = (x - max) - log(sum(exp(x - max)))."""
     rows, n = x.shape
     for r in prange(rows):
-        mx = _row_max(x, r, n)
-        for j in range(n):
-            out[r, j] = vexp(x[r, j] - mx)
-        ls = np.log(out.dtype.type(_row_sum(out, r, n)))
+        mx, s = _row_exp(x, r, n, out)
+        ls = np.log(s)
         for j in range(n):
             out[r, j] = (x[r, j] - mx) - ls
 

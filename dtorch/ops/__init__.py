@@ -41,18 +41,18 @@ from .index import Index, IndexView, SetIndex, Embedding, AddAt, index_add0, \
 from .matmul import MatMul, Linear
 from .einsum import Einsum
 from .selection import Tril, Select, Gather, Scatter, IndexSelect, \
-    IndexAdd, Cumsum, Cumprod, LogCumSumExp
+    IndexAdd, Scan, Cumsum, Cumprod, LogCumSumExp
 from .window import _pad2d, _windows
 from .conv import Conv2d, ConvTranspose2d, Conv2dWeightGrad
 from .pool import MaxPool2d, AvgPool2d, AvgPool2dGrad
-from .activation import Softmax, LogSoftmax, Gelu, LeakyRelu, Elu, \
-    Hardswish, Hardsigmoid, Shrink, Threshold, PRelu, Softplus, Silu, Mish, \
-    LogSigmoid
+from .activation import AlongDim, Softmax, LogSoftmax, Gelu, LeakyRelu, \
+    Elu, Hardswish, Hardsigmoid, Shrink, Threshold, PRelu, Softplus, Silu, \
+    Mish, LogSigmoid
 from .norm import LayerNorm, BatchNorm, Dropout
 from .loss import NllLoss, CrossEntropy, SoftMargin, MultiMargin, \
     BinaryCrossEntropy, BinaryCrossEntropyWithLogits, SmoothL1, Huber
 from .ctc import CTCLoss
-from .rnn import RNNLayer, LSTMLayer, GRULayer
+from .rnn import Recurrent, RNNLayer, LSTMLayer, GRULayer
 from .recompute import Reconnect, Pin
 from .attention import ScaledDotProductAttention
 from . import _tnp      # noqa: F401  the tensor namespace of backward bodies

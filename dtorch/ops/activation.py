@@ -5,9 +5,9 @@ Each activation is one node with PyTorch's own backward formula. Composed
 from relu / abs / where pieces, a function takes those pieces'
 subgradients at its kinks (softplus'(0) came out 0, not 1/2), and a branch
 that where() discards but that overflows (elu's exp at +inf) turns its
-zero gradient into 0 * inf = NaN (tests/test_boundary_grads.py compares
-them with PyTorch at 0, +-inf, NaN, kinks and ties). relu, tanh and
-sigmoid are Tensor methods and live in ``elementwise.py``.
+zero gradient into 0 * inf = NaN (tests/core/test_boundary_grads.py
+compares them with PyTorch at 0, +-inf, NaN, kinks and ties). relu, tanh
+and sigmoid are Tensor methods and live in ``elementwise.py``.
 """
 import math
 
@@ -26,13 +26,36 @@ def _zero(xp, g):
     return xp.zeros((), g.dtype)
 
 
-class Softmax(Op):
+class AlongDim(Op):
+    """The family of softmax and log_softmax along ``ctx.dim``, which save
+    their output y: a member's ``value(x, dim, **kw)`` is y; the shell's
+    backward runs the compiled, threaded row kernel ``_kernel`` where it
+    applies (arrays, the last dim), else the member's ``grad(ctx, xp, g,
+    y)``, written once for both orders (y through ctx.output, ``xp =
+    grad_xp(g)``)."""
+    @classmethod
+    def forward(cls, ctx, x, dim=-1, **kw):
+        y = cls.value(x, dim, **kw)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
+    @classmethod
+    def backward(cls, ctx, g):
+        y, = ctx.to_save
+        out = _row_kernel(ctx, cls._kernel, y, g)
+        if out is not None:
+            return out
+        return cls.grad(ctx, grad_xp(g), g, ctx.output(y))
+
+
+class Softmax(AlongDim):
     """softmax along ``dim``. ``safe``: PyTorch's _safe_softmax (its
     scaled_dot_product_attention): a slice that is -inf throughout (a
     fully masked attention row) gives 0, and so a zero gradient, not
     NaN."""
     @staticmethod
-    def forward(ctx, x, dim=-1, safe=False):
+    def value(x, dim, safe=False):
         xp = get_array_module(x)
         k = _kernels.kernels(x) if _last(x, dim) else None
         if k is not None:           # one fused, threaded pass per row
@@ -46,18 +69,12 @@ class Softmax(Op):
             dead = (x == -np.inf).all(axis=dim, keepdims=True)
             if bool(dead.any()):
                 e = xp.where(dead, _zero(xp, e), e)
-        ctx.save_for_backward(e)
-        ctx.dim = dim
         return e
 
+    _kernel = "softmax_bwd"
+
     @staticmethod
-    def backward(ctx, g):
-        y, = ctx.to_save
-        out = _row_kernel(ctx, "softmax_bwd", y, g)
-        if out is not None:
-            return out
-        xp = grad_xp(g)
-        y = ctx.output(y)
+    def grad(ctx, xp, g, y):
         gy = g * y
         return gy - y * xp.sum(gy, axis=ctx.dim, keepdims=True)
 
@@ -104,23 +121,14 @@ def _log_softmax(x, dim):
     return s
 
 
-class LogSoftmax(Op):
-    @staticmethod
-    def forward(ctx, x, dim=-1):
-        s = _log_softmax(x, dim)
-        ctx.save_for_backward(s)
-        ctx.dim = dim
-        return s
+class LogSoftmax(AlongDim):
+    value = staticmethod(_log_softmax)
+
+    _kernel = "log_softmax_bwd"
 
     @staticmethod
-    def backward(ctx, g):
-        y, = ctx.to_save
-        out = _row_kernel(ctx, "log_softmax_bwd", y, g)
-        if out is not None:
-            return out
-        xp = grad_xp(g)
-        return g - xp.exp(ctx.output(y)) * xp.sum(g, axis=ctx.dim,
-                                                  keepdims=True)
+    def grad(ctx, xp, g, y):
+        return g - xp.exp(y) * xp.sum(g, axis=ctx.dim, keepdims=True)
 
 
 # ======================================================= activations ==

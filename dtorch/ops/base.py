@@ -45,16 +45,18 @@ class Binary(Op):
     be a number) whose gradients sum back to each operand's shape: a
     member's forward records the operands' shapes and dtypes (``_meta``),
     its ``grads(ctx, xp, g, n)`` returns the two gradients before that
-    sum (None where ``n``, ctx.needs_input_grad, says so), written once
-    for both orders (issue 30); this shell sums them (``unbroadcast``).
-    Add/Sub, Mul and Div keep their own shells: the hottest ops, where a
-    call more costs 3-4% of a tiny op."""
+    sum (None where ``n``, ctx.needs_input_grad, says so, or where the
+    operand has none), written once for both orders (issue 30); this
+    shell sums them (``unbroadcast``). The (input, target) losses are
+    members too (soft margin, multi margin, the binary cross-entropies,
+    smooth L1 / Huber): parameters after the two operands (weights) get
+    no gradient, as in PyTorch. Add/Sub, Mul and Div keep their own
+    shells: the hottest ops, where a call more costs 3-4% of a tiny op."""
     @classmethod
     def backward(cls, ctx, g):
-        n = ctx.needs_input_grad
-        gx, gy = cls.grads(ctx, grad_xp(g), g, n)
-        return (unbroadcast(gx, ctx.xs, ctx.xd) if n[0] else None,
-                unbroadcast(gy, ctx.ys, ctx.yd) if n[1] else None)
+        gx, gy = cls.grads(ctx, grad_xp(g), g, ctx.needs_input_grad)
+        return (None if gx is None else unbroadcast(gx, ctx.xs, ctx.xd),
+                None if gy is None else unbroadcast(gy, ctx.ys, ctx.yd))
 
 
 def axis_of(dim, ndim, op="op"):

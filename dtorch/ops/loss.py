@@ -9,7 +9,7 @@ import numpy as np
 from .. import _kernels
 from .._backend import get_array_module, put_along_axis
 from .activation import _log_sigmoid, _log_softmax, _zero, Softmax
-from .base import Op, unbroadcast, grad_xp, astype, zero_link
+from .base import Op, Binary, grad_xp, astype, zero_link
 from .index import scatter_to
 from .recompute import pin
 
@@ -102,27 +102,30 @@ def _cross_entropy_grad(ctx, coef):
     return gx
 
 
-class SoftMargin(Op):
+class SoftMargin(Binary):
     """log(1 + e^(-t x)), PyTorch's formula; backward -t z / (1 + z) g with
-    z = e^(-t x) (so inf / inf = NaN where -t x is +inf, as there)."""
+    z = e^(-t x) (so inf / inf = NaN where -t x is +inf, as there); no
+    gradient for the target, as PyTorch. (A composition softplus(-t x)
+    is not PyTorch's: softplus switches to the identity above its
+    threshold 20, and its grad_fn name would change.)"""
     @staticmethod
     def forward(ctx, x, t):
         xp = get_array_module(x)
+        _loss_meta(ctx, x, t)
         ctx.save_for_backward(x, t)
         with np.errstate(over="ignore", invalid="ignore"):
             return xp.log1p(xp.exp(-x * t))
 
     @staticmethod
-    def backward(ctx, g):
+    def grads(ctx, xp, g, n):
         xa, ta = ctx.to_save
         x, t = ctx.input(0, xa), ctx.input(1, ta)
-        xp = grad_xp(g)
         with np.errstate(over="ignore", invalid="ignore"):
             z = xp.exp(-x * t)
-            return unbroadcast(-t * z / (1 + z) * g, xa.shape), None
+            return -t * z / (1 + z) * g, None
 
 
-class MultiMargin(Op):
+class MultiMargin(Binary):
     """Per sample sum over d != y of max(0, margin - x[y] + x[d]) ** p
     (times weight[y]) / C, PyTorch's multi_margin_loss. Backward selects
     the active terms (no product with a 0/1 mask): h = 1 or 2 z per
@@ -142,12 +145,12 @@ class MultiMargin(Op):
                 h = h * w[t].reshape(-1, 1)
         ctx.active, ctx.t, ctx.p, ctx.w = active, t, p, w
         ctx.margin = margin
+        _loss_meta(ctx, x, t)
         ctx.save_for_backward(x)
         return h.sum(1) / c
 
     @staticmethod
-    def backward(ctx, g):
-        xp = grad_xp(g)
+    def grads(ctx, xp, g, n):
         xa = ctx.to_save[0]
         active, t = ctx.active, ctx.t
         n, c = xa.shape
@@ -168,13 +171,13 @@ class MultiMargin(Op):
             h = xp.where(active, h, xp.zeros((), xa.dtype))
             onehot = am.arange(c).reshape(1, -1) == t.reshape(-1, 1)
             h = xp.where(onehot, -xp.sum(h, axis=1, keepdims=True), h)
-            return h * g.reshape(-1, 1), None, None
+            return h * g.reshape(-1, 1), None
 
 
 _BCE_EPS = np.float32(1e-12)
 
 
-class BinaryCrossEntropy(Op):
+class BinaryCrossEntropy(Binary):
     """-w (t log x + (1 - t) log(1 - x)), the logs clamped at -100 as in
     PyTorch. Backward: g w (x - t) / max(x (1 - x), 1e-12) for x, which is
     finite at x = 0 and 1 exactly (a float32 sigmoid rounds to 1.0 from
@@ -187,17 +190,16 @@ class BinaryCrossEntropy(Op):
             lx = xp.maximum(xp.log(x), -100)
             l1x = xp.maximum(xp.log1p(-x), -100)
         loss = (t - 1) * l1x - t * lx
+        _loss_meta(ctx, x, t)
         ctx.save_for_backward(x, t, w)
         if w is not None:
             loss = loss * w
         return loss.astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, g):
+    def grads(ctx, xp, g, n):
         xa, ta, wa = ctx.to_save
         x, t, w = ctx.input(0, xa), ctx.input(1, ta), ctx.const(wa)
-        xp = grad_xp(g)
-        n = ctx.needs_input_grad
         gw = g if w is None else g * w
         gx = gt = None
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -205,13 +207,13 @@ class BinaryCrossEntropy(Op):
                 # PyTorch's EPSILON is the float 1e-12 (9.9999999600e-13)
                 gx = gw * (x - t) / xp.maximum(
                     (1 - x) * x, xp.full((), _BCE_EPS, xa.dtype))
-                gx = unbroadcast(astype(gx, _dtype(g)), xa.shape)
+                gx = astype(gx, _dtype(g))
             if n[1]:
-                gt = unbroadcast(-xp.log(x / (1 - x)) * gw, ta.shape)
-        return gx, gt, None
+                gt = -xp.log(x / (1 - x)) * gw
+        return gx, gt
 
 
-class BinaryCrossEntropyWithLogits(Op):
+class BinaryCrossEntropyWithLogits(Binary):
     """(1 - t) x - lw log(sigmoid(x)), lw = (pos_weight - 1) t + 1, times
     w, with PyTorch's backward: g w ((pw t + 1 - t) sigmoid(x) - pw t)
     (sigmoid(x) - t without pos_weight) for x, exactly 0 at x = 0 for
@@ -226,6 +228,7 @@ class BinaryCrossEntropyWithLogits(Op):
             ls = _log_sigmoid(xp, x)
             lw = None if pw is None else (pw - 1) * t + 1
             loss = (1 - t) * x - (ls if lw is None else ls * lw)
+            _loss_meta(ctx, x, t)
             ctx.save_for_backward(x, t, w, pw)
             ctx.ls = ls
             if w is not None:
@@ -233,13 +236,11 @@ class BinaryCrossEntropyWithLogits(Op):
         return loss.astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, g):
+    def grads(ctx, xp, g, n):
         xa, ta, w, pw = ctx.to_save
         x, t = ctx.input(0, xa), ctx.input(1, ta)
         w, pw = ctx.const(w), ctx.const(pw)
-        xp = grad_xp(g)
-        n = ctx.needs_input_grad
-        out = [None] * 4
+        out = [None] * 2
         with np.errstate(over="ignore", invalid="ignore"):
             if n[0]:
                 s = _sigmoid(xp, x)
@@ -251,7 +252,7 @@ class BinaryCrossEntropyWithLogits(Op):
                 gx = gx * g
                 if w is not None:
                     gx = gx * w
-                out[0] = unbroadcast(gx, xa.shape)
+                out[0] = gx
             if n[1]:
                 if pw is None:
                     gt = -x * g
@@ -263,11 +264,11 @@ class BinaryCrossEntropyWithLogits(Op):
                     gt = (_log_sigmoid(xp, -x) - ls * pw) * g
                 if w is not None:
                     gt = gt * w
-                out[1] = unbroadcast(gt, ta.shape)
-        return tuple(out)
+                out[1] = gt
+        return out
 
 
-class SmoothL1(Op):
+class SmoothL1(Binary):
     """|d| < beta: d^2 / (2 beta), else |d| - beta / 2 (d = x - t); the
     gradient is d / beta inside, sign(d) from the kinks on (PyTorch).
     With ``delta`` it is huber_loss: |d| < delta: d^2 / 2, else delta (|d|
@@ -280,16 +281,15 @@ class SmoothL1(Op):
         d = x - t
         z = abs(d)
         ctx.d, ctx.beta, ctx.delta = d, beta, delta
-        ctx.shapes = (getattr(x, "shape", ()), getattr(t, "shape", ()))
+        _loss_meta(ctx, x, t)
         if delta is not None:
             return xp.where(z < delta, 0.5 * z * z,
                             delta * (z - 0.5 * delta))
         return xp.where(z < beta, (0.5 / beta) * z * z, z - 0.5 * beta)
 
     @staticmethod
-    def backward(ctx, g):
+    def grads(ctx, xp, g, n):
         d, c = ctx.d, ctx.delta
-        xp = grad_xp(g)
         if c is None:
             b = ctx.beta
             gd = xp.where(d <= -b, -g, xp.where(d >= b, g,
@@ -297,9 +297,7 @@ class SmoothL1(Op):
         else:
             gd = xp.where(d <= -c, -c * g, xp.where(d >= c, c * g,
                                                     _diff(ctx, d) * g))
-        n = ctx.needs_input_grad
-        return (unbroadcast(gd, ctx.shapes[0]) if n[0] else None,
-                unbroadcast(-gd, ctx.shapes[1]) if n[1] else None)
+        return gd if n[0] else None, -gd if n[1] else None
 
 
 class Huber(SmoothL1):
@@ -307,6 +305,13 @@ class Huber(SmoothL1):
     @staticmethod
     def forward(ctx, x, t, delta=1.0):
         return SmoothL1.forward(ctx, x, t, delta=delta)
+
+
+def _loss_meta(ctx, x, t):
+    """The shapes a (x, target) loss's gradients sum back to (Binary's
+    shell; a number has shape ()), no dtype cast: each loss's own."""
+    ctx.xs, ctx.ys = getattr(x, "shape", ()), getattr(t, "shape", ())
+    ctx.xd = ctx.yd = None
 
 
 def _sigmoid(xp, x):
@@ -345,7 +350,7 @@ def _diff(ctx, d):
     a constant plus the difference of two zeros standing for x and t."""
     if ctx._gmake is None:
         return d
-    xs, ts = ctx.shapes
+    xs, ts = ctx.xs, ctx.ys
     xp = get_array_module(d)
     x0 = ctx.graph_input(0, xp.zeros(xs, d.dtype))
     t0 = ctx.graph_input(1, xp.zeros(ts, d.dtype))

@@ -10,6 +10,18 @@ from .base import Op, is_float, grad_xp
 from .recompute import pin, pin_all
 
 
+def _affine(xhat, w, b, shape=None):
+    """xhat * w + b, either of them None, reshaped to ``shape`` where
+    given; never xhat itself: backward reads it, and an in-place op on the
+    output (LayerNorm -> ReLU(inplace=True)) must not change it."""
+    out = xhat if w is not None or b is not None else xhat.copy()
+    if w is not None:
+        out = out * (w if shape is None else w.reshape(shape))
+    if b is not None:
+        out = out + (b if shape is None else b.reshape(shape))
+    return out
+
+
 class LayerNorm(Op):
     """Normalise over the last ``nd`` axes, then ``* w + b`` (optional).
     One op, not a composition of mean/sub/mul (eight nodes): its compiled
@@ -31,14 +43,7 @@ class LayerNorm(Op):
         xhat = xc * rstd
         ctx.save_for_backward(w)
         ctx.xhat, ctx.rstd, ctx.axes = xhat, rstd, axes
-        # never xhat itself: backward reads it, and an in-place op on the
-        # output (LayerNorm -> ReLU(inplace=True)) must not change it
-        out = xhat if w is not None or b is not None else xhat.copy()
-        if w is not None:
-            out = out * w
-        if b is not None:
-            out = out + b
-        return out
+        return _affine(xhat, w, b)
 
     @staticmethod
     def backward(ctx, g):
@@ -141,13 +146,7 @@ class BatchNorm(Op):
             running_var += (momentum * m / max(m - 1, 1)) * var.reshape(-1)
         if k is not None:     # out is its own array there
             return out
-        # never xhat itself (see LayerNorm)
-        out = xhat if w is not None or b is not None else xhat.copy()
-        if w is not None:
-            out = out * w.reshape(shape)
-        if b is not None:
-            out = out + b.reshape(shape)
-        return out
+        return _affine(xhat, w, b, shape)
 
     @staticmethod
     def backward(ctx, g):

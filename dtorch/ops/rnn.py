@@ -129,7 +129,29 @@ def _fused_hh(xp, xw, h0, w_hh, b_hh, k):
     return hw, _gates(hw, k), bs, w_hh.T
 
 
-class RNNLayer(Op):
+class Recurrent(Op):
+    """The family of whole recurrent layers, one direction (RNN, LSTM,
+    GRU): each a time loop in preallocated buffers whose fused kernels
+    work in place, step by step (the figures are in LSTMLayer's
+    docstring). A member's ``_grads_np(ctx, g)`` is its gradient on NumPy
+    arrays, ``_backward_fused(ctx, xp, g)`` on CuPy's (fused kernels);
+    under create_graph the shell pins those values to the graph of the
+    member's composite recomputed (``_recompute``, ops/recompute.py)."""
+    @classmethod
+    def backward(cls, ctx, g):
+        if ctx._gmake is None:
+            return cls._grads(ctx, g)
+        return pin_all(cls._recompute(ctx, g), cls._grads(ctx, g._data))
+
+    @classmethod
+    def _grads(cls, ctx, g):
+        xp = get_array_module(g)
+        if xp is not np:
+            return cls._backward_fused(ctx, xp, g)
+        return cls._grads_np(ctx, g)
+
+
+class RNNLayer(Recurrent):
     """A whole Elman RNN layer, one direction: h_t = act(xw[t] + h_{t-1}
     @ w_hh.T + b_hh). ``xw`` (T, N, H) holds the input projections for all
     steps. Returns (T + 1, N, H): the outputs, then h_T again as h_n's slot."""
@@ -188,20 +210,9 @@ class RNNLayer(Op):
         return _rnn_grads(ctx, xp, da, dhm, (out[:T], h0, reverse))
 
     @staticmethod
-    def backward(ctx, g):
-        if ctx._gmake is None:
-            return RNNLayer._grads(ctx, g)
-        # create_graph: the time loop's values (its fused kernels work in
-        # place, step by step) pinned to the graph of the composite
-        # recomputed by ops/recompute.py
-        return pin_all(RNNLayer._recompute(ctx, g), RNNLayer._grads(ctx, g._data))
-
-    @staticmethod
-    def _grads(ctx, g):
+    def _grads_np(ctx, g):
         h0, w_hh = ctx.to_save
-        xp = get_array_module(g)
-        if xp is not np:
-            return RNNLayer._backward_fused(ctx, xp, g)
+        xp = np
         out, reverse = ctx.out, ctx.reverse
         T = out.shape[0] - 1
         da = xp.empty(out[:T].shape, g.dtype)
@@ -281,7 +292,21 @@ def _rnn_grads(ctx, xp, dgates, dh0, prev, dc0=None):
     return dgates, dh0, dc0, gw, gb
 
 
-class LSTMLayer(Op):
+def _lstm_grads(ctx, xp, dgates, dc, prev):
+    """The end of LSTMLayer's backward loop (both paths): dh0 and dc0
+    through the last step visited, ``prev`` (None: T == 0, zeros), then
+    the gradients of the inputs (``_rnn_grads``)."""
+    h0, c0, w_hh = ctx.to_save
+    if prev is None:
+        dh0 = xp.zeros(h0.shape, dgates.dtype)
+    else:
+        dh0 = dgates[prev] @ w_hh
+        dc *= ctx.acts[prev, 1]
+    prevs = (ctx.out[:ctx.out.shape[0] - 1], h0, ctx.reverse)
+    return _rnn_grads(ctx, xp, dgates, dh0, prevs, dc)
+
+
+class LSTMLayer(Recurrent):
     """A whole LSTM layer, one direction, PyTorch's gate order (i, f, g, o).
 
     ``xw`` (T, N, 4H) are the input projections (x @ w_ih.T + b_ih) for all
@@ -375,8 +400,7 @@ class LSTMLayer(Op):
     @staticmethod
     def _backward_fused(ctx, xp, g):
         h0, c0, w_hh = ctx.to_save
-        out, acts, cs, tcs, reverse = (ctx.out, ctx.acts, ctx.cs, ctx.tcs,
-                                       ctx.reverse)
+        acts, cs, tcs, reverse = ctx.acts, ctx.cs, ctx.tcs, ctx.reverse
         T, _, n, H = acts.shape
         dt = g.dtype
         step = _fused(xp)["lstm_bwd"]
@@ -397,30 +421,13 @@ class LSTMLayer(Op):
             step(dh_in, g[t], fn, a[0], a[1], a[2], a[3], tcs[t], cp, dc,
                  *_gates(dgates[t], 4))
             prev = t
-        if prev is None:                       # T == 0
-            dh0 = xp.zeros(h0.shape, dt)
-        else:
-            dh0 = dgates[prev] @ w_hh
-            dc *= acts[prev, 1]
-        return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
+        return _lstm_grads(ctx, xp, dgates, dc, prev)
 
     @staticmethod
-    def backward(ctx, g):
-        if ctx._gmake is None:
-            return LSTMLayer._grads(ctx, g)
-        # create_graph: the time loop's values (its fused kernels work in
-        # place, step by step) pinned to the graph of the composite
-        # recomputed by ops/recompute.py
-        return pin_all(LSTMLayer._recompute(ctx, g), LSTMLayer._grads(ctx, g._data))
-
-    @staticmethod
-    def _grads(ctx, g):
+    def _grads_np(ctx, g):
         h0, c0, w_hh = ctx.to_save
-        xp = get_array_module(g)
-        if xp is not np:
-            return LSTMLayer._backward_fused(ctx, xp, g)
-        out, acts, cs, tcs, reverse = (ctx.out, ctx.acts, ctx.cs, ctx.tcs,
-                                       ctx.reverse)
+        xp = np
+        acts, cs, tcs, reverse = ctx.acts, ctx.cs, ctx.tcs, ctx.reverse
         T, _, n, H = acts.shape
         dt = g.dtype
         dgates = xp.empty((T, n, 4 * H), dt)
@@ -462,12 +469,7 @@ class LSTMLayer(Op):
             xp.multiply(d[:3], dc,                    # i, f, g: times dc
                         out=dg4[t, :, :3].transpose(1, 0, 2))
             prev = t
-        if prev is None:                    # T == 0
-            dh0 = xp.zeros(h0.shape, dt)
-        else:
-            dh0 = dgates[prev] @ w_hh
-            dc *= acts[prev, 1]
-        return _rnn_grads(ctx, xp, dgates, dh0, (out[:T], h0, reverse), dc)
+        return _lstm_grads(ctx, xp, dgates, dc, prev)
 
     @staticmethod
     def _recompute(ctx, g):
@@ -501,7 +503,7 @@ def _gru_grads(ctx, xp, dx, dhh, dh, prev):
     return dx, dh, gw, gb
 
 
-class GRULayer(Op):
+class GRULayer(Recurrent):
     """A whole GRU layer, one direction, PyTorch's gates (r, z, n):
     n = tanh(xn + r * (h @ w_hn.T + b_hn)), h' = (1 - z) * n + z * h.
     Returns (T + 1, N, H): the outputs, then h_T again."""
@@ -572,20 +574,9 @@ class GRULayer(Op):
         return _gru_grads(ctx, xp, dx, dhh, dh, (out[:T], h0, reverse))
 
     @staticmethod
-    def backward(ctx, g):
-        if ctx._gmake is None:
-            return GRULayer._grads(ctx, g)
-        # create_graph: the time loop's values (its fused kernels work in
-        # place, step by step) pinned to the graph of the composite
-        # recomputed by ops/recompute.py
-        return pin_all(GRULayer._recompute(ctx, g), GRULayer._grads(ctx, g._data))
-
-    @staticmethod
-    def _grads(ctx, g):
+    def _grads_np(ctx, g):
         h0, w_hh = ctx.to_save
-        xp = get_array_module(g)
-        if xp is not np:
-            return GRULayer._backward_fused(ctx, xp, g)
+        xp = np
         out, acts, hns, reverse = ctx.out, ctx.acts, ctx.hns, ctx.reverse
         T = out.shape[0] - 1
         H = h0.shape[-1]

@@ -10,7 +10,7 @@ with ``scatter_add_flat`` (``bincount`` on the CPU), never a Python loop.
 import numpy as np
 
 from .._backend import get_array_module
-from .base import Op, _axes, axis_of, is_float, grad_xp, astype
+from .base import Op, axis_of, is_float, grad_xp, astype
 from .index import index_add0, scatter_add_flat, scatter_to, zero_at
 from .recompute import backward_by_recompute, pin_all
 
@@ -324,45 +324,49 @@ class IndexAdd(Op):
 
 # ============================================================= scans ==
 
-class Cumsum(Op):
-    @staticmethod
-    def forward(ctx, x, dim=0):
-        axis = _axes(dim, x.ndim)[0] if x.ndim else None
-        ctx.axis = axis
-        xp = get_array_module(x)
+class Scan(Op):
+    """The family of scans along one dim (cumsum, cumprod, logcumsumexp):
+    the shell takes the dim (PyTorch's range check) and gives a 0-d input
+    back as its own value and gradient; a member's ``scan(ctx, xp, x,
+    axis)`` computes the value (saving what its gradient needs) and its
+    ``grad(ctx, xp, g, axis)`` the gradient, written once for both orders
+    (``xp = grad_xp(g)``). Members keep their class (grad_fn) names."""
+    @classmethod
+    def forward(cls, ctx, x, dim=0):
         if x.ndim == 0:
+            ctx.axis = None
             return x.copy()
+        ctx.axis = axis = axis_of(dim, x.ndim)
+        return cls.scan(ctx, get_array_module(x), x, axis)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        if ctx.axis is None:
+            return g
+        return cls.grad(ctx, grad_xp(g), g, ctx.axis)
+
+
+class Cumsum(Scan):
+    @staticmethod
+    def scan(ctx, xp, x, axis):
         dt = np.int64 if x.dtype.kind in "biu" else None
         return xp.cumsum(x, axis=axis, dtype=dt)
 
     @staticmethod
-    def backward(ctx, g):
-        if ctx.axis is None:
-            return g
-        xp = grad_xp(g)
-        return xp.flip(xp.cumsum(xp.flip(g, ctx.axis), ctx.axis), ctx.axis)
+    def grad(ctx, xp, g, ax):
+        return xp.flip(xp.cumsum(xp.flip(g, ax), ax), ax)
 
 
-class Cumprod(Op):
+class Cumprod(Scan):
     @staticmethod
-    def forward(ctx, x, dim=0):
-        xp = get_array_module(x)
-        if x.ndim == 0:
-            ctx.axis = None
-            return x.copy()
-        axis = axis_of(dim, x.ndim)
+    def scan(ctx, xp, x, axis):
         out = xp.cumprod(x, axis=axis)
-        ctx.axis = axis
         ctx.save_for_backward(x, out)
         return out
 
     @staticmethod
-    def backward(ctx, g):
-        if ctx.axis is None:
-            return g
+    def grad(ctx, xp, g, ax):
         x, out = ctx.to_save
-        xp = grad_xp(g)
-        ax = ctx.axis
         if not (x == 0).any():
             # d out_j / d x_i = out_j / x_i for j >= i
             r = xp.flip(xp.cumsum(xp.flip(g * ctx.output(out), ax), ax), ax)
@@ -448,31 +452,23 @@ def _logcumsumexp(xp, x, axis):
         return xp.asarray(np.logaddexp.accumulate(x.get(), axis=axis))
 
 
-class LogCumSumExp(Op):
+class LogCumSumExp(Scan):
     """log(cumsum(exp(x))) along ``dim``; backward is PyTorch's (after
     TensorFlow's): exp(reverse_logcumsumexp(log|g| - out) + x) for the
     positive and for the negative parts of g, so that -inf entries and
     infinite results give what PyTorch gives, not 0 * inf."""
     @staticmethod
-    def forward(ctx, x, dim=0):
-        xp = get_array_module(x)
-        if x.ndim == 0:
-            ctx.axis = None
-            return x.copy()
-        axis = dim % x.ndim
+    def scan(ctx, xp, x, axis):
         out = _logcumsumexp(xp, x, axis)
-        ctx.axis = axis
         ctx.save_for_backward(x, out)
         return out
 
     @staticmethod
-    def backward(ctx, g):
-        if ctx.axis is None or g.size == 0:
+    def grad(ctx, xp, g, ax):
+        if g.size == 0:
             return g
         xa, oa = ctx.to_save
         x, out = ctx.input(0, xa), ctx.output(oa)
-        xp = grad_xp(g)
-        ax = ctx.axis
         low = float(np.finfo(xa.dtype).min)   # a weak scalar: any device
 
         def rev(v):     # under create_graph: the LogCumSumExp op itself

@@ -11,9 +11,9 @@ PyTorch's does (``_kernel_args``):
 - ``foreach``, ``fused``, ``capturable`` pick among PyTorch's
   implementations of the same update (multi-tensor, fused, CUDA-graph safe).
   dtorch has one, so they are accepted silently and the results equal the
-  default's (tests/test_optim_kwargs.py pins that). PyTorch's refusal of
-  ``fused`` with ``foreach`` or ``differentiable`` is kept, so a script that
-  fails there fails here.
+  default's (tests/optim/test_optim_torch_arguments.py pins that).
+  PyTorch's refusal of ``fused`` with ``foreach`` or ``differentiable`` is
+  kept, so a script that fails there fails here.
 - ``differentiable=True`` asks for a step recorded by autograd; dtorch's
   step is not, so it warns once (dtorch._ignored).
 """

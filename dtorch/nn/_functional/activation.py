@@ -139,7 +139,8 @@ def softmin(input, dim=None, _stacklevel=3, dtype=None):
 
 # the piecewise activations are one node each with PyTorch's backward
 # (dtorch/ops/activation.py): composed from clamp, their gradients at the kinks
-# and under an infinite upstream gradient differed (tests/test_boundary_grads)
+# and under an infinite upstream gradient differed
+# (tests/core/test_boundary_grads.py)
 @_float_kernel("hardswish_cpu")
 def hardswish(input, inplace=False):
     if inplace:

@@ -75,70 +75,57 @@ def _gather_last(group, x):
 
 # =============================================================== regions ==
 
-def _region_grad(ctx, g, collective, conjugate):
-    """A region's backward: ``collective(group, g)`` on arrays (None: g
-    itself); under create_graph the conjugate region's op, whose forward
-    is that same collective, so the gradient is itself differentiable
-    (double backward through TP layers) with the same values."""
-    if ctx._gmake is not None:
-        return conjugate.apply(g, group=ctx.group)
-    return g if collective is None else collective(ctx.group, g)
+class Region(Op):
+    """The family of Megatron's four tensor-parallel region ops (x, group):
+    a member's ``collective(group, x)`` is its forward, ``grad(group, g)``
+    its backward on arrays (None: g itself); under create_graph the
+    backward is the ``conjugate`` region's op, whose forward is that same
+    collective, so the gradient is itself differentiable (double backward
+    through TP layers) with the same values."""
+    grad = None
+
+    @classmethod
+    def forward(cls, ctx, x, group=None):
+        ctx.group = group
+        return cls.collective(group, x)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        if ctx._gmake is not None:
+            return cls.conjugate.apply(g, group=ctx.group)
+        return g if cls.grad is None else cls.grad(ctx.group, g)
 
 
-class CopyToTP(Op):
+class CopyToTP(Region):
     """Identity forward; backward sums the input gradient over the group
     (each rank used the input for its own shard of the output)."""
-
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        return x.copy()
-
-    @staticmethod
-    def backward(ctx, g):
-        return _region_grad(ctx, g, _all_reduce, ReduceFromTP)
+    collective = staticmethod(lambda group, x: x.copy())
+    grad = staticmethod(_all_reduce)
 
 
-class ReduceFromTP(Op):
+class ReduceFromTP(Region):
     """Sum of the ranks' partial results forward; the gradient of a sum
     reaches every term unchanged."""
-
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        return _all_reduce(group, x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _region_grad(ctx, g, None, CopyToTP)
+    collective = staticmethod(_all_reduce)
 
 
-class ScatterToTP(Op):
+class ScatterToTP(Region):
     """Keep this rank's slice of the last dim; backward all-gathers."""
-
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        return _split_last(group, x, "scatter_to_tp_region")
-
-    @staticmethod
-    def backward(ctx, g):
-        return _region_grad(ctx, g, _gather_last, GatherFromTP)
+    collective = staticmethod(
+        lambda group, x: _split_last(group, x, "scatter_to_tp_region"))
+    grad = staticmethod(_gather_last)
 
 
-class GatherFromTP(Op):
+class GatherFromTP(Region):
     """Concatenate the ranks' last-dim slices; backward keeps this rank's
     slice of the gradient."""
+    collective = staticmethod(_gather_last)
+    grad = staticmethod(lambda group, g: _split_last(
+        group, g, "gather_from_tp_region backward"))
 
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        return _gather_last(group, x)
 
-    @staticmethod
-    def backward(ctx, g):
-        return _region_grad(ctx, g, lambda group, a: _split_last(
-            group, a, "gather_from_tp_region backward"), ScatterToTP)
+CopyToTP.conjugate, ReduceFromTP.conjugate = ReduceFromTP, CopyToTP
+ScatterToTP.conjugate, GatherFromTP.conjugate = GatherFromTP, ScatterToTP
 
 
 # ============================================================ SyncBatchNorm ==

@@ -9,7 +9,7 @@ global norm its own way (e.g. all-reducing ``total ** p``) and then calls
 
 ``foreach`` (PyTorch's multi-tensor kernels) is accepted by every function
 here and changes nothing: there is one implementation, and the results equal
-the default's (tests/test_nn_kwargs.py).
+the default's (tests/nn/test_nn_torch_arguments.py).
 """
 import math
 
