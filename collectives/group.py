@@ -102,6 +102,11 @@ class Work:
         return self._exc
 
 
+def _behind(st, seq):
+    """A peer's status says it is busy in an earlier collective than #seq."""
+    return st is not None and bool(st[0]) and st[1] < seq
+
+
 def _arrived(st, seq, op) -> bool:
     """Whether a peer with status `st` (ProcessGroup.status) has reached
     collective #seq: it is in it, has finished it, or is already in a later
@@ -195,8 +200,16 @@ class ProcessGroup:
         lines = [self.format_status(r, sts.get(r))
                  for r in range(self.size)]
         waited = self.timeout if waited is None else waited
+        # a live rank still busy in an earlier collective of this group is
+        # behind because of the others (a peer vanished mid-transfer after
+        # feeding this rank): name it apart, never as the one to blame
+        behind = sorted(r for r in missing if _behind(sts.get(r), seq))
+        culprits = sorted(set(missing) - set(behind)) or sorted(missing)
         if missing:
-            who = f"ranks that did not arrive: {sorted(missing)}"
+            who = f"ranks that did not arrive: {culprits}"
+            if culprits != sorted(missing):
+                who += (f" (ranks {behind} are still in an earlier "
+                        f"collective of this group, waiting on them)")
         else:
             # an empty list would read as "nobody is to blame"
             who = (f"every rank arrived at {op} #{seq}, but the transfer "

@@ -120,3 +120,26 @@ def test_timeout_report_does_not_blame_a_rank_that_went_ahead():
     # a rank still in an earlier op has not arrived
     statuses[1] = (True, 1, 'broadcast', '[4] float32')
     assert g._timeout_error(rec).missing == [1, 2]
+
+
+def test_timeout_report_names_a_rank_left_behind_apart():
+    """The other side of a vanished node's race: this rank finished #2 and
+    waits in #3 while a live rank is still stuck in #2 (fed by the vanished
+    ones). That rank has not arrived, but it is not the one to blame: the
+    message names the silent ranks and says the other is behind.
+    (tests/launch/test_two_nodes.py::test_vanished_node_times_out)"""
+    g = collectives.single_group(timeout=1)
+    rec = (3, 'all_reduce', np.zeros(4, np.float32))
+    statuses = {0: (True, 2, 'all_reduce', '[4] float32'),     # behind
+                1: (True, 3, 'all_reduce', '[4] float32'),     # this rank
+                2: None, 3: None}                              # vanished
+    g.size = 4
+    g._peer_statuses = lambda grace: statuses
+    err = g._timeout_error(rec, missing=[0, 2, 3])
+    assert 'ranks that did not arrive: [2, 3] (ranks [0] are still in an ' \
+        'earlier collective of this group' in str(err), str(err)
+    assert err.missing == [0, 2, 3]
+    # with nobody silent, the ranks behind are the ones named
+    statuses[2] = statuses[3] = (True, 2, 'all_reduce', '[4] float32')
+    assert 'ranks that did not arrive: [0, 2, 3].' in str(
+        g._timeout_error(rec, missing=[0, 2, 3]))
