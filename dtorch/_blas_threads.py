@@ -23,11 +23,12 @@ tests/distributed/test_determinism_blas_threads.py for a training run:
 So the thread count is a parameter of the bits, and the one count every
 layout can have is 1: ``use_deterministic_algorithms(True)`` holds the BLAS
 pools (threadpoolctl, every BLAS library loaded) at one thread; the last
-holder's ``False`` (or the end of its thread rank) gives back the counts it
-found. Forward, backward, the loss, clip_grad_norm_ and the optimizer all
+holder's ``False`` (or the collection of a thread rank's flags, which
+holds one) gives back the counts it found. Forward, backward, the loss, clip_grad_norm_ and the optimizer all
 run in that window; the deterministic DDP step re-pins at each forward in
-case a script set the threads after the switch. Holding costs about 0.4 ms
-once; the re-pin check is ~1.5 us per BLAS library. Normal mode never
+case a script set the threads after the switch. Taking the hold costs
+about 1.6 ms once (threadpoolctl finds the libraries); the re-pin check
+is ~1.2 us per forward. Normal mode never
 enters here. CuPy's cuBLAS is not a thread pool: see README.
 """
 import threading
@@ -102,4 +103,8 @@ class Hold:
                     _set(lib, n)
                 _state["libs"] = _state["saved"] = None
 
-    __del__ = release
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:       # interpreter shutdown: the pools go too
+            pass

@@ -6,6 +6,7 @@ elements of a 32 x 256 x 256 product differ in the last bits; figures in
 nn/parallel/_blas_threads.py), so a 1-process run with 2 BLAS threads and a
 2-process run with 1 thread each gave different bits. Under the switch the
 BLAS pool is pinned to one thread (and given back when it is turned off)."""
+import gc
 import os
 import subprocess
 import sys
@@ -82,6 +83,24 @@ def test_normal_mode_keeps_the_threads():
             if dist.is_initialized() else dist.spawn_threads(
                 lambda r, w: train_wide(r, w, steps=1, det=False), 1)[0]
     assert used == {2}
+
+
+def test_hold_ends_with_the_thread_rank_and_repins():
+    """A thread rank that never turns the switch off gives the threads back
+    when its state is collected (its flags die with it: DDP's reference
+    cycles wait for the collector); a count set after the switch is put
+    back to one at the next deterministic forward."""
+    def rank(r, w):
+        torch.use_deterministic_algorithms(True)
+        inside = blas_threads()
+        torch.set_num_threads(2)             # after the switch
+        ddp = DDP(nn.Linear(4, 4), virtual_shards=2)
+        ddp(torch.randn(2, 4)).sum().backward()
+        return inside, blas_threads()
+    with threadpool_limits(2, user_api="blas"):
+        assert dist.spawn_threads(rank, 2) == [({1}, {1})] * 2
+        gc.collect()
+        assert blas_threads() == {2}
 
 
 _SCRIPT = """
