@@ -27,8 +27,14 @@ holder's ``False`` (or the collection of a thread rank's flags, which
 holds one) gives back the counts it found. Forward, backward, the loss, clip_grad_norm_ and the optimizer all
 run in that window; the deterministic DDP step re-pins at each forward in
 case a script set the threads after the switch. Taking the hold costs
-about 1.6 ms once (threadpoolctl finds the libraries); the re-pin check
-is ~1.2 us per forward. Normal mode never
+0.8-1.6 ms once (threadpoolctl finds the libraries); the re-pin check is
+~1 us per forward. At 1 rank on the loaded 2-core VM (load 7-10) the held
+step took 0.03-0.11x the process CPU of the same step with 2 BLAS threads
+(GPT, GPT d 256, MLP 256 wide: benchmarks/determinism_blas_threads.py):
+OpenBLAS's second thread spins on busy cores; on idle cores a large GEMM
+would lose at most its thread speed-up. A BLAS library loaded after the
+switch (scipy's, by scipy.special) is not held; dtorch computes with
+numpy's. Normal mode never
 enters here. CuPy's cuBLAS is not a thread pool: see README.
 """
 import threading
