@@ -25,10 +25,9 @@ sys.path.insert(0, HERE)
 
 import dtorch as torch  # noqa: E402
 import dtorch.distributed as dist  # noqa: E402
-import dtorch.nn.functional as F  # noqa: E402
 from dtorch import _blas_threads, nn  # noqa: E402
 from dtorch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-from determinism import GPT, data  # noqa: E402
+from determinism import GPT, data, train_step  # noqa: E402
 
 
 def wide_mlp():
@@ -70,13 +69,7 @@ def step_ms(case, mode, steps):
         for s in range(steps + 3):
             if s == 3:
                 c, w = _cpu(), time.perf_counter()
-            out = ddp(x)
-            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]),
-                                   y.reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
-            opt.step()
+            train_step(ddp, opt, x, y)
         return ((_cpu() - c) / steps * 1e3,
                 (time.perf_counter() - w) / steps * 1e3)
     finally:

@@ -24,18 +24,20 @@ So the thread count is a parameter of the bits, and the one count every
 layout can have is 1: ``use_deterministic_algorithms(True)`` holds the BLAS
 pools (threadpoolctl, every BLAS library loaded) at one thread; the last
 holder's ``False`` (or the collection of a thread rank's flags, which
-holds one) gives back the counts it found. Forward, backward, the loss, clip_grad_norm_ and the optimizer all
-run in that window; the deterministic DDP step re-pins at each forward in
-case a script set the threads after the switch. Taking the hold costs
-0.8-1.6 ms once (threadpoolctl finds the libraries); the re-pin check is
-~1 us per forward. At 1 rank on the loaded 2-core VM (load 7-10) the held
-step took 0.03-0.11x the process CPU of the same step with 2 BLAS threads
-(GPT, GPT d 256, MLP 256 wide: benchmarks/determinism_blas_threads.py):
-OpenBLAS's second thread spins on busy cores; on idle cores a large GEMM
-would lose at most its thread speed-up. A BLAS library loaded after the
-switch (scipy's, by scipy.special) is not held; dtorch computes with
-numpy's. Normal mode never
-enters here. CuPy's cuBLAS is not a thread pool: see README.
+hold one) gives back the counts it found. Forward, backward, the loss,
+clip_grad_norm_ and the optimizer all run in that window; the
+deterministic DDP step re-pins at each forward in case a script set the
+threads after the switch. Normal mode never enters here.
+
+Cost: taking the hold 0.8-1.6 ms once (threadpoolctl finds the
+libraries); the re-pin check ~1 us per forward. At 1 rank on the loaded
+2-core VM (load 7-10) the held step took 0.03-0.11x the process CPU of the
+same step with 2 BLAS threads (GPT, GPT d 256, MLP 256 wide:
+benchmarks/determinism_blas_threads.py): OpenBLAS's second thread spins on
+busy cores; on idle cores a large GEMM would lose at most its thread
+speed-up. A BLAS library loaded after the switch (scipy's, by
+scipy.special) is not held; dtorch computes with numpy's. CuPy's cuBLAS is
+not a thread pool: see README.
 """
 import threading
 

@@ -3,7 +3,7 @@
 OpenBLAS threads a float32 GEMM from about 32 x 256 x 256 on, and the
 threaded product sums in another order than the 1-thread one (45% of the
 elements of a 32 x 256 x 256 product differ in the last bits; figures in
-nn/parallel/_blas_threads.py), so a 1-process run with 2 BLAS threads and a
+dtorch/_blas_threads.py), so a 1-process run with 2 BLAS threads and a
 2-process run with 1 thread each gave different bits. Under the switch the
 BLAS pool is pinned to one thread (and given back when it is turned off)."""
 import gc
@@ -79,9 +79,8 @@ def test_blas_thread_count_does_not_change_the_bits():
 
 def test_normal_mode_keeps_the_threads():
     with threadpool_limits(2, user_api="blas"):
-        _, used = train_wide(0, 1, steps=1, det=False) \
-            if dist.is_initialized() else dist.spawn_threads(
-                lambda r, w: train_wide(r, w, steps=1, det=False), 1)[0]
+        _, used = dist.spawn_threads(
+            lambda r, w: train_wide(r, w, steps=1, det=False), 1)[0]
     assert used == {2}
 
 
