@@ -17,7 +17,7 @@ from threadpoolctl import ThreadpoolController, threadpool_limits
 
 import dtorch as torch
 import dtorch.distributed as dist
-from dtorch import _blas_threads, nn
+from dtorch import nn
 from dtorch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -90,6 +90,7 @@ def test_hold_ends_with_the_thread_rank_and_repins():
     when its state is collected (its flags die with it: DDP's reference
     cycles wait for the collector); a count set after the switch is put
     back to one at the next deterministic forward."""
+    from dtorch import _blas_threads     # (here: the file runs on main)
     def rank(r, w):
         torch.use_deterministic_algorithms(True)
         inside = blas_threads()
