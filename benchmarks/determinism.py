@@ -138,6 +138,16 @@ def count_bytes(group):
     return moved
 
 
+def train_step(ddp, opt, x, y):
+    """One optimizer step: cross-entropy, clip_grad_norm_ 1.0, AdamW."""
+    out = ddp(x)
+    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+    opt.step()
+
+
 def train(rank, world, kind, det, steps, batch, shards=None,
           compiled=None):
     torch.use_deterministic_algorithms(det)
@@ -155,13 +165,7 @@ def train(rank, world, kind, det, steps, batch, shards=None,
     for epoch in range(10 ** 6):
         sampler.set_epoch(epoch)
         for x, y in loader:
-            out = ddp(x)
-            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]),
-                                   y.reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
-            opt.step()
+            train_step(ddp, opt, x, y)
             times.append(time.process_time())
             step += 1
             if step == 1:
@@ -240,13 +244,7 @@ def model_step(kind, mode, steps, shards):
     for s in range(steps + 3):          # 3 warm-up steps (the captures)
         if s == 3:
             t = time.thread_time()
-        out = ddp(x)
-        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]),
-                               y.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
-        opt.step()
+        train_step(ddp, opt, x, y)
     return (time.thread_time() - t) / steps * 1e3
 
 

@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from . import _backend as B
+from . import _blas_threads
 from . import _kernels
 from ._rank_local import RankLocal
 from .tensor import Tensor
@@ -123,6 +124,13 @@ def use_deterministic_algorithms(mode, *, warn_only=False):
     f = _flags.get()
     f["deterministic"] = mode
     f["warn_only"] = bool(warn_only)
+    # the BLAS thread count changes GEMM bits: one thread while on
+    # (dtorch/_blas_threads.py); given back by the last holder's False
+    hold = f.pop("blas_hold", None)
+    if mode:
+        f["blas_hold"] = hold or _blas_threads.Hold()
+    elif hold is not None:
+        hold.release()
 
 
 def are_deterministic_algorithms_enabled():

@@ -38,6 +38,8 @@ LAYERS = {
     'dtorch._env': 0, 'dtorch._meta': 0, 'dtorch._rank_local': 0,
     # the compiled CPU kernels on raw arrays (numba, optional)
     'dtorch._kernels': 0,
+    # the BLAS thread pools' hold under the deterministic switch
+    'dtorch._blas_threads': 0,
     # 1 Function (ctx), the backward engine, grad modes, gradcheck
     'dtorch.autograd': 1,
     # 2 every differentiable op

@@ -40,6 +40,12 @@ is removed here:
    generator, the global shard index), so a sample's mask does not depend
    on which rank holds it, and every rank's generator advances alike.
 
+4. **BLAS threads.** OpenBLAS's threaded GEMM sums in another order than
+   its 1-thread one (45% of a 32 x 256 x 256 float32 product's elements
+   differ), so the switch holds the BLAS pools at one thread
+   (``dtorch/_blas_threads.py``, with the figures) and each forward here
+   re-pins them in case a script set the count after the switch.
+
 SyncBatchNorm needs all shards at once: a rank's shards then run in
 lockstep threads and meet at each one (``_lockstep.py``). FSDP reuses this
 step through the hooks at the end of ``DeterministicStep``
@@ -53,6 +59,7 @@ import numpy as np
 
 from ... import distributed as dist
 from ... import random as _random
+from ... import _blas_threads
 from ... import _compile
 from ..._backend import get_array_module
 from ..._creation import stack
@@ -102,6 +109,11 @@ class DeterministicStep:
         # plain batch norm in training normalises over the rank's batch,
         # whose split depends on the world size; SyncBatchNorm's shards
         # meet in lockstep (``_lockstep``) and normalise over the global one
+        if not _blas_threads.available():
+            _refuse("deterministic DDP: the BLAS thread count changes the "
+                    "bits of a GEMM and threadpoolctl, which holds it at "
+                    "one thread under the switch, is not installed (pip "
+                    "install threadpoolctl)")
         self.norms = [(name, m) for name, m in ddp.module.named_modules()
                       if isinstance(m, _BatchNorm)]
         self.syncs = [m for m in ddp.module.modules()
@@ -132,6 +144,7 @@ class DeterministicStep:
         return int(key[0])
 
     def forward(self, inputs, kwargs):
+        _blas_threads.repin()
         k = self.shards // self.world          # shards on this rank
         n = _batch_rows(inputs, kwargs)
         if n % k:
