@@ -413,8 +413,11 @@ def once_differentiable(fn):
     differentiating its result again raises naming the function. An
     array op (``dtorch/ops``) without this mark has one backward body for
     both orders."""
-    fn._once_differentiable = True
-    return fn
+    @functools.wraps(fn)
+    def once(ctx, *grads):       # a new function: fn itself stays unmarked
+        return fn(ctx, *grads)
+    once._once_differentiable = True
+    return once
 
 
 def _first_order_only(node, grads, make):

@@ -16,6 +16,7 @@ import dtorch
 import dtorch.nn.functional as F
 from dtorch.autograd import grad, gradgradcheck
 from dtorch.autograd import functional as AF
+from dtorch.autograd.function import once_differentiable
 
 f64 = dtorch.float64
 
@@ -202,23 +203,37 @@ def test_tensor_hooks_see_the_differentiable_gradient():
     np.testing.assert_allclose(g2.numpy(), [12.0, 24.0])
 
 
+class Cube(dtorch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return g * 3 * x * x
+
+
+class OnceCube(Cube):
+    """Cube with PyTorch's @once_differentiable backward."""
+    backward = staticmethod(once_differentiable(Cube.backward))
+
+
 def test_custom_function_backward_is_differentiated():
-    class Cube(dtorch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x ** 3
-
-        @staticmethod
-        def backward(ctx, g):
-            x, = ctx.saved_tensors
-            return g * 3 * x * x
-
     x = _t([0.5, -2.0])
     g, = grad(Cube.apply(x).sum(), x, create_graph=True)
     g2, = grad(g.sum(), x)
     np.testing.assert_allclose(g2.numpy(), [3.0, -12.0])
     assert gradgradcheck(Cube.apply, (x,))
+
+
+def test_once_differentiable_user_function():
+    x = dtorch.tensor([2.0], requires_grad=True)
+    (g,) = grad(OnceCube.apply(x).sum(), x, create_graph=True)
+    assert g.tolist() == [12.0] and g.requires_grad
+    with pytest.raises(RuntimeError, match="OnceCube"):
+        g.sum().backward()
 
 
 def test_op_without_double_backward_names_itself():

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import dtorch
-from dtorch.autograd.function import once_differentiable
 from dtorch.ops import _tnp
 from dtorch.ops.base import Op, grad_xp
 
@@ -154,26 +153,6 @@ def test_grad_xp_is_the_array_module_or_the_tensor_namespace():
     assert isinstance(w, dtorch.Tensor) and w.tolist() == [1.0, 0.0, 1.0]
     with pytest.raises(AttributeError, match="tensor namespace.*'polyval'"):
         ns.polyval
-
-
-def test_once_differentiable_user_function():
-    class Cube(dtorch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x ** 3
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return g * 3 * x ** 2
-
-    x = dtorch.tensor([2.0], requires_grad=True)
-    (g,) = dtorch.autograd.grad(Cube.apply(x).sum(), x, create_graph=True)
-    assert g.tolist() == [12.0] and g.requires_grad
-    with pytest.raises(RuntimeError, match="Cube"):
-        g.sum().backward()
 
 
 def test_array_ops_without_mark_have_one_body_or_a_graph_body():
