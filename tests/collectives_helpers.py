@@ -18,8 +18,11 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tests/ (the shared helpers) and the checkout above it: run as a script
+# under an editable install, a rank would otherwise import tests/collectives
+# and tests/launch (namespace directories) as the packages of those names
+sys.path[:0] = [_TESTS, os.path.dirname(_TESTS)]
 import collectives  # noqa: E402
 from collectives import (CollectiveTimeoutError,  # noqa: E402
                          RankFailureError)

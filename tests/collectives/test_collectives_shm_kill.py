@@ -16,8 +16,11 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))  # tests/: the shared helpers (also run as a script)
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tests/ (the shared helpers) and the checkout above it: run as a script
+# under an editable install, a rank would otherwise import tests/collectives
+# and tests/launch (namespace directories) as the packages of those names
+sys.path[:0] = [_TESTS, os.path.dirname(_TESTS)]
 from helpers import free_port, mpi_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(

@@ -20,8 +20,11 @@ from dtorch.distributed.tensor.experimental import (
     context_parallel, context_parallel_unshard, set_rotate_method)
 from dtorch.distributed.tensor.experimental import _ring
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))  # tests/: the shared helpers (also run as a script)
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tests/ (the shared helpers) and the checkout above it: run as a script
+# under an editable install, a rank would otherwise import tests/collectives
+# and tests/launch (namespace directories) as the packages of those names
+sys.path[:0] = [_TESTS, os.path.dirname(_TESTS)]
 from helpers import finish, start_tcp_ranks  # noqa: E402
 
 TOL = {np.float64: 1e-10, np.float32: 1e-5}

@@ -18,8 +18,11 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))  # tests/: the shared helpers (also run as a script)
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tests/ (the shared helpers) and the checkout above it: run as a script
+# under an editable install, a rank would otherwise import tests/collectives
+# and tests/launch (namespace directories) as the packages of those names
+sys.path[:0] = [_TESTS, os.path.dirname(_TESTS)]
 from helpers import finish, start_tcp_ranks  # noqa: E402
 
 if __name__ != "__main__" and ("OMPI_COMM_WORLD_SIZE" in os.environ

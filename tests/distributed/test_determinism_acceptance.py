@@ -17,8 +17,11 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tests/ (the shared helpers) and the checkout above it: run as a script
+# under an editable install, a rank would otherwise import tests/collectives
+# and tests/launch (namespace directories) as the packages of those names
+sys.path[:0] = [_TESTS, os.path.dirname(_TESTS)]
 
 import dtorch as torch  # noqa: E402
 import dtorch.distributed as dist  # noqa: E402

@@ -14,8 +14,11 @@ if __name__ != "__main__" and ("OMPI_COMM_WORLD_SIZE" in os.environ
     pytest.skip("single-process tests; not run under mpiexec",
                 allow_module_level=True)
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))  # tests/: the shared helpers (also run as a script)
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tests/ (the shared helpers) and the checkout above it: run as a script
+# under an editable install, a rank would otherwise import tests/collectives
+# and tests/launch (namespace directories) as the packages of those names
+sys.path[:0] = [_TESTS, os.path.dirname(_TESTS)]
 from launch_scripts.harness import launch  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)

@@ -40,3 +40,20 @@ def test_package_is_a_plain_directory(package):
     # an __init__.py would make tests/collectives shadow collectives/
     assert not os.path.exists(os.path.join(TESTS, package, "__init__.py"))
     assert any(d == package for d, _ in _test_files())
+
+
+def test_scripts_that_put_tests_on_the_path_put_the_checkout_too():
+    """tests/collectives and tests/launch are namespace directories: a test
+    file run as a rank script with tests/ on sys.path but not the checkout
+    imports them as `collectives` / `launch` under an editable install (its
+    finder comes after sys.path): every rank of CI's fresh install failed
+    with "cannot import name ... from 'collectives' (unknown location)"."""
+    bad = []
+    for d, f in _test_files():
+        src = open(os.path.join(TESTS, d, f)).read()
+        if "__main__" in src and "sys.path" in src and \
+                "os.path.dirname(_TESTS)" not in src and \
+                "sys.path.insert(0, ROOT)" not in src and \
+                "os.path.dirname(TESTS)" not in src:
+            bad.append(f"{d}/{f}")
+    assert not bad, bad
