@@ -37,8 +37,11 @@ MODEL_OPTIONS = ("--n-layer", "--n-head", "--d-model", "--block-size",
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=gpt.HelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=gpt.HelpFormatter,
+        epilog="and gpt.py's " + ", ".join(MODEL_OPTIONS)
+        + " (python examples/gpt.py --help)")
     ap.add_argument("--epochs", type=int, default=4, help="epochs to train")
     ap.add_argument("--windows", type=int, default=768,
                     help="training windows per epoch")

@@ -259,3 +259,43 @@ def test_ddp_digits_sigusr1_to_one_rank_checkpoints_all(tmp_path):
                        os.path.join(EX, "ddp_digits.py"), "--epochs", "3",
                        "--quiet", "--checkpoint", ck, "--resume"])
     assert "resuming from" in resumed and "samples of epoch" in resumed
+
+
+def test_elastic_gpt_survives_a_sigkill_and_refuses_tp(tmp_path):
+    # examples/elastic_gpt.py: gpt.py's GPT (tied embedding/head weights,
+    # which the elastic state transfer and DDP re-wrap must keep tied)
+    # under dtorch-launch --elastic; rank 1 SIGKILLed in epoch 2
+    import signal
+    ex = os.path.join(EX, "elastic_gpt.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               PYTHONPATH=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launch", "--elastic", "2:3",
+         "--nproc-per-node", "3", ex, "--epochs", "2", "--windows", "120",
+         "--batch-size", "12", "--n-layer", "1", "--n-head", "2",
+         "--d-model", "16", "--block-size", "16", "--lr", "1e-2"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)
+    try:
+        seen = ""
+        while "epoch  1 " not in seen:
+            line = proc.stdout.readline()
+            assert line, seen + proc.stderr.read()
+            seen += line
+        ranks = _children_by_rank(proc.pid)
+        assert sorted(ranks) == [0, 1, 2], ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, seen + out + err
+    assert "lost rank 1" in err and "new world size 2 (was 3)" in err, err
+    loss, uniform = map(float, re.findall(
+        r"final val loss ([\d.]+) \(uniform: ([\d.]+)\) on 2 ranks", out)[0])
+    assert loss < uniform - 0.3, out
+    p = subprocess.run([sys.executable, ex, "--tp", "2"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "--tp is not supported" in p.stderr \
+        and "plain data parallelism" in p.stderr, p.stderr
