@@ -96,6 +96,8 @@ def one_run(victim, nproc, epochs, extra=(), example=EXAMPLES["digits"],
         res["join_start_to_first_step_s"] = j["t_step"] - t_join
         res["join_register_to_first_step_s"] = j["t_step"] - j["t_register"]
         res["join_register_to_formed_s"] = j["t_formed"] - j["t_register"]
+    # the first epoch's seconds: is the kill (``delay`` after it) mid-epoch?
+    res["epoch_1"] = first.strip()
     res["final"] = [ln for ln in out.splitlines() if "final" in ln]
     if joiner.returncode:
         res["join_err"] = joiner.stderr[-600:]

@@ -1,5 +1,6 @@
-"""examples/gpt.py's GPT as an elastic data-parallel job: ranks may die and
-join while it trains.
+"""examples/gpt.py's GPT, trained as an elastic data-parallel job.
+
+Ranks may die and join while it trains:
 
     dtorch-launch --elastic 2:4 --nproc-per-node 3 examples/elastic_gpt.py
     dtorch-launch --join --master-port PORT examples/elastic_gpt.py
