@@ -271,9 +271,10 @@ def test_ddp_digits_sigusr1_to_one_rank_checkpoints_all(tmp_path):
 
 
 def test_elastic_gpt_survives_a_sigkill_and_refuses_tp(tmp_path):
-    # examples/elastic_gpt.py: gpt.py's GPT (tied embedding/head weights,
-    # which the elastic state transfer and DDP re-wrap must keep tied)
-    # under dtorch-launch --elastic; rank 1 SIGKILLed in epoch 2
+    # examples/elastic_gpt.py under dtorch-launch --elastic, rank 1
+    # SIGKILLed in epoch 2: a transformer with tied embedding/head weights
+    # through the state transfer and the DDP re-wrap (tests/launch/
+    # test_elastic.py's schedules use an MLP)
     ex = os.path.join(EX, "elastic_gpt.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                PYTHONPATH=ROOT)
