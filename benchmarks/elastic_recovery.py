@@ -1,10 +1,11 @@
 """Elastic training (issue 27): seconds from a SIGKILL to the first step the
 survivors complete, and from starting a joiner to its first step.
 
-    python benchmarks/elastic_recovery.py [--runs 3] [--nproc 3]
+    python benchmarks/elastic_recovery.py [--runs 3] [--nproc 3] [--example gpt]
 
 Runs ``dtorch-launch --elastic 2:4 --nproc-per-node N
-examples/elastic_digits.py`` on loopback, SIGKILLs one rank (a different
+examples/elastic_digits.py`` (``--example gpt``: examples/elastic_gpt.py)
+on loopback, SIGKILLs one rank (a different
 one each run, rank 0 included) once training is under way, then starts a
 ``dtorch-launch --join`` and lets the job finish. The ranks' trace
 (DTORCH_ELASTIC_TRACE) gives when each survivor saw the failure, had the
@@ -25,10 +26,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(ROOT, "examples", "elastic_digits.py")
+EXAMPLES = {name: os.path.join(ROOT, "examples", f"elastic_{name}.py")
+            for name in ("digits", "gpt")}
 
 
-def _children(pid):
+def _children(pid, script):
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -41,7 +43,7 @@ def _children(pid):
         except OSError:
             continue
         ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-        if ppid == pid and b"elastic_digits" in cmd:
+        if ppid == pid and os.fsencode(script) in cmd:
             out.append(int(name))
     return sorted(out)
 
@@ -52,12 +54,13 @@ def _port():
         return s.getsockname()[1]
 
 
-def one_run(victim, nproc, epochs, extra=()):
+def one_run(victim, nproc, epochs, extra=(), example=EXAMPLES["digits"],
+            delay=0.0):
     trace = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False).name
     port = _port()
     env = dict(os.environ, PYTHONPATH=ROOT, DTORCH_ELASTIC_TRACE=trace,
                DTORCH_RDZV_TOKEN=f"bench-{port}")
-    args = [EXAMPLE, "--epochs", str(epochs)] + list(extra)
+    args = [example, "--epochs", str(epochs)] + list(extra)
     host = subprocess.Popen(
         [sys.executable, "-m", "launch", "--elastic", "2:4",
          "--nproc-per-node", str(nproc), "--master-port", str(port)] + args,
@@ -67,7 +70,8 @@ def one_run(victim, nproc, epochs, extra=()):
     first = host.stdout.readline()
     while first and "epoch" not in first:
         first = host.stdout.readline()
-    pids = _children(host.pid)
+    pids = _children(host.pid, example)
+    time.sleep(delay)                   # into the next epoch
     t_kill = time.time()
     os.kill(pids[victim], signal.SIGKILL)
     time.sleep(0.5)
@@ -92,6 +96,8 @@ def one_run(victim, nproc, epochs, extra=()):
         res["join_start_to_first_step_s"] = j["t_step"] - t_join
         res["join_register_to_first_step_s"] = j["t_step"] - j["t_register"]
         res["join_register_to_formed_s"] = j["t_formed"] - j["t_register"]
+    # the first epoch's seconds: is the kill (``delay`` after it) mid-epoch?
+    res["epoch_1"] = first.strip()
     res["final"] = [ln for ln in out.splitlines() if "final" in ln]
     if joiner.returncode:
         res["join_err"] = joiner.stderr[-600:]
@@ -135,19 +141,30 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--nproc", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--example", choices=sorted(EXAMPLES), default="digits")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="default: 20 (digits), 4 (gpt)")
+    ap.add_argument("--kill-delay", type=float, default=None,
+                    help="seconds from rank 0's first epoch line to the "
+                         "kill (default: 0 digits, 1 gpt: mid-epoch)")
     ap.add_argument("--zero", action="store_true",
                     help="the example with ZeRO-1 (buddy replicas)")
     ap.add_argument("--overhead", action="store_true",
                     help="only the per-step cost of the join check")
     a = ap.parse_args()
-    print("load:", os.getloadavg())
+    if a.zero and a.example != "digits":
+        ap.error("--zero: only with --example digits")
+    print("load:", os.getloadavg(), "example:", a.example)
     if a.overhead:
         print(overhead(a.nproc))
         return
     for k in range(a.runs):
-        print(json.dumps(one_run(k % a.nproc, a.nproc, a.epochs,
-                                 ["--zero"] if a.zero else [])),
+        epochs = a.epochs or {"digits": 20, "gpt": 4}[a.example]
+        print(json.dumps(one_run(k % a.nproc, a.nproc, epochs,
+                                 ["--zero"] if a.zero else [],
+                                 EXAMPLES[a.example],
+                                 a.kill_delay if a.kill_delay is not None
+                                 else float(a.example == "gpt"))),
               flush=True)
     print("load:", os.getloadavg())
 

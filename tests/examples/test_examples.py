@@ -3,6 +3,7 @@ checkpoints and resumes; ddp_digits.py trains under mpiexec -n 2."""
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -225,20 +226,14 @@ def _children_by_rank(pid):
     return ranks
 
 
-def test_ddp_digits_sigusr1_to_one_rank_checkpoints_all(tmp_path):
-    # SLURM's warning reaches the ranks at different steps (here: only
-    # rank 1 gets it); they must agree on the step, save and exit 0, not
-    # leave rank 0 alone in a collective
-    import signal
-    import time
-    ck = str(tmp_path / "usr1.st")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               DTORCH_COLLECTIVE_TIMEOUT="60")
+def _signal_one_rank(args, env, rank, sig, nranks):
+    """Start ``dtorch-launch ARGS``; once rank 0 printed its first epoch,
+    send ``sig`` to rank ``rank``'s process: (code, stdout, stderr) of the
+    launcher (its session killed if it is still running at the end)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launch", "--nproc-per-node", "2",
-         os.path.join(EX, "ddp_digits.py"), "--epochs", "100", "--quiet",
-         "--checkpoint", ck], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        [sys.executable, "-m", "launch"] + args, cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
     try:
         seen = ""
         while "epoch  1 " not in seen:
@@ -246,16 +241,54 @@ def test_ddp_digits_sigusr1_to_one_rank_checkpoints_all(tmp_path):
             assert line, seen + proc.stderr.read()
             seen += line
         ranks = _children_by_rank(proc.pid)
-        assert sorted(ranks) == [0, 1], ranks
-        os.kill(ranks[1], signal.SIGUSR1)
+        assert sorted(ranks) == list(range(nranks)), ranks
+        os.kill(ranks[rank], sig)
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 0, seen + out + err
+    return proc.returncode, seen + out, err
+
+
+def test_ddp_digits_sigusr1_to_one_rank_checkpoints_all(tmp_path):
+    # SLURM's warning reaches the ranks at different steps (here: only
+    # rank 1 gets it); they must agree on the step, save and exit 0, not
+    # leave rank 0 alone in a collective
+    ck = str(tmp_path / "usr1.st")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               DTORCH_COLLECTIVE_TIMEOUT="60")
+    code, out, err = _signal_one_rank(
+        ["--nproc-per-node", "2", os.path.join(EX, "ddp_digits.py"),
+         "--epochs", "100", "--quiet", "--checkpoint", ck], env, 1,
+        signal.SIGUSR1, 2)
+    assert code == 0, out + err
     assert "SIGUSR1: checkpointed" in out
     resumed = _launch(["--nproc-per-node", "2",
                        os.path.join(EX, "ddp_digits.py"), "--epochs", "3",
                        "--quiet", "--checkpoint", ck, "--resume"])
     assert "resuming from" in resumed and "samples of epoch" in resumed
+
+
+def test_elastic_gpt_survives_a_sigkill_and_refuses_tp(tmp_path):
+    # examples/elastic_gpt.py under dtorch-launch --elastic, rank 1
+    # SIGKILLed in epoch 2: a transformer with tied embedding/head weights
+    # through the state transfer and the DDP re-wrap (tests/launch/
+    # test_elastic.py's schedules use an MLP)
+    ex = os.path.join(EX, "elastic_gpt.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               PYTHONPATH=ROOT)
+    code, out, err = _signal_one_rank(
+        ["--elastic", "2:3", "--nproc-per-node", "3", ex, "--epochs", "2",
+         "--windows", "120", "--batch-size", "12", "--n-layer", "1",
+         "--n-head", "2", "--d-model", "16", "--block-size", "16", "--lr",
+         "1e-2"], env, 1, signal.SIGKILL, 3)
+    assert code == 0, out + err
+    assert "lost rank 1" in err and "new world size 2 (was 3)" in err, err
+    loss, uniform = map(float, re.findall(
+        r"final val loss ([\d.]+) \(uniform: ([\d.]+)\) on 2 ranks", out)[0])
+    assert loss < uniform - 0.3, out
+    p = subprocess.run([sys.executable, ex, "--tp", "2"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "--tp is not supported" in p.stderr \
+        and "plain data parallelism" in p.stderr, p.stderr
