@@ -88,11 +88,12 @@ class Namespace:
         return a if dtype is None else self.astype(a, dtype)
 
     def _dt(self, dtype, like=None):
+        """NumPy dtype ``dtype``, else that of ``like`` (a tensor or an
+        array), else that of the gradient the namespace is bound to."""
         if dtype is not None:
             return _np_dtype(dtype)
-        return (like if like is not None else self.like)._data.dtype \
-            if hasattr(like if like is not None else self.like, "_data") \
-            else like.dtype
+        ref = self.like if like is None else like
+        return getattr(ref, "_data", ref).dtype
 
     # --------------------------------------------------- arithmetic --
     def add(self, a, b):
