@@ -351,14 +351,7 @@ def float32_compute(cls):
 # both orders (issue 30): ``grad_xp``, ``unbroadcast``, ``keep_grad``,
 # ``astype`` and ``zero_link`` take an array or a gradient tensor, and
 # ``ctx.const`` brings a constant array in. ``unbroadcast_t`` and
-# ``zero_link_t`` are their tensor halves; ``const`` and ``keep_grad_t``
-# are the forms of the remaining ``backward_graph`` bodies only: delete
-# them with the last of those.
-
-def const(like, a):
-    """Array ``a`` as a tensor that needs no gradient (made like ``like``)."""
-    return like._make(a, False, None)
-
+# ``zero_link_t`` are their tensor halves.
 
 # dtorch/ops/_tnp.py's Namespace, set when it is imported (ops/__init__):
 # the tensor namespace sits above the op families it is written with
@@ -400,12 +393,6 @@ def unbroadcast_t(g, shape, dtype=None):
     if dtype is not None and g._data.dtype != dtype:
         g = _tensor_namespace(g).astype(g, dtype)
     return g
-
-
-def keep_grad_t(cond, g):
-    """g where ``cond`` (an array), else 0, differentiable in g; NaN and
-    inf in g are dropped where cond is False, as ``keep_grad``."""
-    return _tensor_namespace(g).where(cond, g, 0.0)
 
 
 class ZeroLink(Op):
