@@ -66,6 +66,7 @@ import weakref
 
 import numpy as np
 
+from .. import _settings
 from .. import random as _random
 from ..autograd import function as _fn
 from ..autograd.grad_mode import _state
@@ -109,10 +110,7 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
     if mode not in _MODES:
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: "
                            f"{', '.join(str(m) for m in _MODES[1:])}")
-    if options:
-        raise RuntimeError(
-            f"dtorch.compile: options are inductor's and dtorch has none "
-            f"(got {sorted(options)})")
+    fuse = _fuse_option(options)
     if dynamic and not _dynamic_warned[0]:
         _dynamic_warned[0] = True
         warnings.warn("dtorch.compile(dynamic=True): dtorch has no symbolic "
@@ -124,13 +122,13 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
             return m
         eager = backend == "eager"
         if _is_module(m):
-            comp = _compile_module(m, fullgraph, eager)
+            comp = _compile_module(m, fullgraph, eager, fuse=fuse)
             return _optimized_module(type(m))(m, comp)
         if not callable(m):
             raise RuntimeError(f"dtorch.compile: expected a callable or a "
                                f"Module, got {type(m).__name__}")
         return _Compiled(m, None, fullgraph, eager,
-                         getattr(m, "__qualname__", repr(m)))
+                         getattr(m, "__qualname__", repr(m)), fuse)
     return wrap if model is None else wrap(model)
 
 
@@ -141,10 +139,27 @@ def compile_in_place(module, fullgraph=False, dynamic=None,
     compile(lambda m: m, fullgraph=fullgraph, dynamic=dynamic,
             backend=backend, mode=mode, options=options)   # validation
     if not disable:
-        _compile_module(module, fullgraph, backend == "eager", True)
+        _compile_module(module, fullgraph, backend == "eager", True,
+                        _fuse_option(options))
 
 
-def _compile_module(m, fullgraph, eager, in_place=False):
+def _fuse_option(options):
+    """``options={"fuse": True | "exact" | False}`` (fuse.py): elementwise
+    fusion on (the default), only where it is bitwise equal to eager, or
+    off. Other keys are inductor's, which dtorch has not."""
+    options = dict(options or {})
+    fuse = options.pop("fuse", True)
+    if options:
+        raise RuntimeError(
+            f"dtorch.compile: options are inductor's and dtorch has none "
+            f"but 'fuse' (got {sorted(options)})")
+    if fuse not in (True, False, "exact"):
+        raise RuntimeError(f"dtorch.compile: options['fuse'] must be True, "
+                           f"False or 'exact', got {fuse!r}")
+    return fuse
+
+
+def _compile_module(m, fullgraph, eager, in_place=False, fuse=True):
     """What a call of the compiled ``m`` runs: the compiled call of ``m``
     (hooks included, as torch's OptimizedModule), or, in place, a compiled
     forward in ``m.__dict__``. DDP's own forward stays eager (it prepares
@@ -156,9 +171,9 @@ def _compile_module(m, fullgraph, eager, in_place=False):
         if not isinstance(c, _Compiled):
             c = inner.__dict__["forward"] = _Compiled(
                 type(inner).forward.__get__(inner), inner, fullgraph, eager,
-                type(inner).__name__)
+                type(inner).__name__, fuse)
         return m if inner is not m else c
-    return _Compiled(m, m, fullgraph, eager, type(m).__name__)
+    return _Compiled(m, m, fullgraph, eager, type(m).__name__, fuse)
 
 
 def reset():
@@ -352,8 +367,9 @@ def _autocast_key():
 class _Compiled:
     """A compiled callable: a cache of guard key -> captured program."""
 
-    def __init__(self, fn, module, fullgraph, eager, name):
+    def __init__(self, fn, module, fullgraph, eager, name, fuse=True):
         self.fn = fn
+        self.fuse = fuse
         self.module = module
         self.fullgraph = fullgraph
         self.eager = eager
@@ -422,7 +438,8 @@ class _Compiled:
             tree = _flatten((args, kwargs), leaves)
             tensors = [x for x in leaves if isinstance(x, T)]
             leaf_keys = tuple(map(_leaf_key, leaves))
-        key = (tree, leaf_keys, _state.enabled, _autocast_key(), modes)
+        key = (tree, leaf_keys, _state.enabled, _autocast_key(), modes,
+               _settings.are_deterministic_algorithms_enabled())
         e = self.cache.get(key)
         if e is None:
             if len(self.cache) >= config.cache_size_limit:
@@ -464,7 +481,7 @@ class _Compiled:
             mods = _referenced_modules(self.fn)
             self.segment = [(m, _Compiled(type(m).forward.__get__(m), m,
                                           self.fullgraph, False,
-                                          type(m).__name__))
+                                          type(m).__name__, self.fuse))
                             for m in mods if "forward" not in m.__dict__]
             self.cache.clear()
             why = ", ".join(tr.effects) or tr.fail
@@ -495,6 +512,7 @@ class _Compiled:
                 e.reason = res
                 self._note("fallbacks", f"{self.name}: {res}")
             else:
+                self._fuse(res)
                 e.program, e.tree = res, tree
                 e.meta = [(t, t._data.shape, t._data.dtype, type(t._data),
                            t.requires_grad) for t in res.live_tensors]
@@ -502,12 +520,24 @@ class _Compiled:
                 self._note("programs", f"{self.name}: {res.n_ops} ops")
         return out
 
+    def _fuse(self, prog):
+        # after the validation: that replay is the unfused program's, bit
+        # for bit; the fused one differs only where fuse.py says it may
+        if not self.fuse:
+            return
+        exact = self.fuse == "exact" or \
+            _settings.are_deterministic_algorithms_enabled()
+        n = prog.fuse(exact)
+        if n:
+            self._note("fused", f"{self.name}: {n} groups of "
+                       f"{sum(g.n_ops for g in prog.groups)} ops")
+
     def __deepcopy__(self, memo):
         # a copied module gets a compiled forward of its own (copy.deepcopy
         # has put the module's copy in memo before copying its __dict__)
         return _Compiled(copy.deepcopy(self.fn, memo),
                          memo.get(id(self.module), self.module),
-                         self.fullgraph, self.eager, self.name)
+                         self.fullgraph, self.eager, self.name, self.fuse)
 
     def _registrations(self, tensors):
         where = {}
@@ -618,7 +648,7 @@ def _bind(c, obj):
     bound = d.get(key) if d is not None else None
     if bound is None:
         bound = _Compiled(c.fn.__get__(obj), obj if _is_module(obj) else
-                          None, c.fullgraph, c.eager, c.name)
+                          None, c.fullgraph, c.eager, c.name, c.fuse)
         if d is not None:
             d[key] = bound
     return bound

@@ -201,8 +201,10 @@ class Program:
         self.live_tensors = [t for _, t in live]
         self.outs = outs
         self.n_ops = sum(1 for s in tr.steps if s[0] == "op")
-        self.graph_steps = [i for i, s in enumerate(tr.steps)
-                            if s[0] == "op" and s[4] in tr.graph]
+        self.meta = tr.meta
+        self.graph = tr.graph
+        self.groups = []         # fused groups (fuse.py), after fuse()
+        self.graph_steps = self._graph_steps()
         # the outputs that carry the graph: node output nr k is graph_outs[k]
         self.graph_outs = [o[1] for o in outs if o[0] == "t" and o[2]]
         kinds = {s: ("in", k) for k, s in enumerate(tr.inputs)}
@@ -218,7 +220,30 @@ class Program:
         self.leaf_live = [k[1] for _, k in self.leaves if k[0] == "live"]
         self.backwards = {}
         self.source = []
+        self._consts = consts
         self.forward = self._gen_forward(consts)
+
+    def _graph_steps(self):
+        return [i for i, s in enumerate(self.steps)
+                if (s[0] == "op" and s[4] in self.graph)
+                or (s[0] == "fused" and s[1].graph)]
+
+    def fuse(self, exact):
+        """Runs of elementwise ops become fused kernels (fuse.py);
+        ``exact``: only ops whose kernels round as NumPy does. Returns the
+        number of groups."""
+        from . import fuse as _fuse
+        keep = {o[1] for o in self.outs if o[0] == "t"}
+        steps, groups = _fuse.plan(self.steps, self.meta, keep, _reads,
+                                   exact)
+        if groups:
+            self.steps = steps
+            self.groups = groups
+            self.graph_steps = self._graph_steps()
+            self.backwards = {}
+            self.source = []
+            self.forward = self._gen_forward(self._consts)
+        return len(groups)
 
     # ---------------------------------------------------------- codegen --
     def _gen_forward(self, consts):
@@ -271,6 +296,15 @@ class Program:
                          f"out=v{t}, casting='same_kind')")
                 if t in live_idx:
                     L.append(f"    L[{live_idx[t]}]._bump_version()")
+            elif kind == "fused":
+                g = st[1]
+                ns[f"G{i}"] = g.forward
+                outs = [f"v{s}" for s in g.outside]
+                if g.graph:
+                    outs.append(f"c{i}")
+                    ctxs.append(f"c{i}")
+                ins = ", ".join(f"v{s}" for s in g.ext)
+                L.append(f"    {', '.join(outs)}, = G{i}({ins})")
             elif kind == "bump":
                 if st[1] in live_idx:
                     L.append(f"    L[{live_idx[st[1]]}]._bump_version()")
@@ -293,6 +327,11 @@ class Program:
         ops = []
         for i in reversed(self.graph_steps):
             st = steps[i]
+            if st[0] == "fused":
+                if any(s in reached for s in st[1].entries):
+                    ops.append(i)
+                    reached.update(t for _, _, t in st[1].contribs)
+                continue
             if st[4] in reached:
                 ops.append(i)
                 for p, n in zip(st[2], st[5]):
@@ -308,6 +347,17 @@ class Program:
                 L.append(f"    g{s} = G[{k}] if g{s} is None "
                          f"else g{s} + G[{k}]")
         for i in ops:
+            if steps[i][0] == "fused":
+                g = steps[i][1]
+                ns[f"H{i}"] = g.backward
+                ent = "".join((f"g{s}" if s in reached else "None") + ", "
+                              for s in g.entries)
+                L.append(f"    r = H{i}(c{i}, ({ent}))")
+                for k, (_, _, t) in enumerate(g.contribs):
+                    L.append(f"    x = r[{k}]")
+                    L.append(f"    if x is not None: "
+                             f"g{t} = x if g{t} is None else g{t} + x")
+                continue
             _, cls, specs, _, slot, needs, _ = steps[i]
             ns[f"B{i}"] = cls.backward
             L.append(f"    if g{slot} is not None:")
@@ -415,4 +465,6 @@ def _reads(st):
         return [st[2]] + ([st[3][1]] if st[3][0] in "sr" else [])
     if kind == "copy":
         return [st[1], st[2]]
+    if kind == "fused":
+        return list(st[1].ext)
     return []

@@ -66,6 +66,7 @@ class Trace:
         self.slot_of = {}        # id(array) -> slot
         self.keep = []           # every array seen: ids stay unique
         self.nslots = 0
+        self.meta = {}           # slot -> (shape, dtype, array type)
         self.live = []           # (slot, tensor) read from outside
         self.steps = []
         self.graph = set()       # slots of op outputs that require grad
@@ -81,6 +82,8 @@ class Trace:
         self.nslots += 1
         self.slot_of[id(a)] = s
         self.keep.append(a)
+        self.meta[s] = (getattr(a, "shape", None), getattr(a, "dtype", None),
+                        type(a))
         return s
 
     def tensor_slot(self, t):
