@@ -51,8 +51,15 @@ The design, and why:
   break and its line. ``dtorch.compiler.explain`` lists captures, breaks,
   recaptures and fallbacks.
 
-Left out: symbolic shapes (each shape is its own capture), fusion of
-elementwise chains (each op still makes its NumPy pass), CUDA graphs;
+- **Fusion** (``fuse.py``, after the validation above): runs of
+  elementwise ops become one numba kernel (CPU) or one ``cupy.fuse``
+  kernel (CUDA) forward and one backward. ``options={"fuse": True}`` (the
+  default) fuses transcendental functions too (a few ulp from NumPy's);
+  ``"exact"``, and the default under
+  ``dtorch.use_deterministic_algorithms(True)``, only ops that round as
+  NumPy does (bitwise equal to eager); ``False`` none.
+
+Left out: symbolic shapes (each shape is its own capture), CUDA graphs;
 double backward through a compiled call raises (naming it), as for any op
 without a second derivative.
 """
@@ -704,7 +711,8 @@ def _compiled_of(obj):
 class ExplainOutput:
     """``explain``'s answer (torch._dynamo's ExplainOutput's names where
     they mean the same): ``graph_count`` programs, ``graph_break_count``,
-    ``break_reasons``, ``op_count``, plus ``captures``, ``recaptures``,
+    ``break_reasons``, ``op_count``, plus ``fused_groups`` and
+    ``fused_ops`` (elementwise fusion), ``captures``, ``recaptures``,
     ``replays``, ``fallbacks`` (with reasons) and ``log``."""
 
     def __init__(self, c):
@@ -722,9 +730,11 @@ class ExplainOutput:
                               if x.startswith("breaks: ")]
         self.fallback_reasons = [x[len("fallbacks: "):] for x in self.log
                                  if x.startswith("fallbacks: ")]
-        self.op_count = sum(e.program.n_ops for cc in [c] + subs
-                            for e in cc.cache.values()
-                            if e.program is not None)
+        progs = [e.program for cc in [c] + subs for e in cc.cache.values()
+                 if e.program is not None]
+        self.op_count = sum(p.n_ops for p in progs)
+        self.fused_groups = sum(len(p.groups) for p in progs)
+        self.fused_ops = sum(g.n_ops for p in progs for g in p.groups)
         self.captures = stats["captures"]
         self.recaptures = stats["recaptures"]
         self.replays = stats["replays"]
@@ -736,6 +746,8 @@ class ExplainOutput:
                  f"Graph Count: {self.graph_count}",
                  f"Graph Break Count: {self.graph_break_count}",
                  f"Op Count: {self.op_count}",
+                 f"Fused: {self.fused_groups} groups of {self.fused_ops} "
+                 f"ops",
                  f"Captures: {self.captures}, recaptures: {self.recaptures}, "
                  f"replays: {self.replays}, eager fallbacks: "
                  f"{self.fallbacks}"]

@@ -61,6 +61,7 @@ from .. import _kernels
 from ..ops import arith as _arith
 from ..ops import elementwise as _ew
 from ..ops import base as _base
+from ..ops import norm as _norm
 
 _DTYPES = frozenset(map(np.dtype, ("float32", "float64", "int32", "int64")))
 _SCALARS = (int, float)
@@ -382,6 +383,23 @@ def _relu_rule():
     return fwd, bwd
 
 
+def _dropout_rule():
+    # the op's own body, x * keep * scale in NumPy's order (the compiled
+    # kernel's too), forward and backward
+    def fwd(blk, args, dt):
+        x, keep, p = args
+        scale = dt.type(1.0 / (1.0 - p))
+        return _norm._mask_scale(x, keep, scale)
+
+    def bwd(blk, g, args, out, needs, metas):
+        x, keep, p = args
+        ctx = _Ctx()
+        ctx.keep, ctx.scale = keep, g.dt.type(1.0 / (1.0 - p))
+        ctx.const = lambda a: a
+        return _norm.Dropout.backward(ctx, g)
+    return fwd, bwd
+
+
 def _or(a, b):
     return a.b.emit(np.bool_, "or", a, b)
 
@@ -406,6 +424,8 @@ def rule(cls):
         r = _neg_rule()
     elif cls is _ew.Relu:
         r = _relu_rule()
+    elif cls is _norm.Dropout:
+        r = _dropout_rule()
     elif (isinstance(cls, type) and issubclass(cls, _ew.Unary)
           and getattr(cls.forward, "__func__", None)
           is _ew.Unary.forward.__func__):
@@ -416,20 +436,34 @@ def rule(cls):
 
 # ================================================================ plan ==
 
+_KW = {_norm.Dropout: ("keep", "p")}     # keywords a rule takes, in order
+
+
+def _args(st):
+    """An op step's argument specs, keywords after the positional ones."""
+    return st[2] + tuple(p for _, p in st[3]) if st[3] else st[2]
+
+
 def _fusable(st, meta, exact, cache={}):
     """Whether op step ``st`` can join a group: its rule runs
     symbolically forward and backward on its dtypes (once per kind)."""
     _, cls, specs, kw, slot, needs, scalar = st
-    if kw or scalar or rule(cls) is None:
+    if scalar or rule(cls) is None:
         return False
+    if kw:
+        names = tuple(k for k, _ in kw)
+        if _KW.get(cls, ())[-len(names):] != names or \
+                len(specs) + len(names) != len(_KW[cls]) + 1:
+            return False
+        specs = _args(st)
     odt = meta[slot][1]
     if odt not in _DTYPES or not meta[slot][0]:
         return False
     sig = [cls, odt, needs, exact]
     for p in specs:
-        if p[0] == "s":
+        if p[0] in "sr":
             shp, dt, typ = meta[p[1]]
-            if dt not in _DTYPES:
+            if dt not in _DTYPES and dt != np.bool_:
                 return False
             sig.append(dt)
         elif p[0] == "c" and type(p[1]) in _SCALARS:
@@ -444,12 +478,13 @@ def _fusable(st, meta, exact, cache={}):
 
 
 def _trial(st, meta, exact):
-    _, cls, specs, _, slot, needs, _ = st
+    _, cls, _, _, slot, needs, _ = st
+    specs = _args(st)
     fwd, bwd = rule(cls)
     shape = meta[slot][0]
     blk = Block(shape)
     try:
-        args = [blk.leaf(k, meta[p[1]][1]) if p[0] == "s" else p[1]
+        args = [blk.leaf(k, meta[p[1]][1]) if p[0] in "sr" else p[1]
                 for k, p in enumerate(specs)]
         out = fwd(blk, args, meta[slot][1])
         if not isinstance(out, Sym) or out.dt != meta[slot][1]:
@@ -457,7 +492,7 @@ def _trial(st, meta, exact):
         if needs is not None:
             g = blk.leaf("g", out.dt)
             r = bwd(blk, g, args, out, needs, [
-                meta[p[1]][:2] if p[0] == "s" else (None, None)
+                meta[p[1]][:2] if p[0] in "sr" else (None, None)
                 for p in specs])
             r = r if type(r) is tuple else (r,)
             for p, n, x in zip(specs, needs, r):
@@ -485,7 +520,7 @@ def plan(steps, meta, keep, reads, exact):
             same = (meta[st[4]][0] == meta[first[4]][0]
                     and meta[st[4]][2] is meta[first[4]][2]
                     and all(meta[p[1]][2] is meta[first[4]][2]
-                            for p in st[2] if p[0] == "s"))
+                            for p in _args(st) if p[0] in "sr"))
             if not same:
                 runs.append(cur)
                 cur = []
@@ -531,7 +566,7 @@ def plan(steps, meta, keep, reads, exact):
 # =============================================================== group ==
 
 def _metas(specs, meta):
-    return [meta[p[1]][:2] if p[0] == "s" else (None, None) for p in specs]
+    return [meta[p[1]][:2] if p[0] in "sr" else (None, None) for p in specs]
 
 
 class Group:
@@ -550,8 +585,8 @@ class Group:
         # the inputs from outside, in order of first use
         self.ext = []
         for st in ops:
-            for p in st[2]:
-                if p[0] == "s" and p[1] not in mine and p[1] not in self.ext:
+            for p in _args(st):
+                if p[0] in "sr" and p[1] not in mine and p[1] not in self.ext:
                     self.ext.append(p[1])
         # the gradients that may come from outside: values read outside
         self.entries = [st[4] for st in self.graph if st[4] in outside]
@@ -570,14 +605,15 @@ class Group:
         val = {s: fb.leaf(("v", s), meta[s][1]) for s in self.ext}
         for st in ops:
             fwd, _ = rule(st[1])
-            args = [val[p[1]] if p[0] == "s" else p[1] for p in st[2]]
+            args = [val[p[1]] if p[0] in "sr" else p[1] for p in _args(st)]
             val[st[4]] = fwd(fb, args, meta[st[4]][1])
         written = [s for s in self.slots if s in outside or s in saved]
         self.outside = outside
         self.fwd = Kernel(fb, [("v", s) for s in self.ext],
                           [val[s] for s in written], self.gpu)
         self.written = written
-        self.out_idx = [written.index(s) for s in outside]
+        self.out_locs = [(j, self.fwd.loc[j]) for j in
+                         (written.index(s) for s in outside)]
         self.inexact = fb.inexact
         self._bwd = {}
         self.n_ops = len(ops)
@@ -593,11 +629,12 @@ class Group:
              if dt is not None}
         res = {}
         for st in reversed(self.graph):
-            _, cls, specs, _, slot, needs, _ = st
+            _, cls, _, _, slot, needs, _ = st
+            specs = _args(st)
             gs = g.get(slot)
             if gs is None:
                 continue
-            args = [v(p[1]) if p[0] == "s" else p[1] for p in specs]
+            args = [v(p[1]) if p[0] in "sr" else p[1] for p in specs]
             r = rule(cls)[1](bb, gs, args, v(slot), needs,
                              _metas(specs, meta))
             r = r if type(r) is tuple else (r,)
@@ -625,7 +662,9 @@ class Group:
         graph, what the backward reads: the kernel's buffers and ins."""
         k = self.fwd
         res = k.run(ins)
-        vals = [k.get(res, ins, j) for j in self.out_idx]
+        shape = k.shape
+        vals = [res[loc[1]][loc[2]].reshape(shape) if loc[0] == "buf"
+                else k.get(res, ins, j) for j, loc in self.out_locs]
         if self.graph:
             vals.append((res, ins))
         return vals
@@ -702,6 +741,7 @@ def _live_leaves(bb, outs=None):
 # ============================================================= kernels ==
 
 _KERNELS = {}          # (source, parallel) -> compiled function
+_PARALLEL_MIN = _kernels.PARALLEL_MIN
 _compile_lock = threading.Lock()
 _tls = threading.local()
 _BINOPS = {"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!="}
@@ -773,21 +813,19 @@ class Kernel:
         prep = self._prep.get(key)
         if prep is None:
             prep = self._prep[key] = self._prepare(ins)
-        shapes, bshape, size, fns, _ = prep
+        shapes, bshape, size, fns, _, reshape = prep
         args = [a if s is None else a.reshape(s)
-                for a, s in zip(ins, shapes)]
+                for a, s in zip(ins, shapes)] if reshape else list(ins)
         if stacks:
             args += [b.reshape((b.shape[0],) + bshape) for b in stacks]
         bufs = [np.empty((n,) + bshape, dt) for dt, n in self.rows]
         args += bufs
-        par = size >= _kernels.PARALLEL_MIN and _kernels.num_threads() > 1
-        fn = fns[par]
-        if fn is None:
-            fn = self._jit(prep, par, args)
-        if par:
-            _parallel_call(fn, args, _kernels.num_threads())
-        else:
+        if size < _PARALLEL_MIN or _kernels.num_threads() == 1:
+            fn = fns[0] or self._jit(prep, False, args)
             fn(*args)
+        else:
+            fn = fns[1] or self._jit(prep, True, args)
+            _parallel_call(fn, args, _kernels.num_threads())
         return bufs
 
     def _prepare(self, ins):
@@ -817,7 +855,8 @@ class Kernel:
             shapes.append(None if a.shape == shp else shp)
             bpats.append(full)
         src = self._source(bpats, len(bshape))
-        return [shapes, bshape, math.prod(bshape), [None, None], src]
+        return [shapes, bshape, math.prod(bshape), [None, None], src,
+                any(s is not None for s in shapes)]
 
     def _jit(self, prep, parallel, args):
         """The compiled kernel for ``prep`` (one per source text and

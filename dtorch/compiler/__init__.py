@@ -3,12 +3,13 @@
 point).
 
 - ``reset()``: every compiled callable forgets its captures.
-- ``explain(fn_or_compiled)``: captures, programs, graph breaks, recaptures
-  and eager fallbacks with their reasons (torch._dynamo.explain's shape).
+- ``explain(fn_or_compiled)``: captures, programs, graph breaks, recaptures,
+  eager fallbacks with their reasons (torch._dynamo.explain's shape) and
+  the fused elementwise groups.
 - ``config.cache_size_limit`` (8, torch's): guard keys kept per callable;
   ``config.disable``: run everything eagerly.
 - ``counters``: totals since the last reset (captures, programs, replays,
-  recaptures, fallbacks, breaks, segments).
+  recaptures, fallbacks, breaks, segments, fused).
 - ``disable(fn)``, ``is_compiling()``, ``Unsupported`` (the error a graph
   break raises under ``fullgraph=True``).
 """

@@ -142,6 +142,29 @@ def test_one_group_for_a_long_chain_with_its_backward():
     _same(ge[0], gc[0], False)
 
 
+def test_dropout_joins_a_group():
+    F = dtorch.nn.functional
+
+    def f(x, b):
+        return F.dropout((x + b) * 2, 0.3) + x
+    c = dtorch.compile(f)
+    arrays = [_arr((6, 5), F32), _arr((5,), F32, seed=1)]
+    for fn in (f, c, c, c):
+        ts = [dtorch.tensor(a, requires_grad=True) for a in arrays]
+        dtorch.manual_seed(7)          # the same mask in every call
+        y = fn(*ts)
+        y.backward(dtorch.ones_like(y))
+        got = [y.detach().numpy()] + [t.grad.numpy() for t in ts]
+        if fn is f:
+            want = got
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    # the mask's draw (a step outside ops, reading the product) splits
+    # the run in two
+    assert [[st[1].__name__ for st in g.ops] for g in _groups(c)] == [
+        ["Add", "Mul"], ["Dropout", "Add"]]
+
+
 def test_recapture_when_dtype_changes():
     def f(x, b):
         return (x + b) * 2 - b
