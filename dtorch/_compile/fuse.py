@@ -906,7 +906,7 @@ class Kernel:
             L.append(f"{ind}y{j} = S{k}[{r}, {idx}]")
         for name, dt, kind, args in self.stmts:
             names[name] = name
-            L.append(f"{ind}{name} = {_cpu_expr(dt, kind, args, ref)}")
+            L.append(f"{ind}{name} = {_expr(dt, kind, args, ref, False)}")
         for o, loc in zip(self.outs, self.loc):
             if loc[0] == "buf":
                 L.append(f"{ind}O{loc[1]}[{loc[2]}, {idx}] = {names[o.name]}")
@@ -933,7 +933,7 @@ class Kernel:
         L = [f"def k({', '.join(names.values())}):"]
         for name, dt, kind, args in self.stmts:
             names[name] = name
-            L.append(f"    {name} = {_gpu_expr(dt, kind, args, ref)}")
+            L.append(f"    {name} = {_expr(dt, kind, args, ref, True)}")
         outs = "".join(names[o.name] + ", " for o in self.computed)
         L.append(f"    return ({outs})")
         ns = _namespace()
@@ -972,48 +972,33 @@ def _const_src(c):
     return f"{c.dt.name}({int(v)})"
 
 
-def _cpu_expr(dt, kind, args, ref):
-    a = [ref(x) for x in args[1:]] if kind in ("bin", "call") else \
-        [ref(x) for x in args]
-    D = dt.name if dt != np.bool_ else ""
-    if kind == "bin":
-        e = f"{a[0]} {args[0]} {a[1]}"
-        return e if dt == np.bool_ else f"{D}({e})"
-    if kind == "neg":
-        return f"{D}(-{a[0]})"
-    if kind == "cast":
-        return f"{D}({a[0]})" if D else f"{a[0]} != 0"
-    if kind == "call":
-        return f"{D}(np.{args[0]}({a[0]}))"
-    if kind == "where":
-        return f"{a[1]} if {a[0]} else {a[2]}"
-    if kind == "or":
-        return f"{a[0]} or {a[1]}"
-    if kind in ("max", "min"):
-        f = "maximum" if kind == "max" else "minimum"
-        return f"{D}(np.{f}({a[0]}, {a[1]}))"
-    raise AssertionError(kind)
+# statement kind -> (numba's scalar expression, cupy.fuse's array one):
+# {0} {1} {2} the operands, {op} the operator or function; numba's is
+# then wrapped in the result dtype's constructor (the per-op rounding)
+_EXPR = {
+    "bin": ("{0} {op} {1}", "{0} {op} {1}"),
+    "neg": ("-{0}", "-{0}"),
+    "cast": ("{0}", "{0}.astype({T})"),
+    "call": ("np.{op}({0})", "xp.{gop}({0})"),
+    "where": ("{1} if {0} else {2}", "xp.where({0}, {1}, {2})"),
+    "or": ("{0} or {1}", "xp.logical_or({0}, {1})"),
+    "max": ("np.maximum({0}, {1})", "xp.maximum({0}, {1})"),
+    "min": ("np.minimum({0}, {1})", "xp.minimum({0}, {1})"),
+}
 
 
-def _gpu_expr(dt, kind, args, ref):
-    a = [ref(x) for x in args[1:]] if kind in ("bin", "call") else \
-        [ref(x) for x in args]
-    if kind == "bin":
-        return f"{a[0]} {args[0]} {a[1]}"
-    if kind == "neg":
-        return f"-{a[0]}"
-    if kind == "cast":
-        return f"{a[0]}.astype({dt.name if dt != np.bool_ else 'bool_'})"
-    if kind == "call":
-        return f"xp.{'absolute' if args[0] == 'abs' else args[0]}({a[0]})"
-    if kind == "where":
-        return f"xp.where({a[0]}, {a[1]}, {a[2]})"
-    if kind == "or":
-        return f"xp.logical_or({a[0]}, {a[1]})"
-    if kind in ("max", "min"):
-        return f"xp.{'maximum' if kind == 'max' else 'minimum'}({a[0]}, " \
-               f"{a[1]})"
-    raise AssertionError(kind)
+def _expr(dt, kind, args, ref, gpu):
+    op = args[0] if kind in ("bin", "call") else None
+    vals = [ref(x) for x in (args[1:] if op is not None else args)]
+    boolean = dt == np.bool_
+    T = "bool_" if boolean else dt.name
+    gop = "absolute" if op == "abs" else op
+    e = _EXPR[kind][gpu].format(*vals, op=op, gop=gop, T=T)
+    if gpu:
+        return e
+    if boolean:
+        return f"{vals[0]} != 0" if kind == "cast" else e
+    return f"{T}({e})"
 
 
 def _parallel_call(fn, args, n):

@@ -165,6 +165,31 @@ def test_dropout_joins_a_group():
         ["Add", "Mul"], ["Dropout", "Add"]]
 
 
+def test_gradient_reaching_part_of_a_group():
+    """A group with two values read outside: a backward from only one of
+    them skips the ops after it (as the unfused backward does), so an inf
+    times a zero gradient never makes a NaN there."""
+    def f(x, y):
+        a = x * y
+        b = (a + 1) * np.inf
+        return a, b
+    c = dtorch.compile(f)
+    arrays = [_arr((4,), F32), _arr((4,), F32, seed=1)]
+    for which in (0, 1, 0):
+        for fn in (f, c, c, c):
+            ts = [dtorch.tensor(v, requires_grad=True) for v in arrays]
+            outs = fn(*ts)
+            with np.errstate(all="ignore"):
+                outs[which].sum().backward()
+            got = [t.grad.numpy() for t in ts]
+            if fn is f:
+                want = got
+        for u, v in zip(want, got):
+            np.testing.assert_array_equal(u, v)
+    g, = _groups(c)
+    assert len(g.entries) == 2 and len(g._bwd) == 2
+
+
 def test_recapture_when_dtype_changes():
     def f(x, b):
         return (x + b) * 2 - b
