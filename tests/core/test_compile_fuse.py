@@ -257,6 +257,27 @@ def test_non_contiguous_input():
     assert _groups(c)
 
 
+def test_kernel_cache_directory(tmp_path, monkeypatch):
+    """DTORCH_COMPILE_CACHE: kernels are module files there, with numba's
+    cache beside them; a fresh kernel table loads them again."""
+    from dtorch._compile import fuse
+    monkeypatch.setenv("DTORCH_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setattr(fuse, "_KERNELS", {})
+    fn = CHAINS[2][1]
+    arrays = [_arr((3, 1), F64), _arr((1, 4), F64, seed=1)]
+    ((ye, ge), (yc, gc)), c = _run(fn, arrays, True)
+    files = sorted(p.name for p in tmp_path.glob("dtorch_fused_*.py"))
+    assert len(files) == 2                        # forward, backward
+    assert list(tmp_path.glob("__pycache__/*.nbi"))
+    monkeypatch.setattr(fuse, "_KERNELS", {})
+    ((_, _), (yc2, gc2)), _ = _run(fn, arrays, True)
+    for a, b in [(ye, yc), (ye, yc2)] + list(zip(ge, gc)) + list(zip(ge,
+                                                                    gc2)):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(p.name for p in tmp_path.glob("dtorch_fused_*.py")) == \
+        files
+
+
 def test_fuse_option_is_checked():
     with pytest.raises(RuntimeError, match="options\\['fuse'\\]"):
         dtorch.compile(lambda x: x, options={"fuse": "yes"})
