@@ -127,7 +127,8 @@ def Decoder(lib):
                 64, 4, 128, 0.1, activation="gelu", batch_first=True,
                 norm_first=True)
             self.o = nn.Linear(64, 256)
-            self.mask = nn.Transformer.generate_square_subsequent_mask(32)
+            self.register_buffer(     # a buffer: .to(device) moves it
+                "mask", nn.Transformer.generate_square_subsequent_mask(32))
 
         def forward(self, x):
             h = self.t(self.e(x), src_mask=self.mask, is_causal=True)
