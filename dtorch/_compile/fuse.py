@@ -7,7 +7,9 @@ The design, and why:
   (``plan``): a run of consecutive op steps whose ops have an elementwise
   rule (below), whose outputs all have one shape (the group's: inputs from
   outside the run may broadcast to it) and one of the dtypes float32,
-  float64, int32, int64 becomes one ``("fused", Group)`` step. A run's
+  float64, int32, int64 (bool operands too: dropout's mask) becomes one
+  ``("fused", Group)`` step. A step outside ops between two ops (a random
+  draw) ends a run. A run's
   values that later steps or the program's outputs read are written out;
   so are the values its backward reads (tanh's output, mul's other
   operand); the rest live in registers only. One op alone stays as it is.
@@ -15,7 +17,8 @@ The design, and why:
   from a symbolic run of the op's own array body on ``Sym`` values (a
   scalar expression with a dtype, written into an SSA ``Block``) through
   ``XP``, an array namespace whose functions emit statements: the
-  ``Unary`` family's ``f(xp, x)`` and ``grad(xp, g, x, out)``, and the
+  ``Unary`` family's ``f(xp, x)`` and ``grad(xp, g, x, out)``, dropout's
+  ``_mask_scale`` and backward, and the
   arithmetic ops' own ``backward(ctx, g)`` (``unbroadcast`` included: on a
   Sym it returns a ``Deferred``, whose sum over the broadcast dimensions
   runs after the kernel, with NumPy, as eager does). Only the forward of
@@ -50,8 +53,14 @@ The design, and why:
   in which dtype): an op whose output gets no gradient is skipped as the
   unfused backward skips it, so NaN * 0 never appears where eager has none.
 
+Measured (benchmarks/compile.py, 2 busy cores): the 300-op chain forward
++ backward is one kernel each way, 0.03-0.05x torch eager per call (it was
+0.35-0.58x unfused); the numba compile of its two kernels takes 3-9 s
+once (``DTORCH_COMPILE_CACHE``: 0.3 s in a later process).
+
 Left out: reductions ending a chain (they stay NumPy's pairwise sums),
-ops outside the rules (gelu, silu, where, pow, clamp ...), float16.
+ops outside the rules (gelu, silu, where, pow, clamp ...), float16, a
+draw of random numbers hoisted out of a run.
 """
 import math
 import os
