@@ -278,6 +278,14 @@ def test_kernel_cache_directory(tmp_path, monkeypatch):
         files
 
 
+def test_empty_tensors():
+    ((ye, ge), (yc, gc)), c = _run(CHAINS[1][1], [_arr((0, 5), F32),
+                                                  _arr((5,), F32)], True)
+    assert yc.shape == (0, 5) and gc[1].shape == (5,)
+    np.testing.assert_array_equal(ge[1], gc[1])         # zeros
+    assert _groups(c)
+
+
 def test_fuse_option_is_checked():
     with pytest.raises(RuntimeError, match="options\\['fuse'\\]"):
         dtorch.compile(lambda x: x, options={"fuse": "yes"})
