@@ -23,7 +23,7 @@ from . import base
 from .arith import Where, Maximum, Minimum
 from . import elementwise, activation, einsum as _einsum
 from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid
-from .movement import Cast, Cat, Stack, Expand, Permute
+from .movement import Cast, Cat, stack, Expand, Permute
 from .reduce import Sum, Prod
 from .matmul import MatMul
 from .selection import Cumsum, Cumprod, Tril, Gather
@@ -209,7 +209,7 @@ class Namespace:
         return Cat.apply(*[self.t(a) for a in arrays], dim=axis)
 
     def stack(self, arrays, axis=0):
-        return Stack.apply(*[self.t(a) for a in arrays], dim=axis)
+        return stack(*[self.t(a) for a in arrays], dim=axis)
 
     def ascontiguousarray(self, a):
         return self.t(a)
