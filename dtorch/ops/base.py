@@ -63,10 +63,16 @@ def axis_of(dim, ndim, op="op"):
     """A dim in [-ndim, ndim) as an axis; 0-d tensors take dims 0 and -1."""
     n = max(ndim, 1)
     if not -n <= dim < n:
-        raise IndexError(
-            f"Dimension out of range (expected to be in range of "
-            f"[{-n}, {n - 1}], but got {dim})")
+        raise dim_error(dim, ndim)
     return dim % n
+
+
+def dim_error(dim, ndim):
+    """PyTorch's IndexError for a dim outside [-ndim, ndim) (0-d tensors
+    take dims 0 and -1)."""
+    n = max(ndim, 1)
+    return IndexError(f"Dimension out of range (expected to be in range of "
+                      f"[{-n}, {n - 1}], but got {dim})")
 
 
 def _axes(dim, ndim):
