@@ -14,7 +14,7 @@ from ..autograd import _capture
 from ..autograd import function as _function
 from ..ops.base import is_float
 from ..ops import elementwise as E
-from ._common import _TensorBase, _arr, _operand, methods
+from ._common import _TensorBase, _arr, _operand, _ranked_matmul, methods
 
 
 # ========================================================= elementwise =====
@@ -384,23 +384,17 @@ class MathsMethods:
         return self @ other
 
     def mm(self, other):
-        if self.ndim != 2 or other.ndim != 2:
-            raise RuntimeError(f"mm: expected 2D tensors, got {self.ndim}D "
-                               f"and {other.ndim}D")
-        return self @ other
+        return _ranked_matmul(self, other, (2, 2), "mm: expected 2D "
+                              "tensors, got {}D and {}D")
 
     def bmm(self, other):
-        if self.ndim != 3 or other.ndim != 3:
-            raise RuntimeError(f"batch1 and batch2 must be 3D tensors, got "
-                               f"{self.ndim}D and {other.ndim}D")
-        return self @ other
+        return _ranked_matmul(self, other, (3, 3), "batch1 and batch2 must "
+                              "be 3D tensors, got {}D and {}D")
 
     @_function.autocast_op("none")      # not lowered (PyTorch's lists)
     def dot(self, other):
-        if self.ndim != 1 or other.ndim != 1:
-            raise RuntimeError(f"1D tensors expected, but got {self.ndim}D "
-                               f"and {other.ndim}D tensors")
-        return self @ other
+        return _ranked_matmul(self, other, (1, 1), "1D tensors expected, "
+                              "but got {}D and {}D tensors")
 
     def neg(self):
         return P.Neg.apply(self)
