@@ -1,9 +1,11 @@
 """Pooling layers over the pooling primitives. Each family (max, average,
 adaptive average) is one base holding the arguments and one forward; a
 layer names its functional form ``_pool``, as PyTorch's _MaxPoolNd /
-_AvgPoolNd / _AdaptiveAvgPoolNd bases do."""
+_AvgPoolNd bases do. The adaptive ones are one functional call each
+(``_more._simple``)."""
 from .module import Module
 from .. import functional as F
+from ._more import AdaptiveAvgPool1d, AdaptiveAvgPool2d  # noqa: F401
 
 
 class _MaxPoolNd(Module):
@@ -97,25 +99,3 @@ class AvgPool2d(_AvgPoolNd):
 
 class AvgPool3d(_AvgPoolNd):
     _pool = staticmethod(F.avg_pool3d)
-
-
-class _AdaptiveAvgPoolNd(Module):
-    _pool = None
-
-    def __init__(self, output_size):
-        super().__init__()
-        self.output_size = output_size
-
-    def forward(self, input):
-        return self._pool(input, self.output_size)
-
-    def extra_repr(self):
-        return f"output_size={self.output_size}"
-
-
-class AdaptiveAvgPool1d(_AdaptiveAvgPoolNd):
-    _pool = staticmethod(F.adaptive_avg_pool1d)
-
-
-class AdaptiveAvgPool2d(_AdaptiveAvgPoolNd):
-    _pool = staticmethod(F.adaptive_avg_pool2d)
