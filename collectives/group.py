@@ -186,19 +186,27 @@ class ProcessGroup:
             return f"rank {rank} is in {where}"
         return f"rank {rank} is not in a collective (last: {where})"
 
-    def _timeout_error(self, rec, missing=None, waited=None):
-        grace = min(2.0, max(0.3, self.timeout / 4))
+    def _report_statuses(self):
+        """rank -> status for an error report: the peers are asked for at
+        most a quarter of the timeout (0.3 to 2 s); if that fails, this
+        rank's own (and 'error'): the report must not mask the error it
+        explains."""
         try:
-            sts = self._peer_statuses(grace)
-        except Exception as e:  # the report must not mask the timeout
-            sts = {self.rank: self.status()}
-            sts['error'] = repr(e)
+            return self._peer_statuses(min(2.0, max(0.3, self.timeout / 4)))
+        except Exception as e:
+            return {self.rank: self.status(), 'error': repr(e)}
+
+    def _where_ranks_are(self, sts):
+        """One line of every rank's status, as error reports quote it."""
+        return '; '.join(self.format_status(r, sts.get(r))
+                         for r in range(self.size))
+
+    def _timeout_error(self, rec, missing=None, waited=None):
+        sts = self._report_statuses()
         seq, op = rec[0], rec[1]
         if missing is None:
             missing = [r for r in range(self.size)
                        if not _arrived(sts.get(r), seq, op)]
-        lines = [self.format_status(r, sts.get(r))
-                 for r in range(self.size)]
         waited = self.timeout if waited is None else waited
         # a live rank still busy in an earlier collective of this group is
         # behind because of the others (a peer vanished mid-transfer after
@@ -218,7 +226,7 @@ class ProcessGroup:
         msg = (f"{op} #{seq} {describe(rec[2])} on group {self.name!r} "
                f"(backend {self.backend}, global ranks {self.ranks}) timed "
                f"out after {waited:.1f} s on rank {self.rank}; {who}. "
-               f"Desync report: " + '; '.join(lines))
+               f"Desync report: " + self._where_ranks_are(sts))
         err = CollectiveTimeoutError(
             msg, op=op, group=self.name, seq=seq, missing=missing,
             statuses={r: self.format_status(r, sts.get(r))

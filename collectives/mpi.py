@@ -272,12 +272,7 @@ class MPIGroup(ProcessGroup):
             text = e.Get_error_string()
         except Exception:
             text = str(e)
-        try:
-            sts = self._peer_statuses(min(2.0, max(0.3, self.timeout / 4)))
-        except Exception:      # the report must not mask the error
-            sts = {self.rank: self.status()}
-        where = '; '.join(self.format_status(r, sts.get(r))
-                          for r in range(self.size))
+        where = self._where_ranks_are(self._report_statuses())
         seq, op = rec[0], rec[1]
         name = f"{op} #{seq}" if seq > 0 else op
         head = (f"{name} {describe(rec[2])} on group {self.name!r} "

@@ -255,7 +255,7 @@ concat = concatenate = cat
 def stack(tensors, dim=0, out=None):
     """Stack equally shaped tensors along a new dimension."""
     ts = _tensors(tensors, "stack")
-    return _write_out(out, P.Stack.apply(*ts, dim=dim), "stack")
+    return _write_out(out, P.stack(*ts, dim=dim), "stack")
 
 
 def where(condition, input=None, other=None):

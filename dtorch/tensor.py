@@ -338,9 +338,7 @@ class Tensor(MathsMethods, ReduceMethods, ShapeMethods, SelectionMethods,
         n = self._data.ndim if ndim is None else ndim
         m = max(n, 1)
         if not -m <= d < m:
-            raise IndexError(
-                f"Dimension out of range (expected to be in range of "
-                f"[{-m}, {m - 1}], but got {d})")
+            raise P.base.dim_error(d, n)
         return d % m
 
     def to(self, *args, **kwargs):

@@ -305,23 +305,27 @@ class SocketTransport:
                     moved = True
             if moved:
                 continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                # the neighbour may only be waiting on its own: the
-                # statuses of all ranks say who is really missing
-                raise _Expired(None)
-            poller = select.poll()
-            if out_bufs:
-                poller.register(so, _POLLOUT)
-            if in_bufs:
-                poller.register(si, _POLLIN)
-            self._poll(poller, left, origin if in_bufs else None)
+            self._wait(deadline, so, _POLLOUT if out_bufs else 0,
+                       si, _POLLIN if in_bufs else 0,
+                       origin if in_bufs else None)
 
-    def _poll(self, poller, left, peer):
-        """Block in poll; with ``peer`` (its data is due) the time goes
-        to peer_wait[peer]: straggler detection names the rank the others
-        wait for. A perf_counter pair per blocking wait, none when the
-        bytes are already there."""
+    def _wait(self, deadline, so, out_ev, si, in_ev, peer):
+        """Block in poll (at most 0.5 s) for the events ``out_ev`` on the
+        outgoing socket and ``in_ev`` on the incoming one; past the
+        deadline raise _Expired(None): the neighbour may only be waiting on
+        its own, the statuses of all ranks say who is really missing. With
+        ``peer`` (its data is due) the time goes to peer_wait[peer]:
+        straggler detection names the rank the others wait for. A
+        perf_counter pair per blocking wait, none when the bytes are
+        already there."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Expired(None)
+        poller = select.poll()
+        if out_ev:
+            poller.register(so, out_ev)
+        if in_ev:
+            poller.register(si, in_ev)
         if peer is None:
             poller.poll(min(left, 0.5) * 1000)
             return
@@ -353,12 +357,7 @@ class SocketTransport:
                 f"{self.rank} has {_kind_text(expect[2])}, rank {peer} sent "
                 f"{_kind_text(what)} ({nbytes} bytes on both): every rank "
                 f"must pass the same dtype and op", rank=peer)
-        try:
-            sts = self._peer_statuses(min(2.0, max(0.3, self.timeout / 4)))
-        except Exception:    # the report must not mask the mismatch
-            sts = {self.rank: self.status()}
-        where = '; '.join(self.format_status(r, sts.get(r))
-                          for r in range(self.size))
+        where = self._where_ranks_are(self._report_statuses())
         theirs = (f"{nbytes} bytes of its collective #{tag // 4096}"
                   if nbytes >= 0 else f"a malformed header ({nbytes} "
                   f"bytes)")
@@ -461,18 +460,13 @@ class SocketTransport:
                 break
             if moved:
                 continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Expired(None)
-            poller = select.poll()
-            ev = (_POLLOUT if oq else 0) | (_POLLIN if starved else 0)
-            if ev:
-                poller.register(so, ev)
-            ev = (_POLLIN if inwait else 0) | (_POLLOUT if acks else 0)
-            if ev:
-                poller.register(si, ev)
-            self._poll(poller, left, (self._left if origin is None
-                                      else origin) if inwait else None)
+            self._wait(deadline,
+                       so, (_POLLOUT if oq else 0) | (_POLLIN if starved
+                                                      else 0),
+                       si, (_POLLIN if inwait else 0) | (_POLLOUT if acks
+                                                         else 0),
+                       (self._left if origin is None else origin)
+                       if inwait else None)
         if tmp is not None and tmp is not dst:
             op(dst, tmp, out=dst)
 

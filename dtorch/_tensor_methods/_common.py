@@ -40,6 +40,15 @@ def _operand(x, like):
     return like._wrap(xp.asarray(x))
 
 
+def _ranked_matmul(a, b, ranks, message):
+    """``a @ b`` for the matmul variants whose operands must have the
+    ``ranks`` (mm, bmm, dot, mv); else PyTorch's RuntimeError: ``message``
+    formatted with the two ranks."""
+    if (a.ndim, b.ndim) != ranks:
+        raise RuntimeError(message.format(a.ndim, b.ndim))
+    return a @ b
+
+
 def _index_array(self, index, op):
     """An index argument as an int64 array on self's device."""
     a = _arr(index)

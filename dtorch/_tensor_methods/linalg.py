@@ -8,7 +8,7 @@ the mixin's body (the rule: dtorch/tensor.py's docstring).
 """
 from .. import _backend as B
 from ..autograd import function as _function
-from ._common import methods
+from ._common import _ranked_matmul, methods
 
 
 @_function.autocast_op({"cpu": "fp32"})      # PyTorch's CPU fp32 list
@@ -28,10 +28,8 @@ def outer(self, vec2):
 
 @_function.autocast_op("none")      # not lowered (PyTorch's lists)
 def mv(self, vec):
-    if self.ndim != 2 or vec.ndim != 1:
-        raise RuntimeError(f"vector + matrix @ vector expected, got "
-                           f"{self.ndim}, {vec.ndim}")
-    return self @ vec
+    return _ranked_matmul(self, vec, (2, 1), "vector + matrix @ vector "
+                          "expected, got {}, {}")
 
 
 def addmm(self, mat1, mat2, beta=1, alpha=1):

@@ -14,7 +14,7 @@ from ..autograd import _capture
 from ..autograd import function as _function
 from ..ops.base import is_float
 from ..ops import elementwise as E
-from ._common import _TensorBase, _arr, _operand, methods
+from ._common import _TensorBase, _arr, _operand, _ranked_matmul, methods
 
 
 # ========================================================= elementwise =====
@@ -266,6 +266,30 @@ def _trunc_div(xp, x, y):
 
 # ================================================= the mixin =====
 
+def _operators(op, name):
+    """Tensor's ``__<name>__`` and ``__r<name>__``: the binary ``op`` with
+    the other operand (a tensor or a number) on the right, then on the
+    left. The other operand is most often a tensor: tested inline, as
+    _operand's call costs more than the test on tiny tensors."""
+    def forward(self, other):
+        return op.apply(self, other if isinstance(other, _TensorBase)
+                        else _operand(other, self))
+
+    def reflected(self, other):
+        return op.apply(_operand(other, self), self)
+    for f, n in ((forward, f"__{name}__"), (reflected, f"__r{name}__")):
+        f.__name__, f.__qualname__ = n, f"MathsMethods.{n}"
+    return forward, reflected
+
+
+def _comparison(ufunc_name, name):
+    """Tensor's ``__<name>__``: the NumPy comparison ``ufunc_name``."""
+    def cmp(self, other):
+        return self._cmp(ufunc_name, other)
+    cmp.__name__, cmp.__qualname__ = f"__{name}__", f"MathsMethods.__{name}__"
+    return cmp
+
+
 @methods("erf erfc erfinv asin acos atan sinh cosh asinh acosh atanh exp2 "
          "frac sinc logit atan2 hypot xlogy remainder fmod floor_divide "
          "float_power logical_xor bitwise_and bitwise_or bitwise_xor "
@@ -279,49 +303,12 @@ class MathsMethods:
     arctan2, arcsin, arccos, arctan = atan2, asin, acos, atan
 
     # ------------------------------------------------------- arithmetic ---
-    # the other operand is most often a tensor: tested inline, as
-    # _operand's call costs more than the test on tiny tensors
-    def __add__(self, other):
-        return P.Add.apply(self, other if isinstance(other, _TensorBase)
-                            else _operand(other, self))
-
-    def __radd__(self, other):
-        return P.Add.apply(_operand(other, self), self)
-
-    def __sub__(self, other):
-        return P.Sub.apply(self, other if isinstance(other, _TensorBase)
-                            else _operand(other, self))
-
-    def __rsub__(self, other):
-        return P.Sub.apply(_operand(other, self), self)
-
-    def __mul__(self, other):
-        return P.Mul.apply(self, other if isinstance(other, _TensorBase)
-                            else _operand(other, self))
-
-    def __rmul__(self, other):
-        return P.Mul.apply(_operand(other, self), self)
-
-    def __truediv__(self, other):
-        return P.Div.apply(self, other if isinstance(other, _TensorBase)
-                            else _operand(other, self))
-
-    def __rtruediv__(self, other):
-        return P.Div.apply(_operand(other, self), self)
-
-    def __pow__(self, other):
-        return P.Pow.apply(self, other if isinstance(other, _TensorBase)
-                            else _operand(other, self))
-
-    def __rpow__(self, other):
-        return P.Pow.apply(_operand(other, self), self)
-
-    def __matmul__(self, other):
-        return P.MatMul.apply(self, other if isinstance(other, _TensorBase)
-                               else _operand(other, self))
-
-    def __rmatmul__(self, other):
-        return P.MatMul.apply(_operand(other, self), self)
+    __add__, __radd__ = _operators(P.Add, "add")
+    __sub__, __rsub__ = _operators(P.Sub, "sub")
+    __mul__, __rmul__ = _operators(P.Mul, "mul")
+    __truediv__, __rtruediv__ = _operators(P.Div, "truediv")
+    __pow__, __rpow__ = _operators(P.Pow, "pow")
+    __matmul__, __rmatmul__ = _operators(P.MatMul, "matmul")
 
     def __neg__(self):
         return P.Neg.apply(self)
@@ -397,23 +384,17 @@ class MathsMethods:
         return self @ other
 
     def mm(self, other):
-        if self.ndim != 2 or other.ndim != 2:
-            raise RuntimeError(f"mm: expected 2D tensors, got {self.ndim}D "
-                               f"and {other.ndim}D")
-        return self @ other
+        return _ranked_matmul(self, other, (2, 2), "mm: expected 2D "
+                              "tensors, got {}D and {}D")
 
     def bmm(self, other):
-        if self.ndim != 3 or other.ndim != 3:
-            raise RuntimeError(f"batch1 and batch2 must be 3D tensors, got "
-                               f"{self.ndim}D and {other.ndim}D")
-        return self @ other
+        return _ranked_matmul(self, other, (3, 3), "batch1 and batch2 must "
+                              "be 3D tensors, got {}D and {}D")
 
     @_function.autocast_op("none")      # not lowered (PyTorch's lists)
     def dot(self, other):
-        if self.ndim != 1 or other.ndim != 1:
-            raise RuntimeError(f"1D tensors expected, but got {self.ndim}D "
-                               f"and {other.ndim}D tensors")
-        return self @ other
+        return _ranked_matmul(self, other, (1, 1), "1D tensors expected, "
+                              "but got {}D and {}D tensors")
 
     def neg(self):
         return P.Neg.apply(self)
@@ -567,17 +548,10 @@ class MathsMethods:
             return True
         return self._cmp("not_equal", other)
 
-    def __lt__(self, other):
-        return self._cmp("less", other)
-
-    def __le__(self, other):
-        return self._cmp("less_equal", other)
-
-    def __gt__(self, other):
-        return self._cmp("greater", other)
-
-    def __ge__(self, other):
-        return self._cmp("greater_equal", other)
+    __lt__ = _comparison("less", "lt")
+    __le__ = _comparison("less_equal", "le")
+    __gt__ = _comparison("greater", "gt")
+    __ge__ = _comparison("greater_equal", "ge")
 
     eq = __eq__
     ne = __ne__

@@ -58,7 +58,7 @@ _CPU = {op: LOWER for op in _COMMON_LOWER + (P.LSTMLayer, P.RNNLayer)}
 _CPU.update({op: FP32 for op in _LOSSES + (P.Prod, P.BinaryCrossEntropy,
                                            P.GRULayer)})
 _CPU.update({P.LayerNorm: FP32_KEEP, P.BatchNorm: FP32_KEEP})
-_CPU.update({P.Cat: PROMOTE, P.Stack: PROMOTE})
+_CPU.update({P.Cat: PROMOTE})     # stack too: it composes Cat
 
 # PyTorch's CUDA lists: lower_precision_fp (as above, plus the cuDNN RNNs),
 # fp32 (exp/log/pow family, softplus, layer/group norm, norms, losses) and
@@ -71,7 +71,7 @@ _CUDA.update({op: FP32 for op in _LOSSES + (
     P.Cosh, P.Asin, P.Acos, P.Erfinv, P.Softplus, P.LayerNorm, P.Norm,
     P.Softmax, P.LogSoftmax, P.Sum, P.Prod, P.Cumsum, P.Cumprod,
     P.LogCumSumExp)})
-_CUDA.update({P.Cat: PROMOTE, P.Stack: PROMOTE, P.Atan2: PROMOTE,
+_CUDA.update({P.Cat: PROMOTE, P.Atan2: PROMOTE,     # stack: a Cat
               P.BinaryCrossEntropy: BANNED})
 
 _POLICY = {"cpu": _CPU, "cuda": _CUDA}

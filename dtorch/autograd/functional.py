@@ -7,7 +7,7 @@ It stacks gradient tensors (a differentiable op), so it sits above the ops
 (layer 3 in DESIGN.md): the autograd package loads it on first use of
 ``dtorch.autograd.functional``.
 """
-from ..ops.movement import Stack
+from ..ops.movement import stack
 from ._api import grad
 from . import function as _fn
 from .grad_mode import enable_grad
@@ -128,7 +128,7 @@ def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False,
         jac = []
         for j, x in enumerate(ins):
             if per_in[j]:
-                J = Stack.apply(*per_in[j], dim=0)
+                J = stack(*per_in[j], dim=0)
             else:
                 J = x.new_zeros((0,) + tuple(x.shape))
             J = J.reshape(tuple(out.shape) + tuple(x.shape))

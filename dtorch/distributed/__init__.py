@@ -330,25 +330,37 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None,
     concatenated along dim 0."""
     g = _group(group)
     out, inp = _arr(output_tensor), _arr(input_tensor)
-    if out.size != inp.size * g.size:
-        raise ValueError(
-            f"all_gather_into_tensor: output has {out.size} elements, "
-            f"expected world_size ({g.size}) x input ({inp.size})")
-    w = g.all_gather(out.reshape((g.size,) + inp.shape), inp,
+    w = g.all_gather(_rows_per_rank(g, out, inp, "all_gather_into_tensor",
+                                    "output", "input"), inp,
                      async_op=async_op)
     _bump(output_tensor)
     return w
 
 
+def _rows_per_rank(g, big, one, op, big_name, one_name):
+    """``big`` (world_size x ``one``'s elements) as [size, *one.shape]."""
+    if big.size != one.size * g.size:
+        raise ValueError(
+            f"{op}: {big_name} has {big.size} elements, expected "
+            f"world_size ({g.size}) x {one_name} ({one.size})")
+    return big.reshape((g.size,) + one.shape)
+
+
+def _root_list(g, root, tensors, op, role, name):
+    """The root rank's list of one tensor per rank, as arrays; None on the
+    other ranks, which ignore it."""
+    if g.rank != root:
+        return None
+    if tensors is None or len(tensors) != g.size:
+        raise ValueError(f"{op}: rank {g.rank} is {role} and needs a "
+                         f"{name} of {g.size} tensors")
+    return [_arr(t, f"{name}[i]") for t in tensors]
+
+
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
     g = _group(group)
     d = _local_rank(g, dst, "dst")
-    outs = None
-    if g.rank == d:
-        if gather_list is None or len(gather_list) != g.size:
-            raise ValueError(f"gather: rank {g.rank} is dst and needs a "
-                             f"gather_list of {g.size} tensors")
-        outs = [_arr(t, "gather_list[i]") for t in gather_list]
+    outs = _root_list(g, d, gather_list, "gather", "dst", "gather_list")
     w = g.gather(outs, _arr(tensor), d, async_op=async_op)
     if outs is not None:
         _bump(*gather_list)
@@ -358,12 +370,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
 def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
     g = _group(group)
     s = _local_rank(g, src, "src")
-    inp = None
-    if g.rank == s:
-        if scatter_list is None or len(scatter_list) != g.size:
-            raise ValueError(f"scatter: rank {g.rank} is src and needs a "
-                             f"scatter_list of {g.size} tensors")
-        inp = [_arr(t, "scatter_list[i]") for t in scatter_list]
+    inp = _root_list(g, s, scatter_list, "scatter", "src", "scatter_list")
     w = g.scatter(_arr(tensor), inp, s, async_op=async_op)
     _bump(tensor)
     return w
@@ -383,11 +390,9 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None,
                           async_op=False):
     g = _group(group)
     out, inp = _arr(output), _arr(input)
-    if inp.size != out.size * g.size:
-        raise ValueError(
-            f"reduce_scatter_tensor: input has {inp.size} elements, "
-            f"expected world_size ({g.size}) x output ({out.size})")
-    w = g.reduce_scatter(out, inp.reshape((g.size,) + out.shape), _op(op),
+    w = g.reduce_scatter(out, _rows_per_rank(g, inp, out,
+                                             "reduce_scatter_tensor",
+                                             "input", "output"), _op(op),
                          async_op=async_op)
     _bump(output)
     return w

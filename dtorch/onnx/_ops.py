@@ -106,6 +106,11 @@ def _reshape(ctx, x, shape=()):
     # merged into/split from the next dims ((L, N, E) -> (L, N * h, d),
     # (N * h, L, d) -> (N, h, L, d), flatten), then reshapes right
     out = list(ctx.out_shape)
+    for a, d in enumerate(out):
+        # a new axis of size 1 (unsqueeze; stack composes it): Unsqueeze
+        # keeps every dim dynamic
+        if d == 1 and out[:a] + out[a + 1:] == list(x.shape):
+            return ctx.b.node("Unsqueeze", [ctx.name(x), ctx.b.ints([a])])
     target = []
     same = True
     for i, d in enumerate(out):
@@ -141,15 +146,6 @@ def _cat(ctx, *xs, dim=0):
     return ctx.b.node("Concat", [ctx.name(x, dt) for x in xs
                                  if 0 not in x.shape or len(x.shape) > 1],
                       axis=int(dim))
-
-
-@conv(N.Stack)
-def _stack(ctx, *xs, dim=0):
-    dt = ctx.out_dtype
-    d = int(dim) % len(ctx.out_shape)
-    axes = ctx.b.ints([d])
-    parts = [ctx.b.node("Unsqueeze", [ctx.name(x, dt), axes]) for x in xs]
-    return ctx.b.node("Concat", parts, axis=d)
 
 
 @conv(N.Pad)

@@ -34,7 +34,7 @@ from .elementwise import Neg, Exp, Log, Sqrt, StdSqrt, Rsqrt, Abs, \
     Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Exp2, Erf, Erfc, Erfinv, Frac, \
     Sinc, Logit, Atan2, Hypot, Xlogy, Lgamma, Digamma, NanToNum, Unary
 from .reduce import Sum, Prod, Amax, Norm, MaxDim, MedianAll
-from .movement import Reshape, Permute, Expand, Cat, Stack, Pad, Copy, \
+from .movement import Reshape, Permute, Expand, Cat, stack, Pad, Copy, \
     Cast, ToDevice
 from .index import Index, IndexView, SetIndex, Embedding, AddAt, index_add0, \
     _is_basic

@@ -16,14 +16,17 @@ Each function here is one line over an existing op; a body that needs a
 NumPy name this namespace lacks gets an AttributeError naming it (never a
 silent array that would cut the graph): add the line here.
 """
+import operator
+
 import numpy as np
 
 from .._backend import from_np, get_array_module
 from . import base
 from .arith import Where, Maximum, Minimum
-from . import elementwise, activation, einsum as _einsum
-from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid
-from .movement import Cast, Cat, Stack, Expand, Permute
+from . import activation, einsum as _einsum
+from .elementwise import Exp, Log, Sqrt, Abs, Tanh, Log1p, Expm1, Sigmoid, \
+    Sin, Cos, Sinh, Cosh, Erf, Erfinv, Digamma
+from .movement import Cast, Cat, stack, Expand, Permute
 from .reduce import Sum, Prod
 from .matmul import MatMul
 from .selection import Cumsum, Cumprod, Tril, Gather
@@ -96,20 +99,7 @@ class Namespace:
         return getattr(ref, "_data", ref).dtype
 
     # --------------------------------------------------- arithmetic --
-    def add(self, a, b):
-        return self.t(a) + b
-
-    def subtract(self, a, b):
-        return self.t(a) - b
-
-    def multiply(self, a, b):
-        return self.t(a) * b
-
-    def divide(self, a, b):
-        return self.t(a) / b
-
-    true_divide = divide
-
+    # (add, subtract, multiply, divide: the operators, after the class)
     def negative(self, a):
         return -self.t(a)
 
@@ -129,32 +119,7 @@ class Namespace:
         return MatMul.apply(self.t(a), self.t(b))
 
     # ------------------------------------------------------- unary --
-    def exp(self, a):
-        return Exp.apply(self.t(a))
-
-    def log(self, a):
-        return Log.apply(self.t(a))
-
-    def sqrt(self, a):
-        return Sqrt.apply(self.t(a))
-
-    def abs(self, a):
-        return Abs.apply(self.t(a))
-
-    absolute = abs
-
-    def tanh(self, a):
-        return Tanh.apply(self.t(a))
-
-    def log1p(self, a):
-        return Log1p.apply(self.t(a))
-
-    def expm1(self, a):
-        return Expm1.apply(self.t(a))
-
-    def sigmoid(self, a):
-        return Sigmoid.apply(self.t(a))
-
+    # (exp, log, sqrt, ...: one op each, _UNARY after the class)
     def square(self, a):
         a = self.t(a)
         return a * a
@@ -209,7 +174,7 @@ class Namespace:
         return Cat.apply(*[self.t(a) for a in arrays], dim=axis)
 
     def stack(self, arrays, axis=0):
-        return Stack.apply(*[self.t(a) for a in arrays], dim=axis)
+        return stack(*[self.t(a) for a in arrays], dim=axis)
 
     def ascontiguousarray(self, a):
         return self.t(a)
@@ -258,39 +223,9 @@ class Namespace:
 
     # ---- end of deriv-b's names
 
-    # ---- deriv-a (issue 30, ops/elementwise, activation, arith, reduce,
-    # ---- matmul, einsum): the names their backward bodies use
-    def sin(self, a):
-        return self._op("Sin", a)
-
-    def cos(self, a):
-        return self._op("Cos", a)
-
-    def sinh(self, a):
-        return self._op("Sinh", a)
-
-    def cosh(self, a):
-        return self._op("Cosh", a)
-
-    def erf(self, a):
-        return self._op("Erf", a)
-
-    def erfinv(self, a):
-        return self._op("Erfinv", a)
-
-    def digamma(self, a):
-        return self._op("Digamma", a)
-
     def einsum(self, equation, *operands, optimize=None):
         return _einsum.Einsum.apply(*[self.t(a) for a in operands],
                                     equation=equation)
-
-    def softplus(self, a):
-        return activation.Softplus.apply(self.t(a))
-
-    def _op(self, name, a):
-        return getattr(elementwise, name).apply(self.t(a))
-    # ---- end deriv-a
 
     def __getattr__(self, name):
         raise AttributeError(
@@ -299,5 +234,33 @@ class Namespace:
             f"so that this backward records its graph under "
             f"create_graph=True")
 
+
+def _unary(op):
+    """NumPy's one-argument function recorded as ``op``."""
+    def f(self, a):
+        return op.apply(self.t(a))
+    return f
+
+
+def _operator(fn):
+    """NumPy's arithmetic function as the tensor operator ``fn``."""
+    def f(self, a, b):
+        return fn(self.t(a), b)
+    return f
+
+
+# NumPy's name -> the op it records
+_UNARY = dict(exp=Exp, log=Log, sqrt=Sqrt, abs=Abs, absolute=Abs, tanh=Tanh,
+              log1p=Log1p, expm1=Expm1, sigmoid=Sigmoid, sin=Sin, cos=Cos,
+              sinh=Sinh, cosh=Cosh, erf=Erf, erfinv=Erfinv, digamma=Digamma,
+              softplus=activation.Softplus)
+_OPERATORS = dict(add=operator.add, subtract=operator.sub,
+                  multiply=operator.mul, divide=operator.truediv,
+                  true_divide=operator.truediv)
+for _name, _op in _UNARY.items():
+    setattr(Namespace, _name, _unary(_op))
+for _name, _op in _OPERATORS.items():
+    setattr(Namespace, _name, _operator(_op))
+del _name, _op
 
 base._tensor_namespace = Namespace

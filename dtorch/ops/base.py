@@ -63,10 +63,16 @@ def axis_of(dim, ndim, op="op"):
     """A dim in [-ndim, ndim) as an axis; 0-d tensors take dims 0 and -1."""
     n = max(ndim, 1)
     if not -n <= dim < n:
-        raise IndexError(
-            f"Dimension out of range (expected to be in range of "
-            f"[{-n}, {n - 1}], but got {dim})")
+        raise dim_error(dim, ndim)
     return dim % n
+
+
+def dim_error(dim, ndim):
+    """PyTorch's IndexError for a dim outside [-ndim, ndim) (0-d tensors
+    take dims 0 and -1)."""
+    n = max(ndim, 1)
+    return IndexError(f"Dimension out of range (expected to be in range of "
+                      f"[{-n}, {n - 1}], but got {dim})")
 
 
 def _axes(dim, ndim):
@@ -164,26 +170,18 @@ def promote(x, y, op="binary op", true_div=False):
     return x, y
 
 
+def _shape_dtype(v):
+    """An operand's (shape, dtype); (None, None) for a Python number."""
+    if type(v) in _SCALARS:
+        return None, None
+    return v.shape, getattr(v, "dtype", None)
+
+
 def _meta(ctx, x, y):
     # what backward needs to shape gradients: shapes and dtypes of inputs
-    # (None for a Python number)
-    tx, ty = type(x), type(y)
-    if tx is _ndarray:
-        ctx.xs = x.shape
-        ctx.xd = x.dtype
-    elif tx in _SCALARS:
-        ctx.xs = ctx.xd = None
-    else:
-        ctx.xs = x.shape
-        ctx.xd = getattr(x, "dtype", None)
-    if ty is _ndarray:
-        ctx.ys = y.shape
-        ctx.yd = y.dtype
-    elif ty in _SCALARS:
-        ctx.ys = ctx.yd = None
-    else:
-        ctx.ys = y.shape
-        ctx.yd = getattr(y, "dtype", None)
+    # (the common case, two arrays, is promote_meta's inline one)
+    ctx.xs, ctx.xd = _shape_dtype(x)
+    ctx.ys, ctx.yd = _shape_dtype(y)
 
 
 def promote_meta(ctx, x, y, op, true_div=False):

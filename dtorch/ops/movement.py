@@ -99,28 +99,24 @@ class Cat(Op):
         return tuple(astype(p, d) for p, d in zip(parts, ctx.dtypes))
 
 
-class Stack(Op):
-    @staticmethod
-    def forward(ctx, *xs, dim=0):
-        ref = xs[0]
-        for i, x in enumerate(xs):
-            if type(x) is not type(ref):
-                raise _device_error("stack", ref, x)
-            if x.shape != ref.shape:
-                raise RuntimeError(
-                    f"stack expects each tensor to be equal size, but got "
-                    f"{list(ref.shape)} at entry 0 and {list(x.shape)} at "
-                    f"entry {i}")
-        axis = _axes(dim, ref.ndim + 1)[0]
-        ctx.axis, ctx.n = axis, len(xs)
-        ctx.dtypes = [x.dtype for x in xs]
-        return get_array_module(*xs).stack(xs, axis=axis)
-
-    @staticmethod
-    def backward(ctx, g):
-        xp = grad_xp(g)
-        return tuple(astype(xp.take(g, i, axis=ctx.axis), d)
-                     for i, d in enumerate(ctx.dtypes))
+def stack(*xs, dim=0):
+    """torch.stack composed: each input gains the new axis (a Reshape view),
+    one Cat joins them. The result's dtype is Cat's promotion, as PyTorch's
+    stack; backward is Cat's split and Reshape's, both exact."""
+    ref = xs[0]
+    ra = getattr(ref, "_data", ref)
+    for i, x in enumerate(xs):
+        xa = getattr(x, "_data", x)
+        if type(xa) is not type(ra):
+            raise _device_error("stack", ra, xa)
+        if x.shape != ref.shape:
+            raise RuntimeError(
+                f"stack expects each tensor to be equal size, but got "
+                f"{list(ref.shape)} at entry 0 and {list(x.shape)} at "
+                f"entry {i}")
+    axis = _axes(dim, ref.ndim + 1)[0]
+    shape = tuple(ref.shape[:axis]) + (1,) + tuple(ref.shape[axis:])
+    return Cat.apply(*[Reshape.apply(x, shape=shape) for x in xs], dim=axis)
 
 
 _NP_PAD_MODES = {"reflect": "reflect", "replicate": "edge",

@@ -8,7 +8,7 @@ import numpy as np
 
 from .._backend import get_array_module
 from .base import Op
-from .movement import Stack
+from .movement import stack
 from .recompute import backward_by_recompute, pin_all
 
 
@@ -658,7 +658,7 @@ def _rnn_composite(reverse, act):
                 a = a + b
             h = a.tanh() if act == "tanh" else a.relu()
             hs[t] = h
-        return Stack.apply(*hs, h, dim=0)
+        return stack(*hs, h, dim=0)
     return fn
 
 
@@ -676,7 +676,7 @@ def _lstm_composite(reverse):
             c = f * c + i * gg
             h = o * c.tanh()
             hs[t] = h
-        return Stack.apply(*hs, c, dim=0)
+        return stack(*hs, c, dim=0)
     return fn
 
 
@@ -695,5 +695,5 @@ def _gru_composite(reverse):
             n = (x[:, 2 * H:] + r * hh[:, 2 * H:]).tanh()
             h = n + z * (h - n)
             hs[t] = h
-        return Stack.apply(*hs, h, dim=0)
+        return stack(*hs, h, dim=0)
     return fn

@@ -148,20 +148,40 @@ class _LambdaScheduler(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def state_dict(self):
-        sd = {k: v for k, v in self.__dict__.items()
-              if k not in ("optimizer", "lr_lambdas")}
-        sd["lr_lambdas"] = [
-            None if isinstance(fn, types.FunctionType)
-            else fn.__dict__.copy() for fn in self.lr_lambdas]
-        return sd
+        return _state_with_parts(self, "lr_lambdas", _lambda_state)
 
     def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        lambdas = state_dict.pop("lr_lambdas")
-        self.__dict__.update(state_dict)
-        for fn, saved in zip(self.lr_lambdas, lambdas):
-            if saved is not None:
-                fn.__dict__.update(saved)
+        _load_with_parts(self, state_dict, "lr_lambdas", _load_lambda_state)
+
+
+def _lambda_state(fn):
+    # a function's own state is not saved, a callable object's __dict__
+    # is (PyTorch's rule)
+    return None if isinstance(fn, types.FunctionType) else fn.__dict__.copy()
+
+
+def _load_lambda_state(fn, saved):
+    if saved is not None:
+        fn.__dict__.update(saved)
+
+
+def _state_with_parts(sched, name, save):
+    """A state_dict of every attribute but the optimizer, with the list
+    attribute ``name`` (lr lambdas, inner schedulers) saved part by part:
+    ``save(part)``."""
+    sd = {k: v for k, v in sched.__dict__.items()
+          if k not in ("optimizer", name)}
+    sd[name] = [save(part) for part in getattr(sched, name)]
+    return sd
+
+
+def _load_with_parts(sched, state_dict, name, load):
+    """_state_with_parts' inverse: ``load(part, saved)`` for each part."""
+    state_dict = dict(state_dict)
+    saved = state_dict.pop(name)
+    sched.__dict__.update(state_dict)
+    for part, s in zip(getattr(sched, name), saved):
+        load(part, s)
 
 
 def _format_param(name, optimizer, param):

@@ -14,7 +14,7 @@ from bisect import bisect_right
 # (__module__ below), as in torch.optim.lr_scheduler: pickled names and
 # reprs say dtorch.optim.lr_scheduler.StepLR
 from ._lr_base import (EPOCH_DEPRECATION_WARNING, LRScheduler,  # noqa: F401
-                       _check_optimizer)
+                       _check_optimizer, _load_with_parts, _state_with_parts)
 from ._lr_cyclic import (CosineAnnealingLR, CosineAnnealingWarmRestarts,
                          CyclicLR, OneCycleLR)
 from ._lr_decay import (ConstantLR, ExponentialLR, LambdaLR, LinearLR,
@@ -182,17 +182,12 @@ class SequentialLR(LRScheduler):
         self._last_lr = s.get_last_lr()
 
     def state_dict(self):
-        sd = {k: v for k, v in self.__dict__.items()
-              if k not in ("optimizer", "_schedulers")}
-        sd["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return sd
+        return _state_with_parts(self, "_schedulers",
+                                 lambda s: s.state_dict())
 
     def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        inner = state_dict.pop("_schedulers")
-        self.__dict__.update(state_dict)
-        for s, d in zip(self._schedulers, inner):
-            s.load_state_dict(d)
+        _load_with_parts(self, state_dict, "_schedulers",
+                         lambda s, saved: s.load_state_dict(saved))
 
 
 class ChainedScheduler(LRScheduler):

@@ -14,7 +14,8 @@
 dtorch runs code from a file only when the caller passes
 ``weights_only=False``.
 """
-from ._errors import ChecksumError, SerializationError, WeightsOnlyError
+from ._errors import ChecksumError, SerializationError, WeightsOnlyError, \
+    json_document
 from ._api import DEFAULT_PROTOCOL, FileLike, MapLocation, load, save  # noqa
 from ._sharded import load_torch_model, save_torch_state_dict
 from ._weights_only import (add_safe_globals, clear_safe_globals,

@@ -1,4 +1,5 @@
 """The errors of dtorch.save / dtorch.load, shared by every format."""
+import json
 import pickle
 
 
@@ -20,3 +21,12 @@ class NotPlainError(SerializationError):
 class WeightsOnlyError(SerializationError, pickle.UnpicklingError):
     """``weights_only=True`` refused something in the file; a
     ``pickle.UnpicklingError``, as PyTorch raises."""
+
+
+def json_document(raw, corrupt):
+    """UTF-8 JSON bytes as their document, or SerializationError(corrupt)
+    for bytes that are not (a file cut short, overwritten or foreign)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise SerializationError(corrupt) from None

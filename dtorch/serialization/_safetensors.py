@@ -51,7 +51,8 @@ import xxhash
 
 from .. import _backend as B
 from ..tensor import Tensor
-from ._errors import ChecksumError, NotPlainError, SerializationError
+from ._errors import ChecksumError, NotPlainError, SerializationError, \
+    json_document
 from ._files import _CHUNK, _BufferSource, _FileSource
 
 
@@ -464,15 +465,11 @@ def _read_header(src, where):
                 + (f" (it starts like {foreign}{never})" if foreign else
                    f" (safetensors allows at most {_MAX_HEADER})"
                    if n > _MAX_HEADER else ""))
-        raise SerializationError(
-            f"{where} is corrupt or not a dtorch/safetensors file: its "
-            "header is not JSON")
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise SerializationError(
-            f"{where} is corrupt or not a dtorch/safetensors file: its "
-            "header is not JSON") from None
+    not_json = (f"{where} is corrupt or not a dtorch/safetensors file: its "
+                "header is not JSON")
+    if first != b"{":
+        raise SerializationError(not_json)
+    header = json_document(raw, not_json)
     if not isinstance(header, dict):
         raise SerializationError(f"{where}: the safetensors header is not "
                                  "a JSON object")

@@ -24,36 +24,24 @@ def is_built():
     return B.cupy_available()
 
 
-def flash_sdp_enabled():
-    return _sdp["flash"]
+def _sdp_switch(kernel):
+    """PyTorch's ``<kernel>_sdp_enabled()`` and ``enable_<kernel>_sdp(on)``
+    for one attention kernel (recorded only: see sdp_kernel)."""
+    def enabled():
+        return _sdp[kernel]
+
+    def enable(enabled):
+        _sdp[kernel] = bool(enabled)
+    enabled.__name__ = enabled.__qualname__ = f"{kernel}_sdp_enabled"
+    enable.__name__ = enable.__qualname__ = f"enable_{kernel}_sdp"
+    return enabled, enable
 
 
-def enable_flash_sdp(enabled):
-    _sdp["flash"] = bool(enabled)
-
-
-def mem_efficient_sdp_enabled():
-    return _sdp["mem_efficient"]
-
-
-def enable_mem_efficient_sdp(enabled):
-    _sdp["mem_efficient"] = bool(enabled)
-
-
-def math_sdp_enabled():
-    return _sdp["math"]
-
-
-def enable_math_sdp(enabled):
-    _sdp["math"] = bool(enabled)
-
-
-def cudnn_sdp_enabled():
-    return _sdp["cudnn"]
-
-
-def enable_cudnn_sdp(enabled):
-    _sdp["cudnn"] = bool(enabled)
+flash_sdp_enabled, enable_flash_sdp = _sdp_switch("flash")
+mem_efficient_sdp_enabled, enable_mem_efficient_sdp = _sdp_switch(
+    "mem_efficient")
+math_sdp_enabled, enable_math_sdp = _sdp_switch("math")
+cudnn_sdp_enabled, enable_cudnn_sdp = _sdp_switch("cudnn")
 
 
 class sdp_kernel:

@@ -70,13 +70,9 @@ def dumps(doc):
 
 def loads(raw, where):
     """Parse and check a ``.metadata`` file's bytes; errors name ``where``."""
-    from ...serialization import SerializationError
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise SerializationError(
-            f"{where} is corrupt: not a JSON checkpoint metadata file "
-            "(truncated or overwritten?)") from None
+    from ...serialization import SerializationError, json_document
+    doc = json_document(raw, f"{where} is corrupt: not a JSON checkpoint "
+                             "metadata file (truncated or overwritten?)")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerializationError(
             f"{where} is not a dtorch distributed checkpoint metadata file "

@@ -83,18 +83,22 @@ def gelu(input, approximate="none"):
     return N.Gelu.apply(input, approximate=approximate)
 
 
-@_float_kernel("silu_cpu", bools=False)
-def silu(input, inplace=False):
-    if inplace:
-        return _inplace(input, silu)
-    return N.Silu.apply(input)
+def _one_node(name, op, bools=True):
+    """F.<name>(input, inplace=False) for an activation that is one op:
+    PyTorch's float-only kernel check, and the in-place form written into
+    input."""
+    def fn(input, inplace=False):
+        if inplace:
+            return _inplace(input, fn)
+        return op.apply(input)
+    fn.__name__ = fn.__qualname__ = name
+    return _float_kernel(f"{name}_cpu", bools=bools)(fn)
 
 
-@_float_kernel("mish_cpu")
-def mish(input, inplace=False):
-    if inplace:
-        return _inplace(input, mish)
-    return N.Mish.apply(input)
+silu = _one_node("silu", N.Silu, bools=False)
+
+
+mish = _one_node("mish", N.Mish)
 
 
 def sigmoid(input):
@@ -141,18 +145,10 @@ def softmin(input, dim=None, _stacklevel=3, dtype=None):
 # (dtorch/ops/activation.py): composed from clamp, their gradients at the kinks
 # and under an infinite upstream gradient differed
 # (tests/core/test_boundary_grads.py)
-@_float_kernel("hardswish_cpu")
-def hardswish(input, inplace=False):
-    if inplace:
-        return _inplace(input, hardswish)
-    return N.Hardswish.apply(input)
+hardswish = _one_node("hardswish", N.Hardswish)
 
 
-@_float_kernel("hardsigmoid_cpu")
-def hardsigmoid(input, inplace=False):
-    if inplace:
-        return _inplace(input, hardsigmoid)
-    return N.Hardsigmoid.apply(input)
+hardsigmoid = _one_node("hardsigmoid", N.Hardsigmoid)
 
 
 def glu(input, dim=-1):

@@ -31,7 +31,10 @@ def _conv_pads(padding, k, dilation, stride, n, name):
     return tuple((a, a) for a in p)
 
 
-def _check_conv_input(input, weight, groups, nd, name):
+def _conv_input(input, weight, groups, nd, name, transposed=False):
+    """Check a convolution's input and weight ranks and the input's channel
+    count (PyTorch's words); returns the input batched and whether it was
+    not."""
     if input.ndim not in (nd + 1, nd + 2):
         raise RuntimeError(
             f"Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to "
@@ -42,22 +45,23 @@ def _check_conv_input(input, weight, groups, nd, name):
             f"weight should have at least three dimensions: expected "
             f"{nd + 2}D weight for {name}, got weight of size "
             f"{list(weight.shape)}")
-    return c
+    unbatched = input.ndim == nd + 1
+    if unbatched:
+        input = input.unsqueeze(0)
+    want = weight.shape[0] if transposed else weight.shape[1] * groups
+    if c != want:
+        given = "transposed=1" if transposed else f"groups={groups}"
+        raise RuntimeError(
+            f"Given {given}, weight of size {list(weight.shape)}, expected "
+            f"input{list(input.shape)} to have {want} channels, but got {c} "
+            f"channels instead")
+    return input, unbatched
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1,
            groups=1):
     """2-D convolution over (N, C, H, W) or unbatched (C, H, W) input."""
-    c = _check_conv_input(input, weight, groups, 2, "conv2d")
-    unbatched = input.ndim == 3
-    if unbatched:
-        input = input.unsqueeze(0)
-    if c != weight.shape[1] * groups:
-        raise RuntimeError(
-            f"Given groups={groups}, weight of size {list(weight.shape)}, "
-            f"expected input{list(input.shape)} to have "
-            f"{weight.shape[1] * groups} channels, but got {c} channels "
-            f"instead")
+    input, unbatched = _conv_input(input, weight, groups, 2, "conv2d")
     if weight.shape[0] % groups:
         raise RuntimeError(
             f"Given groups={groups}, expected weight to be divisible by "
@@ -76,10 +80,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1,
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1,
            groups=1):
     """1-D convolution over (N, C, L), run as a 2-D one with height 1."""
-    _check_conv_input(input, weight, groups, 1, "conv1d")
-    unbatched = input.ndim == 2
-    if unbatched:
-        input = input.unsqueeze(0)
+    input, unbatched = _conv_input(input, weight, groups, 1, "conv1d")
     if isinstance(padding, str):
         pad2 = padding
     else:
@@ -93,15 +94,8 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1,
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0,
                      output_padding=0, groups=1, dilation=1):
     """Transposed 2-D convolution (the gradient of conv2d in its input)."""
-    c = _check_conv_input(input, weight, groups, 2, "conv_transpose2d")
-    unbatched = input.ndim == 3
-    if unbatched:
-        input = input.unsqueeze(0)
-    if c != weight.shape[0]:
-        raise RuntimeError(
-            f"Given transposed=1, weight of size {list(weight.shape)}, "
-            f"expected input{list(input.shape)} to have {weight.shape[0]} "
-            f"channels, but got {c} channels instead")
+    input, unbatched = _conv_input(input, weight, groups, 2,
+                                   "conv_transpose2d", transposed=True)
     stride = _pair(stride, "stride")
     dilation = _pair(dilation, "dilation")
     p = _pair(padding, "padding")
@@ -198,12 +192,7 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1,
     W)) with (O, C / groups, kD, kH, kW) weight."""
     check_conv_dtypes(input._data, weight._data,
                       None if bias is None else bias._data)
-    batched = input.ndim == 5
-    if input.ndim not in (4, 5):
-        raise RuntimeError(f"Expected 4D (unbatched) or 5D (batched) input "
-                           f"to conv3d, but got input of size: "
-                           f"{list(input.shape)}")
-    x = input if batched else input.unsqueeze(0)
+    x, unbatched = _conv_input(input, weight, groups, 3, "conv3d")
     o, cg = weight.shape[:2]
     k = tuple(weight.shape[2:])
     if isinstance(padding, str):
@@ -215,11 +204,6 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1,
     else:
         p = _triple(padding, "padding")
     s, d = _triple(stride, "stride"), _triple(dilation, "dilation")
-    if x.shape[1] != cg * groups:
-        raise RuntimeError(
-            f"Given groups={groups}, weight of size {list(weight.shape)}, "
-            f"expected input{list(x.shape)} to have {cg * groups} channels, "
-            f"but got {x.shape[1]} channels instead")
     cols, out = _columns(x, k, s, p, d)
     n, _, kk, L = cols.shape
     cols = cols.reshape(n, groups, cg * kk, L)
@@ -227,4 +211,4 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1,
     y = einsum("gok,ngkl->ngol", w, cols).reshape(n, o, *out)
     if bias is not None:
         y = y + bias.reshape(1, o, 1, 1, 1)
-    return y if batched else y.squeeze(0)
+    return y.squeeze(0) if unbatched else y

@@ -1,6 +1,8 @@
 """Activations, losses, pooling and dropout layers added for issue 14 (each
-over its ``nn.functional`` counterpart). The classes are re-exported from
-the PyTorch module paths (``nn.modules.activation``, ``.loss``, ...)."""
+over its ``nn.functional`` counterpart), and every layer that is one
+functional call (``_simple``: ELU, Softmax, PixelShuffle, ...). The classes
+are re-exported from the PyTorch module paths (``nn.modules.activation``,
+``.pixelshuffle``, ``.pooling``, ``.loss``, ...)."""
 import inspect
 
 from .module import Module
@@ -33,10 +35,15 @@ class PReLU(Module):
         return f"num_parameters={self.num_parameters}"
 
 
+_REQUIRED = inspect.Parameter.empty     # a _simple argument with no default
+
+
 def _simple(name, fn_name, params=(), doc=""):
-    """A parameter-free activation module calling F.<fn_name> with its
-    hyper-parameters (``inplace`` too, and ``training`` where F takes it,
-    as RReLU's random slopes need)."""
+    """A parameter-free module that is one call of F.<fn_name> with its
+    constructor's arguments ``params`` ((name, default) pairs, in
+    PyTorch's order; default _REQUIRED for none), ``inplace`` too, and
+    ``training`` where F takes it, as RReLU's random slopes need. Its
+    extra_repr shows them all but ``inplace``."""
     names = [p for p, _ in params]
     sig = inspect.Signature(
         [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
@@ -83,18 +90,28 @@ Softshrink = _simple("Softshrink", "softshrink", (("lambd", 0.5),))
 GLU = _simple("GLU", "glu", (("dim", -1),))
 RReLU = _simple("RReLU", "rrelu", (("lower", 1.0 / 8), ("upper", 1.0 / 3),
                                    ("inplace", False)))
-
-
-class Threshold(Module):
-    def __init__(self, threshold, value, inplace=False):
-        super().__init__()
-        self.threshold, self.value, self.inplace = threshold, value, inplace
-
-    def forward(self, input):
-        return F.threshold(input, self.threshold, self.value, self.inplace)
-
-    def extra_repr(self):
-        return f"threshold={self.threshold}, value={self.value}"
+ELU = _simple("ELU", "elu", (("alpha", 1.0), ("inplace", False)))
+Hardtanh = _simple("Hardtanh", "hardtanh", (("min_val", -1.0),
+                                             ("max_val", 1.0),
+                                             ("inplace", False)))
+Threshold = _simple("Threshold", "threshold", (("threshold", _REQUIRED),
+                                                ("value", _REQUIRED),
+                                                ("inplace", False)))
+Softplus = _simple("Softplus", "softplus", (("beta", 1.0),
+                                             ("threshold", 20.0)))
+Softmax = _simple("Softmax", "softmax", (("dim", None),))
+LogSoftmax = _simple("LogSoftmax", "log_softmax", (("dim", None),))
+Softmin = _simple("Softmin", "softmin", (("dim", None),))
+ChannelShuffle = _simple("ChannelShuffle", "channel_shuffle",
+                         (("groups", _REQUIRED),))
+PixelShuffle = _simple("PixelShuffle", "pixel_shuffle",
+                       (("upscale_factor", _REQUIRED),))
+PixelUnshuffle = _simple("PixelUnshuffle", "pixel_unshuffle",
+                         (("downscale_factor", _REQUIRED),))
+AdaptiveAvgPool1d = _simple("AdaptiveAvgPool1d", "adaptive_avg_pool1d",
+                            (("output_size", _REQUIRED),))
+AdaptiveAvgPool2d = _simple("AdaptiveAvgPool2d", "adaptive_avg_pool2d",
+                            (("output_size", _REQUIRED),))
 
 
 class AlphaDropout(Module):
@@ -110,15 +127,6 @@ class FeatureAlphaDropout(AlphaDropout):
     def forward(self, input):
         return F.feature_alpha_dropout(input, self.p, self.training,
                                        self.inplace)
-
-
-class ChannelShuffle(Module):
-    def __init__(self, groups):
-        super().__init__()
-        self.groups = groups
-
-    def forward(self, input):
-        return F.channel_shuffle(input, self.groups)
 
 
 # ================================================================ pooling ==

@@ -19,6 +19,16 @@ def _renumber(container):
     items = list(container._modules.values())
     container._modules = OrderedDict((str(i), m) for i, m in enumerate(items))
 
+
+def _delete(container, idx, key):
+    """``del container[idx]`` for Sequential and ModuleList: the keys of a
+    slice, in order, or the one ``key(idx)``; then the keys renumbered."""
+    keys = (list(container._modules)[idx] if isinstance(idx, slice)
+            else [key(idx)])
+    for k in keys:
+        delattr(container, k)
+    _renumber(container)
+
 class Sequential(Module):
     """Modules called in order, the output of each the input of the next.
 
@@ -57,12 +67,8 @@ class Sequential(Module):
         setattr(self, key, module)
 
     def __delitem__(self, idx: int | slice) -> None:
-        if isinstance(idx, slice):
-            for key in list(self._modules.keys())[idx]:
-                delattr(self, key)
-        else:
-            delattr(self, self._get_item_by_idx(self._modules.keys(), idx))
-        _renumber(self)
+        _delete(self, idx,
+                lambda i: self._get_item_by_idx(self._modules.keys(), i))
 
     def __len__(self) -> int:
         return len(self._modules)
@@ -136,18 +142,10 @@ class ModuleList(Module):
         setattr(self, str(self._abs(idx)), module)
 
     def __delitem__(self, idx: int | slice) -> None:
-        if isinstance(idx, slice):
-            for k in range(len(self._modules))[idx]:
-                delattr(self, str(k))
-        else:
-            delattr(self, str(self._abs(idx)))
-        _renumber(self)
+        _delete(self, idx, lambda i: str(self._abs(i)))
 
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
+    __len__ = Sequential.__len__
+    __iter__ = Sequential.__iter__
 
     def __iadd__(self, modules):
         return self.extend(modules)

@@ -87,25 +87,32 @@ class _ConvNd(Module):
         return s.format(**self.__dict__)
 
 
-class Conv1d(_ConvNd):
-    """1-D convolution over (N, C_in, L) input (or unbatched (C_in, L))."""
+class _Conv(_ConvNd):
+    """Conv1d, Conv2d, Conv3d: one signature and one forward; each names
+    its number of spatial dims ``_n`` and its functional form ``_conv``."""
+    _n = _conv = None
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1,
                  padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros", device=None, dtype=None):
         super().__init__(in_channels, out_channels, kernel_size, stride,
                          padding, dilation, False, 0, groups, bias,
-                         padding_mode, 1, device, dtype)
+                         padding_mode, self._n, device, dtype)
 
     def forward(self, input):
         if self.padding_mode != "zeros":
-            return F.conv1d(self._mode_pad(input), self.weight, self.bias,
-                            self.stride, 0, self.dilation, self.groups)
-        return F.conv1d(input, self.weight, self.bias, self.stride,
-                        self.padding, self.dilation, self.groups)
+            return self._conv(self._mode_pad(input), self.weight, self.bias,
+                              self.stride, 0, self.dilation, self.groups)
+        return self._conv(input, self.weight, self.bias, self.stride,
+                          self.padding, self.dilation, self.groups)
 
 
-class Conv2d(_ConvNd):
+class Conv1d(_Conv):
+    """1-D convolution over (N, C_in, L) input (or unbatched (C_in, L))."""
+    _n, _conv = 1, staticmethod(F.conv1d)
+
+
+class Conv2d(_Conv):
     """2-D convolution over (N, C_in, H, W) input (or unbatched (C_in, H,
     W)); stride, padding (int, tuple, 'same', 'valid'), dilation, groups.
 
@@ -114,20 +121,7 @@ class Conv2d(_ConvNd):
         m = nn.Conv2d(16, 33, 3, stride=2)
         out = m(dtorch.randn(20, 16, 50, 100))
     """
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1,
-                 padding=0, dilation=1, groups=1, bias=True,
-                 padding_mode="zeros", device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride,
-                         padding, dilation, False, 0, groups, bias,
-                         padding_mode, 2, device, dtype)
-
-    def forward(self, input):
-        if self.padding_mode != "zeros":
-            return F.conv2d(self._mode_pad(input), self.weight, self.bias,
-                            self.stride, 0, self.dilation, self.groups)
-        return F.conv2d(input, self.weight, self.bias, self.stride,
-                        self.padding, self.dilation, self.groups)
+    _n, _conv = 2, staticmethod(F.conv2d)
 
 
 def _output_padding(m, input, output_size):
@@ -154,23 +148,11 @@ def _output_padding(m, input, output_size):
     return tuple(out)
 
 
-class ConvTranspose1d(_ConvNd):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1,
-                 padding=0, output_padding=0, groups=1, bias=True,
-                 dilation=1, padding_mode="zeros", device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride,
-                         padding, dilation, True, output_padding, groups,
-                         bias, padding_mode, 1, device, dtype)
-
-    def forward(self, input, output_size=None):
-        return F.conv_transpose1d(input, self.weight, self.bias, self.stride,
-                                  self.padding,
-                                  _output_padding(self, input, output_size),
-                                  self.groups, self.dilation)
-
-
-class ConvTranspose2d(_ConvNd):
-    """Transposed 2-D convolution; weight (C_in, C_out/groups, kH, kW)."""
+class _ConvTranspose(_ConvNd):
+    """ConvTranspose1d and ConvTranspose2d: one signature and one forward
+    (``_n`` spatial dims, functional form ``_conv``); zero padding only,
+    as PyTorch's."""
+    _n = _conv = None
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1,
                  padding=0, output_padding=0, groups=1, bias=True,
@@ -180,29 +162,24 @@ class ConvTranspose2d(_ConvNd):
                              f'{type(self).__name__}')
         super().__init__(in_channels, out_channels, kernel_size, stride,
                          padding, dilation, True, output_padding, groups,
-                         bias, padding_mode, 2, device, dtype)
+                         bias, padding_mode, self._n, device, dtype)
 
     def forward(self, input, output_size=None):
         op = _output_padding(self, input, output_size)
-        return F.conv_transpose2d(input, self.weight, self.bias, self.stride,
-                                  self.padding, op, self.groups,
-                                  self.dilation)
+        return self._conv(input, self.weight, self.bias, self.stride,
+                          self.padding, op, self.groups, self.dilation)
 
 
-class Conv3d(_ConvNd):
+class ConvTranspose1d(_ConvTranspose):
+    _n, _conv = 1, staticmethod(F.conv_transpose1d)
+
+
+class ConvTranspose2d(_ConvTranspose):
+    """Transposed 2-D convolution; weight (C_in, C_out/groups, kH, kW)."""
+    _n, _conv = 2, staticmethod(F.conv_transpose2d)
+
+
+class Conv3d(_Conv):
     """3-D convolution over (N, C_in, D, H, W) input (windows gathered,
     one einsum; see F.conv3d)."""
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1,
-                 padding=0, dilation=1, groups=1, bias=True,
-                 padding_mode="zeros", device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride,
-                         padding, dilation, False, 0, groups, bias,
-                         padding_mode, 3, device, dtype)
-
-    def forward(self, input):
-        if self.padding_mode != "zeros":
-            return F.conv3d(self._mode_pad(input), self.weight, self.bias,
-                            self.stride, 0, self.dilation, self.groups)
-        return F.conv3d(input, self.weight, self.bias, self.stride,
-                        self.padding, self.dilation, self.groups)
+    _n, _conv = 3, staticmethod(F.conv3d)

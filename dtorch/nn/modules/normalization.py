@@ -1,10 +1,21 @@
 """LayerNorm, BatchNorm1d/2d (running statistics, momentum, eval mode)."""
 from .module import Module
-from ..parameter import Parameter
 from .. import functional as F
 from .. import init
-from ..._creation import empty, zeros, ones, tensor
+from ..._creation import zeros, ones, tensor
 from ... import _backend as B
+from .linear import _weight_and_bias
+
+
+def _affine(module, affine, shape, fk, bias=True):
+    """A norm layer's elementwise ``weight`` and ``bias`` of ``shape``
+    (uninitialised: reset_parameters fills them), or None ones without
+    ``affine`` (a None bias alone with ``bias=False``)."""
+    if affine:
+        _weight_and_bias(module, shape, bias, fk, shape)
+    else:
+        module.register_parameter("weight", None)
+        module.register_parameter("bias", None)
 
 
 class LayerNorm(Module):
@@ -20,15 +31,7 @@ class LayerNorm(Module):
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         fk = {"device": device, "dtype": dtype}
-        if elementwise_affine:
-            self.weight = Parameter(empty(self.normalized_shape, **fk))
-            if bias:
-                self.bias = Parameter(empty(self.normalized_shape, **fk))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, elementwise_affine, self.normalized_shape, fk, bias)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -59,12 +62,7 @@ class _NormBase(Module):
         self.momentum = momentum
         self.affine = affine
         self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = Parameter(empty(num_features, **fk))
-            self.bias = Parameter(empty(num_features, **fk))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, affine, num_features, fk)
         if track_running_stats:
             self.register_buffer("running_mean", zeros(num_features, **fk))
             self.register_buffer("running_var", ones(num_features, **fk))
@@ -147,12 +145,7 @@ class GroupNorm(Module):
         self.num_channels = num_channels
         self.eps = eps
         self.affine = affine
-        if affine:
-            self.weight = Parameter(empty(num_channels, **fk))
-            self.bias = Parameter(empty(num_channels, **fk))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, affine, num_channels, fk)
         self.reset_parameters()
 
     def reset_parameters(self):

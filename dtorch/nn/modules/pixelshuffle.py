@@ -1,27 +1,3 @@
-"""PixelShuffle / PixelUnshuffle (sub-pixel convolution's rearrangement)."""
-from .module import Module
-from .. import functional as F
-
-
-class PixelShuffle(Module):
-    def __init__(self, upscale_factor):
-        super().__init__()
-        self.upscale_factor = upscale_factor
-
-    def forward(self, input):
-        return F.pixel_shuffle(input, self.upscale_factor)
-
-    def extra_repr(self):
-        return f"upscale_factor={self.upscale_factor}"
-
-
-class PixelUnshuffle(Module):
-    def __init__(self, downscale_factor):
-        super().__init__()
-        self.downscale_factor = downscale_factor
-
-    def forward(self, input):
-        return F.pixel_unshuffle(input, self.downscale_factor)
-
-    def extra_repr(self):
-        return f"downscale_factor={self.downscale_factor}"
+"""PixelShuffle / PixelUnshuffle (sub-pixel convolution's rearrangement):
+one functional call each, made by ``_more._simple``."""
+from ._more import PixelShuffle, PixelUnshuffle  # noqa: F401

@@ -42,6 +42,35 @@ def _embedding_source(x):
     return w, fn.idx
 
 
+def _configure(m, input_size, hidden_size, num_layers, bias, batch_first,
+               dropout, bidirectional):
+    """nn.RNNBase's configuration attributes, in PyTorch's names (the
+    dynamic quantized LSTM keeps the same)."""
+    m.input_size = input_size
+    m.hidden_size = hidden_size
+    m.num_layers = num_layers
+    m.bias = bias
+    m.batch_first = batch_first
+    m.dropout = float(dropout)
+    m.bidirectional = bidirectional
+
+
+def _suffix(layer, d):
+    """PyTorch's parameter-name suffix of a layer and direction: _l0,
+    _l0_reverse, _l1, ..."""
+    return f"_l{layer}" + ("_reverse" if d else "")
+
+
+def _layers(num_layers, bidirectional, input_size, hidden_size):
+    """(suffix, input features) of every layer and direction, in PyTorch's
+    parameter order."""
+    dirs = 2 if bidirectional else 1
+    for layer in range(num_layers):
+        for d in range(dirs):
+            yield (_suffix(layer, d),
+                   input_size if layer == 0 else hidden_size * dirs)
+
+
 class RNNBase(Module):
     def __init__(self, mode, input_size, hidden_size, num_layers=1,
                  bias=True, batch_first=False, dropout=0.0,
@@ -60,32 +89,24 @@ class RNNBase(Module):
             raise NotImplementedError("LSTM proj_size is not supported by "
                                       "dtorch")
         self.mode = mode
-        self.input_size = input_size
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.bias = bias
-        self.batch_first = batch_first
-        self.dropout = float(dropout)
-        self.bidirectional = bidirectional
+        _configure(self, input_size, hidden_size, num_layers, bias,
+                   batch_first, dropout, bidirectional)
         self.proj_size = proj_size
-        dirs = 2 if bidirectional else 1
         gate = _GATES[mode] * hidden_size
         fk = {"device": device, "dtype": dtype}
         self._flat_weights_names = []
-        for layer in range(num_layers):
-            for d in range(dirs):
-                lin = input_size if layer == 0 else hidden_size * dirs
-                sfx = f"_l{layer}" + ("_reverse" if d == 1 else "")
-                names = ["weight_ih" + sfx, "weight_hh" + sfx]
-                params = [Parameter(empty((gate, lin), **fk)),
-                          Parameter(empty((gate, hidden_size), **fk))]
-                if bias:
-                    names += ["bias_ih" + sfx, "bias_hh" + sfx]
-                    params += [Parameter(empty(gate, **fk)),
-                               Parameter(empty(gate, **fk))]
-                for n, p in zip(names, params):
-                    setattr(self, n, p)
-                self._flat_weights_names.extend(names)
+        for sfx, lin in _layers(num_layers, bidirectional, input_size,
+                                hidden_size):
+            names = ["weight_ih" + sfx, "weight_hh" + sfx]
+            params = [Parameter(empty((gate, lin), **fk)),
+                      Parameter(empty((gate, hidden_size), **fk))]
+            if bias:
+                names += ["bias_ih" + sfx, "bias_hh" + sfx]
+                params += [Parameter(empty(gate, **fk)),
+                           Parameter(empty(gate, **fk))]
+            for n, p in zip(names, params):
+                setattr(self, n, p)
+            self._flat_weights_names.extend(names)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -107,7 +128,7 @@ class RNNBase(Module):
         return [w[i:i + per] for i in range(0, len(w), per)]
 
     def _layer_params(self, layer, d):
-        sfx = f"_l{layer}" + ("_reverse" if d == 1 else "")
+        sfx = _suffix(layer, d)
         b_ih = getattr(self, "bias_ih" + sfx) if self.bias else None
         b_hh = getattr(self, "bias_hh" + sfx) if self.bias else None
         return (getattr(self, "weight_ih" + sfx),
@@ -315,6 +336,13 @@ class RNNCellBase(Module):
         xw = F.linear(input, w_ih, b_ih).unsqueeze(0)
         return xw, hx, batched
 
+    def _step(self, layer, input, hx, **kwargs):
+        """One step of the recurrent ``layer`` op with the cell's weights:
+        the new h, unbatched where the input was."""
+        xw, hx, batched = self._prep(input, hx)
+        h = layer.apply(xw, hx, self.weight_hh, self.bias_hh, **kwargs)[1]
+        return h if batched else h.squeeze(0)
+
     def extra_repr(self):
         s = f"{self.input_size}, {self.hidden_size}"
         if self.bias is not True:
@@ -329,10 +357,8 @@ class RNNCell(RNNCellBase):
         self.nonlinearity = nonlinearity
 
     def forward(self, input, hx=None):
-        xw, hx, batched = self._prep(input, hx)
-        h = N.RNNLayer.apply(xw, hx, self.weight_hh, self.bias_hh,
-                             nonlinearity=self.nonlinearity)[1]
-        return h if batched else h.squeeze(0)
+        return self._step(N.RNNLayer, input, hx,
+                          nonlinearity=self.nonlinearity)
 
 
 class GRUCell(RNNCellBase):
@@ -341,9 +367,7 @@ class GRUCell(RNNCellBase):
         super().__init__(input_size, hidden_size, bias, 3, device, dtype)
 
     def forward(self, input, hx=None):
-        xw, hx, batched = self._prep(input, hx)
-        h = N.GRULayer.apply(xw, hx, self.weight_hh, self.bias_hh)[1]
-        return h if batched else h.squeeze(0)
+        return self._step(N.GRULayer, input, hx)
 
 
 class LSTMCell(RNNCellBase):

@@ -39,7 +39,7 @@ from ...autograd.grad_mode import no_grad
 from ..._backend import get_array_module
 from ...tensor import Tensor
 from .. import functional as F
-from ..modules.linear import Linear
+from ..modules.linear import Linear, _weight_and_bias
 from ..modules.module import Module
 from ..modules.sparse import Embedding
 from ..parameter import Parameter
@@ -197,13 +197,8 @@ class ColumnParallelLinear(_TPLinear):
         self.gather_output = gather_output
         self.out_per_rank = _divide(out_features, self.tp_size, "out_features",
                                     type(self).__name__)
-        fk = {"device": device, "dtype": dtype}
-        self.weight = Parameter(_empty((self.out_per_rank, in_features),
-                                       **fk))
-        if bias:
-            self.bias = Parameter(_empty((self.out_per_rank,), **fk))
-        else:
-            self.register_parameter("bias", None)
+        _weight_and_bias(self, (self.out_per_rank, in_features), bias,
+                         {"device": device, "dtype": dtype})
         if _init:
             self.reset_parameters()
 
@@ -269,13 +264,8 @@ class RowParallelLinear(_TPLinear):
         self.input_is_parallel = input_is_parallel
         self.in_per_rank = _divide(in_features, self.tp_size, "in_features",
                                    type(self).__name__)
-        fk = {"device": device, "dtype": dtype}
-        self.weight = Parameter(_empty((out_features, self.in_per_rank),
-                                       **fk))
-        if bias:
-            self.bias = Parameter(_empty((out_features,), **fk))
-        else:
-            self.register_parameter("bias", None)
+        _weight_and_bias(self, (out_features, self.in_per_rank), bias,
+                         {"device": device, "dtype": dtype})
         if _init:
             self.reset_parameters()
 

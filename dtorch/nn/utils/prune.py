@@ -16,6 +16,7 @@ unpruned (entries for unstructured methods, channels for structured ones).
 import numbers
 
 from ...autograd.grad_mode import no_grad
+from ...ops.base import dim_error
 from ..parameter import Parameter
 
 __all__ = ["BasePruningMethod", "PruningContainer", "Identity",
@@ -285,9 +286,7 @@ class _Structured(BasePruningMethod):
                              "shape () with 0 dims")
         dim = self.dim if self.dim >= 0 else self.dim + t.dim()
         if not 0 <= dim < t.dim():
-            raise IndexError(
-                f"Dimension out of range (expected to be in range of "
-                f"[{-t.dim()}, {t.dim() - 1}], but got {self.dim})")
+            raise dim_error(self.dim, t.dim())
         size = t.shape[dim]
         _validate_against(self.amount, size)
         k = _n_to_prune(self.amount, size)

@@ -11,6 +11,7 @@ import numpy as np
 from .... import _backend as B
 from ....tensor import Tensor
 from ....nn.modules.module import Module
+from ....nn.modules.rnn import _configure, _layers
 from ...quantization import _core as Q
 from ...quantization._dtypes import qint8
 
@@ -103,31 +104,22 @@ class LSTM(Module):
                  dtype=qint8):
         super().__init__()
         _check_dtype(dtype, "LSTM")
-        self.input_size = input_size
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.bias = bias
-        self.batch_first = batch_first
-        self.dropout = float(dropout)
-        self.bidirectional = bidirectional
+        _configure(self, input_size, hidden_size, num_layers, bias,
+                   batch_first, dropout, bidirectional)
         self.dtype = dtype
         self._names = []
-        dirs = 2 if bidirectional else 1
         g = 4 * hidden_size
-        for layer in range(num_layers):
-            for d in range(dirs):
-                sfx = f"_l{layer}" + ("_reverse" if d else "")
-                lin = input_size if layer == 0 else hidden_size * dirs
-                for kind, k in (("ih", lin), ("hh", hidden_size)):
-                    self.register_buffer(f"weight_{kind}{sfx}_int8",
-                                         _buffer_of(np.zeros((g, k),
-                                                             np.int8)))
-                    self.register_buffer(f"weight_{kind}{sfx}_scale",
-                                         _buffer_of(np.ones(g, np.float32)))
-                # b_ih + b_hh: both only add to the gates
-                self.register_buffer(f"bias{sfx}", _buffer_of(
-                    np.zeros(g, np.float32)) if bias else None)
-                self._names.append(sfx)
+        for sfx, lin in _layers(num_layers, bidirectional, input_size,
+                                hidden_size):
+            for kind, k in (("ih", lin), ("hh", hidden_size)):
+                self.register_buffer(f"weight_{kind}{sfx}_int8",
+                                     _buffer_of(np.zeros((g, k), np.int8)))
+                self.register_buffer(f"weight_{kind}{sfx}_scale",
+                                     _buffer_of(np.ones(g, np.float32)))
+            # b_ih + b_hh: both only add to the gates
+            self.register_buffer(f"bias{sfx}", _buffer_of(
+                np.zeros(g, np.float32)) if bias else None)
+            self._names.append(sfx)
 
     @classmethod
     def from_float(cls, mod):
