@@ -214,6 +214,10 @@ def _check_elastic(args):
                          f"--backend {args.backend}")
     if args.dry_run:
         raise ValueError("--dry-run and --elastic do not combine")
+    if args.max_restarts:
+        raise ValueError(
+            "--max-restarts restarts the whole job after a failure; "
+            "--elastic keeps the survivors going instead: use one")
     return lo, hi
 
 

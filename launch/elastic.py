@@ -136,10 +136,6 @@ class ElasticRunner(LocalRunner):
 
     def __init__(self, cmd, elastic=(1, 1), join=False, node_agent=False,
                  **kw):
-        if kw.get("max_restarts"):
-            raise ValueError(
-                "--max-restarts restarts the whole job after a failure; "
-                "--elastic keeps the survivors going instead: use one")
         lo, hi = elastic
         nproc = kw.get("nproc", 1)
         world = kw.get("nnodes", 1) * nproc
@@ -176,7 +172,8 @@ class ElasticRunner(LocalRunner):
 
     def run(self):
         with procs.SignalTrap() as trap, \
-                procs.Reaper(self.grace) as self._reaper:
+                procs.Reaper(self.grace) as self._reaper, \
+                self._error_files():
             try:
                 return self._run(trap)
             finally:
@@ -289,6 +286,7 @@ class ElasticRunner(LocalRunner):
             where = f"rank {uid}, "
         _say(f"{where}member {uid} (pid {r.pid}) {why}; elastic: the "
              f"other ranks go on without it")
+        self._errors.report(uid, _say, sys.stderr)
 
     def _exit_code(self):
         final = self.last["members"] if self.last else list(self.uids)
