@@ -11,15 +11,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 BODY = '''
-import json, os, sys
+import json, os, sys, time
 from dtorch.distributed.elastic.multiprocessing.errors import record
 
 @record
 def main():
-    print("FILE " + json.dumps([os.environ["RANK"],
-                               os.environ["TORCHELASTIC_ERROR_FILE"]]),
-          flush=True)
+    with open(os.environ["FILES_LOG"], "a") as f:
+        f.write(json.dumps([os.environ["RANK"],
+                            os.environ["TORCHELASTIC_ERROR_FILE"]]) + "\\n")
     if os.environ["RANK"] == "1":
+        for _ in range(600):      # rank 0 has said its file first
+            if open(os.environ["FILES_LOG"]).read().count("\\n") == 2:
+                break
+            time.sleep(0.05)
         raise ValueError("boom in rank one, step " + str(6 * 7))
 
 main()
@@ -29,15 +33,16 @@ main()
 def _launch(tmp_path, args):
     script = tmp_path / "raises.py"
     script.write_text(BODY)
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    log = tmp_path / "files.jsonl"
+    env = dict(os.environ, PYTHONPATH=ROOT, FILES_LOG=str(log))
     for var in ("TORCHELASTIC_ERROR_FILE", "DTORCH_RDZV_TOKEN",
                 "DTORCH_ELASTIC"):
         env.pop(var, None)
     out = subprocess.run([sys.executable, "-m", "launch"] + args
                          + [str(script)], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    files = dict(json.loads(line.split("FILE ", 1)[1])
-                 for line in out.stdout.splitlines() if "FILE [" in line)
+    files = dict(json.loads(line) for line in log.read_text().split("\n")
+                 if line)
     return out.returncode, out.stderr, files
 
 
