@@ -32,6 +32,8 @@ from test_elastic import (_check_exactly_once, _events,  # noqa: E402
                           _one_start_per_member)
 from test_slurm import (SLOW, job_info, node_name, sbatch,  # noqa: E402,F401
                         slurm_env, wait_job)
+# the two-node cluster (namespace nodes) of test_slurm_nodes.py
+from test_slurm_nodes import cluster  # noqa: E402,F401
 
 pytestmark = pytest.mark.timeout(400)
 SCRIPT = os.path.join(ROOT, "tests", "launch", "elastic_train.py")
@@ -182,3 +184,64 @@ def test_slurm_elastic_refusals(slurm_env, tmp_path):
     assert out.returncode != 0
     assert "the job starts with 5 ranks (1 node(s) x 5), outside MIN:MAX" \
         in out.stderr, out.stderr
+
+
+def test_slurm_elastic_two_nodes_node_step_lost_then_a_joiner(
+        cluster, tmp_path):
+    """`sbatch -N 2` on the two-node cluster (namespace nodes): one job
+    step per node; node1's step SIGKILLed -> node0's 2 ranks go on, with
+    ZeRO-1 (each shard's buddy is on the other node) -> a joiner job on
+    node1 -> 3 ranks; the job COMPLETES."""
+    env = dict(cluster, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1",
+               DTORCH_RDZV_TOKEN=secrets.token_hex(16),
+               DTORCH_ELASTIC_FORM_TIMEOUT="6")
+    jobs = Jobs(env)
+    log, flag = tmp_path / "steps.jsonl", tmp_path / "go"
+    port = str(20000 + secrets.randbelow(20000))
+    script = [SCRIPT, "--samples", "96", "--epochs", "2", "--log", str(log),
+              "--zero", "--hold", f"3:{flag},5:join1"]
+    launch = [sys.executable, "-m", "launch"]
+    try:
+        main = jobs.submit(["-N", "2", "--ntasks-per-node=1",
+                            f"--output={tmp_path}/main-%j.out", "--wrap",
+                            " ".join(launch + [
+                                "--runner", "slurm", "--elastic", "2:5",
+                                "--nproc-per-node", "2", "--master-port",
+                                port] + script)])
+        out = tmp_path / f"main-{main}.out"
+        _wait_done(log, 2, 4)
+        steps = dict(line.split() for line in subprocess.run(
+            ["squeue", "-h", "-s", "-j", main, "-o", "%N %i"], env=env,
+            capture_output=True, text=True, timeout=30).stdout.splitlines())
+        assert {"node0", "node1"} <= set(steps), steps
+        subprocess.run(["scancel", "--signal=KILL", steps["node1"]],
+                       env=env, check=True, timeout=30)
+        flag.write_text("go")
+        _wait_text(out, "elastic round 1:", main, env)
+        joiner = jobs.submit(["-N", "1", "--nodelist=node1",
+                              f"--output={tmp_path}/join-%j.out", "--wrap",
+                              " ".join(launch + [
+                                  "--runner", "slurm", "--join",
+                                  "--master-addr", "node0", "--master-port",
+                                  port, "--nproc-per-node", "1"] + script)])
+        _wait_text(out, "elastic round 2:", main, env)
+        info = wait_job(env, main, timeout=2 * SLOW)
+        jinfo = wait_job(env, joiner, timeout=SLOW)
+    finally:
+        jobs.close()
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED", text
+    assert jinfo["JobState"] == "COMPLETED", \
+        (tmp_path / f"join-{joiner}.out").read_text()
+    assert "on 2 node(s) of SLURM job" in text, text
+    assert "node 1 (node1): its job step (srun pid" in text and \
+        "elastic: the other nodes go on" in text, text
+    assert ("lost rank 2 (member 2: its connection to the store closed"
+            in text and "new world size 2 (was 4)" in text), text
+    assert "elastic round 2: 1 joined (member(s) 4); new world size 3" \
+        in text, text
+    ev = _events(log)
+    pids = _one_start_per_member(ev)
+    assert sorted(pids) == [0, 1, 2, 3, 4]
+    assert sorted(e["uid"] for e in ev if e["event"] == "end") == [0, 1, 4]
+    _check_exactly_once(ev, 96, 2)
