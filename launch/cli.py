@@ -21,6 +21,12 @@ RUNNERS = ("local", "mpi", "ray", "slurm")
 BACKENDS = ("auto", "mpi", "tcp", "nccl")
 
 
+RAY_ELASTIC = (
+    "--elastic does not run with --runner ray yet: the Ray runner starts "
+    "every rank in one placement group and ends the job when any actor "
+    "dies, so survivors cannot go on; run one local elastic launcher per "
+    "Ray node instead (--runner local, see slurm/README.md)")
+
 EXAMPLE = "dtorch-launch --nproc-per-node 2 examples/ddp_digits.py"
 
 
@@ -201,17 +207,17 @@ def _check_elastic(args):
             "portably when a process dies (ULFM is not standard MPI), so "
             "the job would end with the rank; use the tcp backend "
             "(--runner local, the default)")
-    if args.runner != "local":
-        raise ValueError(
-            f"--elastic works with --runner local (one launcher per node: "
-            f"on SLURM, one `srun --ntasks-per-node=1 dtorch-launch "
-            f"--elastic ...` per node, see slurm/README.md), not with "
-            f"--runner {args.runner}")
+    if args.runner == "ray":
+        raise ValueError(RAY_ELASTIC)
     if args.backend not in ("auto", "tcp"):
         raise ValueError(f"--elastic needs the tcp backend, not "
                          f"--backend {args.backend}")
     if args.dry_run:
         raise ValueError("--dry-run and --elastic do not combine")
+    if args.max_restarts:
+        raise ValueError(
+            "--max-restarts restarts the whole job after a failure; "
+            "--elastic keeps the survivors going instead: use one")
     return lo, hi
 
 
@@ -220,6 +226,14 @@ def run(args):
     if args.dry_run:
         return _run_dry(args)
     backend = None if args.backend == "auto" else args.backend
+    if elastic is not None and args.runner == "slurm":
+        from launch.elastic import SlurmElastic
+        return SlurmElastic(
+            _target(args), elastic, nproc=args.nproc_per_node,
+            nnodes=args.nnodes, master_addr=args.master_addr,
+            master_port=args.master_port, join=args.join,
+            grace=args.grace_period, log_dir=args.log_dir,
+            only_rank0=args.only_rank0).run()
     if elastic is not None:
         return _run_local(args, "tcp", elastic)
     if args.runner == "local":
@@ -257,11 +271,14 @@ def _run_local(args, backend, elastic=None):
               log_dir=args.log_dir, only_rank0=args.only_rank0,
               grace=args.grace_period, max_restarts=args.max_restarts)
     if elastic is not None:
-        from launch.elastic import ElasticRunner
+        import os
+        from launch.elastic import NODE_AGENT_VAR, ElasticRunner
         if args.join:
             kw.pop("nnodes")
-        return ElasticRunner(cmd, elastic=elastic, join=args.join,
-                             **kw).run()
+        return ElasticRunner(
+            cmd, elastic=elastic, join=args.join,
+            node_agent=os.environ.pop(NODE_AGENT_VAR, "") == "1",
+            **kw).run()
     return LocalRunner(cmd, **kw).run()
 
 

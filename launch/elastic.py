@@ -24,6 +24,8 @@ MAX are refused before any starts.
 import json
 import os
 import queue
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -132,11 +134,8 @@ class ElasticRunner(LocalRunner):
     """LocalRunner whose ranks outlive each other's deaths (module
     docstring). ``elastic``: (MIN, MAX); ``join``: start joiners."""
 
-    def __init__(self, cmd, elastic=(1, 1), join=False, **kw):
-        if kw.get("max_restarts"):
-            raise ValueError(
-                "--max-restarts restarts the whole job after a failure; "
-                "--elastic keeps the survivors going instead: use one")
+    def __init__(self, cmd, elastic=(1, 1), join=False, node_agent=False,
+                 **kw):
         lo, hi = elastic
         nproc = kw.get("nproc", 1)
         world = kw.get("nnodes", 1) * nproc
@@ -161,6 +160,10 @@ class ElasticRunner(LocalRunner):
                     f"token") from None
         super().__init__(cmd, **kw)
         self.lo, self.hi, self.join = lo, hi, join
+        # a node's launcher under --runner slurm: the store is hosted by
+        # the launcher that started this step (node 0 included), which
+        # prints the rounds
+        self.node_agent = node_agent
         self.world0 = world
         self.agent = None
         self.uids = {}            # uid -> _Rank
@@ -169,7 +172,8 @@ class ElasticRunner(LocalRunner):
 
     def run(self):
         with procs.SignalTrap() as trap, \
-                procs.Reaper(self.grace) as self._reaper:
+                procs.Reaper(self.grace) as self._reaper, \
+                self._error_files():
             try:
                 return self._run(trap)
             finally:
@@ -187,12 +191,14 @@ class ElasticRunner(LocalRunner):
         for uid, r in list(self.uids.items()):   # the console's [rank N]
             if uid in dec["members"]:
                 r.rank = dec["members"].index(uid)
-        _say(dec["text"])
+        if not self.node_agent:
+            _say(dec["text"])
 
     def _open_agent(self):
         token = self.token or renv.new_token()
         self.token = token
-        host = self.node_rank == 0 and not self.join
+        host = self.node_rank == 0 and not self.join and \
+            not self.node_agent
         if host:
             port = self.master_port
             if port is None:
@@ -280,6 +286,7 @@ class ElasticRunner(LocalRunner):
             where = f"rank {uid}, "
         _say(f"{where}member {uid} (pid {r.pid}) {why}; elastic: the "
              f"other ranks go on without it")
+        self._errors.report(uid, _say, sys.stderr)
 
     def _exit_code(self):
         final = self.last["members"] if self.last else list(self.uids)
@@ -293,3 +300,216 @@ class ElasticRunner(LocalRunner):
     def _on_signal(self, trap):
         res = super()._on_signal(trap)
         return res.exit_code() if isinstance(res, JobResult) else res
+
+
+# ---------------------------------------------------------------- SLURM ---
+
+NODE_AGENT_VAR = "DTORCH_ELASTIC_NODE_AGENT"
+
+
+def _hosts(environ):
+    nodelist = environ.get("SLURM_JOB_NODELIST") \
+        or environ.get("SLURM_NODELIST")
+    return renv.parse_nodelist(nodelist) if nodelist else []
+
+
+def _slurm_nproc(environ):
+    per_node = environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    if per_node.isdigit():
+        return int(per_node)
+    tasks = (environ.get("SLURM_TASKS_PER_NODE") or "").split("(")[0]
+    return int(tasks) if tasks.isdigit() else 1
+
+
+class SlurmElastic:
+    """``--runner slurm --elastic MIN:MAX`` (and ``--join``) inside a SLURM
+    allocation.
+
+    This process hosts the job's store agent (as node 0's launcher does
+    locally) and starts one job step per node, ``srun --nodes=1 --ntasks=1
+    --nodelist=HOST --overlap --kill-on-bad-exit=0 python -m launch
+    --elastic ... --node-rank I``: each step is a local elastic launcher of
+    that node's ranks and a client of the store. A step that ends badly
+    (``scancel JOB.STEP``, its node lost) takes only its own ranks: the
+    store sees their connections close and the other nodes go on; the job
+    ends when every step has ended. Separate steps, not one srun of N
+    tasks: a step is SLURM's unit of failure, and srun ends a step's other
+    tasks when one fails even with --kill-on-bad-exit=0 once its node is
+    lost. ``--overlap`` lets the steps (and a joiner's step in the same
+    allocation) share the allocation's CPUs.
+
+    With ``join``, the steps are local ``--join`` launchers of a running
+    job (MASTER_ADDR/PORT of its store), one per node of this allocation:
+    a new sbatch job, or a new step of the job's own allocation."""
+
+    def __init__(self, target, elastic, nproc=None, nnodes=1,
+                 master_addr=renv.DEFAULT_ADDR, master_port=None,
+                 join=False, grace=5.0, log_dir=None, only_rank0=False,
+                 base_env=None):
+        env = dict(os.environ if base_env is None else base_env)
+        if not env.get("SLURM_JOB_ID"):
+            raise ValueError(
+                "--runner slurm --elastic runs inside a SLURM allocation "
+                "(sbatch or salloc): this launcher hosts the job's store "
+                "and starts one job step per node with srun; outside an "
+                "allocation each srun would be a separate job")
+        hosts = _hosts(env)
+        if not hosts:
+            raise ValueError("--runner slurm --elastic: SLURM_JOB_NODELIST "
+                             "is not set in this allocation")
+        if nnodes > 1:
+            if nnodes > len(hosts):
+                raise ValueError(
+                    f"--nnodes {nnodes}: the allocation has "
+                    f"{len(hosts)} node(s) ({', '.join(hosts)})")
+            hosts = hosts[:nnodes]
+        if join and master_port is None:
+            raise ValueError("--join needs the --master-addr and "
+                             "--master-port of the job to join (its "
+                             "launcher prints them)")
+        self.target = list(target)
+        self.lo, self.hi = elastic
+        self.hosts, self.join = hosts, join
+        self.nproc = nproc or _slurm_nproc(env)
+        world = len(hosts) * self.nproc
+        if not join and not self.lo <= world <= self.hi:
+            raise ValueError(
+                f"--elastic {self.lo}:{self.hi}: the job starts with "
+                f"{world} ranks ({len(hosts)} node(s) x "
+                f"{self.nproc}), outside MIN:MAX")
+        if master_addr == renv.DEFAULT_ADDR and not join:
+            # the store is reached from every node: this host's name as
+            # SLURM knows it (the batch step runs on the first node)
+            master_addr = env.get("SLURMD_NODENAME") or socket.gethostname()
+        self.master_addr, self.master_port = master_addr, master_port
+        self.grace, self.log_dir = grace, log_dir
+        self.only_rank0 = only_rank0
+        self.env = env
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.token = env.get("DTORCH_RDZV_TOKEN")
+        self.agent = None
+        self.last = None
+        self._token_path = None
+        self.steps = []           # [(node, host, Popen)]
+
+    def _on_round(self, dec):
+        self.last = dec
+        _say(dec["text"])
+
+    def _open_store(self):
+        if self.join:
+            return
+        self.token = self.token or renv.new_token()
+        port = self.master_port or renv.free_port(self.master_addr)
+        self.agent = Agent("host", self.master_addr, port, self.token,
+                           len(self.hosts) * self.nproc, self.lo, self.hi,
+                           on_round=self._on_round)
+        self.master_port = self.agent.port
+        if not os.environ.get("DTORCH_RDZV_TOKEN"):
+            self._token_path = token_file(self.master_port)
+            fd = os.open(self._token_path,
+                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.token)
+        script = " ".join(self.target)
+        _say(f"elastic job ({self.lo} to {self.hi} ranks) on "
+             f"{len(self.hosts)} node(s) of SLURM job "
+             f"{self.env['SLURM_JOB_ID']}, one job step per node, its "
+             f"store on {self.master_addr}:{self.master_port}; add ranks "
+             f"with: sbatch --wrap 'dtorch-launch --runner slurm --join "
+             f"--master-addr {self.master_addr} --master-port "
+             f"{self.master_port} --nproc-per-node K {script}' (or as a "
+             f"new step of this job: srun --jobid "
+             f"{self.env['SLURM_JOB_ID']} --overlap -N1 -n1 dtorch-launch "
+             f"--join ...)"
+             + ("" if self._token_path is None else
+                f"; joiners on other hosts need this job's "
+                f"DTORCH_RDZV_TOKEN (export it before sbatch)"))
+
+    def _step_command(self, node, host):
+        cmd = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+               "--overlap", "--kill-on-bad-exit=0",
+               sys.executable, "-m", "launch",
+               "--nproc-per-node", str(self.nproc),
+               "--master-addr", self.master_addr,
+               "--master-port", str(self.master_port),
+               "--grace-period", str(self.grace)]
+        if self.join:
+            cmd += ["--join"]
+        else:
+            cmd += ["--elastic", f"{self.lo}:{self.hi}",
+                    "--nnodes", str(len(self.hosts)),
+                    "--node-rank", str(node)]
+        if self.log_dir:
+            cmd += ["--log-dir", os.path.join(self.log_dir, f"node{node}")]
+        if self.only_rank0:
+            cmd += ["--only-rank0-output"]
+        return cmd + self.target
+
+    def run(self):
+        with procs.SignalTrap() as trap, \
+                procs.Reaper(self.grace) as reaper:
+            try:
+                return self._run(trap, reaper)
+            finally:
+                if self.agent is not None:
+                    self.agent.close(hurry=trap.signum is not None)
+                if self._token_path:
+                    try:
+                        os.remove(self._token_path)
+                    except OSError:
+                        pass
+
+    def _run(self, trap, reaper):
+        self._open_store()
+        env = dict(self.env, PYTHONPATH=procs._launch_root())
+        if self.token:
+            env["DTORCH_RDZV_TOKEN"] = self.token
+        if not self.join:
+            env[NODE_AGENT_VAR] = "1"     # a client of this store
+        for node, host in enumerate(self.hosts):
+            proc = procs.spawn(self._step_command(node, host), env,
+                               capture=False)
+            reaper.watch(proc.pid)
+            self.steps.append((node, host, proc))
+        status = {}
+        while len(status) < len(self.steps):
+            if trap.signum is not None:
+                _say(f"got {procs.signal_name(trap.signum)}; passing "
+                     f"it to the {len(self.steps)} job step(s)")
+                procs.stop_groups([p.pid for _, _, p in self.steps],
+                                  signal.SIGTERM, self.grace,
+                                  hurry=lambda: trap.urgent)
+                return 128 + trap.signum
+            for node, host, proc in self.steps:
+                if node in status:
+                    continue
+                st = procs.peek(proc.pid)
+                if st is None:
+                    continue
+                status[node] = st
+                procs.stop_groups([proc.pid], grace=self.grace)
+                reaper.forget(proc.pid)
+                proc.wait()
+                if st != ("exit", 0) and len(status) < len(self.steps):
+                    _say(f"node {node} ({host}): its job step (srun pid "
+                         f"{proc.pid}) {procs.describe_status(st)}; "
+                         f"elastic: the other nodes go on")
+            time.sleep(POLL_S)
+        return self._exit_code(status)
+
+    def _exit_code(self, status):
+        """0 when the steps holding the last membership's ranks ended
+        well (a step whose ranks were all dropped earlier does not
+        count); a stopped job is 1."""
+        if self.join or self.last is None:
+            bad = [s for s in status.values() if s != ("exit", 0)]
+            return procs.exit_code(bad[0]) or 1 if bad else 0
+        if self.last.get("stop"):
+            return 1
+        final = set(self.last["members"])
+        for node, st in sorted(status.items()):
+            mine = set(range(node * self.nproc, (node + 1) * self.nproc))
+            if mine & final and st != ("exit", 0):
+                return procs.exit_code(st) or 1
+        return 0

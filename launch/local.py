@@ -14,6 +14,7 @@ restarts if restarts are left.
 """
 
 import collections
+import contextlib
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ import time
 
 from launch import env as renv
 from launch import procs
+from launch.errorfile import VAR as ERROR_FILE_VAR, ErrorFiles
 
 TAIL_LINES = 20
 POLL_S = 0.02
@@ -187,6 +189,7 @@ class LocalRunner:
         self.console = console or _Console()
         self.ranks = []
         self._reaper = None
+        self._errors = None     # launch.errorfile.ErrorFiles, at 1st spawn
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
 
@@ -195,7 +198,8 @@ class LocalRunner:
         """Run the job, restarting up to max_restarts times; returns the
         launcher's exit code."""
         with procs.SignalTrap() as trap, \
-                procs.Reaper(self.grace) as self._reaper:
+                procs.Reaper(self.grace) as self._reaper, \
+                self._error_files():
             for attempt in range(self.max_restarts + 1):
                 t0 = time.monotonic()
                 result = self._attempt(attempt, trap)
@@ -240,8 +244,20 @@ class LocalRunner:
                 cores=cores, base=self.base_env)
             self._spawn(rank, local, env, f"restart {attempt}")
 
+    @contextlib.contextmanager
+    def _error_files(self):
+        try:
+            yield
+        finally:
+            if self._errors is not None:
+                self._errors.close()
+
     def _spawn(self, rank, local, env, what):
         """Start one rank with `env`; `what` goes into its log header."""
+        if self._errors is None:
+            self._errors = ErrorFiles(self.log_dir)
+        env[ERROR_FILE_VAR] = self._errors.path(
+            rank, int(env.get("DTORCH_RESTART_COUNT") or 0))
         log_path = (os.path.join(self.log_dir, f"rank{rank}.log")
                     if self.log_dir else None)
         if log_path:
@@ -311,6 +327,7 @@ class LocalRunner:
             sys.stderr.flush()
         else:
             _say(f"rank {first.rank} printed nothing{where}")
+        self._errors.report(first.rank, _say, sys.stderr, lines)
         return JobResult(failed=failed, teardown_s=teardown)
 
     def _on_signal(self, trap):

@@ -721,3 +721,28 @@ def test_zero_shards_rebuilt_from_pieces_or_named_lost():
     with pytest.raises(ElasticStop, match=r"state at step 7 is lost: 2 "
                        r"elements of parameter\(s\) \[0\]"):
         _merge(specs, pieces[:1] + pieces[2:], 7)
+
+
+def test_buddy_ring_alternates_hosts(monkeypatch):
+    """A rank's buddy (the next in the ring) is on another host wherever
+    the counts allow: losing a whole host takes no shard with its copy."""
+    from dtorch.distributed.elastic import _buddy
+
+    class G:
+        def __init__(self, hosts):
+            self.hosts, self.size = hosts, len(hosts)
+
+        def all_gather_object(self, mine):
+            return list(self.hosts)
+
+    hosts = ["a", "b", "b", "a", "a"]          # ranks 1, 2 on host b
+    ring = _buddy._ring(G(hosts))
+    assert sorted(ring) == list(range(5))
+    for host in ("a", "b"):
+        gone = {r for r, h in enumerate(hosts) if h == host}
+        pairs = [(ring[p], ring[(p + 1) % 5]) for p in range(5)]
+        both = [p for p in pairs if set(p) <= gone]
+        # b (2 of 5) loses no rank together with its buddy; a (3 of 5)
+        # cannot avoid one such pair
+        assert len(both) == (0 if host == "b" else 1), (host, ring)
+    assert _buddy._ring(G(["x"] * 3)) == [0, 1, 2]   # one host: in order

@@ -12,7 +12,9 @@ the rebuilt full arrays in the new shards.
 After every optimizer step (the replica is refreshed every step: a copy
 from K steps ago could only be used by rolling the whole job back K steps)
 each rank keeps a host copy of its pieces, sends it to the next rank of
-the ring and receives the previous rank's; a tiny all-reduce (the ack)
+the ring and receives the previous rank's (the ring interleaves the
+hosts' ranks, so a buddy is on another node wherever the counts allow and
+a lost node does not take a shard with its replica: ``_ring``); a tiny all-reduce (the ack)
 ends the step. A rank that counts the step done has passed the ack, which
 every member reached only with its buddy's copy in hand: so when the
 members re-form at the furthest member's step ``v``, every element at
@@ -25,6 +27,7 @@ the same way. The last two versions are kept (the rank that failed in an
 ack still needs ``v``): about 4x the shard in host memory.
 """
 import pickle
+import socket
 
 import numpy as np
 
@@ -44,6 +47,14 @@ class ShardBuddy:
     def __init__(self, layout):
         self.layout = layout
         self.held = {}      # version -> [(index, lo, hi, elements, state)]
+        self.ring = None    # the ranks in ring order (``_ring``)
+
+    def _next_prev(self, group):
+        w, r = group.size, group.rank
+        ring = self.ring if self.ring and len(self.ring) == w \
+            else list(range(w))
+        p = ring.index(r)
+        return ring[(p + 1) % w], ring[(p - 1) % w]
 
     def step_done(self, group, version):
         """After the optimizer's step ``version``: keep this rank's shard,
@@ -53,16 +64,16 @@ class ShardBuddy:
         self.held[version] = list(mine)
         for v in [v for v in self.held if v < version - 1]:
             del self.held[v]
-        w, r = group.size, group.rank
-        if w == 1:
+        if group.size == 1:
             return
+        nxt, prev = self._next_prev(group)
         data = np.frombuffer(pickle.dumps(mine, protocol=5), np.uint8)
         n, m = np.array([data.size], np.int64), np.zeros(1, np.int64)
-        works = [group.isend(n, (r + 1) % w, _TAG_LEN),
-                 group.isend(data, (r + 1) % w, _TAG_DATA)]
-        group.recv(m, (r - 1) % w, _TAG_LEN)
+        works = [group.isend(n, nxt, _TAG_LEN),
+                 group.isend(data, nxt, _TAG_DATA)]
+        group.recv(m, prev, _TAG_LEN)
         buf = np.empty(int(m[0]), np.uint8)
-        group.recv(buf, (r - 1) % w, _TAG_DATA)
+        group.recv(buf, prev, _TAG_DATA)
         for work in works:
             work.wait()
         self.held[version] += pickle.loads(buf.tobytes())
@@ -83,7 +94,8 @@ class ShardBuddy:
             pieces = lay.first_pieces(group)
         flat, state = _merge(lay.specs(), pieces, version, lay.what)
         lay.install(group, flat, state, recover)
-        left = (group.rank - 1) % group.size
+        self.ring = _ring(group)
+        left = self._next_prev(group)[1]
         shapes = [s for s, _ in lay.specs()]
         buddy = [] if group.size == 1 else [
             (i, lo, hi, flat[i][lo:hi].copy(),
@@ -91,6 +103,22 @@ class ShardBuddy:
               for k, v in state.get(i, {}).items()})
             for i, lo, hi in lay.owned(group.size, left)]
         self.held = {version: lay.snapshot() + buddy}
+
+
+def _ring(group):
+    """The ranks in buddy-ring order: the hosts' ranks interleaved (first
+    rank of each host, then the second of each, ...), so that a rank's
+    buddy is on another host wherever the counts allow and a whole node
+    lost takes no shard together with its replica."""
+    if group.size == 1:
+        return [0]
+    hosts = group.all_gather_object(socket.gethostname())
+    order, seen = {}, {}
+    for r, h in enumerate(hosts):
+        order.setdefault(h, len(order))
+        seen[h] = seen.get(h, -1) + 1
+        hosts[r] = (seen[h], order[h], r)
+    return [r for _, _, r in sorted(hosts)]
 
 
 class _ZeroLayout:
@@ -236,7 +264,9 @@ def _merge(specs, pieces, version, what="the ZeRO optimizer's state"):
             f"{what} at step {version} is lost: {n} "
             f"elements of parameter(s) {lost[:5]} were held only by ranks "
             f"that died (a rank and the next rank of the ring, its buddy "
-            f"replica, died together); restart from a checkpoint")
+            f"replica, died together; the ring alternates hosts, so a "
+            f"lost node holding more than half of the ranks cannot avoid "
+            f"it); restart from a checkpoint")
     return flat, state
 
 
