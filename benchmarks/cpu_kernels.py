@@ -18,6 +18,15 @@ gradient, for dtorch as it runs, dtorch with its column-matrix path only
 (Winograd off) and torch, interleaved per round; medians and min-max over
 ``--turns`` rounds. One thread unless ``--threads`` says otherwise.
 
+``--torch``: the non-GEMM ops (norms, softmax family, pooling,
+activations, a Winograd and a strided conv layer), dtorch as it runs
+against torch on the same arrays, forward + backward (``_fwd``: forward
+only, no graph), per ``--threads`` count: time per call (median over
+``--turns`` interleaved rounds, torch imported first as in step_time.py;
+the calling thread's CPU time at one thread, wall time at more) and the
+cores each kept busy (process CPU / wall; torch's OpenMP workers spin
+after each op, which counts as busy).
+
 Each thread count runs in a fresh child (OMP/OPENBLAS/MKL thread variables
 set before NumPy loads, then ``dtorch.set_num_threads``). In the child both
 paths run in one process (``dtorch._kernels.forced``), turns interleaved
@@ -53,6 +62,8 @@ ap.add_argument("--conv", action="store_true",
                 help="convolution layers against PyTorch (see above)")
 ap.add_argument("--conv-shapes", default="",
                 help="';'-separated n,c,h,o,k,stride,pad tuples for --conv")
+ap.add_argument("--torch", action="store_true",
+                help="non-GEMM ops against PyTorch (see above)")
 ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
 args = ap.parse_args()
 
@@ -320,6 +331,144 @@ def conv_child():
     print(json.dumps(out))
 
 
+def torch_cases(np, rng):
+    """name -> (array inputs, f(lib, tensors) -> output, forward only):
+    the same computation in dtorch and torch."""
+    f32 = np.float32
+
+    def a(*shape):
+        return rng.standard_normal(shape).astype(f32)
+
+    def bn(training):
+        def f(lib, x, w, b, rm, rv):
+            return lib.nn.functional.batch_norm(x, rm, rv, w, b,
+                                                training=training)
+        return f
+
+    def gn(lib, x, w, b):
+        return lib.nn.functional.group_norm(x, 8, w, b)
+
+    def ln(lib, x, w, b):
+        return lib.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
+
+    def ce(lib, x, t):
+        return lib.nn.functional.cross_entropy(x, t)
+
+    def conv(stride):
+        def f(lib, x, w):
+            return lib.nn.functional.conv2d(x, w, None, stride, 1)
+        return f
+    c = 32
+    stats = (a(c), a(c), a(c), np.abs(a(c)) + 1)
+    return {
+        "batch_norm_eval": ((a(16, c, 16, 16),) + stats, bn(False), False),
+        "batch_norm_eval_fwd": ((a(16, c, 16, 16),) + stats, bn(False),
+                                True),
+        "batch_norm_train": ((a(16, c, 16, 16),) + stats, bn(True), False),
+        "group_norm": ((a(16, c, 16, 16), a(c), a(c)), gn, False),
+        "layer_norm": ((a(1024, 256), a(256), a(256)), ln, False),
+        "softmax_attn": ((a(8, 4, 128, 128),),
+                         lambda lib, x: x.softmax(-1), False),
+        "log_softmax": ((a(2048, 1024),),
+                        lambda lib, x: x.log_softmax(-1), False),
+        "cross_entropy": ((a(1024, 1024),
+                           rng.integers(0, 1024, 1024)), ce, False),
+        "maxpool_cnn": ((a(64, 32, 28, 28),),
+                        lambda lib, x: lib.nn.functional.max_pool2d(x, 2),
+                        False),
+        "avgpool": ((a(16, 64, 16, 16),),
+                    lambda lib, x: lib.nn.functional.avg_pool2d(x, 2),
+                    False),
+        "relu_cnn": ((a(64, 32, 28, 28),),
+                     lambda lib, x: lib.nn.functional.relu(x), False),
+        "gelu": ((a(1024, 1024),),
+                 lambda lib, x: lib.nn.functional.gelu(x), False),
+        "conv3x3_res": ((a(16, c, 16, 16), a(c, c, 3, 3) * f32(0.1)),
+                        conv(1), False),
+        "conv3x3_s2_res": ((a(16, c, 16, 16), a(2 * c, c, 3, 3)
+                            * f32(0.1)), conv(2), False),
+    }
+
+
+def torch_child():
+    """--torch in the child: prints one JSON line."""
+    import numpy as np
+    import torch
+    import dtorch
+    torch.set_num_threads(args.threads[0])
+    dtorch.set_num_threads(args.threads[0])
+    rng = np.random.default_rng(0)
+    # one thread: the calling thread's CPU time (all either library does;
+    # load from other processes does not enter); more: wall time
+    clock = time.thread_time if args.threads[0] == 1 else time.perf_counter
+    out = {"threads": args.threads[0], "clock": clock.__name__, "ops": {}}
+    for name, (arrays, fn, fwd) in torch_cases(np, rng).items():
+        if args.only and not any(o in name for o in args.only.split(",")):
+            continue
+        steps = {}
+        for lib in (dtorch, torch):
+            ts = [lib.tensor(v, requires_grad=not fwd and v.dtype.kind == "f"
+                             and i < 3) for i, v in enumerate(arrays)]
+            g = lib.tensor(rng.standard_normal(
+                tuple(fn(lib, *ts).shape)).astype(np.float32))
+
+            def step(lib=lib, ts=ts, g=g):
+                if fwd:
+                    with lib.no_grad():
+                        return fn(lib, *ts)
+                fn(lib, *ts).backward(g)
+                for t in ts:
+                    t.grad = None
+            steps[lib.__name__] = step
+        for f in list(steps.values()) * 3:      # warm-up, compiles
+            f()
+        t = time.perf_counter()
+        steps["dtorch"]()
+        reps = max(1, int(0.03 / max(time.perf_counter() - t, 1e-6)))
+        ts = {k: [] for k in steps}
+        cpu = {k: [] for k in steps}
+        order = ["dtorch", "torch", "torch", "dtorch"]
+        for turn in range(args.turns * 2):
+            k = order[turn % 4]
+            steps[k]()
+            t, c = clock(), time.process_time()
+            w0 = time.perf_counter()
+            for _ in range(reps):
+                steps[k]()
+            w = time.perf_counter() - w0
+            ts[k].append((clock() - t) / reps * 1e3)
+            cpu[k].append((time.process_time() - c) / w)
+        out["ops"][name] = {k: [statistics.median(ts[k]), min(ts[k]),
+                                max(ts[k]), statistics.median(cpu[k])]
+                            for k in steps}
+    print(json.dumps(out))
+
+
+def torch_main():
+    for n in args.threads:
+        r = subprocess.run([sys.executable, __file__, "--child", "--torch",
+                            "--threads", str(n), "--turns", str(args.turns),
+                            "--only", args.only],
+                           capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(r.stderr)
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        load = os.getloadavg()
+        print(f"threads {n}; {res['clock']} ms per call, median of {args.turns} "
+              f"rounds (min-max), cores busy; load avg {load[0]:.1f}")
+        print(f"  {'op':22s} {'dtorch ms':>22s} {'torch ms':>22s} "
+              f"{'d/t':>5s} {'cores d/t':>10s}")
+        for name, o in res["ops"].items():
+            d, t = o["dtorch"], o["torch"]
+            print(f"  {name:22s} {d[0]:8.3f} ({d[1]:.3f}-{d[2]:.3f}) "
+                  f"{t[0]:8.3f} ({t[1]:.3f}-{t[2]:.3f}) {d[0] / t[0]:5.2f} "
+                  f"{d[3]:4.2f}/{t[3]:4.2f}")
+        path = args.out.replace(".json", f"_torch{n}.json")
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump({"torch": res, "loadavg": load}, fh, indent=1)
+
+
 def conv_main():
     r = subprocess.run([sys.executable, __file__, "--child", "--conv",
                         "--threads", str(args.threads[0]), "--turns",
@@ -350,6 +499,8 @@ def conv_main():
 def main():
     if args.conv:
         return conv_main()
+    if args.torch:
+        return torch_main()
     res = []
     for n in args.threads:
         cmd = [sys.executable, __file__, "--child", "--threads", str(n),
@@ -382,6 +533,7 @@ def main():
 
 if __name__ == "__main__":
     if args.child:
-        conv_child() if args.conv else child()
+        conv_child() if args.conv else torch_child() if args.torch \
+            else child()
     else:
         main()

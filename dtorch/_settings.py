@@ -95,7 +95,10 @@ def set_num_threads(n):
         raise RuntimeError("set_num_threads expects a positive integer")
     try:
         from threadpoolctl import threadpool_limits
-        threadpool_limits(int(n))
+        # BLAS only: the OpenMP runtimes loaded are other libraries' (the
+        # kernels' own is numba's, set below); limiting them all set
+        # torch's intra-op count in a process that has both
+        threadpool_limits(int(n), user_api="blas")
     except ImportError:
         pass
     _settings["threads"] = int(n)

@@ -16,6 +16,7 @@ path: GNU OpenMP's thread pool does not survive fork.
 """
 import ctypes
 import os
+import sys
 import threading
 import warnings
 
@@ -54,30 +55,44 @@ def _load(switch=True):
     # default; on a machine with as many threads as cores, a spinning
     # worker takes the core the main thread (NumPy, OpenBLAS) needs next
     # (measured: kernels 3-30x slower at 2 threads on 2 busy cores). The
-    # policy is read once, when numba's thread pool loads libgomp: set it
-    # for that moment only (a user's own OMP_WAIT_POLICY wins) and restore
-    # the environment.
-    # That works only if numba's pool is the first to load libgomp: a
-    # process that loaded it before (import torch does) read the spinning
-    # default then, and numba shares that libgomp: measured, a CNN step at
-    # 2 threads took 290-310 ms against 30-38 ms without torch loaded first.
-    # There the kernels keep to one thread (fused, still; OpenBLAS keeps the
-    # cores), unless the user set OMP_WAIT_POLICY=PASSIVE for the process.
-    _state["serial"] = _gomp_loaded() and \
-        os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"
+    # policy is read once, when a libgomp loads: set it for the moment
+    # numba's pool loads its libgomp (a user's own OMP_WAIT_POLICY wins)
+    # and restore the environment.
+    passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
     own = "OMP_WAIT_POLICY" not in os.environ
     if own:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    # A libgomp loaded before (import torch loads torch/lib/libgomp.so.1)
+    # read the spinning default, and numba's omppool, loaded plainly,
+    # binds its GOMP_* symbols to that one (the first in the global
+    # scope): measured at 2 threads, 4.0 of every 5 ms after each kernel
+    # burnt by spinning workers, a CNN step 290-310 ms against 30-38 ms.
+    # Loaded with RTLD_DEEPBIND, omppool binds to its own dependency, the
+    # system libgomp.so.1.0.0, a second OpenMP runtime that loads now
+    # (passive) with its own pool and thread count: both libraries then
+    # run on every core, neither sees the other's settings (LD_DEBUG=
+    # bindings: no omppool or libgomp.so.1.0.0 symbol bound to torch's).
+    # Only where that file was already loaded too (or RTLD_DEEPBIND is
+    # missing) do the kernels keep to one thread, unless the user set
+    # OMP_WAIT_POLICY=PASSIVE for the process.
+    before = _gomp_files()
+    deep = getattr(os, "RTLD_DEEPBIND", 0) if before else 0
     # numba's pool start sets the calling thread's OpenMP thread count to
-    # its own pool size: with libgomp loaded before, the other library
-    # (torch) ran on every core from then on (measured after
+    # its own pool size: where numba shares a libgomp loaded before, the
+    # other library (torch) ran on every core from then on (measured after
     # torch.set_num_threads(1): at::get_num_threads() 1 -> 2, and a
     # 16x32x16x16 3x3 conv's fwd+bwd 1.9 -> 3-50 ms thread time). Put back
     # what it was.
     gomp = _gomp()
     saved = gomp.omp_get_max_threads() if gomp is not None else None
+    flags = sys.getdlopenflags()
     try:
-        parallel._launch_threads()
+        if deep:
+            sys.setdlopenflags(flags | deep)
+        try:
+            parallel._launch_threads()
+        finally:
+            sys.setdlopenflags(flags)
         if saved is not None:
             gomp.omp_set_num_threads(saved)
         from . import _numba
@@ -89,6 +104,11 @@ def _load(switch=True):
     finally:
         if own:
             del os.environ["OMP_WAIT_POLICY"]
+    # numba's own libgomp is fresh if a libgomp file loaded just now, and
+    # deep binding made it the one omppool calls
+    fresh = bool(deep) and bool(_gomp_files() - before)
+    _state["serial"] = bool(before) and not fresh and not passive \
+        and numba.threading_layer() == "omp"
     _state["max_threads"] = numba.config.NUMBA_NUM_THREADS
     _state["set_threads"] = numba.set_num_threads
     os.register_at_fork(after_in_child=_disable)
@@ -100,14 +120,15 @@ def _disable():
     _state["mod"] = False
 
 
-def _gomp_loaded():
-    """Whether GNU OpenMP is already loaded in this process (its wait
-    policy was read when it loaded)."""
+def _gomp_files():
+    """The GNU OpenMP library files loaded in this process (each read its
+    wait policy when it loaded)."""
     try:
         with open("/proc/self/maps") as f:
-            return any("libgomp" in line for line in f)
+            return {line.split(None, 5)[-1].strip() for line in f
+                    if "libgomp" in line}
     except OSError:
-        return False
+        return set()
 
 
 def _gomp():

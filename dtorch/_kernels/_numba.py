@@ -435,6 +435,56 @@ def batch_norm_bwd(g, xhat, rstd, w, has_w, need_x, gx, gsum, gxh):
                                          - (a + xhat[i, ch, j] * bb) / m)
 
 
+# ====================================================== channel affine ==
+# y = x s[c] + t[c] over x as (N, C, L): eval-mode batch norm and group
+# norm's weight and bias (dtorch/ops/norm.py ChannelAffine). The product
+# and the sum round as NumPy's two broadcast passes do (the same bits);
+# threads split the N*C planes. Backward's per-channel sums are float64,
+# one thread per channel (batch norm's scheme: the same bits at any
+# thread count, another order than NumPy's pairwise sums).
+
+@_jit
+def channel_affine(x, s, t, has_s, has_t, out):
+    n, c, L = x.shape
+    for p in prange(n * c):
+        i = p // c
+        ch = p - i * c
+        sc = s[ch] if has_s else x.dtype.type(1)
+        tc = t[ch] if has_t else x.dtype.type(0)
+        if has_s and has_t:
+            for j in range(L):
+                out[i, ch, j] = x[i, ch, j] * sc + tc
+        elif has_s:
+            for j in range(L):
+                out[i, ch, j] = x[i, ch, j] * sc
+        elif has_t:
+            for j in range(L):
+                out[i, ch, j] = x[i, ch, j] + tc
+        else:
+            for j in range(L):
+                out[i, ch, j] = x[i, ch, j]
+
+
+@_jit
+def channel_affine_bwd(g, x, s, has_s, need_x, need_s, gx, gs, gt):
+    """gt = sum g, (need_s) gs = sum g x per channel; (need_x) gx = g s."""
+    n, c, L = g.shape
+    for ch in prange(c):
+        s0 = 0.0
+        s1 = 0.0
+        for i in range(n):
+            s0 += _row_sum(g[i], ch, L)
+            if need_s:
+                s1 += _row_dot(g[i], x[i], ch, L)
+        gt[ch] = s0
+        gs[ch] = s1
+        if need_x:
+            sc = s[ch] if has_s else g.dtype.type(1)
+            for i in range(n):
+                for j in range(L):
+                    gx[i, ch, j] = g[i, ch, j] * sc
+
+
 # ============================================================= pooling ==
 # The 2x2 max pool that tiles a contiguous input (dtorch/ops/pool.py's
 # ``pairs`` path): x as (R, 2, OW, 2), R = N*C*OH window rows; threads

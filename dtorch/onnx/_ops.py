@@ -525,6 +525,20 @@ def _layer_norm(ctx, x, w=None, b=None, nd=1, eps=1e-5):
                       epsilon=float(eps))
 
 
+@conv(N.ChannelAffine)
+def _channel_affine(ctx, x, scale=None, shift=None):
+    # x * scale + shift along axis 1 (eval-mode batch norm, group norm's
+    # weight and bias): (C,) operands reshaped to (1, C, 1, ...)
+    dt = ctx.out_dtype
+    target = [1, -1] + [1] * (len(x.shape) - 2)
+    y = ctx.name(x)
+    for op_type, v in (("Mul", scale), ("Add", shift)):
+        if v is not None:
+            y = ctx.b.node(op_type, [y, ctx.b.node(
+                "Reshape", [ctx.name(v, dt), ctx.b.ints(target)])])
+    return y
+
+
 @conv(N.BatchNorm)
 def _batch_norm(ctx, x, w=None, b=None, eps=1e-5, running_mean=None,
                 running_var=None, momentum=0.1):

@@ -48,7 +48,7 @@ from .pool import MaxPool2d, AvgPool2d, AvgPool2dGrad
 from .activation import AlongDim, Softmax, LogSoftmax, Gelu, LeakyRelu, \
     Elu, Hardswish, Hardsigmoid, Shrink, Threshold, PRelu, Softplus, Silu, \
     Mish, LogSigmoid
-from .norm import LayerNorm, BatchNorm, Dropout
+from .norm import LayerNorm, BatchNorm, ChannelAffine, Dropout
 from .loss import NllLoss, CrossEntropy, SoftMargin, MultiMargin, \
     BinaryCrossEntropy, BinaryCrossEntropyWithLogits, SmoothL1, Huber
 from .ctc import CTCLoss

@@ -540,45 +540,13 @@ def test_thread_count_follows_set_num_threads_in_every_thread(monkeypatch):
         monkeypatch.setattr(_kernels, "PARALLEL_MIN", 10)
         probe("large")
         assert seen["small"] == 1
-        # one thread where libgomp was loaded before numba's pool (the
-        # suite imports torch): its spinning workers would take the cores
+        # one thread only where numba's pool had to share a libgomp
+        # loaded before (tests/core/test_kernel_threads.py)
         want = 1 if _kernels._state.get("serial") else \
             min(2, numba.config.NUMBA_NUM_THREADS)
         assert seen["large"] == want
     finally:
         dtorch.set_num_threads(saved or _kernels._default_threads())
-
-
-def test_kernels_keep_to_one_thread_when_libgomp_came_first():
-    """import torch before the kernels start loads GNU OpenMP with its
-    spinning wait policy, which numba's pool then shares: the kernels run
-    on one thread there (a CNN step at 2 threads: 290-310 ms -> 22 ms),
-    and in parallel when numba's pool loaded libgomp itself (passive).
-    Starting numba's pool leaves torch's own thread count as it was (it
-    set the shared OpenMP count to its pool size: 1 -> 2)."""
-    pytest.importorskip("torch")
-    code = ("import sys, numpy as np\n"
-            "if sys.argv[1] == 'torch': import torch\n"
-            "import dtorch, dtorch._kernels as K\n"
-            "dtorch.set_num_threads(2)\n"
-            "if sys.argv[1] == 'torch':\n"
-            "    torch.set_num_threads(1)\n"
-            "    torch.get_num_threads()\n"    # torch in use before
-            "K.enabled()\n"
-            "dtorch.nn.functional.relu(dtorch.ones(4096))\n"
-            "print(K._state['serial'], K.num_threads(),\n"
-            "      torch.get_num_threads() if sys.argv[1] == 'torch' else 0)\n")
-    out = {}
-    # OMP_NUM_THREADS=1 with torch first: what made numba's pool start
-    # raise torch's count to 2
-    for first, omp in (("torch", "1"), ("plain", "2")):
-        r = subprocess.run([sys.executable, "-c", code, first],
-                           capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ, OMP_NUM_THREADS=omp))
-        assert r.returncode == 0, r.stderr
-        out[first] = r.stdout.split()
-    assert out["torch"] == ["True", "1", "1"]
-    assert out["plain"][0] == "False"
 
 
 def _child(code, **env):

@@ -68,15 +68,16 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,
     if running_mean is None or running_var is None:
         raise RuntimeError("running_mean and running_var must be defined "
                            "in evaluation mode")
-    shape = [1] * input.ndim
-    shape[1] = input.shape[1]
+    # per channel x * scale + shift: one node (N.ChannelAffine)
     scale = (running_var + eps).rsqrt()
     if weight is not None:
         scale = scale * weight
     shift = -running_mean * scale
     if bias is not None:
         shift = shift + bias
-    return input * scale.reshape(shape) + shift.reshape(shape)
+    if input.ndim < 2:
+        return input * scale + shift
+    return N.ChannelAffine.apply(input, scale, shift)
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
@@ -100,12 +101,9 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
                            f"{list(input.shape)} and num_groups={num_groups}")
     x = input.reshape(n, num_groups, -1)
     out = N.LayerNorm.apply(x, None, None, nd=1, eps=eps).reshape(input.shape)
-    shape = (1, c) + (1,) * (input.ndim - 2)
-    if weight is not None:
-        out = out * weight.reshape(shape)
-    if bias is not None:
-        out = out + bias.reshape(shape)
-    return out
+    if weight is None and bias is None:
+        return out
+    return N.ChannelAffine.apply(out, weight, bias)
 
 
 @_mixed_dtypes
