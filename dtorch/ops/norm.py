@@ -216,7 +216,8 @@ class ChannelAffine(Op):
     thread per channel (not under use_deterministic_algorithms(True),
     whose bits are the NumPy path's). Measured 16x32x16x16 float32,
     benchmarks/cpu_kernels.py --torch (eval batch norm) and --only
-    channel_affine (against NumPy)."""
+    channel_affine (against NumPy): eval batch norm fwd+bwd 1.91x -> 1.18x
+    torch at one thread (load 3.9), forward alone 6.9x -> 1.55x."""
     @staticmethod
     def forward(ctx, x, scale=None, shift=None):
         shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
