@@ -130,6 +130,18 @@ def _status(proc):
     return ("signal", -code) if code < 0 else ("exit", code)
 
 
+def _close_store(launcher, trap):
+    """A launcher's end: its store agent closed (at once after a signal)
+    and the rendezvous token file it wrote removed."""
+    if launcher.agent is not None:
+        launcher.agent.close(hurry=trap.signum is not None)
+    if launcher._token_path:
+        try:
+            os.remove(launcher._token_path)
+        except OSError:
+            pass
+
+
 class ElasticRunner(LocalRunner):
     """LocalRunner whose ranks outlive each other's deaths (module
     docstring). ``elastic``: (MIN, MAX); ``join``: start joiners."""
@@ -177,13 +189,7 @@ class ElasticRunner(LocalRunner):
             try:
                 return self._run(trap)
             finally:
-                if self.agent is not None:
-                    self.agent.close(hurry=trap.signum is not None)
-                if self._token_path:
-                    try:
-                        os.remove(self._token_path)
-                    except OSError:
-                        pass
+                _close_store(self, trap)
 
     # ------------------------------------------------------------------
     def _on_round(self, dec):
@@ -452,13 +458,7 @@ class SlurmElastic:
             try:
                 return self._run(trap, reaper)
             finally:
-                if self.agent is not None:
-                    self.agent.close(hurry=trap.signum is not None)
-                if self._token_path:
-                    try:
-                        os.remove(self._token_path)
-                    except OSError:
-                        pass
+                _close_store(self, trap)
 
     def _run(self, trap, reaper):
         self._open_store()
