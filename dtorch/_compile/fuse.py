@@ -882,7 +882,8 @@ class Kernel:
                 import time
                 import numba
                 t = time.perf_counter()
-                where = os.environ.get("DTORCH_COMPILE_CACHE")
+                from collectives.env import env_str
+                where = env_str("DTORCH_COMPILE_CACHE", None)
                 if where:
                     fn = _from_file(src, parallel, where)
                 else:

@@ -176,9 +176,12 @@ def num_threads():
 def kernels(*arrays, reduces=False):
     """The compiled kernels when they apply to ``arrays`` (C-contiguous
     NumPy float32/float64, one dtype, not empty), else None. ``reduces``:
-    the kernel sums in another order than the NumPy path (float64, per
-    channel): None under ``dtorch.use_deterministic_algorithms(True)``,
-    whose results are the NumPy path's bits."""
+    the kernel's bits are not the NumPy path's (it sums in another order,
+    float64 per channel, or rounds otherwise: the float32 exp polynomial
+    ``vexp`` of softmax, log_softmax, cross-entropy, gelu, silu): None
+    under ``dtorch.use_deterministic_algorithms(True)``, whose results are
+    the NumPy path's bits (ZeRO's parameters differed from plain DDP's
+    there through log_softmax's and cross-entropy's exp)."""
     mod = _state["mod"]
     if mod is None:
         enabled()

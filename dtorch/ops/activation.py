@@ -57,7 +57,7 @@ class Softmax(AlongDim):
     @staticmethod
     def value(x, dim, safe=False):
         xp = get_array_module(x)
-        k = _kernels.kernels(x) if _last(x, dim) else None
+        k = _kernels.kernels(x, reduces=True) if _last(x, dim) else None
         if k is not None:           # one fused, threaded pass per row
             e = np.empty_like(x)
             k.softmax_fwd(_rows(x), _rows(e))
@@ -84,7 +84,7 @@ def _row_kernel(ctx, name, y, g):
     (None under create_graph, along another dim, or without numba)."""
     if ctx._gmake is not None or not _last(y, ctx.dim):
         return None
-    k = _kernels.kernels(y, g)
+    k = _kernels.kernels(y, g, reduces=True)
     if k is None:
         return None
     out = np.empty_like(y)
@@ -110,7 +110,7 @@ def _row_max(x, dim):
 
 
 def _log_softmax(x, dim):
-    k = _kernels.kernels(x) if _last(x, dim) else None
+    k = _kernels.kernels(x, reduces=True) if _last(x, dim) else None
     if k is not None:
         s = np.empty_like(x)
         k.log_softmax_fwd(_rows(x), _rows(s))
@@ -148,7 +148,7 @@ class Gelu(Pointwise):
             ctx.t = t
             return (0.5 * x * (1 + t)).astype(x.dtype, copy=False)
         # small inputs stay on NumPy: measured 0.76-0.98x at 4K elements
-        k = _kernels.kernels(x) if x.size >= _GELU_MIN else None
+        k = _kernels.kernels(x, reduces=True) if x.size >= _GELU_MIN else None
         if k is not None:           # out and cdf in one threaded pass
             out, cdf = np.empty_like(x), np.empty_like(x)
             f = _kernels.flat
@@ -171,7 +171,7 @@ class Gelu(Pointwise):
             dt = (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
             d = 0.5 * (1 + t) + 0.5 * x * dt
         else:
-            k = _kernels.kernels(x, ctx.cdf, g) \
+            k = _kernels.kernels(x, ctx.cdf, g, reduces=True) \
                 if fast and x.size >= _GELU_MIN else None
             if k is not None:       # the fused kernel, on arrays only
                 out = np.empty_like(x)
@@ -367,7 +367,7 @@ class Silu(Pointwise):
     def forward(ctx, x):
         xp = get_array_module(x)
         ctx.save_for_backward(x)
-        k = _kernels.kernels(x)
+        k = _kernels.kernels(x, reduces=True)
         if k is not None:
             out = np.empty_like(x)
             k.silu_fwd(_kernels.flat(x), _kernels.flat(out),
@@ -379,7 +379,7 @@ class Silu(Pointwise):
     @staticmethod
     def grad(ctx, xp, g, x, xa):
         if ctx._gmake is None:      # the fused kernel, on arrays only
-            k = _kernels.kernels(x, g)
+            k = _kernels.kernels(x, g, reduces=True)
             if k is not None:
                 out = np.empty_like(x)
                 f = _kernels.flat

@@ -88,7 +88,7 @@ def _cross_entropy_grad(ctx, coef):
     """CrossEntropy's gradient on arrays: exp(logp) coef, minus coef at
     the targets; the compiled kernel does it in one pass."""
     xp = get_array_module(coef)
-    k = _kernels.kernels(ctx.logp, coef) if ctx.logp.ndim == 2 else None
+    k = _kernels.kernels(ctx.logp, coef, reduces=True) if ctx.logp.ndim == 2 else None
     if k is not None:           # exp, scale and target fix in one pass
         gx = np.empty_like(ctx.logp)
         k.cross_entropy_bwd(ctx.logp, coef, ctx.t, gx)
