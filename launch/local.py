@@ -123,8 +123,6 @@ def first_cause(failed, drain_s=0.5):
     fails because of it within one poll, rank 3 is the one to name. The
     exited ranks' output is drained first (its readers may lag behind the
     exit), for at most `drain_s` seconds in all."""
-    if len(failed) < 2:
-        return failed
     end = time.monotonic() + drain_s
     for r in failed:
         for t in r._threads:
@@ -293,11 +291,31 @@ class LocalRunner:
                 if r.status is None:
                     running += 1
             if failed:
-                return self._on_failure(first_cause(failed))
+                return self._on_failure(self._own_cause(failed))
             if running == 0:
                 self._stop(self.grace)  # leftovers of finished ranks
                 return JobResult()
             time.sleep(POLL_S)
+
+    def _own_cause(self, failed, wait_s=0.5):
+        """`failed` in first_cause's order; while every rank seen failing
+        blames a peer, the peer may be one of ours still exiting (its
+        sockets close before its exit code is seen): poll the others for up
+        to `wait_s` seconds more."""
+        failed = first_cause(failed)
+        end = time.monotonic() + wait_s
+        while _caused_by_peer(failed[0]) and time.monotonic() < end:
+            time.sleep(POLL_S)
+            now, new = time.monotonic(), []
+            for r in self.ranks:
+                if r.status is None:
+                    r.status = procs.peek(r.pid)
+                    if r.status is not None and r.status != ("exit", 0):
+                        r.failed_at = now
+                        new.append(r)
+            if new:
+                failed = first_cause(failed + new)
+        return failed
 
     def _stop(self, grace, signum=None, hurry=None):
         pgids = [r.pid for r in self.ranks]
