@@ -83,6 +83,7 @@ def device(request):
 # order the tests: files first, the longest first (FIRST: the longest in
 # wall time on 2 cores, measured 2026-12-02), so that the single tests fill both workers up at the end.
 _SHARED_RESOURCE = {"test_slurm.py": "slurm", "test_slurm_nodes.py": "slurm",
+                    "test_elastic_slurm.py": "slurm",
                     "test_launch_ray.py": "ray", "test_ray_nodes.py": "ray"}
 SPLIT = {"core", "nn", "optim", "amp", "serialization"}
 FIRST = ["test_examples.py", "slurm", "test_elastic.py",

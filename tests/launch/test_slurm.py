@@ -6,6 +6,7 @@ they are missing) and stops it at the end, unless SLURM_CONF already
 points at a running one.  Without root or apt-get the tests are skipped,
 except under CI=true, where that is an error.  Jobs are waited for by
 polling (sbatch --wait polls too slowly) and cancelled on timeout."""
+import contextlib
 import fcntl
 import json
 import os
@@ -117,36 +118,50 @@ def slurm_env(pytestconfig):
     notice = install_notice()
     if notice:
         tell_terminal(pytestconfig, notice)
-    # Two test sessions on one machine share the cluster: each holds a
-    # shared lock while it runs; start happens under the exclusive lock,
-    # and only a session that can take it back exclusively (nobody else
-    # left) stops the daemons.
-    lock = open(cluster_dir.rstrip("/") + ".lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-        out = subprocess.run(["bash", CLUSTER, "start", cluster_dir],
-                             env=env, capture_output=True, text=True,
-                             timeout=240)
-        fcntl.flock(lock, fcntl.LOCK_SH)
-    except BaseException:
-        lock.close()
-        raise
-    if out.returncode != 0:
-        lock.close()
-        pytest.fail(f"slurm/local-cluster.sh start failed:\n{out.stderr}")
-    for name, value in re.findall(r"^export (\w+)=(.*)$", out.stdout, re.M):
-        env[name] = value
-    try:
+    start = ["bash", CLUSTER, "start", cluster_dir]
+    stop = ["bash", CLUSTER, "stop", cluster_dir]
+    with shared_cluster(cluster_dir, env, start, stop, timeout=240) as out:
+        for name, value in re.findall(r"^export (\w+)=(.*)$", out, re.M):
+            env[name] = value
         yield env
-    finally:
+
+
+@contextlib.contextmanager
+def shared_cluster(cluster_dir, env, start, stop, timeout):
+    """Run `start` (a no-op when the cluster already runs), yield its
+    stdout, and run `stop` only if no other session still uses the cluster.
+
+    Test sessions on one machine (two xdist workers, two checkouts' CI, a
+    second fixture of the same cluster in one process) share it: each holds
+    DIR.lock shared while it uses it; start and stop happen under
+    DIR.start-lock, and the last one out is the one whose exclusive try on
+    DIR.lock succeeds.  (One exclusive lock for start, held against the
+    others' shared ones, left a second session waiting for the first one's
+    end: CI timed out on it.)"""
+    base = cluster_dir.rstrip("/")
+    use, mutex = open(base + ".lock", "w"), open(base + ".start-lock", "w")
+    try:
+        fcntl.flock(mutex, fcntl.LOCK_EX)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            subprocess.run(["bash", CLUSTER, "stop", cluster_dir],
-                           env=env, capture_output=True, timeout=60)
+            fcntl.flock(use, fcntl.LOCK_SH)
+            out = subprocess.run(start, env=env, capture_output=True,
+                                 text=True, timeout=timeout)
+        finally:
+            fcntl.flock(mutex, fcntl.LOCK_UN)
+        if out.returncode != 0:
+            pytest.fail(f"{' '.join(start[1:])} failed:\n{out.stderr}")
+        yield out.stdout
+    finally:
+        fcntl.flock(mutex, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pass             # another session still uses it
+        else:
+            subprocess.run(stop, env=env, capture_output=True, timeout=120)
         finally:
-            lock.close()
+            use.close()
+            mutex.close()
 
 
 def node_name(env):

@@ -9,7 +9,6 @@ Skipped with the reason without root, namespace tools or SLURM (an error
 under CI=true, as in tests/launch/test_slurm.py).  The cluster lives in its own
 DIR, port and namespaces, beside test_slurm.py's single-node one, and is
 stopped at the end (namespaces included)."""
-import fcntl
 import re
 import subprocess
 import sys
@@ -27,6 +26,7 @@ if UNDER_MPI:
 import netns_nodes  # noqa: E402
 from test_slurm import (CLUSTER, _can_start, _in_ci, _secs,  # noqa: E402
                         cluster_dir_of, install_notice, sbatch,
+                        shared_cluster,
                         tell_terminal, wait_job)
 
 pytestmark = pytest.mark.timeout(400)
@@ -56,37 +56,14 @@ def cluster(pytestconfig):
     notice = install_notice()
     if notice:
         tell_terminal(pytestconfig, notice)
-    # As test_slurm.py: concurrent sessions share the cluster (a start with
-    # the same options is a no-op); the last one out stops it.
-    lock = open(DIR + ".lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-        t0 = time.monotonic()
-        out = subprocess.run(["bash", CLUSTER, "start", DIR, "--nodes", "2"],
-                             env=env, capture_output=True, text=True,
-                             timeout=240)
-        secs = time.monotonic() - t0
-        fcntl.flock(lock, fcntl.LOCK_SH)
-    except BaseException:
-        lock.close()
-        raise
-    if out.returncode != 0:
-        lock.close()
-        pytest.fail(f"local-cluster.sh start --nodes 2 failed:\n{out.stderr}")
-    for name, value in re.findall(r"^export (\w+)=(.*)$", out.stdout, re.M):
-        env[name] = value.strip("'")
-    env["_START_SECS"] = f"{secs:.1f}"
-    try:
+    t0 = time.monotonic()
+    with shared_cluster(DIR, env, ["bash", CLUSTER, "start", DIR, "--nodes",
+                                   "2"], ["bash", CLUSTER, "stop", DIR],
+                        timeout=240) as out:
+        env["_START_SECS"] = f"{time.monotonic() - t0:.1f}"
+        for name, value in re.findall(r"^export (\w+)=(.*)$", out, re.M):
+            env[name] = value.strip("'")
         yield env
-    finally:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            subprocess.run(["bash", CLUSTER, "stop", DIR], env=env,
-                           capture_output=True, timeout=120)
-        except BlockingIOError:
-            pass             # another session still uses it
-        finally:
-            lock.close()
 
 
 def link_bytes(env):
